@@ -1,0 +1,20 @@
+# The two commands a newcomer runs (see README.md). Both set up .venv/ first; re-running is cheap.
+VENV_BIN := .venv/bin
+MAIN_JOB := keras_examples/image_classifier.py
+
+.PHONY: setup main test test-fast check lint
+
+setup:
+	bash launch/setup.sh
+
+main: setup  ## a real 2-worker training on this machine
+	$(VENV_BIN)/tfdist-launch --strategy multi_worker --workers 2 --timeout 900 $(MAIN_JOB) --epochs 3
+
+test: setup  ## the whole test suite (what CI runs)
+	PATH="$(CURDIR)/$(VENV_BIN):$$PATH" $(VENV_BIN)/python -m pytest
+
+test-fast: setup  ## unit tests only: no cluster, well under a minute
+	$(VENV_BIN)/python -m pytest -m unit
+
+check: setup
+	$(VENV_BIN)/tfdist-launch --check

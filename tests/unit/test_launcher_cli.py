@@ -1,0 +1,101 @@
+"""tfdist-launch argument checks and --dry-run output (no process is started)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tfdist.cluster import ClusterSpec
+from tfdist.launcher import cli
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> str:
+    path = tmp_path / "train.py"
+    path.write_text("print('train')\n")
+    return str(path)
+
+
+def _dry_run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> list[dict]:
+    assert cli.main(["--dry-run", *argv]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--strategy", "ring"], "invalid choice: 'ring'"),
+        (["--workers", "0", "{script}"], "--workers must be at least 1. Received: 0"),
+        (["--ps", "1", "--strategy", "multi_worker", "{script}"], "has no parameter servers"),
+        (["--strategy", "parameter_server", "{script}"], "needs --ps 1 or more"),
+        (["--ps", "1", "--no-chief", "--strategy", "parameter_server", "{script}"], "coordinator"),
+        (["--strategy", "mirrored", "--workers", "2", "{script}"], "use --strategy multi_worker"),
+        ([], "missing SCRIPT"),
+        (["no_such_script.py"], "script not found: 'no_such_script.py'"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(argv, message, script, capsys):
+    argv = [a.replace("{script}", script) for a in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.strip().splitlines()[-1].startswith("tfdist-launch: error:")
+
+
+def test_dry_run_multi_worker_gives_each_worker_its_tf_config(script, capsys):
+    lines = _dry_run(capsys, ["--workers", "2", script, "--epochs", "3"])
+    assert [line["task"] for line in lines] == [
+        {"type": "worker", "index": 0},
+        {"type": "worker", "index": 1},
+    ]
+    cluster = lines[0]["tf_config"]["cluster"]
+    assert set(cluster) == {"worker"} and len(set(cluster["worker"])) == 2
+    for i, line in enumerate(lines):
+        assert line["tf_config"] == {"cluster": cluster, "task": {"type": "worker", "index": i}}
+        assert line["command"] == [sys.executable, "-u", script, "--epochs", "3"]
+        assert json.loads(line["env"]["TF_CONFIG"]) == line["tf_config"]
+        assert line["env"]["TF_USE_LEGACY_KERAS"] == "1"
+        assert line["host"] == "localhost"
+    ClusterSpec.from_tf_config(lines[1]["tf_config"], strategy="multi_worker")
+
+
+def test_dry_run_parameter_server_runs_the_script_on_the_chief_only(script, capsys):
+    lines = _dry_run(capsys, ["--ps", "2", "--workers", "2", "--evaluator", script])
+    by_task = {f"{l['task']['type']}:{l['task']['index']}": l for l in lines}
+    assert sorted(by_task) == ["chief:0", "evaluator:0", "ps:0", "ps:1", "worker:0", "worker:1"]
+    assert by_task["chief:0"]["command"][-1] == script and by_task["chief:0"]["kind"] == "main"
+    for name in ("ps:0", "ps:1", "worker:0", "worker:1"):
+        assert by_task[name]["command"][-2:] == ["-m", "tfdist.server"]
+        assert by_task[name]["kind"] == "service"
+    assert by_task["evaluator:0"]["kind"] == "sidecar"
+    assert "evaluator" not in by_task["evaluator:0"]["tf_config"]["cluster"]
+    assert by_task["evaluator:0"]["tf_config"]["task"] == {"type": "evaluator", "index": 0}
+
+
+def test_dry_run_horovod_lists_ranks_without_tf_config(script, capsys):
+    lines = _dry_run(capsys, ["--strategy", "horovod", "--workers", "2", script])
+    assert [line["task"] for line in lines] == [
+        {"type": "worker", "index": 0},
+        {"type": "worker", "index": 1},
+    ]
+    assert all(line["tf_config"] is None for line in lines)
+    assert lines[0]["env"]["TFDIST_STRATEGY"] == "horovod"
+
+
+def test_auto_strategy_follows_the_counts(script, capsys):
+    assert _dry_run(capsys, ["--workers", "1", script])[0]["tf_config"] is None
+    assert _dry_run(capsys, ["--ps", "1", "--workers", "1", script])[0]["env"][
+        "TFDIST_STRATEGY"
+    ] == "parameter_server"
+
+
+def test_env_var_defaults_are_named_in_help(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert "TFDIST_LAUNCH_STRATEGY" in out and "TFDIST_LAUNCH_TIMEOUT" in out

@@ -1,0 +1,153 @@
+"""ProcessGroup: prefixed output, failure propagation, timeouts and no orphaned processes."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tfdist.errors import TaskFailedError, TaskTimeoutError
+from tfdist.launcher.process import ProcessGroup
+from tfdist.testing import report, run_tasks, task_name
+
+PY = sys.executable
+SLEEP = [PY, "-c", "import time; time.sleep(120)"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_dead(pids: list[int], timeout: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = [pid for pid in pids if _alive(pid)]
+        if not alive:
+            return []
+        time.sleep(0.05)
+    return alive
+
+
+def test_output_is_prefixed_with_the_task_name():
+    out = io.StringIO()
+    with ProcessGroup(stream=out) as group:
+        group.start("worker:0", [PY, "-c", "print('a'); print('b')"])
+        group.start("chief:0", [PY, "-c", "print('c')"])
+        codes = group.wait(timeout=30)
+    assert codes == {"worker:0": 0, "chief:0": 0}
+    lines = sorted(out.getvalue().splitlines())
+    assert lines == ["[chief:0] c", "[worker:0] a", "[worker:0] b"]
+
+
+def test_first_failure_is_raised_with_its_task_status_and_last_lines_and_others_stop():
+    out = io.StringIO()
+    group = ProcessGroup(stream=out, grace_period=2)
+    sleeper = group.start("worker:0", SLEEP)
+    group.start("worker:1", [PY, "-c", "print('boom'); raise SystemExit(7)"])
+    started = time.monotonic()
+    with pytest.raises(TaskFailedError, match=r"(?s)Task worker:1 failed with exit status 7.*boom") as err:
+        group.wait(timeout=60)
+    assert err.value.task == "worker:1" and err.value.returncode == 7
+    assert time.monotonic() - started < 10, "the other task was not stopped within seconds"
+    assert not _alive(sleeper.pid)
+
+
+def test_timeout_stops_every_task_and_names_those_still_running():
+    group = ProcessGroup(stream=io.StringIO(), grace_period=1)
+    task = group.start("worker:0", SLEEP)
+    with pytest.raises(TaskTimeoutError, match=r"within 1 s; still running: worker:0"):
+        group.wait(timeout=1)
+    assert not _alive(task.pid)
+
+
+def test_sigterm_ignoring_task_is_killed_after_the_grace_period():
+    ignore = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ok', flush=True); time.sleep(120)"
+    group = ProcessGroup(stream=io.StringIO(), grace_period=0.5)
+    task = group.start("ps:0", [PY, "-c", ignore], kind="service")
+    time.sleep(0.5)
+    started = time.monotonic()
+    group.stop()
+    assert not _alive(task.pid)
+    assert time.monotonic() - started < 5
+
+
+def test_grandchildren_are_stopped_with_their_task():
+    spawn = "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); print(p.pid, flush=True); time.sleep(120)"
+    group = ProcessGroup(stream=io.StringIO(), grace_period=1)
+    task = group.start("worker:0", [PY, "-c", spawn])
+    deadline = time.monotonic() + 20
+    while not task.tail and time.monotonic() < deadline:
+        time.sleep(0.05)
+    grandchild = int(task.tail[0])
+    group.stop()
+    assert _wait_dead([task.pid, grandchild]) == []
+
+
+def test_service_exiting_early_fails_the_job_but_sidecar_failure_does_not():
+    out = io.StringIO()
+    with ProcessGroup(stream=out) as group:
+        group.start("chief:0", [PY, "-c", "import time; time.sleep(1.5)"])
+        group.start("evaluator:0", [PY, "-c", "raise SystemExit(3)"], kind="sidecar")
+        codes = group.wait(timeout=30)
+    assert codes["chief:0"] == 0 and group.sidecar_failures == {"evaluator:0": 3}
+    assert "sidecar evaluator:0 exited with status 3; job goes on" in out.getvalue()
+
+    with ProcessGroup(stream=io.StringIO()) as group:
+        group.start("chief:0", SLEEP)
+        group.start("ps:0", [PY, "-c", "raise SystemExit(0)"], kind="service")
+        with pytest.raises(TaskFailedError, match="Task ps:0 failed with exit status 0"):
+            group.wait(timeout=30)
+
+
+def test_children_die_when_the_launching_process_is_sigkilled(tmp_path: Path):
+    """A launcher killed with SIGKILL cannot clean up; the kernel must take its tasks down."""
+    pid_file = tmp_path / "pids"
+    launcher = textwrap.dedent(
+        f"""
+        import sys, time
+        from tfdist.launcher.process import ProcessGroup
+        group = ProcessGroup()
+        tasks = [group.start(f"worker:{{i}}", {SLEEP!r}) for i in range(2)]
+        open({str(pid_file)!r}, "w").write(" ".join(str(t.pid) for t in tasks))
+        time.sleep(120)
+        """
+    )
+    proc = subprocess.Popen([PY, "-c", launcher])
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline, "launcher did not start its tasks"
+        time.sleep(0.05)
+    pids = [int(p) for p in pid_file.read_text().split()]
+    assert all(_alive(pid) for pid in pids)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert _wait_dead(pids) == [], "tasks outlived their SIGKILLed launcher"
+
+
+def test_run_tasks_collects_each_tasks_report():
+    code = "import tfdist.testing as t; t.report({'name': t.task_name()})"
+    env = {
+        f"worker:{i}": {"TF_CONFIG": f'{{"cluster": {{}}, "task": {{"type": "worker", "index": {i}}}}}'}
+        for i in range(2)
+    }
+    results = run_tasks(
+        {name: [PY, "-c", code] for name in env}, env=env, timeout=60, stream=io.StringIO()
+    )
+    assert results == {"worker:0": {"name": "worker:0"}, "worker:1": {"name": "worker:1"}}
+
+
+def test_task_name_reads_tf_config_then_horovod_rank():
+    assert task_name({"HOROVOD_RANK": "3"}) == "rank:3"
+    assert task_name({}) == "local:0"
+    report({"ignored": True})  # outside run_tasks: a no-op, not an error

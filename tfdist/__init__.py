@@ -1,0 +1,78 @@
+"""tfdist: train one TensorFlow/Keras script on any distributed topology.
+
+Words used throughout:
+
+* **task**: one process of a job, named by its role and index (``worker:1``).
+* **chief**: the task that coordinates: it writes checkpoints, logs and the final model, and in a
+  parameter-server job it is the coordinator that runs the training program.
+* **worker**: a task that computes gradients. In multi-worker and Horovod jobs every worker runs
+  the training script; in a parameter-server job workers run a TF server and execute the steps
+  the chief dispatches.
+* **ps**: a parameter-server task that stores (shards of) the variables.
+* **evaluator**: a sidecar task that evaluates the chief's checkpoints; never part of the
+  training cluster.
+* **replica**: one copy of the model computing on one slice of each global batch; a worker with
+  two GPUs holds two replicas. ``num_replicas_in_sync`` counts them over the whole job.
+
+Example:
+    >>> import tfdist
+    >>> spec = tfdist.ClusterSpec.from_hosts("h1:2,h2:2", ps=1, chief=True)
+    >>> spec.tf_config("worker", 1)["task"]
+    {'type': 'worker', 'index': 1}
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from tfdist.cluster import ClusterSpec, Task, read_tf_config
+from tfdist.errors import (
+    ClusterConfigError,
+    KerasCompatibilityError,
+    LaunchError,
+    MissingDependencyError,
+    StrategyConfigError,
+    TaskFailedError,
+    TaskTimeoutError,
+    TfdistError,
+)
+
+__version__ = "0.1.0"
+
+# Names that import TensorFlow (or Horovod) are loaded on first use, so `import tfdist` stays fast
+# for cluster-spec work and the launcher.
+_LAZY = {
+    "get_strategy": "tfdist.strategies",
+    "available_strategies": "tfdist.strategies",
+    "MirroredStrategy": "tfdist.strategies",
+    "MultiWorkerMirroredStrategy": "tfdist.strategies",
+    "ParameterServerStrategy": "tfdist.strategies",
+    "HorovodStrategy": "tfdist.strategies.horovod",
+    "DistributedOptimizer": "tfdist.horovod",
+}
+
+__all__ = [
+    "ClusterSpec",
+    "Task",
+    "read_tf_config",
+    "ClusterConfigError",
+    "KerasCompatibilityError",
+    "LaunchError",
+    "MissingDependencyError",
+    "StrategyConfigError",
+    "TaskFailedError",
+    "TaskTimeoutError",
+    "TfdistError",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'tfdist' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

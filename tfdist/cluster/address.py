@@ -1,0 +1,107 @@
+"""Splitting and joining ``host:port`` addresses (IPv6 hosts go in brackets: ``[::1]:2222``)."""
+
+from __future__ import annotations
+
+from tfdist.cluster._error import config_error, show
+
+__all__ = ["split_address", "join_address", "split_host_count", "is_whole_number"]
+
+MAX_PORT = 65535
+
+
+def is_whole_number(text: str) -> bool:
+    """True for an ASCII decimal string such as ``"2222"`` (no sign, no spaces).
+
+    Example:
+        >>> is_whole_number("2222"), is_whole_number("-1"), is_whole_number("2.0")
+        (True, False, False)
+    """
+    return text.isascii() and text.isdigit()
+
+
+def join_address(host: str, port: int) -> str:
+    """Joins a host and a port, bracketing IPv6 hosts.
+
+    Example:
+        >>> join_address("node01", 2222), join_address("::1", 2222)
+        ('node01:2222', '[::1]:2222')
+    """
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _split(text: str, field: str, where: str, what: str) -> tuple[str, str | None]:
+    """Splits ``host[:suffix]`` into host and suffix (None when absent). Rejects bad hosts."""
+    if text.startswith("["):
+        host, bracket, rest = text[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise config_error(
+                where, f"{field} has an unclosed or misplaced ']'.", received=show(text),
+                expected=f"[ipv6]:{what} such as '[::1]:2222'", fix="Close the bracket before ':'.",
+            )
+        suffix = rest[1:] if rest else None
+    else:
+        host, colon, suffix_text = text.rpartition(":")
+        host, suffix = (host, suffix_text) if colon else (suffix_text, None)
+        if ":" in host:
+            raise config_error(
+                where, f"{field} looks like an IPv6 address without brackets.", received=show(text),
+                expected=f"[ipv6]:{what}", fix="Put IPv6 hosts in brackets, e.g. '[::1]:2222'.",
+            )
+    if not host or any(ch.isspace() for ch in host):
+        raise config_error(
+            where, f"{field} has an empty host or a host with spaces.", received=show(text),
+            expected=f"host:{what} such as 'node01:{'2222' if what == 'port' else '2'}'",
+            fix="Write the machine's hostname or IP address before the ':'.",
+        )
+    return host, suffix
+
+
+def split_address(
+    address: object, field: str = "address", where: str = "cluster spec"
+) -> tuple[str, int]:
+    """Splits ``"host:port"`` into ``(host, port)``, raising `ClusterConfigError` when invalid.
+
+    Args:
+        address: The address to check.
+        field: Where it was found, for the message (e.g. ``"cluster.worker[1]"``).
+        where: What was being read (e.g. ``"TF_CONFIG"``).
+
+    Example:
+        >>> split_address("node01:2222"), split_address("[::1]:2223")
+        (('node01', 2222), ('::1', 2223))
+    """
+    if not isinstance(address, str):
+        raise config_error(
+            where, f"{field} is not a string.", received=show(address),
+            expected="a 'host:port' string", fix="Quote the address, e.g. 'node01:2222'.",
+        )
+    host, port = _split(address, field, where, "port")
+    if port is None or port == "":
+        raise config_error(
+            where, f"{field} has no port.", received=show(address),
+            expected="'host:port' such as 'node01:2222'", fix=f"Append a port: '{address}:2222'.",
+        )
+    if not is_whole_number(port) or not 1 <= int(port) <= MAX_PORT:
+        raise config_error(
+            where, f"{field} has an invalid port {port!r}.", received=show(address),
+            expected=f"a port number in 1..{MAX_PORT}", fix="Use a free port such as 2222.",
+        )
+    return host, int(port)
+
+
+def split_host_count(entry: str, field: str, where: str) -> tuple[str, int]:
+    """Splits a ``"host:slots"`` entry (bare ``"host"`` means 1 slot).
+
+    Example:
+        >>> split_host_count("h1:2", "hosts[0]", "host list"), split_host_count("[::1]", "x", "y")
+        (('h1', 2), ('::1', 1))
+    """
+    host, count = _split(entry.strip(), field, where, "slots")
+    if count is None:
+        return host, 1
+    if not is_whole_number(count) or int(count) < 1:
+        raise config_error(
+            where, f"{field} has an invalid slot count {count!r}.", received=show(entry),
+            expected="'host:slots' with slots a whole number >= 1", fix=f"Write '{host}:1'.",
+        )
+    return host, int(count)

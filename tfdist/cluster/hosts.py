@@ -1,0 +1,221 @@
+"""Host lists (``"h1:2,h2:2"``), hostfiles, and laying tasks out on their slots.
+
+A *slot* is room for one task on a host, as in ``horovodrun -H h1:2,h2:2``. `layout` expands the
+slots host-major (h1 slot 0, h1 slot 1, h2 slot 0, ...), gives them to the tasks in canonical order
+(chief, workers, ps, evaluator), and gives each task the port ``base_port + its slot on the host``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from tfdist.cluster._error import config_error, show
+from tfdist.cluster.address import MAX_PORT, is_whole_number, join_address, split_host_count
+from tfdist.cluster.roles import CHIEF, EVALUATOR, PS, WORKER
+
+__all__ = [
+    "HostSlots",
+    "DEFAULT_BASE_PORT",
+    "parse_hosts",
+    "read_hostfile",
+    "role_counts",
+    "assign",
+    "layout",
+]
+
+HostSlots = list[tuple[str, int]]
+"""Hosts with their slot counts, in order: ``[("h1", 2), ("h2", 2)]``."""
+
+DEFAULT_BASE_PORT = 2222
+
+
+def _check_distinct(slots: HostSlots, where: str) -> HostSlots:
+    seen: set[str] = set()
+    for host, _ in slots:
+        if host.lower() in seen:
+            total = sum(count for other, count in slots if other.lower() == host.lower())
+            raise config_error(
+                where, f"host {host!r} is listed more than once.", received=show(slots),
+                expected="each host once, with its slot count",
+                fix=f"List it once as '{join_address(host, total)}'.",
+            )
+        seen.add(host.lower())
+    return slots
+
+
+def parse_hosts(hosts: str | Sequence[str], where: str = "host list") -> HostSlots:
+    """Parses ``"h1:2,h2:2"`` (or ``["h1:2", "h2"]``) into ``[("h1", 2), ("h2", ...)]``.
+
+    A bare host means one slot; IPv6 hosts go in brackets (``"[::1]:2"``).
+
+    Example:
+        >>> parse_hosts("h1:2,h2"), parse_hosts(["[::1]:2"])
+        ([('h1', 2), ('h2', 1)], [('::1', 2)])
+    """
+    entries = hosts.split(",") if isinstance(hosts, str) else list(hosts)
+    if not entries or not all(isinstance(entry, str) and entry.strip() for entry in entries):
+        raise config_error(
+            where, "it is empty or has an empty entry.", received=show(hosts),
+            expected="'host:slots' entries separated by commas, e.g. 'h1:2,h2:2'",
+            fix="Remove stray commas and name at least one host.",
+        )
+    slots = [split_host_count(entry, f"entry {entry.strip()!r}", where) for entry in entries]
+    return _check_distinct(slots, where)
+
+
+def _parse_hostfile_line(line: str, where: str, field: str) -> tuple[str, int]:
+    """Parses ``host``, ``host:slots`` or ``host slots=N [max_slots=M]`` (comment removed)."""
+    first, *options = line.split()
+    host, count = split_host_count(first, field, where)
+    for option in options:
+        key, _, value = option.partition("=")
+        if key not in ("slots", "max_slots") or not is_whole_number(value) or int(value) < 1:
+            raise config_error(
+                where, f"{field} has an unknown or invalid option {option!r}.", received=show(line),
+                expected="'host:slots', 'host slots=N' or 'host'", fix=f"Write '{host} slots=1'.",
+            )
+        if key == "slots":
+            if ":" in first.rpartition("]")[2]:
+                raise config_error(
+                    where, f"{field} gives the slot count twice.", received=show(line),
+                    expected="either 'host:slots' or 'host slots=N'", fix=f"Write '{host} {option}'.",
+                )
+            count = int(value)
+    return host, count
+
+
+def read_hostfile(path: str | os.PathLike[str]) -> HostSlots:
+    """Reads a hostfile: one ``host:slots``, ``host slots=N`` or bare ``host`` per line.
+
+    ``#`` starts a comment; blank lines are ignored. Errors name the file and the line number.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        ...     _ = f.write("# two machines\\nh1:2\\nh2 slots=4  # gpu box\\n")
+        >>> read_hostfile(f.name)
+        [('h1', 2), ('h2', 4)]
+    """
+    where = f"hostfile {os.fspath(path)!r}"
+    try:
+        with open(path, encoding="utf-8") as file:
+            lines = file.read().splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise config_error(
+            where, f"it cannot be read ({error}).", received=show(os.fspath(path)),
+            expected="a readable text file", fix="Check the path and its permissions.",
+        ) from error
+    slots: HostSlots = []
+    for number, raw in enumerate(lines, start=1):
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            slots.append(_parse_hostfile_line(line, where, f"line {number}"))
+    if not slots:
+        raise config_error(
+            where, "it lists no hosts.", received="only comments or blank lines",
+            expected="one 'host:slots' per line", fix="Add a line such as 'localhost:2'.",
+        )
+    return _check_distinct(slots, where)
+
+
+def _check_count(name: str, value: object, where: str, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise config_error(
+            where, f"{name} must be an integer >= 0.", received=f"{name}={value!r}",
+            expected="0, 1, 2, ...", fix=f"Pass {name}=1 (or another count).",
+        )
+
+
+def _check_base_port(base_port: object, slots: HostSlots, where: str) -> int:
+    most = max(count for _, count in slots)
+    if isinstance(base_port, bool) or not isinstance(base_port, int) or not (
+        1 <= base_port <= MAX_PORT - most + 1
+    ):
+        raise config_error(
+            where, "base_port leaves no room for one port per slot.",
+            received=f"base_port={base_port!r} with up to {most} slots per host",
+            expected=f"an integer in 1..{MAX_PORT - most + 1}", fix="Use base_port=2222.",
+        )
+    return base_port
+
+
+def role_counts(
+    available: int | None,
+    *,
+    workers: int | None,
+    ps: int,
+    chief: bool,
+    evaluator: bool,
+    where: str,
+) -> list[tuple[str, int]]:
+    """Returns (role, task count) in canonical order, checking they fit in ``available`` slots.
+
+    ``workers=None`` means every slot left after the chief, ps and evaluator (``available`` must
+    then be a number; None means unlimited).
+
+    Example:
+        >>> role_counts(4, workers=None, ps=1, chief=True, evaluator=False, where="hosts")
+        [('chief', 1), ('worker', 2), ('ps', 1), ('evaluator', 0)]
+    """
+    _check_count("workers", workers, where, allow_none=available is not None)
+    _check_count("ps", ps, where)
+    others = int(bool(chief)) + ps + int(bool(evaluator))
+    needed = others + (workers or 0)
+    if available is not None and needed > available:
+        raise config_error(
+            where, f"the tasks need {needed} slots but the hosts have {available}.",
+            received=f"workers={workers}, ps={ps}, chief={chief}, evaluator={evaluator}",
+            expected=f"at most {available} tasks in all",
+            fix="Add hosts or slots (host:slots), or ask for fewer tasks.",
+        )
+    count = (available or 0) - others if workers is None else workers
+    return [(CHIEF, int(bool(chief))), (WORKER, count), (PS, ps), (EVALUATOR, int(bool(evaluator)))]
+
+
+def assign(places: Sequence[str], counts: list[tuple[str, int]]) -> dict[str, tuple[str, ...]]:
+    """Gives addresses to roles in order; returns role -> addresses (empty roles omitted).
+
+    Example:
+        >>> assign(["h:1", "h:2", "h:3"], [("chief", 1), ("worker", 2)])
+        {'chief': ('h:1',), 'worker': ('h:2', 'h:3')}
+    """
+    roles: dict[str, tuple[str, ...]] = {}
+    for role, count in counts:
+        if count:
+            roles[role], places = tuple(places[:count]), places[count:]
+    return roles
+
+
+def layout(
+    slots: HostSlots,
+    *,
+    workers: int | None = None,
+    ps: int = 0,
+    chief: bool = False,
+    evaluator: bool = False,
+    base_port: int = DEFAULT_BASE_PORT,
+    where: str = "host layout",
+) -> dict[str, tuple[str, ...]]:
+    """Lays tasks out on slots; returns role -> addresses (empty roles omitted).
+
+    ``workers=None`` makes every slot left after the chief, ps and evaluator a worker.
+
+    Example:
+        >>> layout([("h1", 2), ("h2", 2)], ps=1, chief=True)
+        {'chief': ('h1:2222',), 'worker': ('h1:2223', 'h2:2222'), 'ps': ('h2:2223',)}
+    """
+    if not slots:
+        raise config_error(
+            where, "there are no hosts to lay tasks out on.", received="[]",
+            expected="at least one host with one slot", fix="Name at least one host.",
+        )
+    port = _check_base_port(base_port, slots, where)
+    places = [join_address(host, port + i) for host, count in slots for i in range(count)]
+    available = len(places)
+    counts = role_counts(
+        available, workers=workers, ps=ps, chief=chief, evaluator=evaluator, where=where
+    )
+    return assign(places, counts)

@@ -1,0 +1,144 @@
+"""Every Keras-version shim in one place: which Keras is in use, and what it can train with.
+
+TensorFlow 2.21 ships Keras 3 as ``keras``; ``tf_keras`` is Keras 2 ("legacy Keras"), which
+``tf.keras`` resolves to when ``TF_USE_LEGACY_KERAS=1`` is set before TensorFlow is imported.
+Multi-worker and parameter-server training with ``model.fit`` only work with tf-keras on TF 2.21;
+`check_supported` turns those unsupported pairs into a clear error at strategy creation instead of
+Keras's ``PerReplica`` failure deep inside ``fit``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any, Literal
+
+from tfdist.errors import KerasCompatibilityError, format_error
+
+KerasFlavour = Literal["keras3", "tf_keras"]
+
+LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
+
+# strategy name -> Keras flavours whose model.fit trains correctly with it on TF 2.21.
+SUPPORTED_FLAVOURS: Mapping[str, tuple[KerasFlavour, ...]] = {
+    "default": ("keras3", "tf_keras"),
+    "mirrored": ("keras3", "tf_keras"),
+    "multi_worker": ("tf_keras",),
+    "parameter_server": ("tf_keras",),
+    "horovod": ("keras3", "tf_keras"),
+}
+
+_WHY_UNSUPPORTED = {
+    "multi_worker": "Keras 3's model.fit fails under MultiWorkerMirroredStrategy on TF 2.21 "
+    "(it cannot reduce PerReplica values across workers)",
+    "parameter_server": "Keras 3 has no ParameterServerStrategy support at all",
+}
+
+
+def legacy_keras_requested(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``TF_USE_LEGACY_KERAS`` asks ``tf.keras`` to be tf-keras.
+
+    Example:
+        >>> legacy_keras_requested({"TF_USE_LEGACY_KERAS": "1"})
+        True
+    """
+    env = os.environ if environ is None else environ
+    return env.get(LEGACY_KERAS_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def keras_flavour(environ: Mapping[str, str] | None = None) -> KerasFlavour:
+    """The Keras that ``tf.keras`` resolves to in this process: ``"tf_keras"`` or ``"keras3"``.
+
+    Example:
+        >>> keras_flavour({})
+        'keras3'
+    """
+    return "tf_keras" if legacy_keras_requested(environ) else "keras3"
+
+
+def get_keras(flavour: KerasFlavour | None = None) -> ModuleType:
+    """The Keras module to build models with: ``tf_keras`` or ``keras``.
+
+    Example:
+        >>> keras = get_keras()
+        >>> model = keras.Sequential([keras.layers.Dense(1)])
+    """
+    flavour = flavour or keras_flavour()
+    if flavour == "tf_keras":
+        try:
+            return importlib.import_module("tf_keras")
+        except ImportError as err:
+            raise KerasCompatibilityError(
+                "tf-keras is not installed. Fix: pip install tf-keras==2.21.0."
+            ) from err
+    return importlib.import_module("keras")
+
+
+def flavour_of(obj: Any) -> KerasFlavour | None:
+    """The Keras a model, optimizer or layer comes from, by its class's module; None if neither.
+
+    Example:
+        >>> import keras
+        >>> flavour_of(keras.layers.Dense(1))
+        'keras3'
+    """
+    for cls in type(obj).__mro__:
+        root = cls.__module__.split(".", 1)[0]
+        if root == "tf_keras":
+            return "tf_keras"
+        if root == "keras":
+            return "keras3"
+    return None
+
+
+def check_supported(strategy: str, flavour: KerasFlavour | None = None) -> None:
+    """Raises if ``model.fit`` cannot train with ``strategy`` under this Keras.
+
+    Raises:
+        KerasCompatibilityError: The pair is known not to work; the message names the fix.
+
+    Example:
+        >>> check_supported("mirrored", "keras3")
+        >>> check_supported("parameter_server", "keras3")
+        Traceback (most recent call last):
+        ...
+        tfdist.errors.KerasCompatibilityError: ...
+    """
+    flavour = flavour or keras_flavour()
+    supported = SUPPORTED_FLAVOURS.get(strategy, ("keras3", "tf_keras"))
+    if flavour in supported:
+        return
+    raise KerasCompatibilityError(
+        format_error(
+            f"Strategy {strategy!r} cannot train with Keras 3: {_WHY_UNSUPPORTED[strategy]}.",
+            received=f"strategy={strategy!r} with Keras 3 (TF_USE_LEGACY_KERAS unset)",
+            expected="tf-keras for this strategy",
+            fix="set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported (tfdist-launch does "
+            "this for you) and build the model with `import tf_keras as keras` "
+            "(or tfdist.compat.get_keras()); or use strategy='horovod', which works with Keras 3",
+        )
+    )
+
+
+def check_model(model: Any, flavour: KerasFlavour | None = None) -> None:
+    """Raises if ``model`` comes from another Keras than the one ``tf.keras``/strategies use.
+
+    Mixing them (a Keras 3 model under ``TF_USE_LEGACY_KERAS=1``) fails deep in ``fit``.
+    """
+    flavour = flavour or keras_flavour()
+    found = flavour_of(model)
+    if found is None or found == flavour:
+        return
+    names = {"keras3": "Keras 3 (`import keras`)", "tf_keras": "tf-keras (`import tf_keras`)"}
+    raise KerasCompatibilityError(
+        format_error(
+            "The model was built with a different Keras than this process trains with.",
+            received=f"a {names[found]} model",
+            expected=f"a {names[flavour]} model (TF_USE_LEGACY_KERAS="
+            f"{os.environ.get(LEGACY_KERAS_ENV, '')!r})",
+            fix="build the model with tfdist.compat.get_keras(), or set/unset "
+            "TF_USE_LEGACY_KERAS before importing TensorFlow",
+        )
+    )

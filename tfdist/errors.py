@@ -1,0 +1,76 @@
+"""Exceptions raised by tfdist.
+
+Every error caused by user input subclasses ``ValueError`` or ``TypeError`` and carries a message
+in three parts: what was received, what was expected, and how to fix it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "TfdistError",
+    "ClusterConfigError",
+    "StrategyConfigError",
+    "KerasCompatibilityError",
+    "LaunchError",
+    "TaskFailedError",
+    "TaskTimeoutError",
+    "MissingDependencyError",
+    "format_error",
+]
+
+
+def format_error(problem: str, *, received: object, expected: str, fix: str) -> str:
+    """Builds the standard three-part message.
+
+    Example:
+        >>> format_error("Invalid port.", received="host:99999", expected="1..65535", fix="Use 2222.")
+        'Invalid port. Received: host:99999. Expected: 1..65535. Fix: Use 2222.'
+    """
+    return f"{problem} Received: {received}. Expected: {expected}. Fix: {fix}"
+
+
+class TfdistError(Exception):
+    """Base class of every tfdist error."""
+
+
+class ClusterConfigError(TfdistError, ValueError):
+    """A cluster spec or TF_CONFIG is invalid. Raised before any process starts."""
+
+
+class StrategyConfigError(TfdistError, ValueError):
+    """A strategy was asked for with options or an environment that cannot work."""
+
+
+class KerasCompatibilityError(TfdistError, ValueError):
+    """The Keras in use cannot train with the chosen strategy (e.g. Keras 3 + ParameterServer)."""
+
+
+class MissingDependencyError(TfdistError, ImportError):
+    """An optional dependency (such as Horovod) is not installed."""
+
+
+class LaunchError(TfdistError, RuntimeError):
+    """A job could not be started, or one of its tasks failed."""
+
+
+class TaskFailedError(LaunchError):
+    """A task of a job exited with a non-zero status.
+
+    Attributes:
+        task: The failing task, as ``"type:index"`` (e.g. ``"worker:1"``).
+        returncode: Its exit status (negative: killed by that signal).
+        output_tail: Its last lines of output.
+    """
+
+    def __init__(self, task: str, returncode: int, output_tail: str = "") -> None:
+        self.task = task
+        self.returncode = returncode
+        self.output_tail = output_tail
+        message = f"Task {task} failed with exit status {returncode}."
+        if output_tail:
+            message += f" Its last output lines:\n{output_tail}"
+        super().__init__(message)
+
+
+class TaskTimeoutError(LaunchError):
+    """A job did not finish within its timeout; every task was stopped."""

@@ -1,0 +1,136 @@
+"""``tfdist-launch``: start a whole training job on this machine, or show what would start.
+
+Examples::
+
+    tfdist-launch --workers 2 train.py --epochs 3          # multi-worker, 2 processes
+    tfdist-launch --ps 1 --workers 2 --evaluator train.py  # parameter server + sidecar evaluator
+    tfdist-launch --strategy horovod --workers 2 train.py  # through horovodrun --gloo
+    tfdist-launch --dry-run --workers 2 train.py           # print each task's TF_CONFIG and command
+    tfdist-launch --check                                  # what is installed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from tfdist.errors import ClusterConfigError, LaunchError, StrategyConfigError
+from tfdist.launcher.plan import LAUNCH_STRATEGIES, JobOptions, plan_job
+
+_ENV_PREFIX = "TFDIST_LAUNCH_"
+
+
+def _env_default(name: str, default: str) -> str:
+    return os.environ.get(_ENV_PREFIX + name, default)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfdist-launch",
+        description="Run a TensorFlow/Keras training script on a distributed topology.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("Examples::", 1)[1],
+    )
+    job = parser.add_argument_group("job")
+    job.add_argument(
+        "--strategy", choices=LAUNCH_STRATEGIES, default=_env_default("STRATEGY", "auto"),
+        help="topology (env TFDIST_LAUNCH_STRATEGY; default auto: --ps>0 -> parameter_server, "
+        "--workers>1 -> multi_worker, else one process)",
+    )
+    job.add_argument(
+        "--workers", type=int, default=int(_env_default("WORKERS", "2")),
+        help="worker tasks, or Horovod ranks (env TFDIST_LAUNCH_WORKERS; default 2)",
+    )
+    job.add_argument("--ps", type=int, default=0, help="parameter-server tasks (default 0)")
+    chief = job.add_mutually_exclusive_group()
+    chief.add_argument("--chief", dest="chief", action="store_true", default=None,
+                       help="add a chief task (always on for parameter_server: the coordinator)")
+    chief.add_argument("--no-chief", dest="chief", action="store_false")
+    job.add_argument("--evaluator", action="store_true",
+                     help="add a sidecar evaluator task (its crash does not stop training)")
+    run = parser.add_argument_group("run")
+    run.add_argument(
+        "--timeout", type=float, default=float(_env_default("TIMEOUT", "3600")),
+        help="seconds before the whole job is stopped (env TFDIST_LAUNCH_TIMEOUT; default 3600)",
+    )
+    run.add_argument("--log-dir", help="also write each task's output to LOG_DIR/<task>.log")
+    run.add_argument("--dry-run", action="store_true",
+                     help="start nothing; print one JSON object per task")
+    run.add_argument("--check", action="store_true", help="report what is installed and exit")
+    parser.add_argument("script", nargs="?", help="the training script")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parses and validates ``argv``; exits with status 2 and a one-line message when invalid."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.check:
+        return args
+    problem = _validate(args)
+    if problem:
+        parser.error(problem)
+    return args
+
+
+def _validate(args: argparse.Namespace) -> str | None:
+    if not args.script:
+        return "missing SCRIPT: the training script to run (e.g. tfdist-launch train.py)"
+    if not os.path.isfile(args.script):
+        return f"script not found: {args.script!r}. Fix: pass the path of an existing file"
+    if args.workers < 1:
+        return f"--workers must be at least 1. Received: {args.workers}"
+    if args.ps < 0:
+        return f"--ps must be 0 or more. Received: {args.ps}"
+    if args.ps and args.strategy not in ("auto", "parameter_server"):
+        return (f"--ps {args.ps} was given with --strategy {args.strategy}, which has no parameter "
+                f"servers. Fix: drop --ps, or use --strategy parameter_server")
+    if args.strategy == "parameter_server" and args.ps == 0:
+        return "--strategy parameter_server needs --ps 1 or more"
+    if args.strategy == "parameter_server" and args.chief is False:
+        return "--no-chief with parameter_server: the chief is the coordinator that runs the script"
+    if args.strategy in ("default", "mirrored") and args.workers > 1:
+        return (f"--strategy {args.strategy} runs one process (several devices in it), but "
+                f"--workers {args.workers} was given. Fix: use --strategy multi_worker")
+    return None
+
+
+def options_from_args(args: argparse.Namespace) -> JobOptions:
+    return JobOptions(
+        script=args.script, script_args=tuple(args.script_args), strategy=args.strategy,
+        workers=args.workers, ps=args.ps, chief=args.chief, evaluator=args.evaluator,
+        timeout=args.timeout,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.check:
+        from tfdist.launcher.check import format_report, installed_report
+
+        print(format_report(installed_report()))
+        return 0
+    try:
+        plan = plan_job(options_from_args(args))
+    except (ClusterConfigError, StrategyConfigError) as err:
+        print(f"tfdist-launch: error: {err}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        for line in plan.describe():
+            print(json.dumps(line))
+        return 0
+    from tfdist.launcher.local import run_plan
+
+    try:
+        return run_plan(plan, timeout=args.timeout, log_dir=args.log_dir)
+    except LaunchError as err:
+        print(f"tfdist-launch: error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""Turn launcher options into a plan: one entry per task with its command, environment and role.
+
+The same plan is printed by ``--dry-run`` and executed by `tfdist.launcher.local`, so what a dry run
+shows is exactly what runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from tfdist.cluster import ClusterSpec, Task
+from tfdist.launcher.process import TaskKind
+
+STRATEGY_ENV = "TFDIST_STRATEGY"
+LAUNCH_STRATEGIES = ("auto", "default", "mirrored", "multi_worker", "parameter_server", "horovod")
+# Strategies whose model.fit needs tf-keras on TF 2.21 (see tfdist.compat).
+_LEGACY_KERAS_STRATEGIES = ("multi_worker", "parameter_server")
+
+
+@dataclasses.dataclass(frozen=True)
+class JobOptions:
+    """What the user asked for, after parsing (see `tfdist.launcher.cli`)."""
+
+    script: str
+    script_args: tuple[str, ...] = ()
+    strategy: str = "auto"
+    workers: int = 2
+    ps: int = 0
+    chief: bool | None = None
+    evaluator: bool = False
+    timeout: float = 3600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskPlan:
+    """One process of a job.
+
+    Attributes:
+        name: ``"worker:1"``; for a Horovod job the single ``horovodrun`` process.
+        task: The task it runs (None for the ``horovodrun`` process itself).
+        host: Where it runs.
+        tf_config: The TF_CONFIG object it gets, or None (Horovod ranks, single-process jobs).
+        command: Its argv.
+        kind: ``"main"``, ``"service"`` or ``"sidecar"`` (see `ProcessGroup`).
+        env: Variables added to the launcher's environment for this process.
+    """
+
+    name: str
+    task: Task | None
+    host: str
+    tf_config: dict[str, Any] | None
+    command: tuple[str, ...]
+    kind: TaskKind = "main"
+    env: tuple[tuple[str, str], ...] = ()
+
+    def describe(self) -> dict[str, Any]:
+        """The JSON object ``--dry-run`` prints for this task."""
+        task = {"type": self.task.type, "index": self.task.index} if self.task else None
+        return {
+            "task": task,
+            "host": self.host,
+            "tf_config": self.tf_config,
+            "command": list(self.command),
+            "kind": self.kind,
+            "env": dict(self.env),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class JobPlan:
+    """Every process of a job, plus the cluster they form (None for single-process jobs)."""
+
+    strategy: str
+    tasks: tuple[TaskPlan, ...]
+    cluster: ClusterSpec | None = None
+    # Horovod ranks are started by horovodrun; they are described here for --dry-run.
+    ranks: tuple[TaskPlan, ...] = ()
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [t.describe() for t in (self.ranks or self.tasks)]
+
+
+def resolve_strategy(options: JobOptions) -> str:
+    """The concrete strategy for ``auto``: ps -> parameter_server, >1 worker -> multi_worker."""
+    if options.strategy != "auto":
+        return options.strategy
+    if options.ps > 0:
+        return "parameter_server"
+    if options.workers > 1:
+        return "multi_worker"
+    return "default"
+
+
+def _python_command(options: JobOptions) -> tuple[str, ...]:
+    return (sys.executable, "-u", options.script, *options.script_args)
+
+
+def _base_env(strategy: str) -> dict[str, str]:
+    env = {STRATEGY_ENV: strategy, "PYTHONUNBUFFERED": "1"}
+    if strategy in _LEGACY_KERAS_STRATEGIES and "TF_USE_LEGACY_KERAS" not in os.environ:
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    return env
+
+
+def plan_job(options: JobOptions) -> JobPlan:
+    """Builds the plan for a job on this machine (ports reserved now, held until released)."""
+    strategy = resolve_strategy(options)
+    if strategy in ("default", "mirrored"):
+        return _single_process_plan(options, strategy)
+    if strategy == "horovod":
+        return _horovod_plan(options)
+    return _cluster_plan(options, strategy)
+
+
+def _single_process_plan(options: JobOptions, strategy: str) -> JobPlan:
+    env = tuple(_base_env(strategy).items())
+    task = TaskPlan("chief:0", Task("chief", 0), "localhost", None, _python_command(options), env=env)
+    return JobPlan(strategy, (task,))
+
+
+def _cluster_plan(options: JobOptions, strategy: str) -> JobPlan:
+    is_ps = strategy == "parameter_server"
+    chief = options.chief if options.chief is not None else is_ps
+    spec = ClusterSpec.local(
+        workers=options.workers, ps=options.ps, chief=chief, evaluator=options.evaluator,
+        strategy=strategy,
+    )
+    base_env = _base_env(strategy)
+    tasks = []
+    for task in spec.tasks():
+        tf_config = spec.tf_config(task.type, task.index)
+        kind: TaskKind = "sidecar" if task.type == "evaluator" else "main"
+        command = _python_command(options)
+        if is_ps and task.type in ("worker", "ps"):
+            kind, command = "service", (sys.executable, "-u", "-m", "tfdist.server")
+        env = {**base_env, "TF_CONFIG": spec.tf_config_json(task.type, task.index)}
+        tasks.append(
+            TaskPlan(str(task), task, spec.host(task), tf_config, command, kind, tuple(env.items()))
+        )
+    return JobPlan(strategy, tuple(tasks), cluster=spec)
+
+
+def horovodrun_path() -> str:
+    """``horovodrun`` on PATH, else the one beside this Python (a venv not on PATH)."""
+    beside = Path(sys.executable).parent / "horovodrun"
+    return shutil.which("horovodrun") or str(beside)
+
+
+def _horovod_plan(options: JobOptions) -> JobPlan:
+    env = tuple(_base_env("horovod").items())
+    runner = (horovodrun_path(), "-np", str(options.workers), "--gloo", *_python_command(options))
+    ranks = tuple(
+        TaskPlan(f"rank:{r}", Task("worker", r), "localhost", None, _python_command(options), env=env)
+        for r in range(options.workers)
+    )
+    return JobPlan("horovod", (TaskPlan("horovodrun", None, "localhost", None, runner, env=env),), ranks=ranks)
+

@@ -1,0 +1,247 @@
+"""Run a job's tasks as child processes and stop them together.
+
+A `ProcessGroup` owns every process of one job. It starts each task in its own session (so the
+task and anything it spawns can be signalled as one process group), streams the task's output line
+by line with a ``[worker:1]`` prefix, keeps the last lines of each task for error reports, and stops
+every task (SIGTERM, then SIGKILL after a grace period) when one fails, when the job times out, or
+when the group is left.
+
+Children also ask the kernel to kill them if the process that started them dies
+(``PR_SET_PDEATHSIG``), so a launcher that is itself SIGKILLed leaves no task behind.
+
+Tasks have a *kind*:
+
+* ``"main"``: the job is done when every main task has exited with status 0.
+* ``"service"``: runs until stopped (a ParameterServer worker or ps task); exiting on its own,
+  with any status, before the main tasks are done is a failure.
+* ``"sidecar"``: its failure is reported but does not stop the job (an evaluator).
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import IO, Literal
+
+from tfdist.errors import LaunchError, TaskFailedError, TaskTimeoutError
+
+TaskKind = Literal["main", "service", "sidecar"]
+
+_PR_SET_PDEATHSIG = 1
+_TAIL_LINES = 40
+_POLL_SECONDS = 0.05
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Makes the kernel SIGKILL this child when its parent thread exits (Linux only)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+@dataclasses.dataclass
+class TaskProcess:
+    """One running task of a `ProcessGroup`."""
+
+    name: str
+    kind: TaskKind
+    popen: subprocess.Popen[bytes]
+    tail: collections.deque[str]
+    reader: threading.Thread
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.poll()
+
+    def output_tail(self, lines: int = 20) -> str:
+        """The last ``lines`` lines the task printed."""
+        return "\n".join(list(self.tail)[-lines:])
+
+
+class ProcessGroup:
+    """Starts tasks, streams their output, and stops all of them together.
+
+    Example:
+        >>> import sys
+        >>> with ProcessGroup(stream=sys.stdout) as group:
+        ...     _ = group.start("worker:0", [sys.executable, "-c", "print('hi')"])
+        ...     group.wait(timeout=30)
+        [worker:0] hi
+        {'worker:0': 0}
+    """
+
+    def __init__(
+        self,
+        *,
+        stream: IO[str] | None = None,
+        grace_period: float = 5.0,
+        log_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """Creates an empty group.
+
+        Args:
+            stream: Where prefixed task output goes (default ``sys.stdout``); ``None`` for stdout.
+            grace_period: Seconds between SIGTERM and SIGKILL when stopping tasks.
+            log_dir: If set, each task's raw output is also written to ``<log_dir>/<task>.log``.
+        """
+        self._stream = stream
+        self._grace_period = grace_period
+        self._log_dir = os.fspath(log_dir) if log_dir is not None else None
+        self._lock = threading.Lock()
+        self.tasks: dict[str, TaskProcess] = {}
+        self.sidecar_failures: dict[str, int] = {}
+
+    def __enter__(self) -> ProcessGroup:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def start(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        kind: TaskKind = "main",
+    ) -> TaskProcess:
+        """Starts one task. ``env`` replaces the environment (pass ``{**os.environ, ...}``)."""
+        if name in self.tasks:
+            raise LaunchError(f"Task {name} was started twice in one group.")
+        popen = subprocess.Popen(
+            list(argv),
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+        reader = threading.Thread(
+            target=self._pump, args=(name, popen, tail), name=f"output-{name}", daemon=True
+        )
+        task = TaskProcess(name=name, kind=kind, popen=popen, tail=tail, reader=reader)
+        self.tasks[name] = task
+        reader.start()
+        return task
+
+    def _pump(self, name: str, popen: subprocess.Popen[bytes], tail: collections.deque[str]) -> None:
+        log = None
+        if self._log_dir is not None:
+            os.makedirs(self._log_dir, exist_ok=True)
+            log = open(os.path.join(self._log_dir, f"{name.replace(':', '_')}.log"), "w")
+        assert popen.stdout is not None
+        try:
+            for raw in iter(popen.stdout.readline, b""):
+                line = raw.decode("utf-8", errors="replace").rstrip("\n")
+                tail.append(line)
+                if log is not None:
+                    log.write(line + "\n")
+                    log.flush()
+                with self._lock:
+                    stream = self._stream or sys.stdout
+                    stream.write(f"[{name}] {line}\n")
+                    stream.flush()
+        finally:
+            if log is not None:
+                log.close()
+
+    def wait(self, timeout: float) -> dict[str, int]:
+        """Waits until every main task has succeeded, then stops the rest.
+
+        Returns:
+            Exit status per task (services and sidecars stopped by the group report theirs).
+
+        Raises:
+            TaskFailedError: A main or service task failed; every other task has been stopped.
+            TaskTimeoutError: ``timeout`` seconds passed first; every task has been stopped.
+        """
+        deadline = time.monotonic() + timeout
+        main = [t for t in self.tasks.values() if t.kind == "main"]
+        if not main:
+            raise LaunchError("A job needs at least one main task to wait for.")
+        while True:
+            failed = self._first_failure()
+            if failed is not None:
+                self.stop()
+                raise TaskFailedError(failed.name, failed.popen.returncode, failed.output_tail())
+            if all(t.returncode == 0 for t in main):
+                break
+            if time.monotonic() > deadline:
+                running = [t.name for t in main if t.returncode is None]
+                self.stop()
+                raise TaskTimeoutError(
+                    f"The job did not finish within {timeout:g} s; still running: "
+                    f"{', '.join(running)}. Every task was stopped. Fix: raise the timeout, or "
+                    f"check these tasks' output for a hang (a wrong address in TF_CONFIG waits "
+                    f"forever for its peers)."
+                )
+            time.sleep(_POLL_SECONDS)
+        self.stop()
+        return {name: task.popen.returncode for name, task in self.tasks.items()}
+
+    def _first_failure(self) -> TaskProcess | None:
+        main_done = all(t.returncode == 0 for t in self.tasks.values() if t.kind == "main")
+        for task in self.tasks.values():
+            code = task.returncode
+            if code is None or (code == 0 and task.kind != "service"):
+                continue
+            if task.kind == "sidecar":
+                if task.name not in self.sidecar_failures:
+                    self.sidecar_failures[task.name] = code
+                    self._announce(f"sidecar {task.name} exited with status {code}; job goes on")
+                continue
+            if task.kind == "service" and main_done:
+                continue
+            return task
+        return None
+
+    def _announce(self, message: str) -> None:
+        with self._lock:
+            (self._stream or sys.stdout).write(f"[tfdist] {message}\n")
+
+    def stop(self, grace_period: float | None = None) -> None:
+        """Stops every task that is still running: SIGTERM, then SIGKILL after the grace period.
+
+        Signals go to each task's whole process group, so its own children stop too.
+        """
+        grace = self._grace_period if grace_period is None else grace_period
+        running = [t for t in self.tasks.values() if t.returncode is None]
+        for task in running:
+            _signal_group(task.popen, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for task in running:
+            try:
+                task.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for task in self.tasks.values():
+            # Also reaps leftovers of tasks that exited but left children in their group.
+            _signal_group(task.popen, signal.SIGKILL)
+            task.popen.wait()
+        for task in self.tasks.values():
+            task.reader.join(timeout=5)
+
+
+def _signal_group(popen: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    try:
+        os.killpg(popen.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

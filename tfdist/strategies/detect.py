@@ -1,0 +1,112 @@
+"""Which strategy ``get_strategy("auto")`` picks, as a pure function of the environment.
+
+Rules, first match wins:
+
+1. ``TF_CONFIG`` and a Horovod/MPI rank variable at once -> `StrategyConfigError` (two launchers
+   disagree on who this process is).
+2. ``TF_CONFIG`` whose task is the ``evaluator`` -> ``default`` (it evaluates checkpoints alone).
+3. ``TF_CONFIG`` with a ``ps`` role -> ``parameter_server``.
+4. ``TF_CONFIG`` with more than one of chief + workers -> ``multi_worker``.
+5. A rank variable (`RANK_VARIABLES`: set by ``horovodrun`` or ``mpirun``) -> ``horovod``.
+6. More than one local GPU -> ``mirrored``.
+7. Otherwise -> ``default``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from tfdist.errors import ClusterConfigError, StrategyConfigError, format_error
+
+__all__ = ["Detection", "RANK_VARIABLES", "detect", "detect_strategy", "local_gpu_count"]
+
+RANK_VARIABLES: tuple[str, ...] = (
+    "HOROVOD_RANK",  # horovodrun (Gloo)
+    "OMPI_COMM_WORLD_RANK",  # Open MPI's mpirun
+    "PMI_RANK",  # MPICH, Intel MPI
+    "PMIX_RANK",  # PMIx launchers (Open MPI 5, srun --mpi=pmix)
+)
+"""Environment variables whose presence means a Horovod/MPI launcher started this process."""
+
+
+class Detection(NamedTuple):
+    """A strategy name and the reason it was chosen."""
+
+    name: str
+    reason: str
+
+
+def _tf_config_roles(text: str) -> tuple[dict[str, list[str]], str]:
+    try:
+        config = json.loads(text)
+        cluster = config.get("cluster") or {}
+        task_type = str((config.get("task") or {}).get("type", ""))
+        roles = {role: list(cluster.get(role) or []) for role in cluster}
+    except (ValueError, AttributeError, TypeError) as err:
+        raise ClusterConfigError(
+            format_error("TF_CONFIG is not a JSON object with a 'cluster' mapping.",
+                         received=repr(text[:80]),
+                         expected='{"cluster": {"worker": [...]}, "task": {...}}',
+                         fix="fix TF_CONFIG, or unset it to train on this host alone")
+        ) from err
+    return roles, task_type
+
+
+def detect(environ: Mapping[str, str], num_gpus: int) -> Detection:
+    """Applies the module's rules to an environment mapping and a local GPU count.
+
+    Example:
+        >>> detect({"TF_CONFIG": '{"cluster": {"worker": ["a:1", "b:1"]}, '
+        ...         '"task": {"type": "worker", "index": 0}}'}, num_gpus=0).name
+        'multi_worker'
+        >>> detect({}, num_gpus=2)
+        Detection(name='mirrored', reason='2 local GPUs and no cluster')
+    """
+    text = environ.get("TF_CONFIG", "").strip()
+    ranks = [var for var in RANK_VARIABLES if var in environ]
+    if text and ranks:
+        raise StrategyConfigError(
+            format_error("This process has both a TF_CONFIG and a Horovod/MPI rank.",
+                         received=f"TF_CONFIG set and {', '.join(f'{v}={environ[v]}' for v in ranks)}",
+                         expected="either TF_CONFIG (TensorFlow strategies) or a rank (horovod)",
+                         fix="unset TF_CONFIG when launching with horovodrun/mpirun, or launch "
+                         "without them to use TF_CONFIG"))
+    if text:
+        roles, task_type = _tf_config_roles(text)
+        trainers = len(roles.get("chief", [])) + len(roles.get("worker", []))
+        if task_type == "evaluator":
+            return Detection("default", "TF_CONFIG task is the evaluator, which runs alone")
+        if roles.get("ps"):
+            return Detection("parameter_server",
+                             f"TF_CONFIG has {len(roles['ps'])} ps task(s)")
+        if trainers > 1:
+            return Detection("multi_worker", f"TF_CONFIG has {trainers} workers (chief included)")
+    if ranks:
+        return Detection("horovod", f"{ranks[0]}={environ[ranks[0]]} is set (Horovod/MPI launch)")
+    if num_gpus > 1:
+        return Detection("mirrored", f"{num_gpus} local GPUs and no cluster")
+    where = "1 worker in TF_CONFIG" if text else "no TF_CONFIG, no Horovod rank"
+    return Detection("default", f"{where}, {num_gpus} local GPU(s)")
+
+
+def local_gpu_count() -> int:
+    """How many GPUs TensorFlow sees on this host (imports TensorFlow)."""
+    import tensorflow as tf
+
+    return len(tf.config.list_physical_devices("GPU"))
+
+
+def detect_strategy(
+    environ: Mapping[str, str] | None = None, num_gpus: int | None = None
+) -> Detection:
+    """`detect` with defaults: ``os.environ`` and the GPUs TensorFlow sees.
+
+    Example:
+        >>> detect_strategy({"HOROVOD_RANK": "1"}, num_gpus=0).name
+        'horovod'
+    """
+    env = os.environ if environ is None else environ
+    return detect(env, local_gpu_count() if num_gpus is None else num_gpus)

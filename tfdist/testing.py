@@ -1,0 +1,151 @@
+"""Run a script once per task of a real local cluster, for tests and experiments.
+
+The shape of TensorFlow's ``multi_process_runner``: one OS process per task, each with its own
+``TF_CONFIG`` on free loopback ports, a timeout on the whole job, a child's failure re-raised with
+the task's name, and every child killed on the way out. Each task reports a JSON-serialisable
+result with `report`; `run_cluster` returns them by task name.
+
+Example:
+    A script ``train.py`` that ends with ``tfdist.testing.report({"loss": loss})`` runs as::
+
+        spec = tfdist.ClusterSpec.local(workers=2)
+        results = tfdist.testing.run_cluster(spec, "train.py", timeout=120)
+        results["worker:1"]["loss"]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tfdist.errors import LaunchError
+from tfdist.launcher.process import ProcessGroup, TaskKind
+
+if TYPE_CHECKING:
+    from tfdist.cluster import ClusterSpec
+
+__all__ = ["report", "run_cluster", "run_tasks", "task_name", "RESULT_DIR_ENV"]
+
+RESULT_DIR_ENV = "TFDIST_RESULT_DIR"
+
+
+def task_name(environ: Mapping[str, str] | None = None) -> str:
+    """This process's task as ``"type:index"``, from TF_CONFIG or Horovod's rank, else ``"local:0"``.
+
+    Example:
+        >>> task_name({"TF_CONFIG": '{"cluster": {}, "task": {"type": "worker", "index": 1}}'})
+        'worker:1'
+    """
+    env = os.environ if environ is None else environ
+    if env.get("TF_CONFIG"):
+        task = json.loads(env["TF_CONFIG"]).get("task", {})
+        return f"{task.get('type', 'worker')}:{task.get('index', 0)}"
+    for rank_var in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        if rank_var in env:
+            return f"rank:{env[rank_var]}"
+    return "local:0"
+
+
+def report(result: Any) -> None:
+    """Records this task's result for `run_cluster` (no-op outside of it).
+
+    Args:
+        result: Anything ``json.dumps`` accepts (numpy arrays: call ``.tolist()`` first).
+    """
+    out_dir = os.environ.get(RESULT_DIR_ENV)
+    if not out_dir:
+        return
+    path = Path(out_dir) / f"{task_name().replace(':', '_')}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(path)
+
+
+def run_tasks(
+    commands: Mapping[str, Sequence[str]],
+    *,
+    env: Mapping[str, Mapping[str, str]] | None = None,
+    kinds: Mapping[str, TaskKind] | None = None,
+    timeout: float = 120.0,
+    stream: Any = None,
+    result_dir: str | os.PathLike[str] | None = None,
+) -> dict[str, Any]:
+    """Runs one process per named command and returns each task's reported result.
+
+    Args:
+        commands: Task name -> argv.
+        env: Task name -> extra environment variables for that task.
+        kinds: Task name -> ``"main"`` (default), ``"service"`` or ``"sidecar"``.
+        timeout: Seconds for the whole job.
+        stream: Where prefixed output goes (default stdout).
+        result_dir: Where results are exchanged (default: a temporary directory).
+
+    Returns:
+        Task name -> the object that task passed to `report` (tasks that did not report are absent).
+
+    Raises:
+        TaskFailedError: A task failed (its name, status and last lines are in the message).
+        TaskTimeoutError: The job ran past ``timeout``.
+    """
+    with tempfile.TemporaryDirectory(prefix="tfdist-results-") as tmp:
+        out_dir = Path(result_dir) if result_dir is not None else Path(tmp)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with ProcessGroup(stream=stream) as group:
+            for name, argv in commands.items():
+                task_env = {**os.environ, **(env or {}).get(name, {}), RESULT_DIR_ENV: str(out_dir)}
+                group.start(name, argv, env=task_env, kind=(kinds or {}).get(name, "main"))
+            group.wait(timeout=timeout)
+        return _collect(out_dir)
+
+
+def _collect(out_dir: Path) -> dict[str, Any]:
+    return {_rejoin(path.stem): json.loads(path.read_text()) for path in sorted(out_dir.glob("*.json"))}
+
+
+def _rejoin(stem: str) -> str:
+    role, _, index = stem.rpartition("_")
+    return f"{role}:{index}" if role else stem
+
+
+def run_cluster(
+    spec: ClusterSpec,
+    script: str | os.PathLike[str],
+    args: Iterable[str] = (),
+    *,
+    timeout: float = 120.0,
+    env: Mapping[str, str] | None = None,
+    services: Iterable[str] = ("ps", "worker"),
+    parameter_server: bool | None = None,
+    stream: Any = None,
+) -> dict[str, Any]:
+    """Runs ``script`` once per task of ``spec``, each with its own TF_CONFIG.
+
+    Without a ``ps`` role every task runs ``script`` (multi-worker layout). With one (ParameterServer
+    layout, or ``parameter_server=True``), only the chief runs ``script``; ``ps`` and ``worker`` tasks
+    run ``python -m tfdist.server`` and are stopped when the chief is done; an evaluator runs
+    ``script`` as a sidecar.
+
+    Returns:
+        Task name (``"worker:1"``) -> that task's reported result.
+    """
+    if not Path(script).exists():
+        raise LaunchError(f"Script not found. Received: {script}. Fix: pass an existing file.")
+    is_ps = bool(spec.ps) if parameter_server is None else parameter_server
+    commands: dict[str, list[str]] = {}
+    task_env: dict[str, dict[str, str]] = {}
+    kinds: dict[str, TaskKind] = {}
+    for task in spec.tasks():
+        name = str(task)
+        if is_ps and task.type in services:
+            commands[name] = [sys.executable, "-m", "tfdist.server"]
+            kinds[name] = "service"
+        else:
+            commands[name] = [sys.executable, os.fspath(script), *args]
+            kinds[name] = "sidecar" if task.type == "evaluator" else "main"
+        task_env[name] = {**(env or {}), "TF_CONFIG": spec.tf_config_json(task.type, task.index)}
+    return run_tasks(commands, env=task_env, kinds=kinds, timeout=timeout, stream=stream)
