@@ -142,3 +142,40 @@ def check_model(model: Any, flavour: KerasFlavour | None = None) -> None:
             "TF_USE_LEGACY_KERAS before importing TensorFlow",
         )
     )
+
+
+def tf_variable(variable: Any) -> Any:
+    """The ``tf.Variable`` behind a variable of either flavour (Keras 3 keeps it in ``.value``).
+
+    Example:
+        >>> import keras, tensorflow as tf
+        >>> isinstance(tf_variable(keras.Variable(1.0)), tf.Variable)
+        True
+    """
+    import tensorflow as tf
+
+    if isinstance(variable, tf.Variable):
+        return variable
+    value = getattr(variable, "value", None)
+    if isinstance(value, tf.Variable):
+        return value
+    raise TypeError(
+        format_error(
+            "Expected a variable.",
+            received=type(variable).__name__,
+            expected="a tf.Variable or a Keras 3 variable",
+            fix="pass model.variables or optimizer.variables",
+        )
+    )
+
+
+def optimizer_variables(optimizer: Any) -> list[Any]:
+    """An optimizer's variables: a property in Keras 3 and tf-keras, a method on legacy optimizers.
+
+    Example:
+        >>> import keras
+        >>> [v.name for v in optimizer_variables(keras.optimizers.SGD())]
+        ['iteration', 'learning_rate']
+    """
+    variables = optimizer.variables
+    return list(variables() if callable(variables) else variables)

@@ -35,9 +35,10 @@ def config_error(
         fix: One imperative sentence.
 
     Example:
-        >>> str(config_error("TF_CONFIG", "task.index is negative.", received="-1",
-        ...                  expected="an integer >= 0", fix="Use 0."))
-        'Invalid TF_CONFIG: task.index is negative. Received: -1. Expected: an integer >= 0. Fix: Use 0.'
+        >>> error = config_error("TF_CONFIG", "bad index.", received="-1", expected=">= 0",
+        ...                      fix="Use 0.")
+        >>> print(error)
+        Invalid TF_CONFIG: bad index. Received: -1. Expected: >= 0. Fix: Use 0.
     """
-    message = format_error(f"Invalid {where}: {problem}", received=received, expected=expected, fix=fix)
-    return ClusterConfigError(message)
+    problem = f"Invalid {where}: {problem}"
+    return ClusterConfigError(format_error(problem, received=received, expected=expected, fix=fix))

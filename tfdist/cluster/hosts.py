@@ -79,7 +79,8 @@ def _parse_hostfile_line(line: str, where: str, field: str) -> tuple[str, int]:
             if ":" in first.rpartition("]")[2]:
                 raise config_error(
                     where, f"{field} gives the slot count twice.", received=show(line),
-                    expected="either 'host:slots' or 'host slots=N'", fix=f"Write '{host} {option}'.",
+                    expected="either 'host:slots' or 'host slots=N'",
+                    fix=f"Write '{host} {option}'.",
                 )
             count = int(value)
     return host, count
@@ -96,6 +97,7 @@ def read_hostfile(path: str | os.PathLike[str]) -> HostSlots:
         ...     _ = f.write("# two machines\\nh1:2\\nh2 slots=4  # gpu box\\n")
         >>> read_hostfile(f.name)
         [('h1', 2), ('h2', 4)]
+        >>> os.remove(f.name)
     """
     where = f"hostfile {os.fspath(path)!r}"
     try:

@@ -52,7 +52,8 @@ _ALIASES = {
 def check_role(name: object, field: str, where: str = "cluster spec") -> str:
     """Returns ``name`` if it is one of `ROLES`, else raises a `ClusterConfigError`.
 
-    The error suggests the right spelling: ``"Worker"`` -> ``"worker"``, ``"master"`` -> ``"chief"``.
+    The error suggests the right spelling: ``"Worker"`` -> ``"worker"``, ``"master"`` ->
+    ``"chief"``.
 
     Args:
         name: The role name to check.
@@ -84,6 +85,9 @@ def check_role(name: object, field: str, where: str = "cluster spec") -> str:
 @dataclass(frozen=True, order=True)
 class Task:
     """One process of a cluster: its role and its index within that role.
+
+    Tasks sort by ``(type, index)`` as a string and a number; `ClusterSpec.tasks` gives the
+    canonical order (chief, workers, ps, evaluator).
 
     Attributes:
         type: The role, one of `ROLES`.

@@ -50,7 +50,8 @@ def _expand_ranges(body: str, text: str) -> list[str]:
         if not (is_whole_number(low) and is_whole_number(high)) or int(low) > int(high):
             raise config_error(
                 _WHERE, f"the node list has an invalid range [{body}].", received=show(text),
-                expected="ranges like [01-03,07] with low <= high", fix="Check the value Slurm set.",
+                expected="ranges like [01-03,07] with low <= high",
+                fix="Check the value Slurm set.",
             )
         names += [str(number).zfill(len(low)) for number in range(int(low), int(high) + 1)]
     return names

@@ -52,7 +52,8 @@ class PaiJob:
         plan_gpu: Role -> GPU per task in percent of a GPU (50 = half); None if missing.
 
     Example:
-        >>> job = read_pai_table([["j1", "ps", "1.0", "600", ""], ["j1", "worker", "2", "800", "50"]])
+        >>> rows = [["j1", "ps", "1.0", "600", ""], ["j1", "worker", "2", "800", "50"]]
+        >>> job = read_pai_table(rows)
         >>> job.instances, job.plan_gpu
         ({'worker': 2, 'ps': 1}, {'worker': 50.0, 'ps': None})
     """
@@ -139,7 +140,7 @@ def _records(rows: list[object], where: str) -> list[Record]:
     return [
         (f"row {number + 1}", _columns(row, header, where, f"row {number + 1}"))
         for number, row in enumerate(rows[start:], start=start)
-        if isinstance(row, Mapping) or any(str(cell).strip() for cell in row)  # type: ignore[attr-defined]
+        if isinstance(row, Mapping) or any(str(cell).strip() for cell in row)  # type: ignore
     ]
 
 
@@ -149,10 +150,10 @@ def _select_job(records: list[Record], job_name: str | None, where: str) -> list
         job_name = names[0]
     chosen = [record for record in records if record[1]["job_name"] == job_name]
     if not chosen:
-        problem = "it holds several jobs." if job_name is None else f"job {job_name!r} is not in it."
+        problem = f"job {job_name!r} is not in it." if job_name else "it holds several jobs."
         listed = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
         raise config_error(
-            where, problem, received=f"job_name={job_name!r}; {len(names)} jobs: {listed or 'none'}",
+            where, problem, received=f"job_name={job_name!r}; {len(names)} jobs: {listed}",
             expected="the name of one job in the table", fix="Pass job_name= with one of those.",
         )
     return chosen

@@ -80,7 +80,8 @@ def load_tf_config(value: str | Mapping[str, Any] | None = None) -> Mapping[str,
     if "cluster" not in decoded:
         raise config_error(
             TF_CONFIG, 'it has no "cluster" key; without it TensorFlow silently trains each '
-            "process alone.", received=show(dict(decoded)), expected=f"an object such as {_EXAMPLE}",
+            "process alone.", received=show(dict(decoded)),
+            expected=f"an object such as {_EXAMPLE}",
             fix='Add "cluster": {"worker": ["host:port", ...]} listing every task.',
         )
     if "task" not in decoded:

@@ -14,7 +14,16 @@ from collections.abc import Mapping, Sequence
 
 from tfdist.cluster._error import config_error, show
 from tfdist.cluster.address import split_address
-from tfdist.cluster.roles import CHIEF, EVALUATOR, PS, ROLES, TRAINING_ROLES, WORKER, Task, check_role
+from tfdist.cluster.roles import (
+    CHIEF,
+    EVALUATOR,
+    PS,
+    ROLES,
+    TRAINING_ROLES,
+    WORKER,
+    Task,
+    check_role,
+)
 
 __all__ = [
     "STRATEGIES",
@@ -88,11 +97,15 @@ def check_role_list(role: str, value: object, where: str, allow_empty: bool) -> 
 def _check_at_most_one(roles: Roles, role: str, where: str) -> None:
     addresses = roles.get(role, ())
     if len(addresses) > 1:
-        other = "list the others under \"worker\"" if role == CHIEF else "run one evaluator"
+        fix = (
+            'Keep one chief and list the others under "worker".'
+            if role == CHIEF
+            else "Keep one evaluator; it evaluates every checkpoint the job writes."
+        )
         raise config_error(
             where, f"cluster.{role} lists {len(addresses)} tasks; there can be only one {role}.",
             received=show(list(addresses)), expected=f"at most one {role}",
-            fix=f"Keep one {role} and {other}.",
+            fix=fix,
         )
 
 
@@ -163,7 +176,9 @@ def check_index(value: object, field: str, where: str) -> int:
     """
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, bool):
+        fix = f"Use the number {int(value)}, not {str(value).lower()}."
+    elif isinstance(value, str) and value.strip().isdigit():
         fix = f"Use the number {int(value)}, not the string {value!r}."
     elif isinstance(value, float) and value.is_integer() and value >= 0:
         fix = f"Use the integer {int(value)}."
@@ -199,7 +214,8 @@ def check_task_in_cluster(roles: Roles, task: Task, where: str, field: str = "ta
         raise config_error(
             where, f"{field}.index {task.index} is out of range for role {task.type!r}.",
             received=f"{field}={{'type': {task.type!r}, 'index': {task.index}}}",
-            expected=f"an index in 0..{count - 1} (the cluster lists {count} {task.type} tasks)",
+            expected="0 (there is one evaluator)" if task.type == EVALUATOR
+            else f"an index in 0..{count - 1} (the cluster lists {count} {task.type} tasks)",
             fix="Use an index below the number of tasks of that role.",
         )
 
@@ -221,10 +237,12 @@ def check_task_mapping(task: object, roles: Roles, where: str = "TF_CONFIG") -> 
     if unknown or missing:
         problem = f"task has unknown keys {unknown}." if unknown else f"task lacks {missing}."
         raise config_error(
-            where, problem, received=show(dict(task)), expected='exactly the keys "type" and "index"',
+            where, problem, received=show(dict(task)),
+            expected='exactly the keys "type" and "index"',
             fix='Write the task as {"type": "worker", "index": 0}.',
         )
-    result = Task(check_role(task["type"], "task.type", where), check_index(task["index"], "task.index", where))
+    role = check_role(task["type"], "task.type", where)
+    result = Task(role, check_index(task["index"], "task.index", where))
     check_task_in_cluster(roles, result, where)
     return result
 
@@ -246,16 +264,16 @@ def check_strategy(roles: Roles, strategy: str | None, where: str = "cluster spe
                     expected=f"at least one {role}" if role == PS else "exactly one chief",
                     fix=f"Add a {role} (e.g. {role}={'1' if role == PS else 'True'} in a builder).",
                 )
+    if strategy == "multi_worker" and not counts[WORKER] + counts[CHIEF]:
+        raise config_error(
+            where, "strategy 'multi_worker' needs at least one worker or chief.",
+            received=show({r: list(roles[r]) for r in roles if roles[r]}),
+            expected="one or more worker (or chief) tasks", fix="Add workers (e.g. workers=2).",
+        )
     if strategy in _NO_PS_STRATEGIES and counts[PS]:
         raise config_error(
             where, f"strategy {strategy!r} does not use parameter servers, but the cluster has "
             f"{counts[PS]} ps task(s).", received=f"ps={list(roles[PS])}",
             expected=f"no 'ps' role with strategy {strategy!r}",
             fix="Remove the ps tasks (ps=0) or use strategy 'parameter_server'.",
-        )
-    if strategy == "multi_worker" and not counts[WORKER] + counts[CHIEF]:
-        raise config_error(
-            where, "strategy 'multi_worker' needs at least one worker or chief.",
-            received=show({r: list(roles[r]) for r in roles if roles[r]}),
-            expected="one or more worker (or chief) tasks", fix="Add workers (e.g. workers=2).",
         )

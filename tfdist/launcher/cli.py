@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from tfdist.errors import ClusterConfigError, LaunchError, StrategyConfigError
-from tfdist.launcher.plan import LAUNCH_STRATEGIES, JobOptions, plan_job
+from tfdist.launcher.plan import LAUNCH_STRATEGIES, JobOptions, plan_job, release_plan
 
 _ENV_PREFIX = "TFDIST_LAUNCH_"
 
@@ -56,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=float(_env_default("TIMEOUT", "3600")),
         help="seconds before the whole job is stopped (env TFDIST_LAUNCH_TIMEOUT; default 3600)",
     )
+    run.add_argument(
+        "--max-restarts", type=int, default=int(_env_default("MAX_RESTARTS", "0")),
+        help="after a failure, restart the whole job (fresh ports) up to this many times; with "
+        "BackupAndRestore in the script, training resumes from the last backup "
+        "(env TFDIST_LAUNCH_MAX_RESTARTS; default 0)",
+    )
     run.add_argument("--log-dir", help="also write each task's output to LOG_DIR/<task>.log")
     run.add_argument("--dry-run", action="store_true",
                      help="start nothing; print one JSON object per task")
@@ -84,6 +90,8 @@ def _validate(args: argparse.Namespace) -> str | None:
         return f"script not found: {args.script!r}. Fix: pass the path of an existing file"
     if args.workers < 1:
         return f"--workers must be at least 1. Received: {args.workers}"
+    if args.max_restarts < 0:
+        return f"--max-restarts must be 0 or more. Received: {args.max_restarts}"
     if args.ps < 0:
         return f"--ps must be 0 or more. Received: {args.ps}"
     if args.ps and args.strategy not in ("auto", "parameter_server"):
@@ -114,19 +122,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(format_report(installed_report()))
         return 0
+    options = options_from_args(args)
     try:
-        plan = plan_job(options_from_args(args))
+        plan = plan_job(options)
     except (ClusterConfigError, StrategyConfigError) as err:
         print(f"tfdist-launch: error: {err}", file=sys.stderr)
         return 2
     if args.dry_run:
+        release_plan(plan)
         for line in plan.describe():
             print(json.dumps(line))
         return 0
-    from tfdist.launcher.local import run_plan
+    from tfdist.launcher.local import run_job
 
     try:
-        return run_plan(plan, timeout=args.timeout, log_dir=args.log_dir)
+        return run_job(options, plan, max_restarts=args.max_restarts, log_dir=args.log_dir)
     except LaunchError as err:
         print(f"tfdist-launch: error: {err}", file=sys.stderr)
         return 1

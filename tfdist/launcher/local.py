@@ -8,9 +8,8 @@ import signal
 import sys
 from types import FrameType
 
-from tfdist.cluster import release_ports
 from tfdist.errors import TaskFailedError, TaskTimeoutError
-from tfdist.launcher.plan import JobPlan
+from tfdist.launcher.plan import JobOptions, JobPlan, plan_job, release_plan
 from tfdist.launcher.process import ProcessGroup
 
 
@@ -52,13 +51,27 @@ def run_plan(plan: JobPlan, *, timeout: float, log_dir: str | None = None) -> in
     finally:
         group.stop()
         signal.signal(signal.SIGTERM, previous)
-        if plan.cluster is not None:
-            release_ports(_ports(plan))
+        release_plan(plan)
 
 
-def _ports(plan: JobPlan) -> list[int]:
-    assert plan.cluster is not None
-    return [int(plan.cluster.address(t).rsplit(":", 1)[1]) for t in plan.cluster.tasks()]
+_NOT_RESTARTED = (0, 124, 130)  # success, timeout, interrupted by the user
+
+
+def run_job(
+    options: JobOptions, plan: JobPlan, *, max_restarts: int = 0, log_dir: str | None = None
+) -> int:
+    """Runs ``plan``; after a task failure, restarts the whole gang up to ``max_restarts`` times.
+
+    Each restart gets a fresh plan (new free ports): a half-dead job cannot train, and the old
+    ports may still be in TIME_WAIT. Scripts resume from their ``BackupAndRestore`` backup.
+    """
+    status = run_plan(plan, timeout=options.timeout, log_dir=log_dir)
+    for attempt in range(1, max_restarts + 1):
+        if status in _NOT_RESTARTED:
+            break
+        _log(f"restarting the whole job ({attempt}/{max_restarts}) after exit status {status}")
+        status = run_plan(plan_job(options), timeout=options.timeout, log_dir=log_dir)
+    return status
 
 
 def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:

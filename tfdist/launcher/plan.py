@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tfdist.cluster import ClusterSpec, Task
+from tfdist.cluster import ClusterSpec, Task, release_ports
 from tfdist.launcher.process import TaskKind
 
 STRATEGY_ENV = "TFDIST_STRATEGY"
@@ -160,3 +160,9 @@ def _horovod_plan(options: JobOptions) -> JobPlan:
     )
     return JobPlan("horovod", (TaskPlan("horovodrun", None, "localhost", None, runner, env=env),), ranks=ranks)
 
+
+
+def release_plan(plan: JobPlan) -> None:
+    """Releases the ports ``plan`` holds (after its job ended, or when it will not run)."""
+    if plan.cluster is not None:
+        release_ports([int(plan.cluster.address(t).rsplit(":", 1)[1]) for t in plan.cluster.tasks()])

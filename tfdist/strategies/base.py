@@ -21,9 +21,9 @@ A backend changes behaviour by overriding a few primitives, never by checking na
   chief-only write (False: other workers skip it);
 * `callbacks`: what ``fit`` must be given (default: nothing).
 
-Single-host strategies (``default``, ``mirrored``) have an empty `cluster` (no roles), no task
-(`task_type` is None, like TensorFlow's own cluster resolvers outside a cluster), `task_index` 0,
-one worker, and are the chief.
+Single-host strategies (``default``, ``mirrored``) report `SINGLE_HOST_CLUSTER`: a one-worker
+spec whose address is nominal (nothing listens on it; a `ClusterSpec` cannot be empty), with this
+process as ``worker:0``: one worker, `worker_index` 0, the chief.
 """
 
 from __future__ import annotations
@@ -31,18 +31,23 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 import tensorflow as tf
 
 from tfdist import compat
+from tfdist.cluster import ClusterSpec, Task, read_tf_config
 from tfdist.errors import StrategyConfigError, format_error
 
-if TYPE_CHECKING:
-    from tfdist.cluster import ClusterSpec, Task
-
-__all__ = ["TfdistStrategyMixin", "DatasetFn", "shard_for"]
+__all__ = [
+    "TfdistStrategyMixin",
+    "DatasetFn",
+    "SINGLE_HOST_CLUSTER",
+    "SINGLE_HOST_TASK",
+    "shard_for",
+    "cluster_resolver",
+]
 
 logger = logging.getLogger("tfdist")
 
@@ -50,6 +55,12 @@ DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 """``dataset_fn(input_context) -> tf.data.Dataset``, the input contract of every strategy."""
 
 _TEMP_PREFIX = ".tfdist-tmp-"
+
+SINGLE_HOST_CLUSTER = ClusterSpec(worker=("localhost:2222",))
+"""The `cluster` of a single-host strategy. Its address is nominal: nothing listens on it."""
+
+SINGLE_HOST_TASK = Task("worker", 0)
+"""The `task` of a single-host strategy."""
 
 
 def shard_for(dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -86,6 +97,25 @@ def _sharded(dataset_fn: DatasetFn) -> DatasetFn:
     return sharded_fn
 
 
+def cluster_resolver(
+    cluster: ClusterSpec, task: Task
+) -> tf.distribute.cluster_resolver.SimpleClusterResolver:
+    """A TF cluster resolver for ``task`` of ``cluster`` (no evaluator; local GPUs counted).
+
+    Example:
+        >>> spec = ClusterSpec(worker=["localhost:2222", "localhost:2223"])
+        >>> cluster_resolver(spec, Task("worker", 1)).cluster_spec().as_dict()
+        {'worker': ['localhost:2222', 'localhost:2223']}
+    """
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(cluster.as_dict()),
+        task_type=task.type,
+        task_id=task.index,
+        rpc_layer="grpc",
+        num_accelerators={"GPU": len(tf.config.list_physical_devices("GPU"))},
+    )
+
+
 class TfdistStrategyMixin:
     """The tfdist surface of a strategy. Mix it in before the `tf.distribute.Strategy` base.
 
@@ -113,12 +143,38 @@ class TfdistStrategyMixin:
         """Raises `KerasCompatibilityError` when this Keras cannot ``fit`` with this strategy."""
         compat.check_supported(cls.name)
 
-    def _init_tfdist(self, cluster: ClusterSpec | None = None, task: Task | None = None) -> None:
-        """Records where this process sits. ``cluster=None`` means a single host (no roles)."""
-        if cluster is None:
-            from tfdist.cluster import ClusterSpec
+    @classmethod
+    def _read_cluster(
+        cls, tf_config: str | Mapping[str, Any] | None, roles: tuple[str, ...]
+    ) -> tuple[ClusterSpec, Task]:
+        """Reads and checks TF_CONFIG (None: the environment) for this strategy, before TF does.
 
-            cluster = ClusterSpec()
+        Raises:
+            ClusterConfigError: TF_CONFIG is missing or invalid, or does not fit the strategy.
+            StrategyConfigError: this process's role must not create this strategy.
+        """
+        cluster, task = read_tf_config(tf_config, strategy=cls.name)
+        if task.type not in roles:
+            raise StrategyConfigError(
+                format_error(
+                    f"Strategy {cls.name!r} is not created on a {task.type!r} task.",
+                    received=f"task {task}",
+                    expected=f"a task of role {' or '.join(roles)}",
+                    fix=cls._wrong_role_fix(task),
+                )
+            )
+        return cluster, task
+
+    @classmethod
+    def _wrong_role_fix(cls, task: Task) -> str:
+        if task.type == "evaluator":
+            return "the evaluator runs alone: use get_strategy('default') (or 'auto') there"
+        return "run this script on the training tasks only"
+
+    def _init_tfdist(self, cluster: ClusterSpec | None = None, task: Task | None = None) -> None:
+        """Records where this process sits. ``cluster=None``: a single host (`SINGLE_HOST_CLUSTER`)."""
+        if cluster is None:
+            cluster, task = SINGLE_HOST_CLUSTER, SINGLE_HOST_TASK
         self._tfdist_cluster = cluster
         self._tfdist_task = task
         self._tfdist_managers: dict[str, tf.train.CheckpointManager] = {}
@@ -126,17 +182,17 @@ class TfdistStrategyMixin:
     # ------------------------------------------------------ where this process sits
     @property
     def cluster(self) -> ClusterSpec:
-        """The cluster this strategy trains on; empty (no roles) on a single host."""
+        """The cluster this strategy trains on (`SINGLE_HOST_CLUSTER` on a single host)."""
         return self._tfdist_cluster
 
     @property
     def task(self) -> Task | None:
-        """This process's task (``worker:1``), or None on a single host."""
+        """This process's task (``worker:1``; ``worker:0`` on a single host)."""
         return self._tfdist_task
 
     @property
     def task_type(self) -> str | None:
-        """``"chief"``, ``"worker"``, ``"ps"``, ``"evaluator"``, or None on a single host."""
+        """``"chief"``, ``"worker"``, ``"ps"`` or ``"evaluator"`` (``"worker"`` on a single host)."""
         return None if self._tfdist_task is None else self._tfdist_task.type
 
     @property
@@ -374,7 +430,7 @@ class TfdistStrategyMixin:
             self._tfdist_managers[written] = manager
         prefix = manager.save()
         if not self.is_chief:
-            self._discard(os.path.join(written, "x"))
+            self._discard(written)
             self._tfdist_managers.pop(written, None)
         return prefix if self.is_chief else None
 
@@ -400,7 +456,7 @@ class TfdistStrategyMixin:
             >>> tfdist.strategies.get_strategy("default").describe()
             'default: single host, 1 worker(s), 1 replica(s) in sync, chief'
         """
-        where = "single host" if self.task is None else f"task {self.task}"
+        where = "single host" if self.cluster is SINGLE_HOST_CLUSTER else f"task {self.task}"
         chief = ", chief" if self.is_chief else ""
         return (
             f"{self.name}: {where}, {self.num_workers} worker(s), "

@@ -66,7 +66,8 @@ class MirroredStrategy(TfdistStrategyMixin, tf.distribute.MirroredStrategy):
         devices: Sequence[str] | None = None,
         cross_device_ops: str | tf.distribute.CrossDeviceOps | None = None,
     ) -> None:
+        devices = _check_devices(devices)
+        reduce_ops = _cross_device_ops(cross_device_ops)
         self._check_keras()
-        super().__init__(devices=_check_devices(devices),
-                         cross_device_ops=_cross_device_ops(cross_device_ops))
+        super().__init__(devices=devices, cross_device_ops=reduce_ops)
         self._init_tfdist()

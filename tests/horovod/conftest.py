@@ -1,0 +1,60 @@
+"""Fixtures of the Horovod tests: skip cleanly without Horovod, and run a script on 2 ranks.
+
+``horovod_run(script, *args, flavour=...)`` starts ``horovodrun -np 2 --gloo python script`` as one
+task of `tfdist.testing.run_tasks` and returns the results that ranks 0 and 1 reported. The Keras
+flavour is chosen in the child's environment (``TF_USE_LEGACY_KERAS``), before TF is imported.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+RANKS = 2
+
+
+def _unavailable_reason() -> str | None:
+    from tfdist.errors import MissingDependencyError
+    from tfdist.horovod import runtime
+
+    try:
+        runtime.hvd()
+    except MissingDependencyError as err:
+        return f"Horovod with TensorFlow is not importable ({err}); run: bash launch/setup.sh"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _skip_without_horovod(request: pytest.FixtureRequest) -> None:
+    if request.node.get_closest_marker("horovod") is None:
+        return
+    reason = _unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    if request.node.get_closest_marker("multiprocess") and shutil.which("horovodrun") is None:
+        pytest.skip("horovodrun is not on PATH; put the venv's bin directory first on PATH")
+
+
+@pytest.fixture
+def horovod_run() -> Callable[..., tuple[dict[str, Any], dict[str, Any]]]:
+    """Runs ``scripts/<script>`` on 2 Horovod ranks; returns (rank 0's, rank 1's) reports."""
+    from tfdist.testing import run_tasks
+
+    def run(script: str, *args: str, flavour: str = "keras3",
+            timeout: float = 90) -> tuple[dict[str, Any], dict[str, Any]]:
+        argv = ["horovodrun", "-np", str(RANKS), "--gloo", sys.executable, str(SCRIPTS / script),
+                *args]
+        env = {"PYTHONPATH": str(REPO_ROOT), "TF_CPP_MIN_LOG_LEVEL": "2",
+               "TF_USE_LEGACY_KERAS": "1" if flavour == "tf_keras" else "0"}
+        results = run_tasks({"horovodrun": argv}, env={"horovodrun": env}, timeout=timeout)
+        assert sorted(results) == ["rank:0", "rank:1"], f"ranks that reported: {sorted(results)}"
+        return results["rank:0"], results["rank:1"]
+
+    return run

@@ -1,0 +1,107 @@
+"""tfdist-launch on this machine: gang start, failure propagation, restarts, and no orphans.
+
+The task script needs no TensorFlow, so these tests take seconds; orphans are counted from the
+PIDs every task records.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.multiprocess
+
+SCRIPT = Path(__file__).parent / "scripts" / "launcher_task.py"
+LAUNCH = [sys.executable, "-m", "tfdist.launcher.cli"]
+
+
+def _launch(tmp_path: Path, mode: str, *argv: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "LAUNCHER_TEST_MODE": mode, "MARKER_DIR": str(tmp_path)}
+    return subprocess.Popen(
+        [*LAUNCH, *argv, str(SCRIPT)], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def _task_pids(marker_dir: Path) -> list[int]:
+    return [int(p.name.rsplit(".", 1)[1]) for p in marker_dir.glob("*.pid.*")]
+
+
+def _alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def _wait_for_tasks(marker_dir: Path, count: int, timeout: float = 30) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while len(_task_pids(marker_dir)) < count:
+        assert time.monotonic() < deadline, f"only {_task_pids(marker_dir)} started"
+        time.sleep(0.05)
+    return _task_pids(marker_dir)
+
+
+def _no_orphans(pids: list[int], timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _alive(pids)
+
+
+def test_every_task_runs_with_prefixed_output(tmp_path):
+    proc = _launch(tmp_path, "ok", "--workers", "2", "--chief")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    for task in ("chief:0", "worker:0", "worker:1"):
+        assert f"[{task}] task {task} mode ok" in out
+    assert "job finished: 3 task(s) succeeded" in out
+
+
+def test_a_failing_task_stops_the_job_with_its_status_and_last_lines(tmp_path):
+    proc = _launch(tmp_path, "fail_worker1", "--workers", "3")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 3, out
+    assert "task worker:1 failed first (exit status 3)" in out
+    assert "worker 1 gives up" in out.split("failed first", 1)[1]
+    assert _no_orphans(_task_pids(tmp_path))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_no_task_outlives_the_launcher(tmp_path, sig):
+    proc = _launch(tmp_path, "sleep", "--ps", "1", "--workers", "2")
+    pids = _wait_for_tasks(tmp_path, 1)  # the chief runs the script; ps/workers run servers
+    children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    assert len(children) >= 4, "chief, 2 workers and a ps should be running"
+    proc.send_signal(sig)
+    proc.communicate(timeout=30)
+    assert _no_orphans(pids + children), f"left behind after {sig.name}: {_alive(pids + children)}"
+    if sig != signal.SIGKILL:
+        assert proc.returncode == 130
+
+
+def test_max_restarts_restarts_the_whole_gang(tmp_path):
+    proc = _launch(tmp_path, "fail_once", "--workers", "2", "--max-restarts", "2")
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 0, out
+    assert "restarting the whole job (1/2) after exit status 5" in out
+    assert len(list(tmp_path.glob("worker:0.pid.*"))) == 2, "worker:0 was not restarted with the gang"
+
+
+def test_timeout_stops_the_job(tmp_path):
+    proc = _launch(tmp_path, "sleep", "--workers", "2", "--timeout", "2")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 124
+    assert "did not finish within 2 s" in out
+    assert _no_orphans(_task_pids(tmp_path))

@@ -1,0 +1,66 @@
+"""MultiWorkerMirrored (tf-keras), 2 processes: each worker reads a known half of every global
+batch, and both end with identical weights equal to the single-process reference; the chief's
+save is the only one left on disk. Also: a missing peer ends startup with a named error."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from parity_checks import REFERENCE_ATOL, assert_matches_reference, max_gap
+from tfdist.cluster import ClusterSpec, release_ports
+from tfdist.errors import TaskFailedError
+from tfdist.testing import run_tasks
+
+pytestmark = pytest.mark.multiprocess
+
+SCRIPTS = Path(__file__).parent / "scripts"
+REPO = Path(__file__).resolve().parents[2]
+LEGACY = {"TF_USE_LEGACY_KERAS": "1"}
+PER_REPLICA, STEPS = 4, 5
+
+
+def test_workers_match_reference_and_save_once(cluster_runner, tmp_path):
+    spec = ClusterSpec.local(workers=2)
+    results = cluster_runner(spec, SCRIPTS / "multi_worker_parity.py", str(tmp_path),
+                             timeout=120, env=LEGACY)
+    chief, other = results["worker:0"], results["worker:1"]
+    assert (chief["is_chief"], other["is_chief"]) == (True, False)
+    assert chief["num_workers"] == other["num_workers"] == chief["num_replicas"] == 2
+
+    # Worker w holds batches w, w+2, ... of PER_REPLICA rows: disjoint, together every row.
+    expected = {w: [r for k in range(w, 2 * STEPS, 2)
+                    for r in range(k * PER_REPLICA, (k + 1) * PER_REPLICA)] for w in (0, 1)}
+    assert chief["rows"] == expected[0] and other["rows"] == expected[1]
+
+    for w0, w1 in zip(chief["weights"], other["weights"]):
+        np.testing.assert_array_equal(w0, w1)
+    assert chief["loss"] == other["loss"]
+    assert_matches_reference(chief["weights"], chief, chief["initial"])
+    assert chief["initial"] == other["initial"]
+
+    assert chief["model_path"] == str(tmp_path / "model.keras")
+    assert chief["ckpt_path"] == str(tmp_path / "ckpt" / "ckpt-1")
+    assert other["model_path"] is None and other["ckpt_path"] is None
+    assert sorted(os.listdir(tmp_path)) == ["ckpt", "model.keras"]  # no .tfdist-tmp-* left
+    assert max_gap(chief["reloaded"], chief["weights"]) <= REFERENCE_ATOL
+
+
+def test_missing_peer_ends_startup_with_named_error():
+    spec = ClusterSpec.local(workers=2)
+    env = {"TF_CONFIG": spec.tf_config_json("worker", 0), "PYTHONPATH": str(REPO), **LEGACY}
+    try:
+        with pytest.raises(TaskFailedError) as info:
+            run_tasks({"worker:0": [sys.executable, str(SCRIPTS / "join_only.py"), "3"]},
+                      env={"worker:0": env}, timeout=60)
+    finally:
+        release_ports(spec.ports())
+    assert info.value.task == "worker:0"
+    assert info.value.returncode == -9  # killed by the startup watchdog
+    assert ("MultiWorkerMirroredStrategy on worker:0 did not join its cluster within 3 s; "
+            "the process is killed. Received: task worker:0, no answer from: worker:1."
+            ) in info.value.output_tail

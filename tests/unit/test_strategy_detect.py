@@ -1,0 +1,60 @@
+"""detect(): which strategy "auto" picks for each environment, and why (pure, no TF devices)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tfdist.errors import ClusterConfigError, StrategyConfigError
+from tfdist.strategies.detect import RANK_VARIABLES, detect
+
+pytestmark = pytest.mark.unit
+
+
+def tf_config(task: str = "worker", index: int = 0, **roles: list[str]) -> dict[str, str]:
+    return {"TF_CONFIG": json.dumps({"cluster": roles, "task": {"type": task, "index": index}})}
+
+
+@pytest.mark.parametrize(
+    ("env", "gpus", "name", "reason_part"),
+    [
+        (tf_config("chief", chief=["a:1"], worker=["b:1"], ps=["c:1"]), 0, "parameter_server",
+         "1 ps task"),
+        (tf_config(chief=["a:1"], worker=["b:1", "b:2"], ps=["c:1", "c:2"]), 8, "parameter_server",
+         "2 ps task"),
+        (tf_config(worker=["a:1", "b:1"]), 0, "multi_worker", "2 workers"),
+        (tf_config("chief", chief=["a:1"], worker=["b:1"]), 4, "multi_worker", "2 workers"),
+        (tf_config(worker=["a:1"]), 0, "default", "1 worker in TF_CONFIG"),
+        (tf_config(worker=["a:1"]), 2, "mirrored", "2 local GPUs"),
+        (tf_config("evaluator", worker=["a:1", "b:1"], ps=["c:1"]), 0, "default", "evaluator"),
+        ({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2"}, 0, "horovod", "HOROVOD_RANK=1"),
+        ({"OMPI_COMM_WORLD_RANK": "0"}, 2, "horovod", "OMPI_COMM_WORLD_RANK=0"),
+        ({"PMI_RANK": "3"}, 0, "horovod", "PMI_RANK=3"),
+        ({"PMIX_RANK": "0"}, 0, "horovod", "PMIX_RANK=0"),
+        ({}, 2, "mirrored", "2 local GPUs and no cluster"),
+        ({}, 1, "default", "1 local GPU"),
+        ({}, 0, "default", "no TF_CONFIG, no Horovod rank"),
+        ({"TF_CONFIG": "  "}, 0, "default", "no TF_CONFIG"),
+    ],
+)
+def test_detect_each_environment(env, gpus, name, reason_part):
+    detection = detect(env, num_gpus=gpus)
+    assert detection.name == name
+    assert reason_part in detection.reason
+
+
+@pytest.mark.parametrize("rank_var", RANK_VARIABLES)
+def test_tf_config_and_rank_contradict(rank_var):
+    env = {**tf_config(worker=["a:1", "b:1"]), rank_var: "1"}
+    with pytest.raises(StrategyConfigError) as info:
+        detect(env, num_gpus=0)
+    message = str(info.value)
+    assert "both a TF_CONFIG and a Horovod/MPI rank" in message
+    assert f"{rank_var}=1" in message
+    assert "Fix: unset TF_CONFIG when launching with horovodrun/mpirun" in message
+
+
+def test_unreadable_tf_config_is_a_cluster_error():
+    with pytest.raises(ClusterConfigError, match="not a JSON object with a 'cluster' mapping"):
+        detect({"TF_CONFIG": "{'cluster': }"}, num_gpus=0)

@@ -1,0 +1,33 @@
+"""The examples in the `tfdist.strategies` docstrings (and `tfdist.server`) run as written."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+MODULES = [
+    "tfdist.strategies",
+    "tfdist.strategies.base",
+    "tfdist.strategies.default",
+    "tfdist.strategies.detect",
+    "tfdist.strategies.mirrored",
+    "tfdist.strategies.multi_worker",
+    "tfdist.strategies.options",
+    "tfdist.strategies.parameter_server",
+    "tfdist.strategies.registry",
+    "tfdist.strategies.startup",
+    "tfdist.server",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples_run(name: str, monkeypatch) -> None:
+    monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0, f"no examples in {name}"
+    assert result.failed == 0, f"{result.failed} of {result.attempted} examples failed in {name}"

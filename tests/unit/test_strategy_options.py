@@ -1,0 +1,80 @@
+"""Option validation: every bad value raises StrategyConfigError naming the option and the fix.
+
+Options are checked before the Keras flavour and TF_CONFIG, so these run in any test process.
+"""
+
+from __future__ import annotations
+
+import pytest
+import tensorflow as tf
+
+import tfdist.strategies
+from tfdist.errors import StrategyConfigError
+from tfdist.strategies.multi_worker import communication_options
+from tfdist.strategies.parameter_server import make_partitioner
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "expected"),
+    [
+        ("multi_worker", {"implementation": "rnig"},
+         "Invalid value for option 'implementation'. Received: implementation='rnig'. "
+         "Expected: one of 'auto', 'ring', 'nccl'."),
+        ("multi_worker", {"bytes_per_pack": -1}, "Received: bytes_per_pack=-1. Expected: an int >= 1"),
+        ("multi_worker", {"timeout_seconds": 0}, "Received: timeout_seconds=0. Expected: a number > 0"),
+        ("multi_worker", {"startup_timeout_seconds": "5"}, "Received: startup_timeout_seconds='5'"),
+        ("parameter_server", {"num_shards": 0}, "Received: num_shards=0. Expected: an int >= 1"),
+        ("parameter_server", {"min_shard_bytes": 1.5}, "Received: min_shard_bytes=1.5"),
+        ("parameter_server", {"num_shards": 2, "min_shard_bytes": 1024},
+         "Options that choose a variable partitioner exclude each other. Received: num_shards, "
+         "min_shard_bytes"),
+        ("parameter_server", {"variable_partitioner": "fixed"},
+         "Invalid value for option 'variable_partitioner'"),
+        ("mirrored", {"cross_device_ops": "ring"},
+         "Received: cross_device_ops='ring'. Expected: one of 'nccl', 'hierarchical_copy', "
+         "'reduce_to_one'."),
+        ("mirrored", {"devices": "/cpu:0"},
+         "Invalid value for option 'devices'. Received: devices='/cpu:0'. Expected: a non-empty "
+         "list of device strings"),
+        ("mirrored", {"devices": []}, "Received: devices=[]"),
+        ("default", {"device": 0}, "Invalid value for option 'device'. Received: device=0."),
+    ],
+)
+def test_bad_option_values(name, options, expected):
+    with pytest.raises(StrategyConfigError) as info:
+        tfdist.strategies.get_strategy(name, **options)
+    assert expected in str(info.value)
+    assert "Fix: " in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("implementation", "tf_value"),
+    [("ring", "RING"), ("nccl", "NCCL"), ("auto", "AUTO")],
+)
+def test_communication_options_are_passed_through(implementation, tf_value):
+    options = communication_options(implementation, bytes_per_pack=1 << 20, timeout_seconds=30)
+    assert options.implementation == getattr(
+        tf.distribute.experimental.CommunicationImplementation, tf_value
+    )
+    assert (options.bytes_per_pack, options.timeout_seconds) == (1 << 20, 30.0)
+
+
+def test_partitioners():
+    fixed = make_partitioner(num_ps=2, num_shards=3)
+    assert isinstance(fixed, tf.distribute.experimental.partitioners.FixedShardsPartitioner)
+    assert fixed(tf.TensorShape([10, 4]), tf.float32) == [3, 1]
+    by_size = make_partitioner(num_ps=2, min_shard_bytes=64)
+    assert isinstance(by_size, tf.distribute.experimental.partitioners.MinSizePartitioner)
+    # 100x4 float32 = 1600 bytes: at most one shard per ps, so 2 (not 25).
+    assert by_size(tf.TensorShape([100, 4]), tf.float32) == [2, 1]
+    assert make_partitioner(num_ps=2) is None
+
+
+def test_mirrored_options_reach_tensorflow():
+    strategy = tfdist.strategies.get_strategy(
+        "mirrored", devices=["/cpu:0"], cross_device_ops="reduce_to_one"
+    )
+    assert isinstance(strategy.extended._cross_device_ops, tf.distribute.ReductionToOneDevice)
+    assert strategy.extended.worker_devices == ("/job:localhost/replica:0/task:0/device:CPU:0",)

@@ -1,0 +1,60 @@
+"""Which task this process is: read from TF_CONFIG or from Slurm's environment."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tfdist.cluster.hosts import DEFAULT_BASE_PORT
+from tfdist.cluster.roles import Task
+from tfdist.cluster.slurm import slurm_rank
+from tfdist.cluster.spec import ClusterSpec
+from tfdist.cluster.tf_config import TF_CONFIG, parse_tf_config
+from tfdist.cluster.validate import check_strategy
+
+__all__ = ["read_tf_config", "slurm_task"]
+
+
+def read_tf_config(
+    value: str | Mapping[str, Any] | None = None, *, strategy: str | None = None
+) -> tuple[ClusterSpec, Task]:
+    """Parses and checks a TF_CONFIG; returns the cluster and this process's task.
+
+    Args:
+        value: JSON text, a mapping, or None to read ``os.environ["TF_CONFIG"]``.
+        strategy: Also check the cluster fits this strategy (see `ClusterSpec.validate`).
+
+    Raises:
+        ClusterConfigError: with the field, the value received, what was expected and the fix.
+
+    Example:
+        >>> cluster = {"chief": ["h:1"], "worker": ["h:2"]}
+        >>> spec, task = read_tf_config({"cluster": cluster, "task": {"type": "chief", "index": 0}})
+        >>> spec.num_workers, str(task)
+        (2, 'chief:0')
+    """
+    roles, task = parse_tf_config(value)
+    check_strategy(roles, strategy, TF_CONFIG)
+    return ClusterSpec(**roles), task
+
+
+def slurm_task(
+    env: Mapping[str, str] | None = None,
+    *,
+    ps: int = 0,
+    chief: bool = False,
+    evaluator: bool = False,
+    base_port: int = DEFAULT_BASE_PORT,
+) -> Task:
+    """The task of this Slurm process: the one at rank ``SLURM_PROCID`` of `ClusterSpec.from_slurm`.
+
+    Pass the same layout arguments as to `ClusterSpec.from_slurm`.
+
+    Example:
+        >>> env = {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)"}
+        >>> env["SLURM_PROCID"] = "3"
+        >>> slurm_task(env, chief=True)
+        Task(type='worker', index=2)
+    """
+    spec = ClusterSpec.from_slurm(env, ps=ps, chief=chief, evaluator=evaluator, base_port=base_port)
+    return spec.task_at_rank(slurm_rank(env))

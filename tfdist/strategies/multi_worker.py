@@ -1,0 +1,97 @@
+"""``"multi_worker"``: synchronous training across processes (tf-keras only on TF 2.21).
+
+A tfdist `tf.distribute.MultiWorkerMirroredStrategy`. Every worker (chief included) runs the same
+script; gradients are all-reduced with collective ops each step. Saving is a collective: every
+worker calls `save_model`/`save_checkpoint`; the chief writes the real path and the others a
+temporary directory that is deleted right after.
+
+Waiting for peers: creating the strategy blocks until every worker has started, and TensorFlow
+has no deadline for this. ``startup_timeout_seconds`` sets one (see `tfdist.strategies.startup`:
+the process exits with status 124 and names the peers that do not answer). Once training runs,
+``timeout_seconds`` bounds each collective (``CommunicationOptions``): a peer that stops mid-step
+makes the others fail with ``DeadlineExceededError`` instead of hanging.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import tensorflow as tf
+
+from tfdist.strategies.base import TfdistStrategyMixin, cluster_resolver
+from tfdist.strategies.options import check_choice, check_positive_int, check_positive_number
+from tfdist.strategies.startup import startup_deadline
+
+__all__ = ["MultiWorkerMirroredStrategy", "IMPLEMENTATIONS"]
+
+_Impl = tf.distribute.experimental.CommunicationImplementation
+IMPLEMENTATIONS = {"auto": _Impl.AUTO, "ring": _Impl.RING, "nccl": _Impl.NCCL}
+"""Names accepted for ``implementation`` -> TF's ``CommunicationImplementation``."""
+
+
+def communication_options(
+    implementation: str = "auto", bytes_per_pack: int = 0, timeout_seconds: float | None = None
+) -> tf.distribute.experimental.CommunicationOptions:
+    """Checks the collective options and builds TF's ``CommunicationOptions``.
+
+    Example:
+        >>> communication_options("ring", timeout_seconds=60).timeout_seconds
+        60.0
+    """
+    check_choice("implementation", implementation, tuple(IMPLEMENTATIONS),
+                 fix="use 'ring' (gRPC, any device), 'nccl' (GPUs) or 'auto'")
+    if bytes_per_pack != 0:
+        check_positive_int("bytes_per_pack", bytes_per_pack, allow_none=False)
+    return tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=bytes_per_pack,
+        timeout_seconds=check_positive_number("timeout_seconds", timeout_seconds),
+        implementation=IMPLEMENTATIONS[implementation],
+    )
+
+
+class MultiWorkerMirroredStrategy(TfdistStrategyMixin, tf.distribute.MultiWorkerMirroredStrategy):
+    """Synchronous data parallelism over the chief and workers of TF_CONFIG.
+
+    Args:
+        implementation: Collective implementation: ``"ring"``, ``"nccl"`` or ``"auto"``.
+        bytes_per_pack: Gradients are packed into chunks of about this many bytes before being
+            all-reduced (0: TF's default, one pack).
+        timeout_seconds: Deadline of each collective op (None: none).
+        startup_timeout_seconds: Deadline for all workers to join (None: wait forever, TF's
+            behaviour). Past it the process exits with status 124, naming the missing peers.
+        tf_config: The TF_CONFIG to use instead of the environment's (JSON text or a mapping).
+
+    Raises:
+        KerasCompatibilityError: Keras 3 is in use (set ``TF_USE_LEGACY_KERAS=1``).
+        ClusterConfigError: TF_CONFIG is missing or invalid (raised before any waiting).
+
+    Example:
+        >>> import json
+        >>> config = {"cluster": {"worker": ["localhost:12345"]},
+        ...           "task": {"type": "worker", "index": 0}}
+        >>> strategy = MultiWorkerMirroredStrategy(tf_config=config)  # doctest: +SKIP
+        >>> strategy.num_workers, strategy.is_chief  # doctest: +SKIP
+        (1, True)
+    """
+
+    name = "multi_worker"
+    every_worker_saves = True
+
+    def __init__(
+        self,
+        implementation: str = "auto",
+        bytes_per_pack: int = 0,
+        timeout_seconds: float | None = None,
+        startup_timeout_seconds: float | None = None,
+        tf_config: str | Mapping[str, Any] | None = None,
+    ) -> None:
+        options = communication_options(implementation, bytes_per_pack, timeout_seconds)
+        deadline = check_positive_number("startup_timeout_seconds", startup_timeout_seconds)
+        self._check_keras()
+        cluster, task = self._read_cluster(tf_config, roles=("chief", "worker"))
+        with startup_deadline(deadline, cluster, task, f"MultiWorkerMirroredStrategy on {task}"):
+            super().__init__(
+                cluster_resolver=cluster_resolver(cluster, task), communication_options=options
+            )
+        self._init_tfdist(cluster, task)

@@ -1,0 +1,166 @@
+"""``"parameter_server"``: asynchronous training with variables on ps tasks (tf-keras only).
+
+A tfdist `tf.distribute.experimental.ParameterServerStrategy`. Only the **chief** runs the
+training script: it is the coordinator, which places variables on the ``ps`` tasks and sends
+steps to the ``worker`` tasks. ``worker`` and ``ps`` tasks run ``python -m tfdist.server``
+(`tfdist.server.serve`) and do nothing else.
+
+Input: `distribute_dataset` returns a tf-keras ``DatasetCreator``; ``model.fit`` runs its
+``dataset_fn`` on each worker with ``input_context.num_input_pipelines`` = the number of workers and
+``input_pipeline_id`` = that worker's index (a scalar tensor: TF traces ``dataset_fn`` once), so
+each worker reads its own shard (TF's own context would give every worker the whole dataset).
+``fit`` needs ``steps_per_epoch``; repeat the dataset.
+
+Sharding variables: pass ``num_shards`` (``FixedShardsPartitioner``: every variable in that many
+pieces along its first axis, placed round-robin on the ps tasks), ``min_shard_bytes``
+(``MinSizePartitioner``: pieces of at least that size, at most one per ps), or any
+``variable_partitioner``. By default variables are not partitioned; whole variables are placed
+round-robin on the ps tasks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import tensorflow as tf
+
+from tfdist import compat
+from tfdist.cluster import Task
+from tfdist.errors import StrategyConfigError, format_error
+from tfdist.strategies.base import DatasetFn, TfdistStrategyMixin, cluster_resolver
+from tfdist.strategies.options import check_positive_int, check_positive_number
+from tfdist.strategies.startup import startup_deadline
+
+__all__ = ["ParameterServerStrategy", "make_partitioner"]
+
+_partitioners = tf.distribute.experimental.partitioners
+
+
+def make_partitioner(
+    num_ps: int,
+    num_shards: int | None = None,
+    min_shard_bytes: int | None = None,
+    variable_partitioner: Any = None,
+) -> Any:
+    """The variable partitioner asked for (at most one way), or None for no partitioning.
+
+    Example:
+        >>> type(make_partitioner(2, num_shards=2)).__name__
+        'FixedShardsPartitioner'
+        >>> make_partitioner(2) is None
+        True
+    """
+    given = [n for n, v in (("num_shards", num_shards), ("min_shard_bytes", min_shard_bytes),
+                            ("variable_partitioner", variable_partitioner)) if v is not None]
+    if len(given) > 1:
+        raise StrategyConfigError(
+            format_error("Options that choose a variable partitioner exclude each other.",
+                         received=", ".join(given), expected="at most one of them",
+                         fix="keep num_shards, min_shard_bytes or variable_partitioner"))
+    if num_shards is not None:
+        return _partitioners.FixedShardsPartitioner(check_positive_int("num_shards", num_shards))
+    if min_shard_bytes is not None:
+        return _partitioners.MinSizePartitioner(
+            min_shard_bytes=check_positive_int("min_shard_bytes", min_shard_bytes),
+            max_shards=num_ps,
+        )
+    if variable_partitioner is not None and not callable(variable_partitioner):
+        raise StrategyConfigError(
+            format_error("Invalid value for option 'variable_partitioner'.",
+                         received=f"variable_partitioner={variable_partitioner!r}",
+                         expected="a tf.distribute.experimental.partitioners.Partitioner",
+                         fix="pass e.g. tf.distribute.experimental.partitioners."
+                         "FixedShardsPartitioner(2), or use num_shards=2"))
+    return variable_partitioner
+
+
+class ParameterServerStrategy(
+    TfdistStrategyMixin, tf.distribute.experimental.ParameterServerStrategy
+):
+    """Variables on ps tasks, steps on worker tasks, coordinated from the chief.
+
+    Args:
+        num_shards: Split each variable in this many shards (``FixedShardsPartitioner``).
+        min_shard_bytes: Split variables in shards of at least this many bytes, at most one per
+            ps (``MinSizePartitioner``).
+        variable_partitioner: Any TF partitioner (excludes the two options above).
+        startup_timeout_seconds: Deadline for connecting to the workers and ps tasks (None: TF's
+            behaviour). Past it the process exits with status 124, naming the missing tasks.
+        tf_config: The TF_CONFIG to use instead of the environment's (JSON text or a mapping).
+
+    Raises:
+        KerasCompatibilityError: Keras 3 is in use (set ``TF_USE_LEGACY_KERAS=1``).
+        ClusterConfigError: TF_CONFIG is missing, invalid, or lacks a chief or ps.
+        StrategyConfigError: this process is not the chief, or an option is invalid.
+
+    Example:
+        >>> strategy = ParameterServerStrategy(num_shards=2)  # doctest: +SKIP
+        >>> with strategy.scope():  # doctest: +SKIP
+        ...     model = tf_keras.Sequential([tf_keras.layers.Embedding(100, 8)])
+    """
+
+    name = "parameter_server"
+
+    def __init__(
+        self,
+        num_shards: int | None = None,
+        min_shard_bytes: int | None = None,
+        variable_partitioner: Any = None,
+        startup_timeout_seconds: float | None = None,
+        tf_config: str | Mapping[str, Any] | None = None,
+    ) -> None:
+        deadline = check_positive_number("startup_timeout_seconds", startup_timeout_seconds)
+        make_partitioner(1, num_shards, min_shard_bytes, variable_partitioner)  # checks options
+        self._check_keras()
+        cluster, task = self._read_cluster(tf_config, roles=("chief",))
+        partitioner = make_partitioner(
+            len(cluster.ps), num_shards, min_shard_bytes, variable_partitioner
+        )
+        with startup_deadline(deadline, cluster, task, f"ParameterServerStrategy on {task}"):
+            super().__init__(cluster_resolver(cluster, task), variable_partitioner=partitioner)
+        self._init_tfdist(cluster, task)
+
+    @classmethod
+    def _wrong_role_fix(cls, task: Task) -> str:
+        if task.type in ("worker", "ps"):
+            return (f"only the chief runs the training script; run `python -m tfdist.server` "
+                    f"on {task} (tfdist-launch and tfdist.testing.run_cluster do this)")
+        return super()._wrong_role_fix(task)
+
+    @property
+    def num_workers(self) -> int:
+        """The ``worker`` tasks that run steps (the chief coordinates and runs none)."""
+        return len(self.cluster.worker)
+
+    @property
+    def coordinator(self) -> tf.distribute.experimental.coordinator.ClusterCoordinator:
+        """The `ClusterCoordinator` of this strategy (the one tf-keras's ``fit`` uses too)."""
+        return tf.distribute.experimental.coordinator.ClusterCoordinator(self)
+
+    def _distribute_dataset_fn(self, dataset_fn: DatasetFn, options: Any) -> Any:
+        keras = compat.get_keras("tf_keras")
+        return keras.utils.experimental.DatasetCreator(
+            _per_worker(dataset_fn, self.num_workers), input_options=options
+        )
+
+
+def _per_worker(dataset_fn: DatasetFn, num_workers: int) -> DatasetFn:
+    """Gives ``dataset_fn`` the context of the worker it runs on.
+
+    TF passes every worker the same context (one pipeline, id 0): the function is traced once on
+    the coordinator and run on each worker. The worker's index is a call-time value
+    (``experimental_get_current_worker_index``), so ``input_pipeline_id`` is a scalar int64
+    tensor here, fine for ``Dataset.shard``, not for Python ``if``.
+    """
+
+    def worker_fn(tf_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        index = tf.distribute.coordinator.experimental_get_current_worker_index()
+        context = tf.distribute.InputContext(
+            num_input_pipelines=num_workers,
+            input_pipeline_id=index,
+            num_replicas_in_sync=tf_context.num_replicas_in_sync,
+        )
+        return dataset_fn(context)
+
+    return worker_fn

@@ -1,0 +1,83 @@
+"""A deadline on joining a cluster, which TensorFlow itself may wait for forever.
+
+Creating a ``MultiWorkerMirroredStrategy`` (or connecting a ParameterServer coordinator) blocks in
+C++ until every peer has started; a peer that never comes (a typo in its address, a crashed task)
+leaves the others waiting with no message. That C++ call holds Python's GIL, so neither a signal
+handler nor a watchdog thread can run meanwhile. `startup_deadline` therefore starts a tiny
+watchdog *process* (plain Python, no TensorFlow): if the ``with`` block has not finished in time,
+it prints one error naming the tasks whose ports do not answer, and kills this process with
+``SIGKILL`` (exit status -9; the launcher then reports the failed task by name).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+from tfdist.cluster import ClusterSpec, Task
+from tfdist.errors import format_error
+
+__all__ = ["startup_deadline", "MISSING_PLACEHOLDER"]
+
+MISSING_PLACEHOLDER = "{missing}"
+
+_WATCHDOG = r"""
+import json, os, select, signal, socket, sys
+cfg = json.loads(sys.argv[1])
+ready, _, _ = select.select([sys.stdin], [], [], cfg["seconds"])
+if ready:
+    sys.exit(0)
+missing = []
+for name, address in cfg["peers"]:
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=1).close()
+    except OSError:
+        missing.append(name)
+text = cfg["message"].replace("{missing}", ", ".join(missing) or "(all ports answer)")
+sys.stderr.write("tfdist: " + text + "\n")
+sys.stderr.flush()
+os.kill(cfg["pid"], signal.SIGKILL)
+"""
+
+
+def _message(what: str, seconds: float, cluster: ClusterSpec, me: Task | None) -> str:
+    return format_error(
+        f"{what} did not join its cluster within {seconds:g} s; the process is killed.",
+        received=f"task {me}, no answer from: {MISSING_PLACEHOLDER}",
+        expected=f"every task of {cluster.as_dict()} started",
+        fix="start the missing tasks, check their addresses in TF_CONFIG, or raise "
+        "startup_timeout_seconds",
+    )
+
+
+@contextlib.contextmanager
+def startup_deadline(
+    seconds: float | None, cluster: ClusterSpec, me: Task | None, what: str
+) -> Iterator[None]:
+    """Kills this process if the ``with`` block runs longer than ``seconds`` (None: no deadline).
+
+    Example:
+        >>> with startup_deadline(30, ClusterSpec(worker=["localhost:2222"]), None, "a step"):
+        ...     pass
+    """
+    if seconds is None:
+        yield
+        return
+    peers = [(str(t), cluster.address(t)) for t in cluster.tasks() if t != me]
+    config = {"seconds": seconds, "peers": peers, "pid": os.getpid(),
+              "message": _message(what, seconds, cluster, me)}
+    watchdog = subprocess.Popen(
+        [sys.executable, "-c", _WATCHDOG, json.dumps(config)],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+    )
+    try:
+        yield
+    finally:
+        assert watchdog.stdin is not None
+        watchdog.stdin.close()  # EOF: the block is done; the watchdog exits.
+        watchdog.wait()
