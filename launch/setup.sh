@@ -19,9 +19,15 @@ CACHE_DIR="${TFDIST_CACHE_DIR:-$HOME/.cache/tfdist}"
 HOROVOD_VERSION="0.28.1"
 TF_VERSION="2.21.0"
 
-# Runs pip quietly, dropping the warnings this machine's local package mirrors print.
+# Runs pip with its output kept in a log, shown only if pip fails.
 pip_quiet() {
-  "$VENV/bin/python" -m pip "$@" 2> >(grep -v "^WARNING: Location 'file:" >&2)
+  local log; log="$(mktemp)"
+  if ! "$VENV/bin/python" -m pip "$@" >"$log" 2>&1; then
+    grep -v "^WARNING: Location 'file:" "$log" | tail -40 >&2
+    rm -f "$log"
+    die "pip $* failed (output above)"
+  fi
+  rm -f "$log"
 }
 
 log() { printf '[setup] %s\n' "$*" >&2; }

@@ -86,7 +86,12 @@ def serve(tf_config: str | Mapping[str, Any] | None = None) -> int:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parses ``python -m tfdist.server`` arguments (``argv`` without the program name)."""
+    """Parses ``python -m tfdist.server`` arguments (``argv`` without the program name).
+
+    Example:
+        >>> parse_args(["--dry-run"]).dry_run
+        True
+    """
     parser = argparse.ArgumentParser(
         prog="python -m tfdist.server",
         description="Serve a ParameterServer worker or ps task until SIGTERM.",

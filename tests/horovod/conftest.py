@@ -27,7 +27,7 @@ def _unavailable_reason() -> str | None:
     try:
         runtime.hvd()
     except MissingDependencyError as err:
-        return f"Horovod with TensorFlow is not importable ({err}); run: bash launch/setup.sh"
+        return f"horovod.tensorflow is not importable ({err.__cause__}); run: bash launch/setup.sh"
     return None
 
 

@@ -11,8 +11,10 @@ REFERENCE_ATOL = 1e-5
 """float32 tolerance against the single-process reference (measured gap: ~1e-7)."""
 
 CONTROL_MIN_GAP = 1e-2
-"""The half-batch control must differ by more than this (measured: > 0.04), so a run that
-averaged the wrong gradients could not pass `REFERENCE_ATOL`."""
+"""The half-batch control must differ by more than this (measured: > 0.04). The control is
+exactly what replica/worker 0 would hold if gradients were NOT all-reduced (it trains on its own
+``per_replica`` rows of each global batch), so an unsynchronised run cannot pass
+`REFERENCE_ATOL`."""
 
 MIN_TRAVEL = 5e-2
 """Weights must move at least this far from their initial values (measured: > 0.1)."""

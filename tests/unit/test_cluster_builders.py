@@ -279,7 +279,8 @@ def test_pai_table_fixture_in_the_trace_form(release: list[ClusterSpec]) -> None
 
 
 def test_pai_table_with_several_jobs_needs_a_job_name() -> None:
-    with pytest.raises(ClusterConfigError, match=r"several jobs.*5 jobs: 6f1d2b.*Fix: Pass job_name"):
+    match = r"several jobs.*5 jobs: 6f1d2b.*Fix: Pass job_name"
+    with pytest.raises(ClusterConfigError, match=match):
         read_pai_table(PAI_TABLE)
     with pytest.raises(ClusterConfigError, match=r"job 'nope' is not in it"):
         read_pai_table(PAI_TABLE, "nope")
@@ -318,6 +319,7 @@ def test_pai_table_with_five_columns_and_rows_in_memory(release: list[ClusterSpe
         ([["j", "worker", "1", "1"]], r"row 1 has 4 columns.*5 or 10"),
         ([["j", "chief", "2", "1", "1"]], r"has 2 chief tasks; there can be only one chief"),
         ([["job_name", "task_name"], ["j", "worker"]], r"row 2 has no inst_num column"),
+        ([["job_name", "task_name", "inst_num"]], r"it holds no task rows"),
     ],
 )
 def test_pai_table_refuses_bad_rows(rows: list, match: str) -> None:

@@ -1,14 +1,15 @@
-"""Port reservation: held ports are never handed out twice, yet TensorFlow's server can bind them."""
+"""Port reservation: a held port is never handed out twice, yet TensorFlow's server binds it."""
 
 from __future__ import annotations
 
 import errno
 import os
-import select
+import queue
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 
@@ -97,10 +98,17 @@ TF_SERVER = textwrap.dedent(
     import sys
     import tensorflow as tf
 
-    port = int(sys.argv[1])
-    cluster = tf.train.ClusterSpec({"worker": [f"localhost:{port}"]})
-    server = tf.distribute.Server(cluster, job_name="worker", task_index=0, protocol="grpc",
-                                  start=True)
+    def serve(port):
+        cluster = tf.train.ClusterSpec({"worker": [f"localhost:{port}"]})
+        return tf.distribute.Server(cluster, job_name="worker", task_index=0, protocol="grpc",
+                                    start=True)
+
+    try:  # Control: a port held by a *listening* socket cannot be bound, so the check can fail.
+        serve(int(sys.argv[2]))
+        print("control bound", flush=True)
+    except tf.errors.UnknownError:
+        print("control refused", flush=True)
+    server = serve(int(sys.argv[1]))
     with tf.Graph().as_default():
         total = tf.constant(20) + tf.constant(22)
         with tf.compat.v1.Session(server.target) as session:  # A real gRPC round trip.
@@ -113,33 +121,44 @@ TF_SERVER = textwrap.dedent(
 
 def read_until_ready(process: subprocess.Popen[str], timeout_s: float) -> list[str]:
     """Returns the child's stdout lines up to "ready"; fails with its output otherwise."""
-    lines: list[str] = []
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        for line in process.stdout:  # type: ignore[union-attr]
+            lines.put(line.strip())
+        lines.put(None)  # End of output: the child exited.
+
+    threading.Thread(target=pump, daemon=True).start()
+    seen: list[str] = []
     deadline = time.monotonic() + timeout_s
-    while not lines or lines[-1] != "ready":
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([process.stdout], [], [], left)[0]:
-            pytest.fail(f"TF server did not start within {timeout_s}s; output: {lines}")
-        line = process.stdout.readline()  # type: ignore[union-attr]
-        if not line:
-            pytest.fail(f"TF server exited ({process.wait()}); output: {lines}")
-        lines.append(line.strip())
-    return lines
+    while not seen or seen[-1] != "ready":
+        try:
+            line = lines.get(timeout=max(deadline - time.monotonic(), 0.001))
+        except queue.Empty:
+            pytest.fail(f"TF server did not start within {timeout_s}s; output: {seen}")
+        if line is None:
+            pytest.fail(f"TF server exited ({process.wait()}); output: {seen}")
+        seen.append(line)
+    return seen
 
 
 def test_tensorflow_server_binds_and_serves_a_held_port(ports: list[int]) -> None:
     ports += reserve_ports(1)
+    listening = socket.create_server(("127.0.0.1", 0))
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+    argv = [sys.executable, "-c", TF_SERVER, str(ports[0]), str(listening.getsockname()[1])]
     process = subprocess.Popen(
-        [sys.executable, "-c", TF_SERVER, str(ports[0])], stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env=env,
     )
     try:
         lines = read_until_ready(process, TF_SERVER_TIMEOUT_S)
-        assert "result 42" in lines
+        assert lines == ["control refused", "result 42", "ready"]
         assert ports[0] in held_ports()  # Still reserved while TF serves on it.
         with socket.create_connection(("localhost", ports[0]), timeout=10):
             pass  # Another process reaches the TF server on the held port.
     finally:
+        listening.close()
         process.stdin.close()  # type: ignore[union-attr]
         process.terminate()
         process.wait(timeout=30)

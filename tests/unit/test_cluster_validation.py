@@ -27,7 +27,9 @@ def parts(*fragments: str) -> str:
 
 
 INVALID_TF_CONFIGS = [
-    pytest.param('{"cluster": {', parts("not valid JSON", "line 1 column 14", "char 13"), id="json"),
+    pytest.param(
+        '{"cluster": {', parts("not valid JSON", "line 1 column 14", "char 13"), id="json"
+    ),
     pytest.param("[1, 2]", parts("not a JSON object", "Received: [1, 2]"), id="not-object"),
     pytest.param(
         {"task": TASK0}, parts('no "cluster" key', "silently trains", "alone"), id="no-cluster"

@@ -67,7 +67,7 @@ def test_batch_and_learning_rate_scale_with_replicas():
 @pytest.mark.parametrize("bad", [0, -2, 2.5, True, "8"])
 def test_bad_batch_size(bad):
     strategy = FakeStrategy(Task("chief", 0), every_worker_saves=True)
-    with pytest.raises(StrategyConfigError, match=r"per_replica must be a positive int\. Received: "):
+    with pytest.raises(StrategyConfigError, match=r"per_replica must be a positive int\. Rec"):
         strategy.global_batch_size(bad)
 
 
@@ -107,7 +107,8 @@ def test_checkpoints_of_other_workers_are_deleted(tmp_path):
     chief = FakeStrategy(Task("chief", 0), every_worker_saves=True)
     worker = FakeStrategy(Task("worker", 0), every_worker_saves=True)
     # Each process has its own Checkpoint object (its save counter counts its own saves).
-    assert worker.save_checkpoint(tf.train.Checkpoint(step=tf.Variable(5)), tmp_path / "ckpt") is None
+    mine = tf.train.Checkpoint(step=tf.Variable(5))
+    assert worker.save_checkpoint(mine, tmp_path / "ckpt") is None
     assert os.listdir(tmp_path) == []
     prefix = chief.save_checkpoint(tf.train.Checkpoint(step=tf.Variable(7)), tmp_path / "ckpt")
     assert prefix == str(tmp_path / "ckpt" / "ckpt-1")
@@ -149,3 +150,31 @@ def test_distribute_dataset_needs_a_function():
         strategy.distribute_dataset(tf.data.Dataset.range(3))
     with pytest.raises(StrategyConfigError, match="must return a tf.data.Dataset"):
         list(strategy.distribute_dataset(lambda ctx: [1, 2, 3]))
+
+
+def test_default_strategy_fit_matches_plain_fit():
+    """Keras (this process's flavour) trains from `distribute_dataset` exactly as from arrays."""
+    from tfdist import compat
+
+    keras = compat.get_keras()
+    x = tf.reshape(tf.range(16, dtype=tf.float32) / 16.0, (8, 2)).numpy()
+    y = (x @ [[1.0], [-1.0]]).astype("float32")
+
+    def build():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+        return model
+
+    strategy = tfdist.strategies.get_strategy("default")
+    with strategy.scope():
+        model = build()
+    reference = build()
+    reference.set_weights(model.get_weights())
+    start = model.get_weights()[0].copy()
+    dist = strategy.distribute_dataset(
+        lambda ctx: tf.data.Dataset.from_tensor_slices((x, y)).batch(4))
+    model.fit(dist, epochs=1, steps_per_epoch=2, verbose=0)
+    reference.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    assert abs(model.get_weights()[0] - start).max() > 1e-2
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        assert abs(got - want).max() <= 1e-6

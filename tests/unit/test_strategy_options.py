@@ -22,8 +22,10 @@ pytestmark = pytest.mark.unit
         ("multi_worker", {"implementation": "rnig"},
          "Invalid value for option 'implementation'. Received: implementation='rnig'. "
          "Expected: one of 'auto', 'ring', 'nccl'."),
-        ("multi_worker", {"bytes_per_pack": -1}, "Received: bytes_per_pack=-1. Expected: an int >= 1"),
-        ("multi_worker", {"timeout_seconds": 0}, "Received: timeout_seconds=0. Expected: a number > 0"),
+        ("multi_worker", {"bytes_per_pack": -1},
+         "Received: bytes_per_pack=-1. Expected: an int >= 1"),
+        ("multi_worker", {"timeout_seconds": 0},
+         "Received: timeout_seconds=0. Expected: a number > 0"),
         ("multi_worker", {"startup_timeout_seconds": "5"}, "Received: startup_timeout_seconds='5'"),
         ("parameter_server", {"num_shards": 0}, "Received: num_shards=0. Expected: an int >= 1"),
         ("parameter_server", {"min_shard_bytes": 1.5}, "Received: min_shard_bytes=1.5"),

@@ -150,7 +150,11 @@ def _select_job(records: list[Record], job_name: str | None, where: str) -> list
         job_name = names[0]
     chosen = [record for record in records if record[1]["job_name"] == job_name]
     if not chosen:
-        problem = f"job {job_name!r} is not in it." if job_name else "it holds several jobs."
+        problem = (
+            f"job {job_name!r} is not in it." if job_name
+            else "it holds several jobs." if names
+            else "it holds no task rows."
+        )
         listed = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
         raise config_error(
             where, problem, received=f"job_name={job_name!r}; {len(names)} jobs: {listed}",

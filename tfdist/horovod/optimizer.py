@@ -37,7 +37,12 @@ _CLASSES: dict[type, type] = {}
 
 
 def inside_horovod_strategy() -> bool:
-    """Whether the current ``tf.distribute`` strategy already all-reduces with Horovod."""
+    """Whether the current ``tf.distribute`` strategy already all-reduces with Horovod.
+
+    Example:
+        >>> inside_horovod_strategy()  # outside any strategy scope
+        False
+    """
     return bool(getattr(tf.distribute.get_strategy().extended, "_tfdist_horovod", False))
 
 

@@ -90,7 +90,9 @@ def _knobs(fusion_threshold_bytes: int | None, cycle_time_ms: float | None) -> d
     return knobs
 
 
-def init(fusion_threshold_bytes: int | None = None, cycle_time_ms: float | None = None) -> ModuleType:
+def init(
+    fusion_threshold_bytes: int | None = None, cycle_time_ms: float | None = None
+) -> ModuleType:
     """Initialises Horovod once (idempotent) and returns ``horovod.tensorflow``.
 
     Args:
@@ -133,15 +135,30 @@ def _check_unchanged(knobs: dict[str, str]) -> None:
 
 
 def rank() -> int:
-    """This process's rank among all Horovod processes (initialises Horovod if needed)."""
+    """This process's rank among all Horovod processes (initialises Horovod if needed).
+
+    Example:
+        >>> rank()  # one process
+        0
+    """
     return int(init().rank())
 
 
 def size() -> int:
-    """How many Horovod processes take part (initialises Horovod if needed)."""
+    """How many Horovod processes take part (initialises Horovod if needed).
+
+    Example:
+        >>> size()  # one process
+        1
+    """
     return int(init().size())
 
 
 def local_rank() -> int:
-    """This process's rank among the Horovod processes of its host."""
+    """This process's rank among the Horovod processes of its host.
+
+    Example:
+        >>> local_rank()  # one process
+        0
+    """
     return int(init().local_rank())

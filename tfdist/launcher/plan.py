@@ -102,6 +102,8 @@ def _python_command(options: JobOptions) -> tuple[str, ...]:
 
 def _base_env(strategy: str) -> dict[str, str]:
     env = {STRATEGY_ENV: strategy, "PYTHONUNBUFFERED": "1"}
+    # TensorFlow's C++ INFO/WARNING lines drown the training output; set 0 to see them.
+    env["TF_CPP_MIN_LOG_LEVEL"] = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")
     if strategy in _LEGACY_KERAS_STRATEGIES and "TF_USE_LEGACY_KERAS" not in os.environ:
         env["TF_USE_LEGACY_KERAS"] = "1"
     return env

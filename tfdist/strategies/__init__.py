@@ -43,6 +43,8 @@ _LAZY = {
     "MirroredStrategy": "tfdist.strategies.mirrored",
     "MultiWorkerMirroredStrategy": "tfdist.strategies.multi_worker",
     "ParameterServerStrategy": "tfdist.strategies.parameter_server",
+    # Not in __all__: a star-import must not need Horovod.
+    "HorovodStrategy": "tfdist.strategies.horovod",
 }
 
 

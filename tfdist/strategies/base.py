@@ -28,7 +28,6 @@ process as ``worker:0``: one worker, `worker_index` 0, the chief.
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 from collections.abc import Callable, Mapping
@@ -48,8 +47,6 @@ __all__ = [
     "shard_for",
     "cluster_resolver",
 ]
-
-logger = logging.getLogger("tfdist")
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 """``dataset_fn(input_context) -> tf.data.Dataset``, the input contract of every strategy."""
@@ -172,7 +169,7 @@ class TfdistStrategyMixin:
         return "run this script on the training tasks only"
 
     def _init_tfdist(self, cluster: ClusterSpec | None = None, task: Task | None = None) -> None:
-        """Records where this process sits. ``cluster=None``: a single host (`SINGLE_HOST_CLUSTER`)."""
+        """Records where this process sits; ``cluster=None`` means `SINGLE_HOST_CLUSTER`."""
         if cluster is None:
             cluster, task = SINGLE_HOST_CLUSTER, SINGLE_HOST_TASK
         self._tfdist_cluster = cluster
@@ -192,7 +189,7 @@ class TfdistStrategyMixin:
 
     @property
     def task_type(self) -> str | None:
-        """``"chief"``, ``"worker"``, ``"ps"`` or ``"evaluator"`` (``"worker"`` on a single host)."""
+        """``"chief"``, ``"worker"``, ``"ps"`` or ``"evaluator"`` (a single host: ``"worker"``)."""
         return None if self._tfdist_task is None else self._tfdist_task.type
 
     @property
@@ -207,7 +204,7 @@ class TfdistStrategyMixin:
 
     @property
     def worker_index(self) -> int:
-        """This process's position among the `num_workers` (the chief is 0), TF's ``id_in_cluster``."""
+        """This process's position among the `num_workers` (chief: 0), as TF's ``id_in_cluster``."""
         task = self._tfdist_task
         if task is None or task.type == "chief":
             return 0
@@ -330,7 +327,8 @@ class TfdistStrategyMixin:
         return self._distribute_dataset_fn(fn, options)
 
     def _distribute_dataset_fn(self, dataset_fn: DatasetFn, options: Any) -> Any:
-        return self.distribute_datasets_from_function(dataset_fn, options)  # type: ignore[attr-defined]
+        distribute = self.distribute_datasets_from_function  # type: ignore[attr-defined]
+        return distribute(dataset_fn, options)
 
     def callbacks(self) -> list[Any]:
         """The Keras callbacks this backend needs in ``model.fit`` (TF strategies need none).
@@ -405,7 +403,10 @@ class TfdistStrategyMixin:
         return written if self.is_chief else None
 
     def save_checkpoint(
-        self, checkpoint: tf.train.Checkpoint, directory: str | os.PathLike[str], max_to_keep: int = 3
+        self,
+        checkpoint: tf.train.Checkpoint,
+        directory: str | os.PathLike[str],
+        max_to_keep: int = 3,
     ) -> str | None:
         """Saves ``checkpoint`` under ``directory`` once, keeping the last ``max_to_keep``.
 
@@ -441,6 +442,12 @@ class TfdistStrategyMixin:
 
         Returns:
             The restored path prefix, or None if ``directory`` holds no checkpoint yet.
+
+        Example:
+            >>> import tempfile, tfdist.strategies
+            >>> strategy = tfdist.strategies.get_strategy("default")
+            >>> strategy.restore_checkpoint(tf.train.Checkpoint(), tempfile.mkdtemp()) is None
+            True
         """
         latest = tf.train.latest_checkpoint(os.fspath(directory))
         if latest is not None:

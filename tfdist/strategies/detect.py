@@ -5,6 +5,7 @@ Rules, first match wins:
 1. ``TF_CONFIG`` and a Horovod/MPI rank variable at once -> `StrategyConfigError` (two launchers
    disagree on who this process is).
 2. ``TF_CONFIG`` whose task is the ``evaluator`` -> ``default`` (it evaluates checkpoints alone).
+2b. ``TFDIST_STRATEGY`` (set by ``tfdist-launch --strategy``) other than ``auto`` -> that name.
 3. ``TF_CONFIG`` with a ``ps`` role -> ``parameter_server``.
 4. ``TF_CONFIG`` with more than one of chief + workers -> ``multi_worker``.
 5. A rank variable (`RANK_VARIABLES`: set by ``horovodrun`` or ``mpirun``) -> ``horovod``.
@@ -30,6 +31,10 @@ RANK_VARIABLES: tuple[str, ...] = (
     "PMIX_RANK",  # PMIx launchers (Open MPI 5, srun --mpi=pmix)
 )
 """Environment variables whose presence means a Horovod/MPI launcher started this process."""
+
+
+LAUNCHER_STRATEGY_ENV = "TFDIST_STRATEGY"
+"""Set by ``tfdist-launch`` to the strategy it launched for, so ``auto`` agrees with it."""
 
 
 class Detection(NamedTuple):
@@ -68,9 +73,10 @@ def detect(environ: Mapping[str, str], num_gpus: int) -> Detection:
     text = environ.get("TF_CONFIG", "").strip()
     ranks = [var for var in RANK_VARIABLES if var in environ]
     if text and ranks:
+        found = ", ".join(f"{var}={environ[var]}" for var in ranks)
         raise StrategyConfigError(
             format_error("This process has both a TF_CONFIG and a Horovod/MPI rank.",
-                         received=f"TF_CONFIG set and {', '.join(f'{v}={environ[v]}' for v in ranks)}",
+                         received=f"TF_CONFIG set and {found}",
                          expected="either TF_CONFIG (TensorFlow strategies) or a rank (horovod)",
                          fix="unset TF_CONFIG when launching with horovodrun/mpirun, or launch "
                          "without them to use TF_CONFIG"))
@@ -79,6 +85,10 @@ def detect(environ: Mapping[str, str], num_gpus: int) -> Detection:
         trainers = len(roles.get("chief", [])) + len(roles.get("worker", []))
         if task_type == "evaluator":
             return Detection("default", "TF_CONFIG task is the evaluator, which runs alone")
+    launched = environ.get(LAUNCHER_STRATEGY_ENV, "").strip()
+    if launched and launched != "auto":
+        return Detection(launched, f"{LAUNCHER_STRATEGY_ENV}={launched} (set by tfdist-launch)")
+    if text:
         if roles.get("ps"):
             return Detection("parameter_server",
                              f"TF_CONFIG has {len(roles['ps'])} ps task(s)")
@@ -93,7 +103,12 @@ def detect(environ: Mapping[str, str], num_gpus: int) -> Detection:
 
 
 def local_gpu_count() -> int:
-    """How many GPUs TensorFlow sees on this host (imports TensorFlow)."""
+    """How many GPUs TensorFlow sees on this host (imports TensorFlow).
+
+    Example:
+        >>> local_gpu_count() >= 0
+        True
+    """
     import tensorflow as tf
 
     return len(tf.config.list_physical_devices("GPU"))

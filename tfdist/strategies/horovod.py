@@ -26,6 +26,14 @@ How it works (`HorovodExtended`, built on ``OneDeviceStrategy``'s single-device 
 Per-step logs (``loss``, metrics) are this rank's; `callbacks` adds
 `tfdist.horovod.MetricAverageCallback` (epoch-end logs averaged over ranks) and
 `tfdist.horovod.BroadcastVariablesCallback` (a safety net for variables created outside scope).
+
+Limits: ``evaluate`` and ``predict`` also run on each rank's slice of every batch, so
+``evaluate`` returns this rank's metrics (average them, or evaluate inside ``fit`` with
+``validation_data`` and `callbacks`) and ``predict`` returns this rank's rows only. Every rank
+must create the same variables in the same order under ``scope()`` (each creation is a
+broadcast); build anything rank-specific outside it. Keras 3 applies ``clipnorm``/``clipvalue``
+to each replica's gradient before the all-reduce (as under ``MirroredStrategy``); tf-keras clips
+the reduced one.
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ __all__ = ["HorovodStrategy", "HorovodExtended", "nominal_cluster"]
 
 
 def _broadcast_initial_value(initial_value: Any, dtype: Any) -> Any:
-    """Wraps a variable's initial value so that it evaluates to rank 0's value, in the same context."""
+    """Wraps a variable's initial value so that it evaluates to rank 0's value (same context)."""
 
     def value() -> Any:
         local = initial_value() if callable(initial_value) else initial_value
@@ -65,7 +73,13 @@ class _HorovodReplicaContext(distribute_lib.ReplicaContext):
 
 
 class HorovodExtended(one_device_strategy.OneDeviceExtended):
-    """``OneDeviceExtended`` with Horovod collectives for every cross-replica operation."""
+    """``OneDeviceExtended`` with Horovod collectives for every cross-replica operation.
+
+    Example:
+        >>> extended = HorovodStrategy().extended
+        >>> extended._num_replicas_in_sync, extended._use_merge_call(), extended.should_checkpoint
+        (1, False, True)
+    """
 
     _tfdist_horovod = True  # tfdist.horovod.DistributedOptimizer steps aside under this strategy
 

@@ -11,6 +11,10 @@ Input: `distribute_dataset` returns a tf-keras ``DatasetCreator``; ``model.fit``
 each worker reads its own shard (TF's own context would give every worker the whole dataset).
 ``fit`` needs ``steps_per_epoch``; repeat the dataset.
 
+Step size: a step runs on one worker (``num_replicas_in_sync`` is 1 per worker on CPU, its GPU
+count otherwise) and steps of different workers are applied asynchronously, not averaged; so
+`global_batch_size` and `scale_learning_rate` scale by that per-step replica count only.
+
 Sharding variables: pass ``num_shards`` (``FixedShardsPartitioner``: every variable in that many
 pieces along its first axis, placed round-robin on the ps tasks), ``min_shard_bytes``
 (``MinSizePartitioner``: pieces of at least that size, at most one per ps), or any

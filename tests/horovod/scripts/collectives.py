@@ -48,7 +48,12 @@ def strategy_ops(rank: int) -> dict:
         lambda ctx: ctx.replica_id_in_sync_group * 10)
     with strategy.scope():
         variable = tf.Variable(float(rank) + 1.0)  # rank 0's value everywhere
-    return {"mean": mean.numpy().item(), "replica_id": int(replica_id), "values": int(values),
+    sharded = strategy.distribute_dataset(
+        lambda ctx: tf.data.Dataset.range(8).batch(ctx.get_per_replica_batch_size(4)))
+    unsplit = HorovodStrategy(split_batches=False).experimental_distribute_dataset(
+        tf.data.Dataset.range(4).batch(2))
+    return {"distribute_dataset": [b.numpy().tolist() for b in sharded],
+            "unsplit": [b.numpy().tolist() for b in unsplit],"mean": mean.numpy().item(), "replica_id": int(replica_id), "values": int(values),
             "gather": strategy.gather(tf.constant([[rank]]), axis=0).numpy().tolist(),
             "reduce_mean": strategy.reduce("MEAN", tf.constant([rank, rank + 2.0]), axis=0)
             .numpy().item(), "scoped_variable": variable.numpy().item(),

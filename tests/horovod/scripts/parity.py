@@ -8,8 +8,9 @@ on the whole global batch of every step, from its own initial weights, in the sa
   with `tfdist.horovod.DistributedOptimizer` (plain and fp16) + the broadcast and metric-average
   callbacks. Control: the same with a plain SGD (broadcast only).
 * ``strategy``: `HorovodStrategy` from the registry; model built and compiled in its scope, and
-  ``fit`` gets the whole data with the global batch and no broadcast callback. Control: each rank
-  alone under ``tf.distribute.OneDeviceStrategy`` on its half.
+  ``fit`` gets the whole data with the global batch and no broadcast callback. Again with
+  ``compression="fp16"`` and ``strategy.callbacks()``. Control: each rank alone under
+  ``tf.distribute.OneDeviceStrategy`` on its half.
 """
 
 from __future__ import annotations
@@ -94,6 +95,13 @@ def strategy_mode(x, y, rank: int, size: int) -> dict:
            "seen_ids": seen, "replicas": strategy.num_replicas_in_sync,
            "is_chief": strategy.is_chief, "global_batch": global_batch,
            "reduce_sum": float(strategy.reduce("SUM", tf.constant(rank + 1.0), axis=None))}
+    fp16 = tfdist.strategies.get_strategy("horovod", compression="fp16")
+    with fp16.scope():
+        model = build(100 + rank)
+        model.compile(optimizer=keras.optimizers.SGD(LR), loss="mse")
+    model.fit(x, y, batch_size=global_batch, epochs=EPOCHS, shuffle=False, verbose=0,
+              callbacks=fp16.callbacks())
+    out["fp16"] = {"weights": weights(model)}
     control_strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     rows = rank_rows(rank, size, len(x))
     with control_strategy.scope():

@@ -10,5 +10,6 @@ import sys
 import tfdist.strategies
 from tfdist.testing import report
 
-strategy = tfdist.strategies.get_strategy("multi_worker", startup_timeout_seconds=float(sys.argv[1]))
+seconds = float(sys.argv[1])
+strategy = tfdist.strategies.get_strategy("multi_worker", startup_timeout_seconds=seconds)
 report({"task": str(strategy.task), "num_workers": strategy.num_workers})

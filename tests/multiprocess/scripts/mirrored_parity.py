@@ -51,6 +51,8 @@ report({
     "variable_types": sorted({type(tf_variable(v)).__name__ for v in model.weights}),
     "initial": parity_lib.as_lists(initial),
     "replicas": replicas,  # [variable][replica] -> values
-    "reference": parity_lib.as_lists(parity_lib.reference_weights(keras, initial, x, y, global_batch)),
-    "half_batch": parity_lib.as_lists(parity_lib.half_batch_weights(keras, initial, x, y, PER_REPLICA)),
+    "reference": parity_lib.as_lists(
+        parity_lib.reference_weights(keras, initial, x, y, global_batch)),
+    "half_batch": parity_lib.as_lists(
+        parity_lib.half_batch_weights(keras, initial, x, y, PER_REPLICA)),
 })

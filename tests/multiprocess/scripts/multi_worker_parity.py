@@ -55,7 +55,8 @@ local = [
     for var in model.weights
 ]
 model_path = strategy.save_model(model, os.path.join(out_dir, "model.keras"))
-ckpt_path = strategy.save_checkpoint(tf.train.Checkpoint(model=model), os.path.join(out_dir, "ckpt"))
+ckpt_path = strategy.save_checkpoint(
+    tf.train.Checkpoint(model=model), os.path.join(out_dir, "ckpt"))
 result = {
     "task": str(strategy.task),
     "is_chief": strategy.is_chief,

@@ -40,7 +40,7 @@ class CountingModel(keras.Model):
 
     def train_step(self, data):
         features, target, batch_id = data
-        worker = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64)
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
         self.seen.assign_add(tf.one_hot([2 * worker + batch_id[0] % 2], 4))
         with tf.GradientTape() as tape:
             loss = self.compiled_loss(target, self(features, training=True))
