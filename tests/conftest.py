@@ -62,8 +62,4 @@ def cluster_runner(tmp_path: Path) -> Iterator[Callable[..., dict[str, Any]]]:
 
     yield run
     for spec in specs:
-        release_ports([int(address.rsplit(":", 1)[1]) for address in _addresses(spec)])
-
-
-def _addresses(spec: Any) -> list[str]:
-    return [spec.address(task) for task in spec.tasks()]
+        release_ports(spec.ports())

@@ -124,8 +124,9 @@ def read_until_ready(process: subprocess.Popen[str], timeout_s: float) -> list[s
     lines: queue.Queue[str | None] = queue.Queue()
 
     def pump() -> None:
-        for line in process.stdout:  # type: ignore[union-attr]
-            lines.put(line.strip())
+        with process.stdout:  # type: ignore[union-attr]
+            for line in process.stdout:  # type: ignore[union-attr]
+                lines.put(line.strip())
         lines.put(None)  # End of output: the child exited.
 
     threading.Thread(target=pump, daemon=True).start()

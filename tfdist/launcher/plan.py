@@ -167,4 +167,4 @@ def _horovod_plan(options: JobOptions) -> JobPlan:
 def release_plan(plan: JobPlan) -> None:
     """Releases the ports ``plan`` holds (after its job ended, or when it will not run)."""
     if plan.cluster is not None:
-        release_ports([int(plan.cluster.address(t).rsplit(":", 1)[1]) for t in plan.cluster.tasks()])
+        release_ports(plan.cluster.ports())
