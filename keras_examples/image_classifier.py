@@ -1,41 +1,44 @@
-"""Image classifier with model.fit: a small CNN on scikit-learn's bundled 8x8 digits.
+"""Image classifier with model.fit: a small CNN on scikit-learn's bundled 8x8 digits (or your .npz).
 
 Runs unchanged on one process and under every tfdist strategy::
 
-    python keras_examples/image_classifier.py --epochs 3
-    tfdist-launch --workers 2 keras_examples/image_classifier.py --epochs 3
+    python keras_examples/image_classifier.py
+    tfdist-launch --strategy mirrored keras_examples/image_classifier.py
+    tfdist-launch --workers 2 keras_examples/image_classifier.py              # multi_worker
+    tfdist-launch --ps 1 --workers 2 keras_examples/image_classifier.py       # parameter_server
     tfdist-launch --strategy horovod --workers 2 keras_examples/image_classifier.py
 
 The digits need no download (1,797 images, 10 classes); 20% are held out for the accuracy that the
-summary reports. Prints progress on the chief only and ends with one JSON line: strategy, replicas,
-epochs, final loss and held-out accuracy, samples per second, and where the model went.
+summary reports (about 96-98% after the default 5 epochs under every strategy). ``--data-dir``
+trains on your own images instead: a ``.npz`` file (or a directory holding one) with ``x_train``,
+``y_train``, ``x_test``, ``y_test`` (images ``(N, H, W)`` or ``(N, H, W, C)``, integer labels).
+
+Training resumes from ``<model-dir>/backup`` after a crash (``BackupAndRestore``); the chief
+alone writes the final model to ``<model-dir>/model.keras``, prints progress, and ends with one
+JSON line: strategy, replicas, epochs, final loss and held-out accuracy, samples per second, and
+where the model went. Under ParameterServer the chief (coordinator) runs this script: ``fit``
+takes a ``DatasetCreator`` and ``steps_per_epoch``, and the held-out set is evaluated there.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import glob
 import os
 import time
 
 import numpy as np
 
-import tfdist
-import tfdist.testing
+import common
 from tfdist import compat
 
 SEED = 1234
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--strategy", default=os.environ.get("TFDIST_STRATEGY", "auto"),
-                        help="tfdist strategy name (default: auto, or TFDIST_STRATEGY)")
-    parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--per-replica-batch-size", type=int, default=32)
-    parser.add_argument("--learning-rate", type=float, default=2e-3,
-                        help="for one replica; scaled linearly by the number of replicas")
-    parser.add_argument("--model-dir", default="runs/image_classifier")
+def parse_args(argv: list[str] | None = None):
+    parser = common.base_parser(__doc__.splitlines()[0], epochs=5, batch_size=32,
+                                learning_rate=2e-3, model_dir="runs/image_classifier")
+    parser.add_argument("--data-dir", help="a .npz file, or a directory with one, holding "
+                        "x_train, y_train, x_test, y_test (default: scikit-learn's digits)")
     return parser.parse_args(argv)
 
 
@@ -52,16 +55,41 @@ def load_digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     return images[train], labels[train], images[test], labels[test]
 
 
-def build_model(keras, learning_rate: float):
-    model = keras.Sequential([
-        keras.Input((8, 8, 1)),
-        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
-        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
-        keras.layers.MaxPooling2D(),
-        keras.layers.Flatten(),
-        keras.layers.Dense(64, activation="relu"),
-        keras.layers.Dense(10),
-    ])
+def load_npz(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The user's data, images scaled to [0, 1] (by 255 if they exceed 1), with a channel axis."""
+    if os.path.isdir(path):
+        found = sorted(glob.glob(os.path.join(path, "*.npz")))
+        if len(found) != 1:
+            raise ValueError(f"--data-dir must hold exactly one .npz file. Received: {path!r} "
+                             f"with {len(found)}. Fix: pass the .npz file itself")
+        path = found[0]
+    with np.load(path) as data:
+        missing = {"x_train", "y_train", "x_test", "y_test"} - set(data.files)
+        if missing:
+            raise ValueError(f"{path} lacks {sorted(missing)}. Received keys: {data.files}. "
+                             "Fix: np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)")
+        arrays = [data[k] for k in ("x_train", "y_train", "x_test", "y_test")]
+    x_train, y_train, x_test, y_test = arrays
+    scale = 255.0 if max(x_train.max(), x_test.max()) > 1 else 1.0
+
+    def images(x: np.ndarray) -> np.ndarray:
+        x = (x / scale).astype("float32")
+        return x[..., None] if x.ndim == 3 else x
+
+    return images(x_train), y_train.astype("int64"), images(x_test), y_test.astype("int64")
+
+
+def build_model(keras, input_shape: tuple[int, ...], classes: int, learning_rate: float):
+    layers = [keras.Input(input_shape),
+              keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+              keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+              keras.layers.MaxPooling2D()]
+    if input_shape[0] >= 16:  # larger images: one more stage before the dense head
+        layers += [keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
+                   keras.layers.MaxPooling2D()]
+    model = keras.Sequential([*layers, keras.layers.Flatten(),
+                              keras.layers.Dense(64, activation="relu"),
+                              keras.layers.Dense(classes)])
     model.compile(
         optimizer=keras.optimizers.Adam(learning_rate),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -70,16 +98,26 @@ def build_model(keras, learning_rate: float):
     return model
 
 
+def held_out_accuracy(model, x_test: np.ndarray, y_test: np.ndarray) -> float:
+    """Accuracy on the held-out set, computed here (on the coordinator under ParameterServer)."""
+    logits = np.concatenate([np.asarray(model(x_test[i:i + 512], training=False))
+                             for i in range(0, len(x_test), 512)])
+    return float(np.mean(np.argmax(logits, axis=-1) == y_test))
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     import tensorflow as tf
 
     keras = compat.get_keras()
     keras.utils.set_random_seed(SEED)
-    strategy = tfdist.get_strategy(args.strategy)
-    x_train, y_train, x_test, y_test = load_digits()
+    strategy = common.make_strategy(args.strategy)
+    common.log(strategy, strategy.describe())
+    data = load_npz(args.data_dir) if args.data_dir else load_digits()
+    x_train, y_train, x_test, y_test = data
+    classes = int(max(y_train.max(), y_test.max())) + 1
     global_batch = strategy.global_batch_size(args.per_replica_batch_size)
-    steps_per_epoch = len(x_train) // global_batch
+    steps_per_epoch = max(1, len(x_train) // global_batch)
 
     def dataset_fn(context):
         batch = context.get_per_replica_batch_size(global_batch)
@@ -87,40 +125,26 @@ def main(argv: list[str] | None = None) -> dict:
         return data.shuffle(len(x_train), seed=SEED).repeat().batch(batch, drop_remainder=True)
 
     with strategy.scope():
-        model = build_model(keras, strategy.scale_learning_rate(args.learning_rate))
-    callbacks = [
-        *strategy.callbacks(),
-        keras.callbacks.BackupAndRestore(os.path.join(args.model_dir, "backup")),
-    ]
+        model = build_model(keras, x_train.shape[1:], classes,
+                            strategy.scale_learning_rate(args.learning_rate))
     started = time.perf_counter()
     history = model.fit(
         strategy.distribute_dataset(dataset_fn),
         epochs=args.epochs,
         steps_per_epoch=steps_per_epoch,
-        callbacks=callbacks,
+        callbacks=common.fit_callbacks(keras, strategy, args.model_dir),
         verbose=2 if strategy.is_chief else 0,
     )
     seconds = time.perf_counter() - started
-    logits = model(x_test, training=False)
-    accuracy = float(np.mean(np.argmax(np.asarray(logits), axis=-1) == y_test))
-    saved = strategy.save_model(model, os.path.join(args.model_dir, "model.keras"))
-    epochs_run = len(history.history.get("loss", []))
-    summary = {
+    accuracy = held_out_accuracy(model, x_test, y_test)
+    saved = strategy.save_model(model, os.path.join(args.model_dir, common.MODEL_FILE))
+    return common.finish(strategy, {
         "example": "image_classifier",
-        "strategy": strategy.name,
-        "replicas": strategy.num_replicas,
-        "workers": strategy.num_workers,
         "epochs": args.epochs,
-        "epochs_run": epochs_run,
-        "final_loss": float(history.history["loss"][-1]) if epochs_run else None,
+        **common.history_fields(history, steps_per_epoch, global_batch, seconds),
         "test_accuracy": accuracy,
-        "samples_per_second": epochs_run * steps_per_epoch * global_batch / seconds,
         "model_path": saved,
-    }
-    if strategy.is_chief:
-        print(json.dumps(summary), flush=True)
-    tfdist.testing.report(summary)
-    return summary
+    })
 
 
 if __name__ == "__main__":

@@ -80,3 +80,18 @@ def test_mirrored_options_reach_tensorflow():
     )
     assert isinstance(strategy.extended._cross_device_ops, tf.distribute.ReductionToOneDevice)
     assert strategy.extended.worker_devices == ("/job:localhost/replica:0/task:0/device:CPU:0",)
+
+
+def test_startup_deadline_defaults_to_600_s_and_env_can_change_or_disable_it(monkeypatch):
+    from tfdist.strategies.startup import resolve_startup_timeout
+
+    monkeypatch.delenv("TFDIST_STARTUP_TIMEOUT", raising=False)
+    assert resolve_startup_timeout(None) == 600.0
+    assert resolve_startup_timeout(5) == 5
+    monkeypatch.setenv("TFDIST_STARTUP_TIMEOUT", "42")
+    assert resolve_startup_timeout(None) == 42.0
+    monkeypatch.setenv("TFDIST_STARTUP_TIMEOUT", "none")
+    assert resolve_startup_timeout(None) is None
+    monkeypatch.setenv("TFDIST_STARTUP_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="TFDIST_STARTUP_TIMEOUT is not a number of seconds"):
+        resolve_startup_timeout(None)

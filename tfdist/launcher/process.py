@@ -15,6 +15,10 @@ Tasks have a *kind*:
 * ``"service"``: runs until stopped (a ParameterServer worker or ps task); exiting on its own,
   with any status, before the main tasks are done is a failure.
 * ``"sidecar"``: its failure is reported but does not stop the job (an evaluator).
+
+A task started with ``max_restarts=N`` that fails (a ParameterServer worker: TF's
+``ClusterCoordinator`` re-dispatches its work once it is back) is restarted alone, with the same
+command and environment, up to N times; each restart is announced. Its next failure stops the job.
 """
 
 from __future__ import annotations
@@ -58,6 +62,11 @@ class TaskProcess:
     popen: subprocess.Popen[bytes]
     tail: collections.deque[str]
     reader: threading.Thread
+    argv: tuple[str, ...] = ()
+    env: Mapping[str, str] | None = None
+    cwd: str | os.PathLike[str] | None = None
+    max_restarts: int = 0
+    restarts: int = 0
 
     @property
     def pid(self) -> int:
@@ -119,10 +128,35 @@ class ProcessGroup:
         env: Mapping[str, str] | None = None,
         cwd: str | os.PathLike[str] | None = None,
         kind: TaskKind = "main",
+        max_restarts: int = 0,
     ) -> TaskProcess:
-        """Starts one task. ``env`` replaces the environment (pass ``{**os.environ, ...}``)."""
+        """Starts one task. ``env`` replaces the environment (pass ``{**os.environ, ...}``).
+
+        ``max_restarts``: how many times the task is restarted alone when it fails (default 0).
+        """
         if name in self.tasks:
             raise LaunchError(f"Task {name} was started twice in one group.")
+        if max_restarts < 0:
+            raise ValueError(f"max_restarts must be 0 or more. Received: {max_restarts}")
+        tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+        popen, reader = self._spawn(name, argv, env, cwd, tail, log_mode="w")
+        task = TaskProcess(
+            name=name, kind=kind, popen=popen, tail=tail, reader=reader, argv=tuple(argv),
+            env=env, cwd=cwd, max_restarts=max_restarts,
+        )
+        self.tasks[name] = task
+        reader.start()
+        return task
+
+    def _spawn(
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None,
+        cwd: str | os.PathLike[str] | None,
+        tail: collections.deque[str],
+        log_mode: str,
+    ) -> tuple[subprocess.Popen[bytes], threading.Thread]:
         popen = subprocess.Popen(
             list(argv),
             env=dict(env) if env is not None else None,
@@ -133,20 +167,39 @@ class ProcessGroup:
             start_new_session=True,
             preexec_fn=_die_with_parent,
         )
-        tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         reader = threading.Thread(
-            target=self._pump, args=(name, popen, tail), name=f"output-{name}", daemon=True
+            target=self._pump, args=(name, popen, tail, log_mode), name=f"output-{name}",
+            daemon=True,
         )
-        task = TaskProcess(name=name, kind=kind, popen=popen, tail=tail, reader=reader)
-        self.tasks[name] = task
-        reader.start()
-        return task
+        return popen, reader
 
-    def _pump(self, name: str, popen: subprocess.Popen[bytes], tail: collections.deque[str]) -> None:
+    def _restart(self, task: TaskProcess) -> None:
+        """Starts ``task`` again (same argv, env and cwd) after it failed."""
+        code = task.popen.returncode
+        _signal_group(task.popen, signal.SIGKILL)  # leftovers of its process group
+        task.reader.join(timeout=5)
+        task.restarts += 1
+        self._announce(
+            f"{task.name} exited with status {code}; restarting it alone "
+            f"({task.restarts}/{task.max_restarts})"
+        )
+        task.popen, task.reader = self._spawn(
+            task.name, task.argv, task.env, task.cwd, task.tail, log_mode="a"
+        )
+        task.reader.start()
+        self._announce(f"{task.name} restarted (pid {task.pid})")
+
+    def _pump(
+        self,
+        name: str,
+        popen: subprocess.Popen[bytes],
+        tail: collections.deque[str],
+        log_mode: str = "w",
+    ) -> None:
         log = None
         if self._log_dir is not None:
             os.makedirs(self._log_dir, exist_ok=True)
-            log = open(os.path.join(self._log_dir, f"{name.replace(':', '_')}.log"), "w")
+            log = open(os.path.join(self._log_dir, f"{name.replace(':', '_')}.log"), log_mode)
         assert popen.stdout is not None
         try:
             for raw in iter(popen.stdout.readline, b""):
@@ -210,12 +263,17 @@ class ProcessGroup:
                 continue
             if task.kind == "service" and main_done:
                 continue
+            if task.restarts < task.max_restarts:
+                self._restart(task)
+                continue
             return task
         return None
 
     def _announce(self, message: str) -> None:
         with self._lock:
-            (self._stream or sys.stdout).write(f"[tfdist] {message}\n")
+            stream = self._stream or sys.stdout
+            stream.write(f"[tfdist] {message}\n")
+            stream.flush()
 
     def stop(self, grace_period: float | None = None) -> None:
         """Stops every task that is still running: SIGTERM, then SIGKILL after the grace period.

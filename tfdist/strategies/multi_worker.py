@@ -6,8 +6,9 @@ worker calls `save_model`/`save_checkpoint`; the chief writes the real path and 
 temporary directory that is deleted right after.
 
 Waiting for peers: creating the strategy blocks until every worker has started, and TensorFlow
-has no deadline for this. ``startup_timeout_seconds`` sets one (see `tfdist.strategies.startup`:
-the process exits with status 124 and names the peers that do not answer). Once training runs,
+has no deadline for this. tfdist sets one, ``startup_timeout_seconds`` (default 600 s or
+``$TFDIST_STARTUP_TIMEOUT``; see `tfdist.strategies.startup`): the process names the peers that
+do not answer and is killed. Once training runs,
 ``timeout_seconds`` bounds each collective (``CommunicationOptions``): a peer that stops mid-step
 makes the others fail with ``DeadlineExceededError`` instead of hanging.
 """
@@ -21,7 +22,7 @@ import tensorflow as tf
 
 from tfdist.strategies.base import TfdistStrategyMixin, cluster_resolver
 from tfdist.strategies.options import check_choice, check_positive_int, check_positive_number
-from tfdist.strategies.startup import startup_deadline
+from tfdist.strategies.startup import resolve_startup_timeout, startup_deadline
 
 __all__ = ["MultiWorkerMirroredStrategy", "IMPLEMENTATIONS"]
 
@@ -58,8 +59,9 @@ class MultiWorkerMirroredStrategy(TfdistStrategyMixin, tf.distribute.MultiWorker
         bytes_per_pack: Gradients are packed into chunks of about this many bytes before being
             all-reduced (0: TF's default, one pack).
         timeout_seconds: Deadline of each collective op (None: none).
-        startup_timeout_seconds: Deadline for all workers to join (None: wait forever, TF's
-            behaviour). Past it the process exits with status 124, naming the missing peers.
+        startup_timeout_seconds: Deadline for all workers to join (None: $TFDIST_STARTUP_TIMEOUT,
+            else 600 s; see `resolve_startup_timeout`). Past it the process prints the peers that
+            do not answer and is killed (SIGKILL), instead of waiting forever as TF would.
         tf_config: The TF_CONFIG to use instead of the environment's (JSON text or a mapping).
 
     Raises:
@@ -87,7 +89,9 @@ class MultiWorkerMirroredStrategy(TfdistStrategyMixin, tf.distribute.MultiWorker
         tf_config: str | Mapping[str, Any] | None = None,
     ) -> None:
         options = communication_options(implementation, bytes_per_pack, timeout_seconds)
-        deadline = check_positive_number("startup_timeout_seconds", startup_timeout_seconds)
+        deadline = check_positive_number(
+            "startup_timeout_seconds", resolve_startup_timeout(startup_timeout_seconds)
+        )
         self._check_keras()
         cluster, task = self._read_cluster(tf_config, roles=("chief", "worker"))
         with startup_deadline(deadline, cluster, task, f"MultiWorkerMirroredStrategy on {task}"):

@@ -34,7 +34,7 @@ from tfdist.cluster import Task
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.strategies.base import DatasetFn, TfdistStrategyMixin, cluster_resolver
 from tfdist.strategies.options import check_positive_int, check_positive_number
-from tfdist.strategies.startup import startup_deadline
+from tfdist.strategies.startup import resolve_startup_timeout, startup_deadline
 
 __all__ = ["ParameterServerStrategy", "make_partitioner"]
 
@@ -89,8 +89,9 @@ class ParameterServerStrategy(
         min_shard_bytes: Split variables in shards of at least this many bytes, at most one per
             ps (``MinSizePartitioner``).
         variable_partitioner: Any TF partitioner (excludes the two options above).
-        startup_timeout_seconds: Deadline for connecting to the workers and ps tasks (None: TF's
-            behaviour). Past it the process exits with status 124, naming the missing tasks.
+        startup_timeout_seconds: Deadline for connecting to the workers and ps tasks (None:
+            $TFDIST_STARTUP_TIMEOUT, else 600 s). Past it the process prints the tasks that do
+            not answer and is killed (SIGKILL), instead of waiting forever as TF would.
         tf_config: The TF_CONFIG to use instead of the environment's (JSON text or a mapping).
 
     Raises:
@@ -114,7 +115,9 @@ class ParameterServerStrategy(
         startup_timeout_seconds: float | None = None,
         tf_config: str | Mapping[str, Any] | None = None,
     ) -> None:
-        deadline = check_positive_number("startup_timeout_seconds", startup_timeout_seconds)
+        deadline = check_positive_number(
+            "startup_timeout_seconds", resolve_startup_timeout(startup_timeout_seconds)
+        )
         make_partitioner(1, num_shards, min_shard_bytes, variable_partitioner)  # checks options
         self._check_keras()
         cluster, task = self._read_cluster(tf_config, roles=("chief",))

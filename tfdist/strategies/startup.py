@@ -21,9 +21,50 @@ from collections.abc import Iterator
 from tfdist.cluster import ClusterSpec, Task
 from tfdist.errors import format_error
 
-__all__ = ["startup_deadline", "MISSING_PLACEHOLDER"]
+__all__ = [
+    "startup_deadline",
+    "resolve_startup_timeout",
+    "MISSING_PLACEHOLDER",
+    "STARTUP_TIMEOUT_ENV",
+    "DEFAULT_STARTUP_TIMEOUT",
+]
 
 MISSING_PLACEHOLDER = "{missing}"
+STARTUP_TIMEOUT_ENV = "TFDIST_STARTUP_TIMEOUT"
+DEFAULT_STARTUP_TIMEOUT = 600.0
+"""Seconds a task waits for its peers by default: long enough for a scheduler to start them all."""
+_NO_DEADLINE = ("0", "none", "off", "inf")
+
+
+def resolve_startup_timeout(seconds: float | None) -> float | None:
+    """The deadline to use: ``seconds`` if given, else ``$TFDIST_STARTUP_TIMEOUT``, else 600 s.
+
+    ``TFDIST_STARTUP_TIMEOUT=none`` (or ``0``, ``off``, ``inf``) waits forever, TF's own behaviour.
+
+    Example:
+        >>> resolve_startup_timeout(30)
+        30
+        >>> resolve_startup_timeout(None) == DEFAULT_STARTUP_TIMEOUT or STARTUP_TIMEOUT_ENV in os.environ
+        True
+    """
+    if seconds is not None:
+        return seconds
+    text = os.environ.get(STARTUP_TIMEOUT_ENV, "").strip().lower()
+    if not text:
+        return DEFAULT_STARTUP_TIMEOUT
+    if text in _NO_DEADLINE:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(
+            format_error(
+                f"{STARTUP_TIMEOUT_ENV} is not a number of seconds.",
+                received=repr(text),
+                expected="seconds such as 600, or 'none' to wait forever",
+                fix=f"export {STARTUP_TIMEOUT_ENV}=600",
+            )
+        ) from None
 
 _WATCHDOG = r"""
 import json, os, select, signal, socket, sys

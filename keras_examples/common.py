@@ -1,0 +1,169 @@
+"""What every example shares: its command line, strategy creation, backups, the crash hook, the summary.
+
+The examples import this module as ``common`` (Python puts the script's directory on ``sys.path``).
+Nothing here is needed to use tfdist; it keeps each example about its model and data.
+
+Test hook: ``TFDIST_EXAMPLE_CRASH_AFTER_EPOCH=k`` makes an example exit with status
+`CRASH_EXIT_STATUS` right after epoch ``k`` (1-based) has been backed up, on every process, as a
+preempted job would. A run resumed from that backup starts at epoch ``k + 1`` and so never reaches
+the crash point again: the same environment can be used for the crashed run and its restart
+(``tfdist-launch --max-restarts 1``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+import tfdist
+import tfdist.testing
+from tfdist import compat
+
+CRASH_ENV = "TFDIST_EXAMPLE_CRASH_AFTER_EPOCH"
+CRASH_EXIT_STATUS = 42
+MODEL_FILE = "model.keras"
+
+
+def base_parser(description: str, *, epochs: int, batch_size: int, learning_rate: float,
+                model_dir: str) -> argparse.ArgumentParser:
+    """The options every example takes; an example adds its own to the returned parser."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--strategy", default=os.environ.get("TFDIST_STRATEGY", "auto"),
+                        help="tfdist strategy name (default: auto, or env TFDIST_STRATEGY)")
+    parser.add_argument("--epochs", type=int, default=epochs, help=f"default {epochs}")
+    parser.add_argument("--per-replica-batch-size", type=int, default=batch_size,
+                        help=f"default {batch_size}; the global batch is this x replicas")
+    parser.add_argument("--learning-rate", type=float, default=learning_rate,
+                        help=f"for one replica (default {learning_rate}); scaled linearly by "
+                        "the number of replicas")
+    parser.add_argument("--model-dir", default=model_dir,
+                        help=f"backups, checkpoints and the final model (default {model_dir})")
+    return parser
+
+
+def strategy_name(requested: str) -> str:
+    """The concrete strategy ``requested`` stands for (``auto`` resolved from the environment)."""
+    if requested != "auto":
+        return requested
+    from tfdist.strategies import detect_strategy
+
+    return detect_strategy().name
+
+
+def make_strategy(requested: str, **ps_options: Any) -> Any:
+    """``tfdist.get_strategy(requested)``; ``ps_options`` go to ParameterServer only."""
+    name = strategy_name(requested)
+    options = ps_options if name == "parameter_server" else {}
+    return tfdist.get_strategy(name, **options)
+
+
+def log(strategy: Any, message: str) -> None:
+    """Prints ``message`` on the chief only."""
+    if strategy.is_chief:
+        print(message, flush=True)
+
+
+# ------------------------------------------------------------------------- backups
+def backup_dir(strategy: Any, model_dir: str) -> str:
+    """Where this process keeps its ``BackupAndRestore`` state.
+
+    tf-keras's ``BackupAndRestore`` is multi-worker aware under MultiWorkerMirrored (workers other
+    than the chief write to temporary directories) and ParameterServer (only the chief runs the
+    script), so they share ``<model_dir>/backup``. Keras 3's is not aware of any of it, and under
+    Horovod neither flavour is (each rank is a one-device strategy that thinks it is alone): every
+    rank would write the same files at once. So Horovod rank ``r > 0`` keeps its own
+    ``backup/rank-<r>``; all ranks hold the same weights at an epoch's end, so each rank's backup
+    restores the same state, and Keras deletes each one when training ends.
+    """
+    root = os.path.join(model_dir, "backup")
+    if strategy.name == "horovod" and not strategy.is_chief:
+        return os.path.join(root, f"rank-{strategy.task_index}")
+    return root
+
+
+def backup_and_restore(keras: Any, strategy: Any, model_dir: str) -> Any:
+    """A ``BackupAndRestore`` callback of ``keras``'s flavour for this process (see `backup_dir`)."""
+    directory = backup_dir(strategy, model_dir)
+    if keras.__name__ != "tf_keras":
+        return keras.callbacks.BackupAndRestore(directory)
+    return _tf_keras_backup(keras, directory)
+
+
+def _tf_keras_backup(keras: Any, directory: str) -> Any:
+    import tensorflow as tf
+
+    class OneDeviceBackupAndRestore(keras.callbacks.BackupAndRestore):
+        """tf-keras's callback, also accepting one-device strategies (Horovod's is one).
+
+        tf-keras refuses any strategy outside its list, though a one-device strategy needs
+        nothing more than the strategy-less case; with a per-rank directory it is safe.
+        """
+
+        def __init__(self, backup_dir: str) -> None:
+            super().__init__(backup_dir)
+            self._supported_strategies += (tf.distribute.OneDeviceStrategy,)
+
+    return OneDeviceBackupAndRestore(directory)
+
+
+# ----------------------------------------------------------------------- crash hook
+def crash_after_epoch() -> int | None:
+    """The epoch (1-based) after which to crash, from `CRASH_ENV`; None when unset."""
+    value = os.environ.get(CRASH_ENV, "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{CRASH_ENV} must be a positive epoch number. Received: {value!r}. "
+                         f"Fix: set it to e.g. 2, or unset it")
+    return int(value)
+
+
+def maybe_crash(epochs_done: int) -> None:
+    """Exits with `CRASH_EXIT_STATUS` if `CRASH_ENV` asks to crash after ``epochs_done`` epochs."""
+    if crash_after_epoch() == epochs_done:
+        print(f"{CRASH_ENV}={epochs_done}: crashing on purpose", flush=True)
+        os._exit(CRASH_EXIT_STATUS)
+
+
+def crash_callback(keras: Any) -> Any:
+    """A callback calling `maybe_crash` at each epoch's end; put it after ``BackupAndRestore``."""
+    return keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs=None: maybe_crash(epoch + 1))
+
+
+def fit_callbacks(keras: Any, strategy: Any, model_dir: str) -> list[Any]:
+    """The strategy's callbacks, then the backup, then the crash hook (in that order)."""
+    return [*strategy.callbacks(), backup_and_restore(keras, strategy, model_dir),
+            crash_callback(keras)]
+
+
+# ------------------------------------------------------------------------- summary
+def history_fields(history: Any, steps_per_epoch: int, global_batch: int,
+                   seconds: float) -> dict[str, Any]:
+    """Epoch bookkeeping of a ``fit`` history: which epochs ran, final loss, throughput."""
+    epochs_run = list(history.epoch)
+    losses = history.history.get("loss", [])
+    return {
+        "epochs_run": len(epochs_run),
+        "first_epoch": epochs_run[0] + 1 if epochs_run else None,
+        "final_loss": float(losses[-1]) if losses else None,
+        "samples_per_second": len(epochs_run) * steps_per_epoch * global_batch / seconds,
+        "seconds": seconds,
+    }
+
+
+def finish(strategy: Any, summary: dict[str, Any]) -> dict[str, Any]:
+    """Adds what every summary has, prints it as one JSON line on the chief, and reports it."""
+    summary = {
+        "strategy": strategy.name,
+        "replicas": strategy.num_replicas,
+        "workers": strategy.num_workers,
+        "keras": compat.keras_flavour(),
+        **summary,
+    }
+    if strategy.is_chief:
+        print(json.dumps(summary), flush=True)
+    tfdist.testing.report(summary)
+    return summary

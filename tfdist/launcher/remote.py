@@ -1,0 +1,158 @@
+"""``python -m tfdist.launcher.remote -- ARGV``: the remote side of a task started over ssh.
+
+Killing a local ``ssh`` client does not kill the command it started on the remote host: sshd
+closes the session's pipes but sends no signal (there is no terminal). So a launcher that stops a
+task, or dies, would leave the task running on the remote host. This wrapper closes that gap:
+
+* it starts ``ARGV`` in a new session (its own process group), with ``PR_SET_PDEATHSIG`` so the
+  task dies if the wrapper is killed outright;
+* it watches its own stdin, which is the ssh channel: the launcher keeps the ssh client's stdin
+  open and never writes to it, so end-of-file means the connection closed (the launcher stopped
+  the task, exited, or died);
+* on end-of-file, SIGTERM, SIGHUP or SIGINT it sends SIGTERM to the task's whole process group,
+  then SIGKILL after a grace period;
+* when the task exits by itself, whatever it left in its process group is killed, and the
+  wrapper exits with the task's status (``128 + N`` for a task killed by signal N).
+
+Example:
+    Run by `tfdist.launcher.ssh`, not by hand::
+
+        ssh n2 'cd /work && exec env TF_CONFIG=... python -m tfdist.launcher.remote -- python t.py'
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+from tfdist.launcher.process import _die_with_parent
+
+__all__ = ["run", "main"]
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class _Stopper:
+    """Stops the task's process group once: SIGTERM, then SIGKILL after ``grace`` seconds."""
+
+    def __init__(self, child: subprocess.Popen[bytes], grace: float) -> None:
+        self._child = child
+        self._grace = grace
+        self._once = threading.Lock()
+        self.reason: str | None = None
+
+    def stop(self, reason: str) -> None:
+        if not self._once.acquire(blocking=False):
+            return
+        self.reason = reason
+        threading.Thread(target=self._terminate, name="tfdist-remote-stop", daemon=True).start()
+
+    def _terminate(self) -> None:
+        _signal_group(self._child.pid, signal.SIGTERM)
+        try:
+            self._child.wait(timeout=self._grace)
+        except subprocess.TimeoutExpired:
+            pass
+        _signal_group(self._child.pid, signal.SIGKILL)
+
+
+def _watch_stdin(stopper: _Stopper) -> None:
+    """Returns (and stops the task) when stdin reaches end-of-file or fails."""
+    try:
+        while os.read(0, 65536):
+            pass
+    except OSError:
+        pass
+    stopper.stop("the ssh connection closed (stdin reached end-of-file)")
+
+
+def run(argv: Sequence[str], *, grace: float = 5.0, watch_stdin: bool = True) -> int:
+    """Runs ``argv`` until it exits, stdin closes, or a stop signal arrives.
+
+    Args:
+        argv: The task's command.
+        grace: Seconds between SIGTERM and SIGKILL when stopping the task.
+        watch_stdin: Stop the task when stdin reaches end-of-file.
+
+    Returns:
+        The task's exit status (``128 + N`` if a signal N ended it).
+
+    Example:
+        >>> import sys
+        >>> run([sys.executable, "-c", "raise SystemExit(3)"], watch_stdin=False)
+        3
+    """
+    try:
+        child = subprocess.Popen(
+            list(argv), stdin=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+    except OSError as error:
+        print(f"[tfdist.launcher.remote] cannot start {argv[0]!r}: {error}", file=sys.stderr)
+        return 127
+    stopper = _Stopper(child, grace)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stopper.stop(f"received {signal.Signals(signum).name}")
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in _STOP_SIGNALS}
+    if watch_stdin:
+        threading.Thread(target=_watch_stdin, args=(stopper,), name="tfdist-remote-stdin",
+                         daemon=True).start()
+    try:
+        code = child.wait()
+    finally:
+        _signal_group(child.pid, signal.SIGKILL)  # Whatever the task left in its group.
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if stopper.reason is not None:
+        print(f"[tfdist.launcher.remote] stopped the task: {stopper.reason}", file=sys.stderr,
+              flush=True)
+    return 128 - code if code < 0 else code
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parses ``[--grace S] -- ARGV``.
+
+    Example:
+        >>> parse_args(["--grace", "2", "--", "python", "-u", "t.py"]).command
+        ['python', '-u', 't.py']
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m tfdist.launcher.remote",
+        description="Run a task; stop its whole process group when stdin closes (the ssh "
+        "connection ended) or on SIGTERM/SIGHUP/SIGINT.",
+    )
+    parser.add_argument("--grace", type=float, default=5.0,
+                        help="seconds between SIGTERM and SIGKILL when stopping (default 5)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the task's argv")
+    args = parser.parse_args(argv)
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    if not args.command:
+        parser.error("missing the task's command. Received: nothing after '--'. "
+                     "Expected: -- ARGV. Fix: python -m tfdist.launcher.remote -- python t.py")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the task's exit status."""
+    args = parse_args(argv)
+    return run(args.command, grace=args.grace)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
