@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 from typing import Any
 
 import tfdist
@@ -71,14 +72,16 @@ def backup_dir(strategy: Any, model_dir: str) -> str:
 
     tf-keras's ``BackupAndRestore`` is multi-worker aware under MultiWorkerMirrored (workers other
     than the chief write to temporary directories) and ParameterServer (only the chief runs the
-    script), so they share ``<model_dir>/backup``. Keras 3's is not aware of any of it, and under
-    Horovod neither flavour is (each rank is a one-device strategy that thinks it is alone): every
-    rank would write the same files at once. So Horovod rank ``r > 0`` keeps its own
-    ``backup/rank-<r>``; all ranks hold the same weights at an epoch's end, so each rank's backup
-    restores the same state, and Keras deletes each one when training ends.
+    script), so those use ``<model_dir>/backup``. Keras 3's is not aware of any of it, and under
+    Horovod neither flavour is (each rank is a one-device strategy that thinks it is alone): all
+    ranks would write, and at the end delete, the same files at once. So under Horovod each rank
+    keeps its own ``backup/rank-<r>`` (siblings: no rank deletes another's). All ranks hold the
+    same weights at an epoch's end, so each rank's backup restores the same state; a rank that
+    died before writing its last backup would resume one epoch behind the others, so ranks must
+    crash together (a gang restart), which is what ``tfdist-launch --max-restarts`` does.
     """
     root = os.path.join(model_dir, "backup")
-    if strategy.name == "horovod" and not strategy.is_chief:
+    if strategy.name == "horovod":
         return os.path.join(root, f"rank-{strategy.task_index}")
     return root
 
@@ -88,22 +91,28 @@ def backup_and_restore(keras: Any, strategy: Any, model_dir: str) -> Any:
     directory = backup_dir(strategy, model_dir)
     if keras.__name__ != "tf_keras":
         return keras.callbacks.BackupAndRestore(directory)
-    return _tf_keras_backup(keras, directory)
+    return _tf_keras_backup(keras, directory, own_dir=strategy.name == "horovod")
 
 
-def _tf_keras_backup(keras: Any, directory: str) -> Any:
+def _tf_keras_backup(keras: Any, directory: str, own_dir: bool) -> Any:
     import tensorflow as tf
 
     class OneDeviceBackupAndRestore(keras.callbacks.BackupAndRestore):
         """tf-keras's callback, also accepting one-device strategies (Horovod's is one).
 
         tf-keras refuses any strategy outside its list, though a one-device strategy needs
-        nothing more than the strategy-less case; with a per-rank directory it is safe.
+        nothing more than the strategy-less case. It deletes the backup at the end only where
+        ``should_checkpoint`` (Horovod: rank 0); other ranks delete their own directory here.
         """
 
         def __init__(self, backup_dir: str) -> None:
             super().__init__(backup_dir)
             self._supported_strategies += (tf.distribute.OneDeviceStrategy,)
+
+        def on_train_end(self, logs: Any = None) -> None:
+            super().on_train_end(logs)
+            if self.delete_checkpoint and own_dir:
+                shutil.rmtree(self.backup_dir, ignore_errors=True)
 
     return OneDeviceBackupAndRestore(directory)
 

@@ -131,7 +131,14 @@ install_horovod() {
   horovod_installed || die "Horovod installed but does not import with Gloo; run: $VENV/bin/horovodrun --check-build"
 }
 
-create_venv
-install_python_deps
-install_horovod
-log "ready: $VENV ($("$VENV/bin/python" -c 'import tensorflow as tf; print("tensorflow", tf.__version__)' 2>/dev/null))"
+main() {
+  create_venv
+  install_python_deps
+  install_horovod
+  log "ready: $VENV ($("$VENV/bin/python" -c 'import tensorflow as tf; print("tensorflow", tf.__version__)' 2>/dev/null))"
+}
+
+# Sourcing the file (tests do) defines the functions without running anything.
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+  main "$@"
+fi

@@ -7,6 +7,9 @@ Examples::
     tfdist-launch --strategy horovod --workers 2 train.py  # through horovodrun --gloo
     tfdist-launch --dry-run --workers 2 train.py           # print each task's TF_CONFIG and command
     tfdist-launch --check                                  # what is installed
+    tfdist-launch --hosts n1:2,n2:2 --workers 4 train.py   # tasks on n1, n2 (over ssh)
+    tfdist-launch --export kubeflow --image me/train:1 --ps 1 train.py  # a Kubeflow TFJob
+    tfdist-launch --export slurm --nodes 2 --output job.sbatch train.py  # a Slurm batch script
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import sys
 from collections.abc import Sequence
 
 from tfdist.errors import ClusterConfigError, LaunchError, StrategyConfigError
+from tfdist.launcher.export import add_export_arguments, run_export
+from tfdist.launcher.hosts import add_host_arguments, check_host_arguments, host_options_from_args
 from tfdist.launcher.plan import LAUNCH_STRATEGIES, JobOptions, plan_job, release_plan
 
 _ENV_PREFIX = "TFDIST_LAUNCH_"
@@ -62,10 +67,18 @@ def build_parser() -> argparse.ArgumentParser:
         "BackupAndRestore in the script, training resumes from the last backup "
         "(env TFDIST_LAUNCH_MAX_RESTARTS; default 0)",
     )
+    run.add_argument(
+        "--max-worker-restarts", type=int, default=int(_env_default("MAX_WORKER_RESTARTS", "3")),
+        help="parameter_server: restart a dead worker task alone (same TF_CONFIG and port) up to "
+        "this many times; a dead ps stops the job (env TFDIST_LAUNCH_MAX_WORKER_RESTARTS; "
+        "default 3)",
+    )
     run.add_argument("--log-dir", help="also write each task's output to LOG_DIR/<task>.log")
     run.add_argument("--dry-run", action="store_true",
                      help="start nothing; print one JSON object per task")
     run.add_argument("--check", action="store_true", help="report what is installed and exit")
+    add_export_arguments(parser)
+    add_host_arguments(parser)
     parser.add_argument("script", nargs="?", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return parser
@@ -77,7 +90,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.check:
         return args
-    problem = _validate(args)
+    problem = _validate(args) or check_host_arguments(args)
     if problem:
         parser.error(problem)
     return args
@@ -86,12 +99,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def _validate(args: argparse.Namespace) -> str | None:
     if not args.script:
         return "missing SCRIPT: the training script to run (e.g. tfdist-launch train.py)"
-    if not os.path.isfile(args.script):
+    if not args.export and not os.path.isfile(args.script):  # exports name the script remotely
         return f"script not found: {args.script!r}. Fix: pass the path of an existing file"
     if args.workers < 1:
         return f"--workers must be at least 1. Received: {args.workers}"
     if args.max_restarts < 0:
         return f"--max-restarts must be 0 or more. Received: {args.max_restarts}"
+    if args.max_worker_restarts < 0:
+        return f"--max-worker-restarts must be 0 or more. Received: {args.max_worker_restarts}"
     if args.ps < 0:
         return f"--ps must be 0 or more. Received: {args.ps}"
     if args.ps and args.strategy not in ("auto", "parameter_server"):
@@ -111,7 +126,7 @@ def options_from_args(args: argparse.Namespace) -> JobOptions:
     return JobOptions(
         script=args.script, script_args=tuple(args.script_args), strategy=args.strategy,
         workers=args.workers, ps=args.ps, chief=args.chief, evaluator=args.evaluator,
-        timeout=args.timeout,
+        timeout=args.timeout, hosts=host_options_from_args(args),
     )
 
 
@@ -123,6 +138,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(format_report(installed_report()))
         return 0
     options = options_from_args(args)
+    if args.export:
+        try:
+            return run_export(args, options)
+        except StrategyConfigError as err:
+            print(f"tfdist-launch: error: {err}", file=sys.stderr)
+            return 2
     try:
         plan = plan_job(options)
     except (ClusterConfigError, StrategyConfigError) as err:
@@ -136,7 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tfdist.launcher.local import run_job
 
     try:
-        return run_job(options, plan, max_restarts=args.max_restarts, log_dir=args.log_dir)
+        return run_job(options, plan, max_restarts=args.max_restarts, log_dir=args.log_dir,
+                       worker_restarts=args.max_worker_restarts)
     except LaunchError as err:
         print(f"tfdist-launch: error: {err}", file=sys.stderr)
         return 1

@@ -10,10 +10,14 @@ import dataclasses
 import os
 import shutil
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from tfdist.cluster import ClusterSpec, Task, release_ports
+from tfdist.launcher.hosts import (
+    HostOptions, horovodrun_host_args, host_cluster, rank_hosts, task_command,
+)
 from tfdist.launcher.process import TaskKind
 
 STRATEGY_ENV = "TFDIST_STRATEGY"
@@ -34,6 +38,7 @@ class JobOptions:
     chief: bool | None = None
     evaluator: bool = False
     timeout: float = 3600.0
+    hosts: HostOptions | None = None  # --hosts/--hostfile: tasks on these machines (ssh)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +133,8 @@ def _single_process_plan(options: JobOptions, strategy: str) -> JobPlan:
 def _cluster_plan(options: JobOptions, strategy: str) -> JobPlan:
     is_ps = strategy == "parameter_server"
     chief = options.chief if options.chief is not None else is_ps
-    spec = ClusterSpec.local(
+    build = ClusterSpec.local if options.hosts is None else partial(host_cluster, options.hosts)
+    spec = build(
         workers=options.workers, ps=options.ps, chief=chief, evaluator=options.evaluator,
         strategy=strategy,
     )
@@ -141,6 +147,8 @@ def _cluster_plan(options: JobOptions, strategy: str) -> JobPlan:
         if is_ps and task.type in ("worker", "ps"):
             kind, command = "service", (sys.executable, "-u", "-m", "tfdist.server")
         env = {**base_env, "TF_CONFIG": spec.tf_config_json(task.type, task.index)}
+        if options.hosts is not None:
+            command = task_command(options.hosts, spec.host(task), command, env)
         tasks.append(
             TaskPlan(str(task), task, spec.host(task), tf_config, command, kind, tuple(env.items()))
         )
@@ -155,10 +163,15 @@ def horovodrun_path() -> str:
 
 def _horovod_plan(options: JobOptions) -> JobPlan:
     env = tuple(_base_env("horovod").items())
-    runner = (horovodrun_path(), "-np", str(options.workers), "--gloo", *_python_command(options))
+    hosts = ["localhost"] * options.workers
+    host_args: tuple[str, ...] = ("-np", str(options.workers))
+    if options.hosts is not None:
+        hosts = rank_hosts(options.hosts, options.workers)
+        host_args += horovodrun_host_args(options.hosts)
+    runner = (horovodrun_path(), *host_args, "--gloo", *_python_command(options))
     ranks = tuple(
-        TaskPlan(f"rank:{r}", Task("worker", r), "localhost", None, _python_command(options), env=env)
-        for r in range(options.workers)
+        TaskPlan(f"rank:{r}", Task("worker", r), host, None, _python_command(options), env=env)
+        for r, host in enumerate(hosts)
     )
     return JobPlan("horovod", (TaskPlan("horovodrun", None, "localhost", None, runner, env=env),), ranks=ranks)
 

@@ -1,18 +1,22 @@
 """``python -m tfdist.launcher.remote -- ARGV``: the remote side of a task started over ssh.
 
 Killing a local ``ssh`` client does not kill the command it started on the remote host: sshd
-closes the session's pipes but sends no signal (there is no terminal). So a launcher that stops a
-task, or dies, would leave the task running on the remote host. This wrapper closes that gap:
+closes the session and exits, but sends the command no signal (there is no terminal), so the task
+is re-parented and runs on. A launcher that stops a task, or dies, would leave it running. This
+wrapper, which sshd starts in place of the task (``exec``, so sshd's session process is its
+parent), closes that gap:
 
-* it starts ``ARGV`` in a new session (its own process group), with ``PR_SET_PDEATHSIG`` so the
-  task dies if the wrapper is killed outright;
-* it watches its own stdin, which is the ssh channel: the launcher keeps the ssh client's stdin
-  open and never writes to it, so end-of-file means the connection closed (the launcher stopped
-  the task, exited, or died);
-* on end-of-file, SIGTERM, SIGHUP or SIGINT it sends SIGTERM to the task's whole process group,
-  then SIGKILL after a grace period;
+* it asks the kernel for SIGHUP when its parent exits (``PR_SET_PDEATHSIG``): the ssh connection
+  closed, whether the launcher stopped the ssh client, exited or died;
+* it starts ``ARGV`` in a new session (its own process group), with ``PR_SET_PDEATHSIG`` =
+  SIGKILL so the task also dies if the wrapper itself is killed outright;
+* with ``--watch-stdin``, end-of-file on its stdin (the ssh channel) stops the task too, for
+  launchers that keep the ssh client's stdin open and never write to it;
+* on SIGHUP, SIGTERM, SIGINT (or stdin end-of-file) it sends SIGTERM to the task's whole process
+  group, then SIGKILL after a grace period;
 * when the task exits by itself, whatever it left in its process group is killed, and the
-  wrapper exits with the task's status (``128 + N`` for a task killed by signal N).
+  wrapper exits with the task's status (``128 + N`` for a task killed by signal N), which ssh
+  passes back to the launcher.
 
 Example:
     Run by `tfdist.launcher.ssh`, not by hand::
@@ -23,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import signal
 import subprocess
@@ -36,6 +41,15 @@ from tfdist.launcher.process import _die_with_parent
 __all__ = ["run", "main"]
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+_PR_SET_PDEATHSIG = 1
+
+
+def _signal_on_parent_death(sig: signal.Signals) -> None:
+    """Asks the kernel to send ``sig`` to this process when its parent exits (Linux only)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig))
+    except OSError:
+        pass
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -79,22 +93,24 @@ def _watch_stdin(stopper: _Stopper) -> None:
     stopper.stop("the ssh connection closed (stdin reached end-of-file)")
 
 
-def run(argv: Sequence[str], *, grace: float = 5.0, watch_stdin: bool = True) -> int:
-    """Runs ``argv`` until it exits, stdin closes, or a stop signal arrives.
+def run(argv: Sequence[str], *, grace: float = 5.0, watch_stdin: bool = False) -> int:
+    """Runs ``argv`` until it exits, the parent exits, a stop signal arrives, or stdin closes.
 
     Args:
         argv: The task's command.
         grace: Seconds between SIGTERM and SIGKILL when stopping the task.
-        watch_stdin: Stop the task when stdin reaches end-of-file.
+        watch_stdin: Also stop the task when stdin reaches end-of-file.
 
     Returns:
         The task's exit status (``128 + N`` if a signal N ended it).
 
     Example:
         >>> import sys
-        >>> run([sys.executable, "-c", "raise SystemExit(3)"], watch_stdin=False)
+        >>> run([sys.executable, "-c", "raise SystemExit(3)"])
         3
     """
+    parent = os.getppid()
+    _signal_on_parent_death(signal.SIGHUP)
     try:
         child = subprocess.Popen(
             list(argv), stdin=subprocess.DEVNULL, start_new_session=True,
@@ -109,6 +125,8 @@ def run(argv: Sequence[str], *, grace: float = 5.0, watch_stdin: bool = True) ->
         stopper.stop(f"received {signal.Signals(signum).name}")
 
     previous = {sig: signal.signal(sig, on_signal) for sig in _STOP_SIGNALS}
+    if os.getppid() != parent:  # The parent exited before the kernel was asked to tell us.
+        stopper.stop("the parent (the ssh session) exited before the task started")
     if watch_stdin:
         threading.Thread(target=_watch_stdin, args=(stopper,), name="tfdist-remote-stdin",
                          daemon=True).start()
@@ -133,11 +151,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """
     parser = argparse.ArgumentParser(
         prog="python -m tfdist.launcher.remote",
-        description="Run a task; stop its whole process group when stdin closes (the ssh "
-        "connection ended) or on SIGTERM/SIGHUP/SIGINT.",
+        description="Run a task; stop its whole process group when this wrapper's parent (the "
+        "ssh session) exits, on SIGTERM/SIGHUP/SIGINT, or (--watch-stdin) when stdin closes.",
     )
     parser.add_argument("--grace", type=float, default=5.0,
                         help="seconds between SIGTERM and SIGKILL when stopping (default 5)")
+    parser.add_argument("--watch-stdin", action="store_true",
+                        help="also stop the task when stdin reaches end-of-file")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the task's argv")
     args = parser.parse_args(argv)
     if args.command[:1] == ["--"]:
@@ -151,7 +171,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the task's exit status."""
     args = parse_args(argv)
-    return run(args.command, grace=args.grace)
+    return run(args.command, grace=args.grace, watch_stdin=args.watch_stdin)
 
 
 if __name__ == "__main__":

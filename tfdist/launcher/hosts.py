@@ -1,0 +1,211 @@
+"""``tfdist-launch --hosts h1:2,h2:2`` / ``--hostfile FILE``: lay a job out on several machines.
+
+Tasks fill the hosts' slots host-major in canonical order (chief, workers, ps, evaluator; see
+`ClusterSpec.from_hosts`), each on port ``--base-port`` plus its slot on that host. A task on a
+host that is this machine starts directly; any other starts over ssh (`tfdist.launcher.ssh`).
+Horovod jobs pass the hosts to ``horovodrun -H`` instead, which does its own ssh.
+
+Example:
+    >>> options = HostOptions(hosts="localhost:2")
+    >>> spec = host_cluster(options, workers=2, strategy="multi_worker")
+    >>> spec.worker, rank_hosts(options, 2)
+    (('localhost:2222', 'localhost:2223'), ['localhost', 'localhost'])
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import ipaddress
+import os
+from collections.abc import Mapping, Sequence
+
+from tfdist.cluster import ClusterSpec, parse_hosts, read_hostfile
+from tfdist.cluster.address import MAX_PORT, join_address
+from tfdist.cluster.hosts import DEFAULT_BASE_PORT, HostSlots
+from tfdist.errors import ClusterConfigError, format_error
+from tfdist.launcher.ssh import SshOptions, find_ssh, forwarded_env, is_local_host, ssh_command
+
+__all__ = [
+    "HostOptions",
+    "add_host_arguments",
+    "check_host_arguments",
+    "host_options_from_args",
+    "host_cluster",
+    "task_command",
+    "rank_hosts",
+    "horovodrun_host_args",
+]
+
+_ENV_PREFIX = "TFDIST_LAUNCH_"
+
+
+@dataclasses.dataclass(frozen=True)
+class HostOptions:
+    """Where a job's tasks run: a host list or a hostfile, the TF base port, and ssh settings.
+
+    Attributes:
+        hosts: ``"h1:2,h2:2"`` (None: use ``hostfile``).
+        hostfile: A file of ``host:slots`` / ``host slots=N`` lines (None: use ``hosts``).
+        base_port: The TF server port of each host's first slot.
+        ssh: Port and identity for ssh.
+
+    Example:
+        >>> HostOptions(hosts="h1:2,h2:2").slots()
+        [('h1', 2), ('h2', 2)]
+    """
+
+    hosts: str | None = None
+    hostfile: str | None = None
+    base_port: int = DEFAULT_BASE_PORT
+    ssh: SshOptions = SshOptions()
+
+    def slots(self) -> HostSlots:
+        """The hosts and their slot counts (reads the hostfile; raises `ClusterConfigError`)."""
+        if self.hostfile is not None:
+            return read_hostfile(self.hostfile)
+        return parse_hosts(self.hosts or "")
+
+    def host_list(self) -> str:
+        """The hosts as ``"h1:2,h2:2"`` (a hostfile converted), e.g. for ``horovodrun -H``."""
+        return ",".join(join_address(host, count) for host, count in self.slots())
+
+
+def _env(name: str) -> str | None:
+    return os.environ.get(_ENV_PREFIX + name) or None
+
+
+def add_host_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the ``hosts`` argument group (``--hosts``, ``--hostfile``, ssh and port options)."""
+    group = parser.add_argument_group("hosts (tasks on other machines, started over ssh)")
+    group.add_argument(
+        "--hosts", default=_env("HOSTS"), metavar="H1:SLOTS,H2:SLOTS",
+        help="run the tasks on these hosts, slots filled host-major: chief, workers, ps, "
+        "evaluator (env TFDIST_LAUNCH_HOSTS)",
+    )
+    group.add_argument(
+        "--hostfile", default=_env("HOSTFILE"), metavar="FILE",
+        help="like --hosts, one 'host:slots' or 'host slots=N' per line (env "
+        "TFDIST_LAUNCH_HOSTFILE)",
+    )
+    group.add_argument("--base-port", type=int, default=None,
+                       help=f"TF server port of each host's first slot (default {DEFAULT_BASE_PORT})")
+    group.add_argument("--ssh-port", type=int, default=_env("SSH_PORT"),
+                       help="ssh port of the hosts (env TFDIST_LAUNCH_SSH_PORT; default: ssh's)")
+    group.add_argument("--ssh-identity", default=_env("SSH_IDENTITY"), metavar="KEY",
+                       help="private key for ssh -i (env TFDIST_LAUNCH_SSH_IDENTITY)")
+
+
+def check_host_arguments(args: argparse.Namespace) -> str | None:
+    """The problem with the host arguments, as a one-line message, or None."""
+    if args.hosts and args.hostfile:
+        return (f"--hosts and --hostfile were both given. Received: --hosts {args.hosts!r}, "
+                f"--hostfile {args.hostfile!r}. Fix: pass one of them")
+    on_hosts = bool(args.hosts or args.hostfile)
+    for flag, value in (("--base-port", args.base_port), ("--ssh-port", args.ssh_port),
+                        ("--ssh-identity", args.ssh_identity)):
+        if value is not None and not on_hosts:
+            return f"{flag} only applies with --hosts or --hostfile. Fix: add one, or drop {flag}"
+    if args.ssh_port is not None and not 1 <= int(args.ssh_port) <= MAX_PORT:
+        return f"--ssh-port must be in 1..{MAX_PORT}. Received: {args.ssh_port}"
+    if args.ssh_identity is not None and not os.path.isfile(args.ssh_identity):
+        return (f"--ssh-identity file not found. Received: {args.ssh_identity!r}. "
+                "Fix: pass the path of an existing private key")
+    if on_hosts and args.strategy in ("default", "mirrored"):
+        return (f"--strategy {args.strategy} runs one process on this machine; --hosts/--hostfile "
+                "need a multi-process strategy. Fix: use multi_worker, parameter_server or horovod")
+    return None
+
+
+def host_options_from_args(args: argparse.Namespace) -> HostOptions | None:
+    """The `HostOptions` of parsed arguments (None when no hosts were given)."""
+    if not (args.hosts or args.hostfile):
+        return None
+    port = int(args.ssh_port) if args.ssh_port is not None else None
+    return HostOptions(
+        hosts=args.hosts or None, hostfile=args.hostfile or None,
+        base_port=args.base_port if args.base_port is not None else DEFAULT_BASE_PORT,
+        ssh=SshOptions(port=port, identity=args.ssh_identity),
+    )
+
+
+def host_cluster(
+    options: HostOptions,
+    *,
+    workers: int,
+    ps: int = 0,
+    chief: bool = False,
+    evaluator: bool = False,
+    strategy: str | None = None,
+) -> ClusterSpec:
+    """The cluster laid out on the hosts (raises `ClusterConfigError` if it does not fit)."""
+    slots = options.slots()
+    _check_reachable(slots)
+    hosts = [join_address(host, count) for host, count in slots]
+    return ClusterSpec.from_hosts(
+        hosts, workers=workers, ps=ps, chief=chief, evaluator=evaluator,
+        base_port=options.base_port, strategy=strategy,
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host.lower() in ("localhost", "localhost.localdomain", "ip6-localhost")
+
+
+def _check_reachable(slots: HostSlots) -> None:
+    """Refuses ``localhost`` beside other machines: their tasks could not reach it by that name."""
+    loopback = [host for host, _ in slots if _is_loopback(host)]
+    if loopback and not all(is_local_host(host) for host, _ in slots):
+        raise ClusterConfigError(format_error(
+            f"Host {loopback[0]!r} is a loopback name, but other hosts are listed: their tasks "
+            "would connect to themselves, not to this machine.",
+            received=", ".join(join_address(host, count) for host, count in slots),
+            expected="every host named by an address all hosts can reach",
+            fix="Name this machine by its hostname or network address instead",
+        ))
+
+
+def task_command(
+    options: HostOptions, host: str, argv: Sequence[str], env: Mapping[str, str]
+) -> tuple[str, ...]:
+    """``argv`` itself for a host that is this machine, else the ssh command that runs it there.
+
+    Example:
+        >>> task_command(HostOptions(hosts="localhost:1"), "localhost", ["python", "t.py"], {})
+        ('python', 't.py')
+    """
+    if is_local_host(host):
+        return tuple(argv)
+    return ssh_command(host, argv, {**forwarded_env(), **env}, options.ssh)
+
+
+def rank_hosts(options: HostOptions, ranks: int) -> list[str]:
+    """The host of each Horovod rank (``horovodrun`` fills hosts in order, like `from_hosts`).
+
+    Example:
+        >>> rank_hosts(HostOptions(hosts="h1:2,h2:2"), 3)
+        ['h1', 'h1', 'h2']
+    """
+    spec = host_cluster(options, workers=ranks, strategy="horovod")
+    return [spec.host(task) for task in spec.tasks()]
+
+
+def horovodrun_host_args(options: HostOptions) -> tuple[str, ...]:
+    """``-H h1:2,h2:2`` plus ``-p``/``--ssh-identity-file`` for ``horovodrun``.
+
+    Raises:
+        ClusterConfigError: A host is another machine and ssh is not installed.
+
+    Example:
+        >>> horovodrun_host_args(HostOptions(hosts="localhost:2", ssh=SshOptions(port=2022)))
+        ('-H', 'localhost:2', '-p', '2022')
+    """
+    if not all(is_local_host(host) for host, _ in options.slots()):
+        find_ssh()  # horovodrun starts remote ranks with ssh
+    ssh = options.ssh
+    port = ("-p", str(ssh.port)) if ssh.port is not None else ()
+    identity = ("--ssh-identity-file", ssh.identity) if ssh.identity is not None else ()
+    return ("-H", options.host_list(), *port, *identity)

@@ -1,0 +1,169 @@
+"""``python -m tfdist.launcher.slurm_task -- COMMAND``: one TensorFlow task of a Slurm job step.
+
+``srun`` starts this shim once per Slurm task (see ``tfdist-launch --export slurm``). It lays the
+job out on the allocation with `ClusterSpec.from_slurm` (every node's tasks, host-major: chief,
+workers, ps, evaluator), finds its own task at ``SLURM_PROCID`` with `slurm_task`, sets
+TF_CONFIG, and runs:
+
+* the chief and the workers of a multi-worker job: COMMAND, in place (``exec``);
+* ParameterServer ``worker``/``ps`` tasks: ``python -m tfdist.server`` instead of COMMAND;
+* the evaluator: COMMAND as a sidecar: its failure is reported and this task exits 0;
+* single-process strategies (default, mirrored): COMMAND without TF_CONFIG.
+
+With ``--done-file`` (ParameterServer jobs), the chief writes its exit status to that file when
+COMMAND ends, and the servers, which otherwise serve forever, stop when it appears.
+
+Example:
+    Print what rank 3 of a 2x2 allocation would run::
+
+        SLURM_JOB_NODELIST='node[1-2]' SLURM_TASKS_PER_NODE='2(x2)' SLURM_PROCID=3 \\
+            python -m tfdist.launcher.slurm_task --chief --dry-run -- python train.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tfdist.cluster import ClusterSpec, Task, slurm_task
+from tfdist.errors import TfdistError
+
+__all__ = ["SlurmTaskPlan", "plan_slurm_task", "parse_args", "main"]
+
+_SINGLE_PROCESS = ("default", "mirrored")
+_POLL_SECONDS = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmTaskPlan:
+    """What this Slurm task runs: its task, TF_CONFIG (None: single process), argv and kind."""
+
+    task: Task
+    tf_config: dict[str, Any] | None
+    command: tuple[str, ...]
+    kind: str  # "main", "service" or "sidecar", as in tfdist.launcher.process
+
+    def describe(self) -> dict[str, Any]:
+        return {"task": str(self.task), "tf_config": self.tf_config,
+                "command": list(self.command), "kind": self.kind}
+
+
+def plan_slurm_task(
+    command: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    *,
+    strategy: str = "multi_worker",
+    ps: int = 0,
+    chief: bool = False,
+    evaluator: bool = False,
+    base_port: int = 2222,
+) -> SlurmTaskPlan:
+    """The plan of the Slurm task whose variables are in ``env`` (default ``os.environ``).
+
+    Example:
+        >>> env = {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)",
+        ...        "SLURM_PROCID": "3"}
+        >>> plan = plan_slurm_task(["python", "t.py"], env, strategy="parameter_server",
+        ...                        ps=1, chief=True)
+        >>> str(plan.task), plan.tf_config["cluster"]["ps"], plan.kind
+        ('ps:0', ['n2:2223'], 'service')
+    """
+    if strategy in _SINGLE_PROCESS:
+        return SlurmTaskPlan(Task("chief", 0), None, tuple(command), "main")
+    layout = {"ps": ps, "chief": chief, "evaluator": evaluator, "base_port": base_port}
+    spec = ClusterSpec.from_slurm(env, strategy=strategy, **layout)
+    task = slurm_task(env, **layout)
+    kind, argv = "main", tuple(command)
+    if task.type == "evaluator":
+        kind = "sidecar"
+    elif strategy == "parameter_server" and task.type in ("worker", "ps"):
+        kind, argv = "service", (sys.executable, "-u", "-m", "tfdist.server")
+    return SlurmTaskPlan(task, spec.tf_config(task.type, task.index), argv, kind)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parses the shim's arguments; COMMAND follows ``--``.
+
+    Example:
+        >>> parse_args(["--ps", "1", "--chief", "--", "python", "t.py"]).command
+        ['python', 't.py']
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m tfdist.launcher.slurm_task",
+        description="Run one task of a TensorFlow job inside a Slurm job step (under srun).",
+    )
+    layout = parser.add_argument_group("layout (the same on every task)")
+    layout.add_argument("--strategy", default=os.environ.get("TFDIST_STRATEGY", "multi_worker"),
+                        help="env TFDIST_STRATEGY; default multi_worker")
+    layout.add_argument("--ps", type=int, default=0, help="parameter-server tasks (default 0)")
+    layout.add_argument("--chief", action="store_true", help="the first task is the chief")
+    layout.add_argument("--evaluator", action="store_true", help="the last task is an evaluator")
+    layout.add_argument("--base-port", type=int, default=2222, help="first port on each node")
+    parser.add_argument("--done-file", help="ParameterServer: chief writes it; servers stop on it")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print this task's plan as JSON and exit")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- python train.py ARGS")
+    args = parser.parse_args(argv)
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    if not args.command:
+        parser.error("missing COMMAND after '--' (e.g. -- python train.py)")
+    return args
+
+
+def _wait_service(popen: subprocess.Popen[bytes], done_file: str | None) -> int:
+    while popen.poll() is None:
+        if done_file and os.path.exists(done_file):
+            popen.terminate()
+            return popen.wait()
+        time.sleep(_POLL_SECONDS)
+    return popen.returncode
+
+
+def run(plan: SlurmTaskPlan, done_file: str | None = None) -> int:
+    """Runs ``plan`` (``exec`` where nothing has to happen after COMMAND); returns its status."""
+    env = dict(os.environ)
+    if plan.tf_config is not None:
+        env["TF_CONFIG"] = json.dumps(plan.tf_config)
+    if plan.kind == "main" and not done_file:
+        os.execvpe(plan.command[0], list(plan.command), env)
+    popen = subprocess.Popen(list(plan.command), env=env)
+    if plan.kind == "service":
+        return _wait_service(popen, done_file)
+    status = popen.wait()
+    if plan.kind == "sidecar":
+        if status:
+            print(f"[tfdist] sidecar {plan.task} exited with status {status}; job goes on",
+                  file=sys.stderr, flush=True)
+        return 0
+    if done_file:
+        with open(done_file, "w") as file:
+            file.write(f"{status}\n")
+    return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        plan = plan_slurm_task(args.command, strategy=args.strategy, ps=args.ps,
+                               chief=args.chief, evaluator=args.evaluator,
+                               base_port=args.base_port)
+    except TfdistError as err:
+        print(f"tfdist.launcher.slurm_task: {err}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(json.dumps(plan.describe()))
+        return 0
+    done = args.done_file if plan.kind in ("main", "service") else None
+    return run(plan, done)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
