@@ -105,3 +105,13 @@ def test_timeout_stops_the_job(tmp_path):
     assert proc.returncode == 124
     assert "did not finish within 2 s" in out
     assert _no_orphans(_task_pids(tmp_path))
+
+
+def test_a_crashing_evaluator_is_reported_and_training_goes_on(tmp_path):
+    proc = _launch(tmp_path, "fail_evaluator", "--workers", "2", "--chief", "--evaluator")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "sidecar evaluator:0 exited with status 4; job goes on" in out
+    for task in ("chief:0", "worker:0", "worker:1"):
+        assert f"[{task}] {task} trained" in out
+    assert "job finished: 4 task(s) succeeded" in out

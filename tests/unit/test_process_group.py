@@ -151,3 +151,39 @@ def test_task_name_reads_tf_config_then_horovod_rank():
     assert task_name({"HOROVOD_RANK": "3"}) == "rank:3"
     assert task_name({}) == "local:0"
     report({"ignored": True})  # outside run_tasks: a no-op, not an error
+
+
+def _fail_first_run(marker: Path) -> list[str]:
+    """A service that exits 9 on its first run and serves (sleeps) on later runs."""
+    code = (f"import os, sys, time; m = {str(marker)!r}\n"
+            "if not os.path.exists(m): open(m, 'w').close(); print('dying'); sys.exit(9)\n"
+            "print('serving', flush=True); time.sleep(120)")
+    return [PY, "-c", code]
+
+
+def test_a_restartable_task_is_restarted_alone_and_the_job_goes_on(tmp_path):
+    out = io.StringIO()
+    with ProcessGroup(stream=out, grace_period=1) as group:
+        other = group.start("worker:0", SLEEP, kind="service")
+        flaky = group.start("worker:1", _fail_first_run(tmp_path / "m"), kind="service",
+                            max_restarts=2)
+        first_pid = flaky.pid
+        group.start("chief:0", [PY, "-c", "import time; time.sleep(3)"])
+        group.wait(timeout=60)
+    assert flaky.restarts == 1 and flaky.pid != first_pid
+    assert other.restarts == 0
+    text = out.getvalue()
+    assert "[tfdist] worker:1 exited with status 9; restarting it alone (1/2)" in text
+    assert "[worker:1] serving" in text
+
+
+def test_a_task_out_of_restarts_fails_the_job():
+    group = ProcessGroup(stream=io.StringIO(), grace_period=1)
+    group.start("chief:0", SLEEP)
+    flaky = group.start("worker:1", [PY, "-c", "raise SystemExit(9)"], kind="service",
+                        max_restarts=2)
+    with pytest.raises(TaskFailedError, match="Task worker:1 failed with exit status 9"):
+        group.wait(timeout=60)
+    assert flaky.restarts == 2
+    with pytest.raises(ValueError, match="max_restarts must be 0 or more. Received: -1"):
+        group.start("worker:2", SLEEP, max_restarts=-1)

@@ -20,7 +20,7 @@ from tfdist.cluster import ClusterSpec, release_ports, reserve_ports
 from tfdist.launcher.plan import horovodrun_path
 from tfdist.testing import run_cluster, run_tasks
 
-__all__ = ["WORKERS", "base_env", "run_tf", "run_horovod", "ring_ports"]
+__all__ = ["WORKERS", "base_env", "first_report", "ring_ports", "run_horovod", "run_local", "run_tf"]
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 _ROOT = str(Path(tfdist.__file__).resolve().parent.parent)
@@ -63,3 +63,18 @@ def run_horovod(np_: int, module: str, args: Sequence[str], *, env: Mapping[str,
     argv = [horovodrun_path(), "-np", str(np_), "--gloo", sys.executable, "-m", module, *args]
     return run_tasks({"horovodrun": argv}, env={"horovodrun": base_env(env)}, stream=log,
                      timeout=timeout)
+
+
+def run_local(module: str, args: Sequence[str], *, env: Mapping[str, str], log: IO[str],
+              timeout: float) -> dict[str, Any]:
+    """Runs ``python -m <module>`` as one process (no cluster); its result is ``local:0``."""
+    return run_tasks({"local": [sys.executable, "-m", module, *args]},
+                     env={"local": base_env(env)}, stream=log, timeout=timeout)
+
+
+def first_report(results: Mapping[str, Any]) -> Any:
+    """The report of the chief / rank 0 / first worker (they time the same collective steps)."""
+    for name in ("chief:0", "rank:0", "worker:0", "local:0"):
+        if name in results:
+            return results[name]
+    raise RuntimeError(f"no chief, rank 0 or worker 0 reported; got {sorted(results)}")

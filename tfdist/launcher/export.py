@@ -221,7 +221,7 @@ def sbatch_script(options: JobOptions, export: ExportOptions) -> str:
 
 def _strategy_for(options: JobOptions, fmt: str) -> str:
     strategy = resolve_strategy(options)
-    if fmt == "mpijob" and options.strategy == "auto":
+    if fmt == "mpijob" and options.strategy == "auto" and not options.ps:
         strategy = "horovod"
     if (fmt == "mpijob") != (strategy == "horovod"):
         fix = ("use --export mpijob for Horovod" if strategy == "horovod"

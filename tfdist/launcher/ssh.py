@@ -90,7 +90,7 @@ def is_local_host(host: str) -> bool:
     namespace's interfaces).
 
     Example:
-        >>> is_local_host("localhost"), is_local_host("127.0.0.2"), is_local_host("192.0.2.7")
+        >>> is_local_host("localhost"), is_local_host("127.0.0.2"), is_local_host("198.51.100.7")
         (True, True, False)
     """
     name = host.strip("[]").lower()

@@ -2,7 +2,8 @@
 
 Modes: ``ok`` (print the task and exit 0), ``fail_worker1`` (worker:1 exits 3, the rest sleep),
 ``sleep`` (everyone sleeps), ``fail_once`` (the first attempt of worker:1 fails, later ones pass;
-attempts are counted in the MARKER_DIR directory).
+attempts are counted in the MARKER_DIR directory), ``fail_evaluator`` (the evaluator exits 4 at
+once, the others finish after 2 s).
 """
 
 import json
@@ -27,5 +28,11 @@ if mode == "fail_once" and task == "worker:1":
     attempts = len([f for f in os.listdir(marker_dir) if f.startswith("worker:1.pid.")])
     if attempts == 1:
         sys.exit(5)
+if mode == "fail_evaluator":
+    if task == "evaluator:0":
+        print("evaluator gives up", flush=True)
+        sys.exit(4)
+    time.sleep(2)
+    print(f"{task} trained", flush=True)
 if mode in ("fail_worker1", "sleep"):
     time.sleep(300)

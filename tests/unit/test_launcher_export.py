@@ -1,0 +1,176 @@
+"""tfdist-launch --export: TFJob, MPIJob and Slurm exports parse and describe the local job."""
+
+from __future__ import annotations
+
+import collections
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tfdist.cluster import ClusterSpec
+from tfdist.errors import StrategyConfigError
+from tfdist.launcher import cli, slurm_task
+from tfdist.launcher.export import export_job, job_roles
+from tfdist.launcher.plan import JobOptions, plan_job, release_plan
+
+KUBEFLOW = {"Chief": "chief", "Worker": "worker", "PS": "ps", "Evaluator": "evaluator"}
+JOBS = [
+    JobOptions("train.py", ("--epochs", "3"), workers=2),
+    JobOptions("train.py", workers=3, chief=True, evaluator=True),
+    JobOptions("train.py", workers=2, ps=1),
+    JobOptions("train.py", workers=2, ps=2, evaluator=True),
+    JobOptions("train.py", strategy="mirrored", workers=1),
+]
+SLURM_ENV = {"SLURM_JOB_NODELIST": "node[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)"}
+
+
+def _local_roles(options: JobOptions) -> dict[str, int]:
+    plan = plan_job(options)
+    release_plan(plan)
+    return dict(collections.Counter(t.task.type for t in (plan.ranks or plan.tasks)))
+
+
+@pytest.mark.parametrize("options", JOBS)
+def test_job_roles_match_the_local_plan(options):
+    assert job_roles(options) == _local_roles(options)
+
+
+@pytest.mark.parametrize("options", JOBS)
+def test_tfjob_parses_and_has_the_local_replica_counts(options):
+    job = yaml.safe_load(export_job(options, "kubeflow", image="me/train:1"))
+    assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v1", "TFJob")
+    specs = job["spec"]["tfReplicaSpecs"]
+    assert {KUBEFLOW[k]: v["replicas"] for k, v in specs.items()} == _local_roles(options)
+    is_ps = options.ps > 0
+    for kind, spec in specs.items():
+        assert spec["restartPolicy"] == "OnFailure"
+        (container,) = spec["template"]["spec"]["containers"]
+        assert container["name"] == "tensorflow" and container["image"] == "me/train:1"
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert env["TFDIST_STRATEGY"] == ("parameter_server" if is_ps else
+                                          "mirrored" if options.strategy == "mirrored" else
+                                          "multi_worker")
+        assert ("TF_USE_LEGACY_KERAS" in env) == (options.strategy != "mirrored")
+        server = is_ps and kind in ("Worker", "PS")
+        expected = (["python", "-u", "-m", "tfdist.server"] if server
+                    else ["python", "-u", "train.py", *options.script_args])
+        assert container["command"] == expected
+
+
+def test_mpijob_runs_horovodrun_over_the_operator_hostfile():
+    options = JobOptions("train.py", ("--lr", "0.1"), strategy="horovod", workers=4)
+    job = yaml.safe_load(export_job(options, "mpijob", slots_per_worker=2))
+    assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v2beta1", "MPIJob")
+    assert job["spec"]["slotsPerWorker"] == 2
+    replicas = job["spec"]["mpiReplicaSpecs"]
+    assert replicas["Launcher"]["replicas"] == 1
+    assert replicas["Worker"]["replicas"] * 2 == _local_roles(options)["worker"] == 4
+    (launcher,) = replicas["Launcher"]["template"]["spec"]["containers"]
+    assert launcher["command"] == ["horovodrun", "-np", "4", "--hostfile", "/etc/mpi/hostfile",
+                                   "--gloo", "python", "-u", "train.py", "--lr", "0.1"]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "options", "message"),
+    [
+        ("kubeflow", JobOptions("t.py", strategy="horovod"), "use --export mpijob for Horovod"),
+        ("mpijob", JobOptions("t.py", workers=2, ps=1), "add --strategy horovod"),
+        ("mpijob", JobOptions("t.py", strategy="horovod", workers=3), "Received: --workers 3"),
+        ("slurm", JobOptions("t.py", workers=2), "Received: --nodes 5 for 2 task(s)"),
+    ],
+)
+def test_impossible_exports_say_why_and_how_to_fix(fmt, options, message):
+    extra = {"slots_per_worker": 2} if fmt == "mpijob" else {"nodes": 5} if fmt == "slurm" else {}
+    with pytest.raises(StrategyConfigError, match="Fix:") as err:
+        export_job(options, fmt, **extra)
+    assert message in str(err.value)
+
+
+def _srun_shim_args(script: str) -> list[str]:
+    """The arguments the sbatch script's srun line passes to the shim (bash quoting undone)."""
+    (line,) = [line for line in script.splitlines() if line.startswith("srun ")]
+    words = shlex.split(line.replace("${SLURM_SUBMIT_DIR:-.}/.tfdist-${SLURM_JOB_ID:-0}", "D"))
+    return words[words.index("tfdist.launcher.slurm_task") + 1:]
+
+
+@pytest.mark.parametrize(
+    ("options", "layout"),
+    [
+        (JobOptions("train.py", ("--epochs", "3"), workers=2, ps=1), {"ps": 1, "chief": True}),
+        (JobOptions("train.py", workers=3, chief=True), {"chief": True}),
+        (JobOptions("train.py", workers=4), {}),
+    ],
+)
+def test_sbatch_is_valid_bash_and_each_rank_gets_the_tf_config_of_the_same_cluster(
+    options, layout, tmp_path
+):
+    script = export_job(options, "slurm", nodes=2)
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks=4\n#SBATCH --ntasks-per-node=2\n" in script
+    args = slurm_task.parse_args(_srun_shim_args(script))
+    assert args.command == ["python", "-u", "train.py", *options.script_args]
+    strategy = "parameter_server" if options.ps else "multi_worker"
+    expected = ClusterSpec.from_hosts("node1:2,node2:2", **layout)
+    assert sum(_local_roles(options).values()) == len(expected.tasks()) == 4
+    for rank, task in enumerate(expected.tasks()):
+        plan = slurm_task.plan_slurm_task(
+            args.command, {**SLURM_ENV, "SLURM_PROCID": str(rank)}, strategy=args.strategy,
+            ps=args.ps, chief=args.chief, evaluator=args.evaluator, base_port=args.base_port,
+        )
+        assert args.strategy == strategy and plan.task == task
+        assert plan.tf_config == expected.tf_config(task.type, task.index)
+        server = strategy == "parameter_server" and task.type in ("worker", "ps")
+        assert (plan.kind == "service") == server
+
+
+def test_shim_dry_run_prints_the_rank_s_tf_config(tmp_path):
+    env = {**SLURM_ENV, "SLURM_PROCID": "3", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, "-m", "tfdist.launcher.slurm_task", "--strategy", "parameter_server",
+         "--ps", "1", "--chief", "--dry-run", "--", "python", "train.py"],
+        env=env, capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2],
+    ).stdout
+    plan = json.loads(out)
+    spec = ClusterSpec.from_hosts("node1:2,node2:2", ps=1, chief=True)
+    assert plan["task"] == "ps:0" and plan["kind"] == "service"
+    assert plan["tf_config"] == spec.tf_config("ps", 0)
+
+
+def test_shim_runs_a_sidecar_evaluator_failure_as_success():
+    plan = slurm_task.SlurmTaskPlan(
+        slurm_task.Task("evaluator", 0), {"cluster": {}, "task": {}},
+        (sys.executable, "-c", "raise SystemExit(3)"), "sidecar",
+    )
+    assert slurm_task.run(plan) == 0
+
+
+def test_shim_servers_stop_when_the_chief_writes_the_done_file(tmp_path):
+    done = tmp_path / "done"
+    server = slurm_task.SlurmTaskPlan(
+        slurm_task.Task("ps", 0), None, (sys.executable, "-c", "import time; time.sleep(60)"),
+        "service",
+    )
+    chief = slurm_task.SlurmTaskPlan(
+        slurm_task.Task("chief", 0), None, (sys.executable, "-c", "pass"), "main"
+    )
+    assert slurm_task.run(chief, str(done)) == 0 and done.read_text() == "0\n"
+    assert slurm_task.run(server, str(done)) == -15  # SIGTERMed as soon as it saw the file
+
+
+def test_cli_export_prints_or_writes(tmp_path, capsys):
+    argv = ["--export", "kubeflow", "--ps", "1", "--workers", "2", "remote/train.py"]
+    assert cli.main(argv) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["spec"]["tfReplicaSpecs"]["PS"]["replicas"] == 1
+    out = tmp_path / "job.yaml"
+    assert cli.main([*argv[:-1], "--output", str(out), "remote/train.py"]) == 0
+    assert yaml.safe_load(out.read_text()) == printed
+    assert cli.main(["--export", "kubeflow", "--strategy", "horovod", "t.py"]) == 2
+    assert "use --export mpijob for Horovod" in capsys.readouterr().err

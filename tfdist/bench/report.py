@@ -1,0 +1,136 @@
+"""Results out: the machine note, markdown tables, the JSON file and the bus-bandwidth plot.
+
+Example:
+    >>> print(markdown_table([{"a": 1.23456, "b": None}], [("a", "A", "{:.2f}"), ("b", "B", "{}")]))
+    | A | B |
+    |---|---|
+    | 1.23 | - |
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+from collections.abc import Mapping, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+__all__ = ["machine", "markdown_table", "write_json", "plot_allreduce", "TABLES", "tables"]
+
+Column = tuple[str, str, str]  # key, header, format
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine() -> dict[str, Any]:
+    """Cores, CPU model, load, versions and the date: what the numbers were measured on."""
+    versions = {name: _version(name) for name in
+                ("tensorflow", "tensorflow-cpu", "keras", "tf-keras", "horovod", "tfdist")}
+    return {"cores": os.cpu_count(), "cpu_model": _cpu_model(), "python": platform.python_version(),
+            "load_avg_1m": os.getloadavg()[0],
+            "versions": {k: v for k, v in versions.items() if v},
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def machine_note(info: Mapping[str, Any]) -> str:
+    """One line: ``2 cores, <CPU>, load 2.9, tensorflow 2.21.0, ..., 2026-11-22T...``."""
+    versions = ", ".join(f"{k} {v}" for k, v in info["versions"].items())
+    return (f"{info['cores']} cores, {info['cpu_model']}, load {info['load_avg_1m']:.1f}, "
+            f"{versions}, {info['date']}")
+
+
+def _cell(value: Any, fmt: str) -> str:
+    if value is None:
+        return "-"
+    return fmt.format(value)
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column]) -> str:
+    """A GitHub markdown table of ``rows`` (missing or None values print as ``-``)."""
+    lines = ["| " + " | ".join(h for _, h, _ in columns) + " |",
+             "|" + "|".join("---" for _ in columns) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row.get(k), f) for k, _, f in columns) + " |")
+    return "\n".join(lines)
+
+
+TABLES: dict[str, list[Column]] = {
+    "allreduce": [("backend", "backend", "{}"), ("size", "size", "{}"),
+                  ("time_ms", "time ms", "{:.2f}"), ("algbw_GBps", "algbw GB/s", "{:.3f}"),
+                  ("busbw_GBps", "busbw GB/s", "{:.3f}"), ("limit_GBps", "TCP limit GB/s", "{:.3f}"),
+                  ("busbw_over_limit", "busbw/limit", "{:.2f}")],
+    "train": [("strategy", "strategy", "{}"), ("replicas", "N", "{}"), ("variant", "variant", "{}"),
+              ("samples_per_s", "samples/s", "{:.0f}"), ("overhead", "overhead vs raw", "{:+.1%}"),
+              ("scaling", "scaling eff.", "{:.2f}"), ("scaling_vs_default", "eff. vs default",
+                                                      "{:.2f}")],
+    "ps": [("mode", "mode", "{}"), ("num_ps", "ps", "{}"), ("workers", "workers", "{}"),
+           ("steps_per_execution", "steps/exec", "{}"), ("samples_per_s", "samples/s", "{:.0f}"),
+           ("spe_speedup", "speed-up vs spe=1", "{:.2f}")],
+}
+
+
+def tables(result: Mapping[str, Any]) -> str:
+    """Markdown for every section in ``result``, headed by the machine note."""
+    parts = [f"Machine: {machine_note(result['machine'])}"]
+    for section, columns in TABLES.items():
+        if section in result:
+            parts.append(f"\n### {section}\n\n{markdown_table(result[section]['rows'], columns)}")
+    return "\n".join(parts)
+
+
+def write_json(result: Mapping[str, Any], out_dir: Path, stem: str) -> Path:
+    """Writes ``<out_dir>/<stem>.json`` and returns its path."""
+    path = out_dir / f"{stem}.json"
+    path.write_text(json.dumps(result, indent=1, sort_keys=True))
+    return path
+
+
+def plot_allreduce(section: Mapping[str, Any], out_dir: Path, stem: str,
+                   note: str = "") -> Path | None:
+    """busbw vs message size (log-x), one line per backend, the TCP limit dashed; None without
+    matplotlib (``pip install tfdist[bench]``)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    backends = sorted({r["backend"] for r in section["rows"]})
+    for backend in backends:
+        rows = [r for r in section["rows"] if r["backend"] == backend]
+        line, = ax.plot([r["bytes"] for r in rows], [r["busbw_GBps"] for r in rows], "o-",
+                        label=f"{backend} busbw")
+        ax.plot([r["bytes"] for r in rows], [r["limit_GBps"] for r in rows], "--",
+                color=line.get_color(), alpha=0.6, label=f"TCP ring limit ({backend} job)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(f"all-reduce, {section['np']} processes", fontsize=10)
+    if note:
+        fig.text(0.01, 0.01, note, fontsize=6)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    path = out_dir / f"{stem}_allreduce.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
