@@ -41,18 +41,35 @@ pick_python() {
   die "no python3 found. Install Python 3.11 (apt-get install python3 python3-venv) or set TFDIST_PYTHON."
 }
 
+# Installs the Debian packages named "command:package" whose command is missing (needs root).
+apt_install_missing() {
+  local missing=() pair
+  for pair in "$@"; do
+    command -v "${pair%%:*}" >/dev/null 2>&1 || [[ -x "${pair%%:*}" ]] || missing+=("${pair##*:}")
+  done
+  [[ ${#missing[@]} -eq 0 ]] && return 0
+  if [[ "$(id -u)" != "0" ]] || ! command -v apt-get >/dev/null 2>&1; then
+    printf '%s\n' "${missing[@]}"
+    return 1
+  fi
+  log "installing system packages: ${missing[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
 # System tools Horovod's build needs. Installed with apt-get when we are root, else named.
 ensure_system_tools() {
-  local missing=()
-  command -v cmake >/dev/null 2>&1 || missing+=(cmake)
-  command -v g++ >/dev/null 2>&1 || missing+=(g++)
-  command -v make >/dev/null 2>&1 || missing+=(make)
-  [[ ${#missing[@]} -eq 0 ]] && return
-  if [[ "$(id -u)" == "0" ]] && command -v apt-get >/dev/null 2>&1; then
-    log "installing system packages: ${missing[*]}"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-  else
-    die "missing system tools: ${missing[*]}. Install them (e.g. sudo apt-get install ${missing[*]}) or set TFDIST_SKIP_HOROVOD=1."
+  local missing
+  if ! missing="$(apt_install_missing cmake:cmake g++:g++ make:make)"; then
+    die "missing system tools: ${missing//$'\n'/ }. Install them (apt-get install ...) or set TFDIST_SKIP_HOROVOD=1."
+  fi
+}
+
+# What the multi-host tests use: ssh, sshd and ip (network namespaces). Optional: without them
+# (not root) those tests skip and say why.
+ensure_test_tools() {
+  local missing
+  if ! missing="$(apt_install_missing ssh:openssh-client ssh-keygen:openssh-client /usr/sbin/sshd:openssh-server ip:iproute2)"; then
+    log "not installing ${missing//$'\n'/ } (needs root): the multi-host tests will skip"
   fi
 }
 
@@ -135,6 +152,7 @@ main() {
   create_venv
   install_python_deps
   install_horovod
+  ensure_test_tools
   log "ready: $VENV ($("$VENV/bin/python" -c 'import tensorflow as tf; print("tensorflow", tf.__version__)' 2>/dev/null))"
 }
 

@@ -79,10 +79,12 @@ def _dry_run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> list[dict]:
 def test_dry_run_on_hosts_gives_host_addresses_and_ssh_for_remote_tasks(script, capsys, tmp_path):
     key = tmp_path / "id"
     key.write_text("key")
-    lines = _dry_run(capsys, ["--hosts", "198.51.100.1:1,198.51.100.2:2", "--ps", "1", "--workers", "1",
+    lines = _dry_run(capsys, ["--hosts", "198.51.100.1:1,198.51.100.2:2", "--ps", "1",
+                              "--workers", "1",
                               "--base-port", "3000", "--ssh-port", "2022", "--ssh-identity",
                               str(key), script])
-    cluster = {"chief": ["198.51.100.1:3000"], "worker": ["198.51.100.2:3000"], "ps": ["198.51.100.2:3001"]}
+    cluster = {"chief": ["198.51.100.1:3000"], "worker": ["198.51.100.2:3000"],
+               "ps": ["198.51.100.2:3001"]}
     assert [line["host"] for line in lines] == ["198.51.100.1", "198.51.100.2", "198.51.100.2"]
     for line in lines:
         assert line["tf_config"]["cluster"] == cluster
@@ -120,7 +122,8 @@ def test_horovodrun_gets_hosts_ssh_port_and_identity(script):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--hostfile", "/no/such/hostfile"], "Invalid hostfile '/no/such/hostfile': it cannot be read"),
+        (["--hostfile", "/no/such/hostfile"],
+         "Invalid hostfile '/no/such/hostfile': it cannot be read"),
         (["--hosts", "h1:1", "--workers", "3"], "the tasks need 3 slots but the hosts have 1"),
         (["--hosts", "localhost:1,h2:1"], "'localhost' is a loopback name"),
         (["--hosts", "h1:2", "--hostfile", "f"], "--hosts and --hostfile were both given"),

@@ -89,7 +89,8 @@ def add_host_arguments(parser: argparse.ArgumentParser) -> None:
         "TFDIST_LAUNCH_HOSTFILE)",
     )
     group.add_argument("--base-port", type=int, default=None,
-                       help=f"TF server port of each host's first slot (default {DEFAULT_BASE_PORT})")
+                       help="TF server port of each host's first slot; the next slots take the "
+                       f"next ports (default {DEFAULT_BASE_PORT})")
     group.add_argument("--ssh-port", type=int, default=_env("SSH_PORT"),
                        help="ssh port of the hosts (env TFDIST_LAUNCH_SSH_PORT; default: ssh's)")
     group.add_argument("--ssh-identity", default=_env("SSH_IDENTITY"), metavar="KEY",
