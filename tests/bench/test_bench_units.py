@@ -67,3 +67,11 @@ def test_machine_note_and_table() -> None:
     assert "cores" in report.machine_note(info)
     table = report.markdown_table([{"x": 0.5}], [("x", "X", "{:.0%}")])
     assert table.splitlines()[-1] == "| 50% |"
+
+
+@pytest.mark.parametrize("module", [allreduce, cli, ps, report, train])
+def test_docstring_examples_run(module) -> None:
+    import doctest
+
+    failures, _ = doctest.testmod(module)
+    assert failures == 0

@@ -21,6 +21,10 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def _existing(path: str) -> str | None:
+    return path if os.path.exists(path) else None
+
+
 def _horovod_report() -> dict[str, Any]:
     version = _version("horovod")
     if version is None:
@@ -64,6 +68,11 @@ def installed_report() -> dict[str, Any]:
             compat.LEGACY_KERAS_ENV: os.environ.get(compat.LEGACY_KERAS_ENV),
         },
         "horovod": _horovod_report(),
+        "multi-host tools": {
+            "ssh (for --hosts)": shutil.which("ssh"),
+            "sshd (multi-host tests)": shutil.which("sshd") or _existing("/usr/sbin/sshd"),
+            "ip (multi-host tests)": shutil.which("ip") or _existing("/usr/sbin/ip"),
+        },
         "machine": {
             "cpus": os.cpu_count(),
             "gpus": len(tf.config.list_physical_devices("GPU")),
