@@ -1,4 +1,4 @@
-"""What every example shares: its command line, strategy creation, backups, the crash hook, the summary.
+"""What the examples share: command line, strategy creation, backups, crash hook, summary.
 
 The examples import this module as ``common`` (Python puts the script's directory on ``sys.path``).
 Nothing here is needed to use tfdist; it keeps each example about its model and data.
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 from typing import Any
 
 import tfdist
@@ -66,57 +65,6 @@ def log(strategy: Any, message: str) -> None:
         print(message, flush=True)
 
 
-# ------------------------------------------------------------------------- backups
-def backup_dir(strategy: Any, model_dir: str) -> str:
-    """Where this process keeps its ``BackupAndRestore`` state.
-
-    tf-keras's ``BackupAndRestore`` is multi-worker aware under MultiWorkerMirrored (workers other
-    than the chief write to temporary directories) and ParameterServer (only the chief runs the
-    script), so those use ``<model_dir>/backup``. Keras 3's is not aware of any of it, and under
-    Horovod neither flavour is (each rank is a one-device strategy that thinks it is alone): all
-    ranks would write, and at the end delete, the same files at once. So under Horovod each rank
-    keeps its own ``backup/rank-<r>`` (siblings: no rank deletes another's). All ranks hold the
-    same weights at an epoch's end, so each rank's backup restores the same state; a rank that
-    died before writing its last backup would resume one epoch behind the others, so ranks must
-    crash together (a gang restart), which is what ``tfdist-launch --max-restarts`` does.
-    """
-    root = os.path.join(model_dir, "backup")
-    if strategy.name == "horovod":
-        return os.path.join(root, f"rank-{strategy.task_index}")
-    return root
-
-
-def backup_and_restore(keras: Any, strategy: Any, model_dir: str) -> Any:
-    """A ``BackupAndRestore`` callback of ``keras``'s flavour for this process (see `backup_dir`)."""
-    directory = backup_dir(strategy, model_dir)
-    if keras.__name__ != "tf_keras":
-        return keras.callbacks.BackupAndRestore(directory)
-    return _tf_keras_backup(keras, directory, own_dir=strategy.name == "horovod")
-
-
-def _tf_keras_backup(keras: Any, directory: str, own_dir: bool) -> Any:
-    import tensorflow as tf
-
-    class OneDeviceBackupAndRestore(keras.callbacks.BackupAndRestore):
-        """tf-keras's callback, also accepting one-device strategies (Horovod's is one).
-
-        tf-keras refuses any strategy outside its list, though a one-device strategy needs
-        nothing more than the strategy-less case. It deletes the backup at the end only where
-        ``should_checkpoint`` (Horovod: rank 0); other ranks delete their own directory here.
-        """
-
-        def __init__(self, backup_dir: str) -> None:
-            super().__init__(backup_dir)
-            self._supported_strategies += (tf.distribute.OneDeviceStrategy,)
-
-        def on_train_end(self, logs: Any = None) -> None:
-            super().on_train_end(logs)
-            if self.delete_checkpoint and own_dir:
-                shutil.rmtree(self.backup_dir, ignore_errors=True)
-
-    return OneDeviceBackupAndRestore(directory)
-
-
 # ----------------------------------------------------------------------- crash hook
 def crash_after_epoch() -> int | None:
     """The epoch (1-based) after which to crash, from `CRASH_ENV`; None when unset."""
@@ -144,7 +92,7 @@ def crash_callback(keras: Any) -> Any:
 
 def fit_callbacks(keras: Any, strategy: Any, model_dir: str) -> list[Any]:
     """The strategy's callbacks, then the backup, then the crash hook (in that order)."""
-    return [*strategy.callbacks(), backup_and_restore(keras, strategy, model_dir),
+    return [*strategy.callbacks(), strategy.backup_callback(os.path.join(model_dir, "backup")),
             crash_callback(keras)]
 
 

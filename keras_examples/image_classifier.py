@@ -3,7 +3,7 @@
 Runs unchanged on one process and under every tfdist strategy::
 
     python keras_examples/image_classifier.py
-    tfdist-launch --strategy mirrored keras_examples/image_classifier.py
+    tfdist-launch --strategy mirrored --workers 1 keras_examples/image_classifier.py
     tfdist-launch --workers 2 keras_examples/image_classifier.py              # multi_worker
     tfdist-launch --ps 1 --workers 2 keras_examples/image_classifier.py       # parameter_server
     tfdist-launch --strategy horovod --workers 2 keras_examples/image_classifier.py
@@ -67,7 +67,8 @@ def load_npz(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         missing = {"x_train", "y_train", "x_test", "y_test"} - set(data.files)
         if missing:
             raise ValueError(f"{path} lacks {sorted(missing)}. Received keys: {data.files}. "
-                             "Fix: np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)")
+                             "Fix: np.savez(path, x_train=..., y_train=..., x_test=..., "
+                             "y_test=...)")
         arrays = [data[k] for k in ("x_train", "y_train", "x_test", "y_test")]
     x_train, y_train, x_test, y_test = arrays
     scale = 255.0 if max(x_train.max(), x_test.max()) > 1 else 1.0

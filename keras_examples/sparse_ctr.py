@@ -65,7 +65,7 @@ def generate(samples: int, seed: int) -> tuple[dict[str, np.ndarray], np.ndarray
         features[name] = ids
         logit += hidden[name][ids]
     dense = rng.normal(0.0, 1.0, (samples, DENSE_FEATURES)).astype("float32")
-    features["dense"] = dense
+    features["dense_features"] = dense
     probability = 1.0 / (1.0 + np.exp(-(logit + dense @ dense_weights)))
     clicks = (rng.random(samples) < probability).astype("float32")
     return features, clicks, probability
@@ -73,10 +73,10 @@ def generate(samples: int, seed: int) -> tuple[dict[str, np.ndarray], np.ndarray
 
 def build_model(keras, embedding_dim: int, learning_rate: float):
     inputs = {name: keras.Input((), dtype="int64", name=name) for name in VOCABS}
-    inputs["dense"] = keras.Input((DENSE_FEATURES,), name="dense_features")
+    inputs["dense_features"] = keras.Input((DENSE_FEATURES,), name="dense_features")
     embedded = [keras.layers.Embedding(size, embedding_dim, name=f"{name}_embedding")(inputs[name])
                 for name, size in VOCABS.items()]
-    x = keras.layers.Concatenate()([*embedded, inputs["dense"]])
+    x = keras.layers.Concatenate()([*embedded, inputs["dense_features"]])
     x = keras.layers.Dense(64, activation="relu")(x)
     x = keras.layers.Dense(32, activation="relu")(x)
     model = keras.Model(inputs, keras.layers.Dense(1, name="click_logit")(x))
@@ -100,7 +100,7 @@ def shard_devices(model) -> list[str]:
 
 def predict_logits(model, features: dict[str, np.ndarray], batch: int = 4096) -> np.ndarray:
     """Logits for every row, computed in this process (the coordinator under ParameterServer)."""
-    rows = len(features["dense"])
+    rows = len(features["dense_features"])
     return np.concatenate([
         np.asarray(model({k: v[i:i + batch] for k, v in features.items()}, training=False))
         for i in range(0, rows, batch)]).reshape(-1)

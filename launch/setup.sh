@@ -17,6 +17,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 CACHE_DIR="${TFDIST_CACHE_DIR:-$HOME/.cache/tfdist}"
 HOROVOD_VERSION="0.28.1"
+# Bump when patch_horovod_source changes: cached wheels and installed builds of another level
+# are rebuilt.
+HOROVOD_PATCH_LEVEL="2"
 TF_VERSION="2.21.0"
 
 # Runs pip with its output kept in a log, shown only if pip fails.
@@ -92,6 +95,7 @@ install_python_deps() {
 }
 
 horovod_installed() {
+  [[ "$(cat "$VENV/.tfdist-horovod-build" 2>/dev/null)" == "$(horovod_build_key)" ]] || return 1
   "$VENV/bin/python" - "$HOROVOD_VERSION" <<'PY' >/dev/null 2>&1
 import sys
 import horovod
@@ -101,14 +105,27 @@ sys.exit(0 if horovod.__version__ == sys.argv[1] and gloo_built() else 1)
 PY
 }
 
-# Horovod 0.28.1's sdist includes horovod/tensorflow/xla_mpi_ops.cc, whose includes point at
-# tensorflow/compiler/xla/... headers that TF >= 2.16 wheels no longer ship. Its code is GPU-only
-# (XLA ops, opt-in via HOROVOD_ENABLE_XLA_OPS), so it is dropped from the build.
+# Two patches to Horovod 0.28.1's sdist:
+# 1. horovod/tensorflow/xla_mpi_ops.cc includes tensorflow/compiler/xla/... headers that TF >= 2.16
+#    wheels no longer ship. Its code is GPU-only (XLA ops, opt-in via HOROVOD_ENABLE_XLA_OPS), so
+#    it is dropped from the build.
+# 2. GlooContext::InitializeForProcessSet creates its Gloo device without the network interface
+#    the global context was given (HOROVOD_GLOO_IFACE / horovodrun --network-interfaces), so it
+#    binds to whatever the hostname resolves to; on hosts whose name maps to 127.0.1.1 (Debian's
+#    default) multi-host jobs then fail with "Connection refused". It now inherits the interface.
 patch_horovod_source() {
   local src="$1"
-  sed -i '/xla_mpi_ops\.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
-  grep -q xla_mpi_ops "$src/horovod/tensorflow/CMakeLists.txt" && die "patching Horovod's CMakeLists.txt failed"
+  local cmake="$src/horovod/tensorflow/CMakeLists.txt" gloo="$src/horovod/common/gloo/gloo_context.cc"
+  sed -i '/xla_mpi_ops\.cc/d' "$cmake"
+  grep -q xla_mpi_ops "$cmake" && die "patching $cmake failed"
+  sed -i 's/^\(  assert(global_context.IsEnabled());\)$/\1\n  gloo_iface_ = global_context.gloo_iface_;  \/\/ tfdist patch/' "$gloo"
+  grep -q "gloo_iface_ = global_context.gloo_iface_;" "$gloo" || die "patching $gloo failed"
   return 0
+}
+
+horovod_build_key() {
+  local pyver; pyver="$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
+  echo "horovod-$HOROVOD_VERSION-p$HOROVOD_PATCH_LEVEL-tf$TF_VERSION-$pyver-$(uname -m)-gloo"
 }
 
 build_horovod_wheel() {
@@ -133,9 +150,8 @@ install_horovod() {
   if [[ "${TFDIST_SKIP_HOROVOD:-0}" == "1" ]]; then log "TFDIST_SKIP_HOROVOD=1: not installing Horovod"; return; fi
   if horovod_installed; then return; fi
   ensure_system_tools
-  # A wheel is only valid for the TF and Python it was compiled against.
-  local pyver; pyver="$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
-  local key="horovod-$HOROVOD_VERSION-tf$TF_VERSION-$pyver-$(uname -m)-gloo"
+  # A wheel is only valid for the TF, Python and patches it was compiled with.
+  local key; key="$(horovod_build_key)"
   local wheel_dir="$CACHE_DIR/wheels/$key"
   if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
     build_horovod_wheel "$wheel_dir"
@@ -145,6 +161,7 @@ install_horovod() {
   pip_quiet install -q --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
   # Horovod's runtime dependencies (horovodrun), installed apart so pip does not rebuild it.
   pip_quiet install -q cloudpickle psutil pyyaml packaging
+  echo "$key" > "$VENV/.tfdist-horovod-build"
   horovod_installed || die "Horovod installed but does not import with Gloo; run: $VENV/bin/horovodrun --check-build"
 }
 

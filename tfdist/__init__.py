@@ -45,6 +45,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "get_strategy": "tfdist.strategies",
     "available_strategies": "tfdist.strategies",
+    "detect_strategy": "tfdist.strategies",
+    "DefaultStrategy": "tfdist.strategies",
     "MirroredStrategy": "tfdist.strategies",
     "MultiWorkerMirroredStrategy": "tfdist.strategies",
     "ParameterServerStrategy": "tfdist.strategies",

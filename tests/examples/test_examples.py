@@ -74,6 +74,7 @@ def chief_summary(status: int, output: str, results: dict[str, Any]) -> dict[str
     printed = [line for line in output.splitlines() if '{"strategy": ' in line]
     assert len(printed) == 1, f"the chief alone prints the summary; got {printed}"
     summary = chiefs[0]
+    print(json.dumps(summary))  # shown with -s, or on failure
     assert json.loads(printed[0][printed[0].index("{"):]) == summary
     return summary
 
@@ -137,6 +138,8 @@ def test_image_classifier_rejects_an_incomplete_npz(tmp_path):
         import image_classifier
     finally:
         sys.path.remove(str(EXAMPLES))
+        for name in ("image_classifier", "common"):  # generic names: keep sys.modules clean
+            sys.modules.pop(name, None)
     np.savez(tmp_path / "bad.npz", x_train=np.zeros((2, 8, 8)), y_train=np.zeros(2))
     with pytest.raises(ValueError, match=r"lacks \['x_test', 'y_test'\]"):
         image_classifier.load_npz(str(tmp_path / "bad.npz"))

@@ -5,12 +5,13 @@
 * a switch namespace holding a bridge (so nothing is added to this machine's own network), and
   one namespace per host joined to it by a veth pair, with the address ``10.213.0.<i + 1>/24``;
 * an OpenSSH server in each host namespace (listed in ``sshd_on``), on port 2022, with a host key
-  and an authorized key generated in a temporary directory (root login by key only).
+  and an authorized key generated in a temporary directory (root login by key only), in its own
+  UTS namespace whose hostname is the host's address.
 
 All namespaces share this filesystem, so the hosts see the same checkout, venv and result files.
 `FakeHosts.close` kills what it started and deletes the namespaces (with their veths and bridge).
-Needs root, ``ip`` (iproute2), ``sshd`` (openssh-server) and ``ssh``/``ssh-keygen``
-(openssh-client); `missing_requirement` says which one is absent.
+Needs root, ``ip`` (iproute2), ``unshare`` (util-linux), ``sshd`` (openssh-server) and
+``ssh``/``ssh-keygen`` (openssh-client); `missing_requirement` says which one is absent.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ def missing_requirement() -> str | None:
     """Why fake hosts cannot be built here (None if they can)."""
     if os.geteuid() != 0:
         return "needs root (creates network namespaces and runs sshd)"
-    for tool, package in (("ip", "iproute2"), ("ssh", "openssh-client"),
-                          ("ssh-keygen", "openssh-client")):
+    for tool, package in (("ip", "iproute2"), ("unshare", "util-linux"),
+                          ("ssh", "openssh-client"), ("ssh-keygen", "openssh-client")):
         if shutil.which(tool) is None:
             return f"'{tool}' is not installed (apt-get install {package})"
     if not os.access(SSHD, os.X_OK):
@@ -62,9 +63,10 @@ def _run(*argv: str) -> None:
 class FakeHosts:
     """Namespaces that look like separate hosts reachable over ssh (see the module docstring)."""
 
-    def __init__(self, tmp: Path, count: int) -> None:
-        tag = f"tfd{os.getpid() % 100000}"
+    def __init__(self, tmp: Path, count: int, *, label: str = "", own_hostnames: bool = True) -> None:
+        tag = f"tfd{os.getpid() % 100000}{label}"
         self.tmp = tmp
+        self.own_hostnames = own_hostnames
         self.switch = f"{tag}sw"
         self.namespaces = [f"{tag}h{i}" for i in range(count)]
         self.addresses = [f"{SUBNET}.{i + 1}" for i in range(count)]
@@ -73,9 +75,18 @@ class FakeHosts:
         self.sshd: list[subprocess.Popen[bytes]] = []
 
     @classmethod
-    def start(cls, tmp: Path, count: int = 3, sshd_on: Sequence[int] = (1, 2)) -> FakeHosts:
-        hosts = cls(tmp, count)
+    def start(
+        cls, tmp: Path, count: int = 3, sshd_on: Sequence[int] = (1, 2), *, label: str = "",
+        own_hostnames: bool = True,
+    ) -> FakeHosts:
+        """Builds the hosts. ``label`` tells apart several sets in one process.
+
+        With ``own_hostnames=False`` every host keeps this machine's hostname, which resolves to
+        a loopback address, as on a Debian host whose name maps to 127.0.1.1.
+        """
+        hosts = cls(tmp, count, label=label, own_hostnames=own_hostnames)
         try:
+            hosts.forget_host_keys()
             hosts._network()
             hosts._keys()
             for i in sshd_on:
@@ -108,6 +119,16 @@ class FakeHosts:
         listeners = {proc.pid for proc in self.sshd}
         return [pid for pid in self.pids(host) if pid not in listeners]
 
+    def forget_host_keys(self) -> None:
+        """Removes the hosts from ``~/.ssh/known_hosts``.
+
+        ``horovodrun``'s own ssh records each host's key there (tfdist's ssh does not); the next
+        run's new host keys would then print a "REMOTE HOST IDENTIFICATION HAS CHANGED" warning.
+        """
+        for address in self.addresses:
+            subprocess.run(["ssh-keygen", "-R", f"[{address}]:{self.ssh_port}"],
+                           capture_output=True, check=False)
+
     def _network(self) -> None:
         _run("ip", "netns", "add", self.switch)
         _run("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
@@ -134,8 +155,13 @@ class FakeHosts:
             authorized_keys=self.tmp / "authorized_keys",
         ))
         log = open(self.tmp / f"sshd_{i}.log", "wb")
+        # Its own hostname too (UTS namespace), named by its address so that it resolves to it,
+        # as a real host's name does: Gloo (Horovod's process sets) binds to the hostname's
+        # address, which would otherwise be this machine's loopback on every fake host.
+        rename = f"hostname {self.addresses[i]} && " if self.own_hostnames else ""
+        start = f"{rename}exec {SSHD} -D -e -f {config}"
         self.sshd.append(subprocess.Popen(
-            self.exec_argv(i, [SSHD, "-D", "-e", "-f", str(config)]), stdout=log, stderr=log,
+            self.exec_argv(i, ["unshare", "--uts", "sh", "-c", start]), stdout=log, stderr=log,
             stdin=subprocess.DEVNULL,
         ))
 
@@ -171,3 +197,4 @@ class FakeHosts:
                     pass
         for ns in [*self.namespaces, self.switch]:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+        self.forget_host_keys()

@@ -99,3 +99,10 @@ def test_env_var_defaults_are_named_in_help(capsys):
         cli.main(["--help"])
     out = capsys.readouterr().out
     assert "TFDIST_LAUNCH_STRATEGY" in out and "TFDIST_LAUNCH_TIMEOUT" in out
+
+
+def test_single_process_strategies_default_to_one_worker(script, capsys):
+    for strategy in ("default", "mirrored"):
+        lines = _dry_run(capsys, ["--strategy", strategy, script])
+        assert len(lines) == 1 and lines[0]["env"]["TFDIST_STRATEGY"] == strategy
+    assert len(_dry_run(capsys, ["--strategy", "multi_worker", script])) == 2

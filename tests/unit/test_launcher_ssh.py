@@ -119,6 +119,17 @@ def test_horovodrun_gets_hosts_ssh_port_and_identity(script):
                              "--ssh-identity-file", "/k", "--gloo")
 
 
+def test_horovodrun_on_remote_hosts_names_the_interface_and_wraps_each_rank(script, monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", "{}")
+    hosts = HostOptions(hosts="198.51.100.7:1,198.51.100.8:1", network_interface="eth9")
+    plan = plan_job(JobOptions(script, strategy="horovod", workers=2, hosts=hosts))
+    command = plan.tasks[0].command
+    assert command[5:8] == ("--network-interfaces", "eth9", "--gloo")
+    assert command[8:12] == (sys.executable, "-m", "tfdist.launcher.remote", "--")
+    assert command[12:] == (sys.executable, "-u", script)
+    assert "TF_CONFIG" not in plan.tasks[0].environ()  # horovodrun passes its env to the ranks
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -128,6 +139,8 @@ def test_horovodrun_gets_hosts_ssh_port_and_identity(script):
         (["--hosts", "localhost:1,h2:1"], "'localhost' is a loopback name"),
         (["--hosts", "h1:2", "--hostfile", "f"], "--hosts and --hostfile were both given"),
         (["--ssh-port", "22"], "--ssh-port only applies with --hosts or --hostfile"),
+        (["--network-interface", "eth0"],
+         "--network-interface only applies with --hosts or --hostfile"),
         (["--hosts", "h1:2", "--ssh-identity", "/no/key"], "--ssh-identity file not found"),
         (["--hosts", "h1:2", "--ssh-port", "0"], "--ssh-port must be in 1..65535"),
     ],

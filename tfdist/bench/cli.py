@@ -85,10 +85,11 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
             backends=tuple(args.backends.split(",")), implementation=args.implementation,
             bytes_per_pack=args.bytes_per_pack, compression=args.compression, env=env),
         "train": train.TrainConfig(
-            np=args.np, quick=quick, steps=pick(args.steps, 200, 20),
-            warmup_steps=5 if quick else 20, repeats=pick(args.repeats, 5, 2),
+            np=args.np, quick=quick, steps=pick(args.steps, 150, 20),
+            warmup_steps=5 if quick else 20, repeats=pick(args.repeats, 7, 2),
             implementation=args.implementation, bytes_per_pack=args.bytes_per_pack,
-            strategies=tuple(args.strategies.split(",")), env=env),
+            strategies=tuple(args.strategies.split(",")), env=env,
+            mw_job_pairs=1 if quick else 2),
         "ps": ps.PsConfig(
             workers=args.np, quick=quick, num_ps=tuple(int(p) for p in args.num_ps.split(",")),
             steps=pick(args.steps, 100, 20), warmup_steps=10 if quick else 20,

@@ -125,9 +125,7 @@ def plot_allreduce(section: Mapping[str, Any], out_dir: Path, stem: str,
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.set_title(f"all-reduce, {section['np']} processes", fontsize=10)
-    if note:
-        fig.text(0.01, 0.01, note, fontsize=6)
+    ax.set_title(f"all-reduce, {section['np']} processes\n{note}", fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     path = out_dir / f"{stem}_allreduce.png"

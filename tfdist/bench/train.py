@@ -2,7 +2,9 @@
 
 Jobs (one ``workers/train_worker.py`` job each): ``default`` on 1 process, ``multi_worker`` on 1
 and N workers, ``horovod`` on 1 and N ranks (N only with ``quick``). Inside each job tfdist's way
-and the raw TF/Horovod way train the same model in alternating ``fit`` calls, so:
+and the raw TF/Horovod way train the same model in alternating ``fit`` calls; ``multi_worker``
+alternates whole jobs instead (tfdist, raw, raw, tfdist: ``mw_job_pairs`` pairs), because two
+multi-worker strategies in one process can hang. So:
 
 * ``samples_per_s``: median over repeats of samples / seconds of one ``fit``;
 * ``overhead``: median over repeats of the paired ratio ``t(variant) / t(raw) - 1`` (positive:
@@ -43,6 +45,7 @@ class TrainConfig:
     implementation: str = "ring"
     bytes_per_pack: int = 0
     strategies: tuple[str, ...] = ("default", "multi_worker", "horovod")
+    mw_job_pairs: int = 1
     env: Mapping[str, str] = field(default_factory=dict)
     timeout: float = 600.0
 
@@ -68,8 +71,15 @@ def _run_job(config: TrainConfig, strategy: str, n: int, log: IO[str]) -> dict[s
         return jobs.first_report(jobs.run_local(_MODULE, args, **kw))
     if strategy == "horovod":
         return jobs.first_report(jobs.run_horovod(n, _MODULE, args, **kw))
-    spec = ClusterSpec.local(workers=n, host="127.0.0.1")
-    return jobs.first_report(jobs.run_tf(spec, "train_worker.py", args, **kw))
+    order = ["tfdist", "raw", "raw", "tfdist"] * config.mw_job_pairs
+    merged: dict[str, Any] = {"seconds": {"tfdist": [], "raw": []}, "samples_per_fit": {}}
+    for variant in order[:2 * config.mw_job_pairs]:
+        spec = ClusterSpec.local(workers=n, host="127.0.0.1")
+        got = jobs.first_report(jobs.run_tf(spec, "train_worker.py", [*args, "--variant", variant],
+                                            **kw))
+        merged["seconds"][variant] += got["seconds"][variant]
+        merged["samples_per_fit"].update(got["samples_per_fit"])
+    return merged
 
 
 def summarize(strategy: str, n: int, raw: Mapping[str, Any]) -> list[dict[str, Any]]:

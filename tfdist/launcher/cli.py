@@ -26,6 +26,7 @@ from tfdist.launcher.hosts import add_host_arguments, check_host_arguments, host
 from tfdist.launcher.plan import LAUNCH_STRATEGIES, JobOptions, plan_job, release_plan
 
 _ENV_PREFIX = "TFDIST_LAUNCH_"
+_SINGLE_PROCESS = ("default", "mirrored")
 
 
 def _env_default(name: str, default: str) -> str:
@@ -46,8 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers>1 -> multi_worker, else one process)",
     )
     job.add_argument(
-        "--workers", type=int, default=int(_env_default("WORKERS", "2")),
-        help="worker tasks, or Horovod ranks (env TFDIST_LAUNCH_WORKERS; default 2)",
+        "--workers", type=int,
+        default=int(os.environ[_ENV_PREFIX + "WORKERS"]) if _ENV_PREFIX + "WORKERS" in os.environ
+        else None,
+        help="worker tasks, or Horovod ranks (env TFDIST_LAUNCH_WORKERS; default 1 for the "
+        "default and mirrored strategies, which run one process, else 2)",
     )
     job.add_argument("--ps", type=int, default=0, help="parameter-server tasks (default 0)")
     chief = job.add_mutually_exclusive_group()
@@ -90,6 +94,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.check:
         return args
+    if args.workers is None:
+        args.workers = 1 if args.strategy in _SINGLE_PROCESS else 2
     problem = _validate(args) or check_host_arguments(args)
     if problem:
         parser.error(problem)
@@ -116,7 +122,7 @@ def _validate(args: argparse.Namespace) -> str | None:
         return "--strategy parameter_server needs --ps 1 or more"
     if args.strategy == "parameter_server" and args.chief is False:
         return "--no-chief with parameter_server: the chief is the coordinator that runs the script"
-    if args.strategy in ("default", "mirrored") and args.workers > 1:
+    if args.strategy in _SINGLE_PROCESS and args.workers > 1:
         return (f"--strategy {args.strategy} runs one process (several devices in it), but "
                 f"--workers {args.workers} was given. Fix: use --strategy multi_worker")
     return None

@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import ipaddress
 import os
+import socket
 from collections.abc import Mapping, Sequence
 
 from tfdist.cluster import ClusterSpec, parse_hosts, read_hostfile
@@ -35,6 +36,8 @@ __all__ = [
     "task_command",
     "rank_hosts",
     "horovodrun_host_args",
+    "has_remote_host",
+    "interface_towards",
 ]
 
 _ENV_PREFIX = "TFDIST_LAUNCH_"
@@ -49,6 +52,8 @@ class HostOptions:
         hostfile: A file of ``host:slots`` / ``host slots=N`` lines (None: use ``hosts``).
         base_port: The TF server port of each host's first slot.
         ssh: Port and identity for ssh.
+        network_interface: The interface Horovod's ranks talk over (``horovodrun
+            --network-interfaces``); None: the one this machine reaches the first remote host by.
 
     Example:
         >>> HostOptions(hosts="h1:2,h2:2").slots()
@@ -59,6 +64,7 @@ class HostOptions:
     hostfile: str | None = None
     base_port: int = DEFAULT_BASE_PORT
     ssh: SshOptions = SshOptions()
+    network_interface: str | None = None
 
     def slots(self) -> HostSlots:
         """The hosts and their slot counts (reads the hostfile; raises `ClusterConfigError`)."""
@@ -95,6 +101,10 @@ def add_host_arguments(parser: argparse.ArgumentParser) -> None:
                        help="ssh port of the hosts (env TFDIST_LAUNCH_SSH_PORT; default: ssh's)")
     group.add_argument("--ssh-identity", default=_env("SSH_IDENTITY"), metavar="KEY",
                        help="private key for ssh -i (env TFDIST_LAUNCH_SSH_IDENTITY)")
+    group.add_argument("--network-interface", default=_env("NETWORK_INTERFACE"), metavar="IFACE",
+                       help="horovod: the interface the ranks talk over, same name on every host "
+                       "(env TFDIST_LAUNCH_NETWORK_INTERFACE; default: the one this machine "
+                       "reaches the first remote host by)")
 
 
 def check_host_arguments(args: argparse.Namespace) -> str | None:
@@ -104,7 +114,8 @@ def check_host_arguments(args: argparse.Namespace) -> str | None:
                 f"--hostfile {args.hostfile!r}. Fix: pass one of them")
     on_hosts = bool(args.hosts or args.hostfile)
     for flag, value in (("--base-port", args.base_port), ("--ssh-port", args.ssh_port),
-                        ("--ssh-identity", args.ssh_identity)):
+                        ("--ssh-identity", args.ssh_identity),
+                        ("--network-interface", args.network_interface)):
         if value is not None and not on_hosts:
             return f"{flag} only applies with --hosts or --hostfile. Fix: add one, or drop {flag}"
     if args.ssh_port is not None and not 1 <= int(args.ssh_port) <= MAX_PORT:
@@ -127,6 +138,7 @@ def host_options_from_args(args: argparse.Namespace) -> HostOptions | None:
         hosts=args.hosts or None, hostfile=args.hostfile or None,
         base_port=args.base_port if args.base_port is not None else DEFAULT_BASE_PORT,
         ssh=SshOptions(port=port, identity=args.ssh_identity),
+        network_interface=args.network_interface or None,
     )
 
 
@@ -195,7 +207,11 @@ def rank_hosts(options: HostOptions, ranks: int) -> list[str]:
 
 
 def horovodrun_host_args(options: HostOptions) -> tuple[str, ...]:
-    """``-H h1:2,h2:2`` plus ``-p``/``--ssh-identity-file`` for ``horovodrun``.
+    """``-H h1:2,h2:2`` plus ``-p``/``--ssh-identity-file``/``--network-interfaces``.
+
+    With a remote host, the ranks' network interface is named (`HostOptions.network_interface`,
+    else `interface_towards` the first remote host): horovodrun then skips its own interface
+    probe, which can pick ``lo`` (so Gloo connects to 127.0.0.1) when every host has one.
 
     Raises:
         ClusterConfigError: A host is another machine and ssh is not installed.
@@ -204,9 +220,42 @@ def horovodrun_host_args(options: HostOptions) -> tuple[str, ...]:
         >>> horovodrun_host_args(HostOptions(hosts="localhost:2", ssh=SshOptions(port=2022)))
         ('-H', 'localhost:2', '-p', '2022')
     """
-    if not all(is_local_host(host) for host, _ in options.slots()):
+    remote = [host for host, _ in options.slots() if not is_local_host(host)]
+    if remote:
         find_ssh()  # horovodrun starts remote ranks with ssh
     ssh = options.ssh
     port = ("-p", str(ssh.port)) if ssh.port is not None else ()
     identity = ("--ssh-identity-file", ssh.identity) if ssh.identity is not None else ()
-    return ("-H", options.host_list(), *port, *identity)
+    nic = options.network_interface or (interface_towards(remote[0]) if remote else None)
+    nics = ("--network-interfaces", nic) if nic else ()
+    return ("-H", options.host_list(), *port, *identity, *nics)
+
+
+def has_remote_host(options: HostOptions) -> bool:
+    """Whether a host of ``options`` is another machine (reached over ssh)."""
+    return not all(is_local_host(host) for host, _ in options.slots())
+
+
+def interface_towards(host: str) -> str | None:
+    """The name of this machine's interface that routes to ``host`` (None if unknown).
+
+    Asks the kernel for the route (a UDP ``connect`` sends nothing), then finds the interface
+    holding that source address with ``psutil`` (a Horovod dependency).
+
+    Example:
+        >>> interface_towards("127.0.0.1") in ("lo", None)
+        True
+    """
+    try:
+        import psutil
+
+        address = socket.getaddrinfo(host.strip("[]"), None, socket.AF_INET)[0][4][0]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect((address, 9))
+            source = sock.getsockname()[0]
+    except (ImportError, OSError):
+        return None
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == source for a in addresses):
+            return name
+    return None

@@ -9,7 +9,6 @@ evaluator is a sidecar: its crash is reported and training goes on.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 from types import FrameType
@@ -75,7 +74,7 @@ def run_plan(
     try:
         for task in plan.tasks:
             started = group.start(
-                task.name, task.command, env={**os.environ, **dict(task.env)}, kind=task.kind,
+                task.name, task.command, env=task.environ(), kind=task.kind,
                 max_restarts=task_restarts(plan, task, worker_restarts),
             )
             _log(f"started {task.name} (pid {started.pid})")

@@ -16,7 +16,7 @@ from typing import Any
 
 from tfdist.cluster import ClusterSpec, Task, release_ports
 from tfdist.launcher.hosts import (
-    HostOptions, horovodrun_host_args, host_cluster, rank_hosts, task_command,
+    HostOptions, has_remote_host, horovodrun_host_args, host_cluster, rank_hosts, task_command,
 )
 from tfdist.launcher.process import TaskKind
 
@@ -53,6 +53,7 @@ class TaskPlan:
         command: Its argv.
         kind: ``"main"``, ``"service"`` or ``"sidecar"`` (see `ProcessGroup`).
         env: Variables added to the launcher's environment for this process.
+        unset_env: Variables of the launcher's environment this process does not get.
     """
 
     name: str
@@ -62,6 +63,12 @@ class TaskPlan:
     command: tuple[str, ...]
     kind: TaskKind = "main"
     env: tuple[tuple[str, str], ...] = ()
+    unset_env: tuple[str, ...] = ()
+
+    def environ(self) -> dict[str, str]:
+        """This process's whole environment: the launcher's, less `unset_env`, plus `env`."""
+        inherited = {k: v for k, v in os.environ.items() if k not in self.unset_env}
+        return {**inherited, **dict(self.env)}
 
     def describe(self) -> dict[str, Any]:
         """The JSON object ``--dry-run`` prints for this task."""
@@ -73,6 +80,7 @@ class TaskPlan:
             "command": list(self.command),
             "kind": self.kind,
             "env": dict(self.env),
+            "unset_env": list(self.unset_env),
         }
 
 
@@ -162,19 +170,31 @@ def horovodrun_path() -> str:
 
 
 def _horovod_plan(options: JobOptions) -> JobPlan:
+    """One ``horovodrun`` process; it starts the ranks (over its own ssh on other hosts).
+
+    Ranks get no TF_CONFIG (horovodrun passes its whole environment on). On other hosts each
+    rank runs under `tfdist.launcher.remote`, so it stops when horovodrun's ssh session closes:
+    horovodrun stops a rank by killing its local ssh client, which alone leaves the remote
+    process running.
+    """
     env = tuple(_base_env("horovod").items())
     hosts = ["localhost"] * options.workers
     host_args: tuple[str, ...] = ("-np", str(options.workers))
+    rank_command = _python_command(options)
     if options.hosts is not None:
         hosts = rank_hosts(options.hosts, options.workers)
         host_args += horovodrun_host_args(options.hosts)
-    runner = (horovodrun_path(), *host_args, "--gloo", *_python_command(options))
+        if has_remote_host(options.hosts):
+            rank_command = (sys.executable, "-m", "tfdist.launcher.remote", "--", *rank_command)
+    runner = (horovodrun_path(), *host_args, "--gloo", *rank_command)
+    unset = ("TF_CONFIG",)
     ranks = tuple(
-        TaskPlan(f"rank:{r}", Task("worker", r), host, None, _python_command(options), env=env)
+        TaskPlan(f"rank:{r}", Task("worker", r), host, None, rank_command, env=env,
+                 unset_env=unset)
         for r, host in enumerate(hosts)
     )
-    return JobPlan("horovod", (TaskPlan("horovodrun", None, "localhost", None, runner, env=env),), ranks=ranks)
-
+    runner_task = TaskPlan("horovodrun", None, "localhost", None, runner, env=env, unset_env=unset)
+    return JobPlan("horovod", (runner_task,), ranks=ranks)
 
 
 def release_plan(plan: JobPlan) -> None:

@@ -128,6 +128,9 @@ class TfdistStrategyMixin:
     name: ClassVar[str] = ""
     """The registry name (``"mirrored"``); `tfdist.compat.check_supported` is asked about it."""
 
+    per_rank_backups: ClassVar[bool] = False
+    """Whether each process keeps its own ``BackupAndRestore`` directory (see `backup_callback`)."""
+
     every_worker_saves: ClassVar[bool] = False
     """Whether saving is a collective that every worker must join (see module docstring)."""
 
@@ -341,6 +344,23 @@ class TfdistStrategyMixin:
         return []
 
     # -------------------------------------------------------------------- saving
+    def backup_callback(self, directory: str | os.PathLike[str], **kwargs: Any) -> Any:
+        """A Keras ``BackupAndRestore`` for ``model.fit`` that is safe under this backend.
+
+        Pass the same ``directory`` on every process; a restarted job resumes from its last
+        completed epoch. See `tfdist.strategies.backup` for how each backend lays it out.
+
+        Example:
+            >>> import tempfile, tfdist.strategies
+            >>> strategy = tfdist.strategies.get_strategy("default")
+            >>> callback = strategy.backup_callback(tempfile.mkdtemp())
+            >>> type(callback).__name__
+            'BackupAndRestore'
+        """
+        from tfdist.strategies.backup import backup_callback
+
+        return backup_callback(self, directory, **kwargs)
+
     def write_path(self, path: str | os.PathLike[str]) -> str | None:
         """Where this process writes what belongs at ``path``.
 

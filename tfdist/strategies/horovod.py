@@ -217,6 +217,8 @@ class HorovodStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         'horovod: task worker:0, 1 worker(s), 1 replica(s) in sync, chief'
     """
 
+    per_rank_backups = True
+
     name = "horovod"
 
     def __init__(self, compression: str | None = None, fusion_threshold_bytes: int | None = None,

@@ -7,7 +7,9 @@ throughout (multi-worker ``fit`` needs it on TF 2.21; Horovod's own Keras optimi
 Variants per mode (``tfdist`` is the library's way, ``raw`` the plain TF/Horovod way):
 
 * default: tfdist ``get_strategy("default")`` vs ``tf.distribute.OneDeviceStrategy``.
-* multi_worker: tfdist ``MultiWorkerMirroredStrategy`` vs ``tf.distribute``'s, same options.
+* multi_worker: tfdist ``MultiWorkerMirroredStrategy`` vs ``tf.distribute``'s, same options;
+  ``--variant`` picks one per process (a second multi-worker strategy in one process can hang
+  while the collectives are re-configured), and the runner alternates jobs instead.
 * horovod: tfdist ``HorovodStrategy``, ``tfdist.horovod.DistributedOptimizer`` (``tfdist_opt``)
   and ``horovod.tensorflow.keras.DistributedOptimizer`` (``raw``).
 
@@ -73,10 +75,13 @@ def _multi_worker(args: argparse.Namespace, keras: Any) -> dict[str, Variant]:
     from tfdist.strategies.multi_worker import communication_options
 
     options = dict(implementation=args.implementation, bytes_per_pack=args.bytes_per_pack)
-    ours = tfdist.strategies.get_strategy("multi_worker", startup_timeout_seconds=120, **options)
-    raw = tf.distribute.MultiWorkerMirroredStrategy(
-        communication_options=communication_options(**options))
-    return {"tfdist": _under(ours, keras, args.batch), "raw": _under(raw, keras, args.batch)}
+    if args.variant == "tfdist":
+        strategy = tfdist.strategies.get_strategy("multi_worker", startup_timeout_seconds=120,
+                                                  **options)
+    else:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=communication_options(**options))
+    return {args.variant: _under(strategy, keras, args.batch)}
 
 
 def _horovod(args: argparse.Namespace, keras: Any) -> dict[str, Variant]:
@@ -130,6 +135,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--implementation", default="ring")
     parser.add_argument("--bytes-per-pack", type=int, default=0)
+    parser.add_argument("--variant", choices=("tfdist", "raw"), default="tfdist",
+                        help="multi_worker only: which strategy this job uses")
     return parser.parse_args(argv)
 
 

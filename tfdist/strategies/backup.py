@@ -1,0 +1,66 @@
+"""``BackupAndRestore`` that works the same under every strategy and both Keras flavours.
+
+Keras's own callback is multi-worker aware only in tf-keras, and only for the strategies it knows:
+
+* tf-keras under MultiWorkerMirrored: non-chief workers back up to temporary directories;
+  under ParameterServer only the chief runs the script. Both use ``directory`` as it is.
+* Keras 3 knows nothing of workers; tfdist runs Keras 3 multi-process only under Horovod.
+* Under Horovod each rank is a one-device strategy that thinks it is alone: every rank would
+  write, and at the end delete, the same files at once (and tf-keras refuses a one-device
+  strategy outright). So each rank keeps its own ``<directory>/rank-<r>``; siblings, so no rank
+  deletes another's. All ranks hold the same weights at an epoch's end, so every rank's backup
+  restores the same state. A rank that died before writing its last backup would resume one
+  epoch behind the others: ranks must be restarted together, which is what
+  ``tfdist-launch --max-restarts`` does.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+from tfdist import compat
+
+__all__ = ["backup_callback"]
+
+
+def backup_callback(strategy: Any, directory: str | os.PathLike[str], **kwargs: Any) -> Any:
+    """A ``BackupAndRestore`` callback for this process, of the Keras flavour in use.
+
+    Args:
+        strategy: A tfdist strategy (its ``per_rank_backups`` decides the layout).
+        directory: The job's backup directory (the same on every process).
+        **kwargs: Passed to Keras's ``BackupAndRestore`` (e.g. ``save_freq``).
+    """
+    directory = os.fspath(directory)
+    per_rank = bool(getattr(strategy, "per_rank_backups", False))
+    if per_rank:
+        directory = os.path.join(directory, f"rank-{strategy.task_index}")
+    keras = compat.get_keras()
+    if compat.keras_flavour() == "keras3":
+        return keras.callbacks.BackupAndRestore(directory, **kwargs)
+    return _tf_keras_backup(keras, directory, per_rank, kwargs)
+
+
+def _tf_keras_backup(keras: Any, directory: str, per_rank: bool, kwargs: dict[str, Any]) -> Any:
+    import tensorflow as tf
+
+    class OneDeviceBackupAndRestore(keras.callbacks.BackupAndRestore):
+        """tf-keras's callback, also accepting one-device strategies (Horovod's is one).
+
+        tf-keras refuses strategies outside its list, though a one-device strategy needs nothing
+        more than no strategy. It deletes the backup at the end only where ``should_checkpoint``
+        (Horovod: rank 0); the other ranks delete their own directory here.
+        """
+
+        def __init__(self) -> None:
+            super().__init__(directory, **kwargs)
+            self._supported_strategies += (tf.distribute.OneDeviceStrategy,)
+
+        def on_train_end(self, logs: Any = None) -> None:
+            super().on_train_end(logs)
+            if self.delete_checkpoint and per_rank:
+                shutil.rmtree(self.backup_dir, ignore_errors=True)
+
+    return OneDeviceBackupAndRestore()
