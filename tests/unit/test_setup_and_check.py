@@ -20,6 +20,16 @@ set(CMAKE_CXX_FLAGS "${Tensorflow_COMPILE_FLAGS} ${CMAKE_CXX_FLAGS}")
 """
 
 
+GLOO_CONTEXT = """\
+void GlooContext::InitializeForProcessSet(const GlooContext& global_context,
+                                          const std::vector<int>& registered_ranks) {
+  assert(global_context.IsEnabled());
+
+  attr device_attr;
+  device_attr.iface = gloo_iface_;
+"""
+
+
 def _bash(script: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
 
@@ -31,15 +41,32 @@ def test_setup_script_parses_and_sourcing_it_runs_nothing(tmp_path):
     assert "[setup]" not in result.stderr
 
 
-def test_horovod_patch_drops_only_the_xla_source(tmp_path):
+def test_horovod_patches_drop_the_xla_source_and_pass_the_gloo_interface(tmp_path):
     cmake = tmp_path / "horovod" / "tensorflow" / "CMakeLists.txt"
-    cmake.parent.mkdir(parents=True)
-    cmake.write_text(CMAKE_LISTS)
+    gloo = tmp_path / "horovod" / "common" / "gloo" / "gloo_context.cc"
+    for path, text in ((cmake, CMAKE_LISTS), (gloo, GLOO_CONTEXT)):
+        path.parent.mkdir(parents=True)
+        path.write_text(text)
     result = _bash(f"source {SETUP} && patch_horovod_source {tmp_path}")
     assert result.returncode == 0, result.stderr
     patched = cmake.read_text()
     assert "xla_mpi_ops.cc" not in patched
     assert "mpi_ops.cc" in patched and "CMAKE_CXX_FLAGS" in patched
+    lines = gloo.read_text().splitlines()
+    at = lines.index("  assert(global_context.IsEnabled());")
+    assert lines[at + 1].startswith("  gloo_iface_ = global_context.gloo_iface_;")
+    assert lines.index("  device_attr.iface = gloo_iface_;") > at + 1
+
+
+def test_a_horovod_source_the_patch_does_not_fit_stops_the_build(tmp_path):
+    cmake = tmp_path / "horovod" / "tensorflow" / "CMakeLists.txt"
+    gloo = tmp_path / "horovod" / "common" / "gloo" / "gloo_context.cc"
+    for path, text in ((cmake, CMAKE_LISTS), (gloo, "// moved elsewhere in a new release\n")):
+        path.parent.mkdir(parents=True)
+        path.write_text(text)
+    result = _bash(f"source {SETUP} && patch_horovod_source {tmp_path}")
+    assert result.returncode != 0
+    assert f"patching {gloo} failed" in result.stderr
 
 
 def test_check_reports_versions_keras_resolution_and_horovod(capsys):
