@@ -8,7 +8,7 @@ setup:
 	bash launch/setup.sh
 
 main: setup  ## a real 2-worker training on this machine
-	$(VENV_BIN)/tfdist-launch --strategy multi_worker --workers 2 --timeout 900 $(MAIN_JOB) --epochs 3
+	$(VENV_BIN)/tfdist-launch --strategy multi_worker --workers 2 --timeout 900 $(MAIN_JOB) --model-dir runs/main_job
 
 test: setup  ## the whole test suite (what CI runs)
 	PATH="$(CURDIR)/$(VENV_BIN):$$PATH" $(VENV_BIN)/python -m pytest

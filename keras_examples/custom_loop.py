@@ -3,7 +3,7 @@
 The same digits classifier as ``image_classifier.py``, trained without ``model.fit``::
 
     python keras_examples/custom_loop.py
-    tfdist-launch --strategy mirrored --workers 1 keras_examples/custom_loop.py
+    tfdist-launch --strategy mirrored keras_examples/custom_loop.py
     tfdist-launch --workers 2 keras_examples/custom_loop.py                 # multi_worker
     tfdist-launch --strategy horovod --workers 2 keras_examples/custom_loop.py
 

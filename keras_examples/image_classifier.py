@@ -3,7 +3,7 @@
 Runs unchanged on one process and under every tfdist strategy::
 
     python keras_examples/image_classifier.py
-    tfdist-launch --strategy mirrored --workers 1 keras_examples/image_classifier.py
+    tfdist-launch --strategy mirrored keras_examples/image_classifier.py
     tfdist-launch --workers 2 keras_examples/image_classifier.py              # multi_worker
     tfdist-launch --ps 1 --workers 2 keras_examples/image_classifier.py       # parameter_server
     tfdist-launch --strategy horovod --workers 2 keras_examples/image_classifier.py

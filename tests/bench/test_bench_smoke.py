@@ -46,10 +46,10 @@ def test_quick_run_writes_complete_results(tmp_path: Path) -> None:
         assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"])  # N = 2: factor 2(N-1)/N = 1
 
     rows = result["train"]["rows"]
-    expected = {("default", 1, "tfdist"), ("default", 1, "raw"),
+    expected = {("default", 1, "tfdist"), ("default", 1, "raw"), ("default", 1, "raw_control"),
                 ("multi_worker", 2, "tfdist"), ("multi_worker", 2, "raw")}
     if HAVE_HOROVOD:
-        expected |= {("horovod", 2, v) for v in ("tfdist", "tfdist_opt", "raw")}
+        expected |= {("horovod", 2, v) for v in ("tfdist", "tfdist_opt", "raw", "raw_control")}
     assert {(r["strategy"], r["replicas"], r["variant"]) for r in rows} == expected
     for row in rows:
         _positive_finite(row, ("samples_per_s", "fit_s"))

@@ -8,7 +8,8 @@ multi-worker strategies in one process can hang. So:
 
 * ``samples_per_s``: median over repeats of samples / seconds of one ``fit``;
 * ``overhead``: median over repeats of the paired ratio ``t(variant) / t(raw) - 1`` (positive:
-  tfdist is slower). Target: within 3 %;
+  tfdist is slower). Target: within 3 %. ``raw_control`` (a second copy of ``raw``, in the
+  in-process jobs) shows the A/A noise floor: an overhead below it cannot be told from zero;
 * ``scaling``: ``thr(N) / (N * thr(1))`` against the same strategy and variant at 1 replica, and
   against ``default`` at 1 process (``vs_default``).
 

@@ -13,6 +13,9 @@ Variants per mode (``tfdist`` is the library's way, ``raw`` the plain TF/Horovod
 * horovod: tfdist ``HorovodStrategy``, ``tfdist.horovod.DistributedOptimizer`` (``tfdist_opt``)
   and ``horovod.tensorflow.keras.DistributedOptimizer`` (``raw``).
 
+default and horovod also train ``raw_control``, a second copy of ``raw``: its "overhead" over
+``raw`` is the A/A noise floor of the measurement (what a zero-cost wrapper would show).
+
 Every repeat runs one ``fit`` of each variant, rotating the order (A B, B A, ...), so drift on a
 shared machine cancels in the paired ratios. Reports seconds per fit and samples per fit.
 """
@@ -67,7 +70,8 @@ def _default(args: argparse.Namespace, keras: Any) -> dict[str, Variant]:
     import tfdist.strategies
 
     return {"tfdist": _under(tfdist.strategies.get_strategy("default"), keras, args.batch),
-            "raw": _under(tf.distribute.OneDeviceStrategy("/cpu:0"), keras, args.batch)}
+            "raw": _under(tf.distribute.OneDeviceStrategy("/cpu:0"), keras, args.batch),
+            "raw_control": _under(tf.distribute.OneDeviceStrategy("/cpu:0"), keras, args.batch)}
 
 
 def _multi_worker(args: argparse.Namespace, keras: Any) -> dict[str, Variant]:
@@ -96,10 +100,11 @@ def _horovod(args: argparse.Namespace, keras: Any) -> dict[str, Variant]:
     opt = thvd.DistributedOptimizer(keras.optimizers.SGD(0.01))
     variants["tfdist_opt"] = (build_model(keras, opt), dataset(args.batch),
                               [thvd.BroadcastVariablesCallback(0)], args.batch * size)
-    raw_opt = hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.01))
-    variants["raw"] = (build_model(keras, raw_opt), dataset(args.batch),
-                       [hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0)],
-                       args.batch * size)
+    for name in ("raw", "raw_control"):
+        raw_opt = hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.01))
+        variants[name] = (build_model(keras, raw_opt), dataset(args.batch),
+                          [hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0)],
+                          args.batch * size)
     return variants
 
 
