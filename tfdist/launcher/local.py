@@ -92,6 +92,9 @@ def run_plan(
     except KeyboardInterrupt:
         _log("interrupted; stopping every task")
         return 130
+    except OSError as err:  # a task could not be started: the gang starts whole or not at all
+        _log(f"could not start every task ({err}); the ones already started were stopped")
+        return 127
     finally:
         group.stop()
         signal.signal(signal.SIGTERM, previous)
