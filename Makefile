@@ -16,5 +16,8 @@ test: setup  ## the whole test suite (what CI runs)
 test-fast: setup  ## unit tests only: no cluster, well under a minute
 	$(VENV_BIN)/python -m pytest -m unit
 
+lint: setup
+	$(VENV_BIN)/ruff check .
+
 check: setup
 	$(VENV_BIN)/tfdist-launch --check

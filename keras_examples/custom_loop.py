@@ -30,10 +30,10 @@ from __future__ import annotations
 import os
 import time
 
-import numpy as np
-
 import common
+import numpy as np
 from image_classifier import SEED, build_model, held_out_accuracy, load_digits
+
 from tfdist import compat
 
 CHECKPOINT_DIR = "checkpoints"
@@ -73,7 +73,7 @@ def make_train_step(strategy, tf, model, optimizer, global_batch: int):
             per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
         gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
         correct = tf.reduce_sum(tf.cast(tf.argmax(logits, -1) == labels, tf.float32))
         return loss, correct
 

@@ -26,9 +26,9 @@ import glob
 import os
 import time
 
+import common
 import numpy as np
 
-import common
 from tfdist import compat
 
 SEED = 1234

@@ -27,9 +27,9 @@ import json
 import os
 import time
 
+import common
 import numpy as np
 
-import common
 from tfdist import compat
 
 SEED = 4321

@@ -23,8 +23,8 @@ def format_error(problem: str, *, received: object, expected: str, fix: str) -> 
     """Builds the standard three-part message.
 
     Example:
-        >>> format_error("Invalid port.", received="host:99999", expected="1..65535", fix="Use 2222.")
-        'Invalid port. Received: host:99999. Expected: 1..65535. Fix: Use 2222.'
+        >>> format_error("Invalid port.", received="h:99999", expected="1..65535", fix="Use 2222.")
+        'Invalid port. Received: h:99999. Expected: 1..65535. Fix: Use 2222.'
     """
     return f"{problem} Received: {received}. Expected: {expected}. Fix: {fix}"
 

@@ -35,7 +35,7 @@ RESULT_DIR_ENV = "TFDIST_RESULT_DIR"
 
 
 def task_name(environ: Mapping[str, str] | None = None) -> str:
-    """This process's task as ``"type:index"``, from TF_CONFIG or Horovod's rank, else ``"local:0"``.
+    """This process's task as ``"type:index"``: from TF_CONFIG, Horovod's rank, or ``"local:0"``.
 
     Example:
         >>> task_name({"TF_CONFIG": '{"cluster": {}, "task": {"type": "worker", "index": 1}}'})
@@ -104,7 +104,8 @@ def run_tasks(
 
 
 def _collect(out_dir: Path) -> dict[str, Any]:
-    return {_rejoin(path.stem): json.loads(path.read_text()) for path in sorted(out_dir.glob("*.json"))}
+    paths = sorted(out_dir.glob("*.json"))
+    return {_rejoin(path.stem): json.loads(path.read_text()) for path in paths}
 
 
 def _rejoin(stem: str) -> str:
@@ -125,10 +126,10 @@ def run_cluster(
 ) -> dict[str, Any]:
     """Runs ``script`` once per task of ``spec``, each with its own TF_CONFIG.
 
-    Without a ``ps`` role every task runs ``script`` (multi-worker layout). With one (ParameterServer
-    layout, or ``parameter_server=True``), only the chief runs ``script``; ``ps`` and ``worker`` tasks
-    run ``python -m tfdist.server`` and are stopped when the chief is done; an evaluator runs
-    ``script`` as a sidecar.
+    Without a ``ps`` role every task runs ``script`` (multi-worker layout). With one
+    (ParameterServer layout, or ``parameter_server=True``), only the chief runs ``script``; ``ps``
+    and ``worker`` tasks run ``python -m tfdist.server`` and are stopped when the chief is done;
+    an evaluator runs ``script`` as a sidecar.
 
     Returns:
         Task name (``"worker:1"``) -> that task's reported result.

@@ -31,11 +31,12 @@ CONTROL_GAP = 1e-2
 def max_diff(a: list[Any], b: list[Any]) -> float:
     """The largest absolute difference between two lists of weight arrays."""
     assert len(a) == len(b)
-    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(a, b))
+    pairs = zip(a, b, strict=True)
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in pairs)
 
 
 def assert_identical(a: list[Any], b: list[Any]) -> None:
-    assert all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b)), (
+    assert all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b, strict=True)), (
         f"ranks differ by {max_diff(a, b)}")
 
 

@@ -142,6 +142,6 @@ def test_horovod_strategy_on_one_rank_trains_like_one_device() -> None:
         model.set_weights(weights)
         model.fit(x, y, batch_size=2, shuffle=False, verbose=0)
         models.append(model.get_weights())
-    for got, want in zip(*models):
+    for got, want in zip(*models, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-6)
     assert np.abs(models[0][0] - weights[0]).max() > 1e-3

@@ -63,7 +63,9 @@ def _run(*argv: str) -> None:
 class FakeHosts:
     """Namespaces that look like separate hosts reachable over ssh (see the module docstring)."""
 
-    def __init__(self, tmp: Path, count: int, *, label: str = "", own_hostnames: bool = True) -> None:
+    def __init__(
+        self, tmp: Path, count: int, *, label: str = "", own_hostnames: bool = True
+    ) -> None:
         tag = f"tfd{os.getpid() % 100000}{label}"
         self.tmp = tmp
         self.own_hostnames = own_hostnames
@@ -189,7 +191,7 @@ class FakeHosts:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        for i, ns in enumerate(self.namespaces):
+        for i in range(len(self.namespaces)):
             for pid in self.pids(i):  # only processes started in our own namespaces
                 try:
                     os.kill(pid, 9)

@@ -21,7 +21,8 @@ MIN_TRAVEL = 5e-2
 
 
 def max_gap(a: Sequence[Any], b: Sequence[Any]) -> float:
-    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(a, b))
+    pairs = zip(a, b, strict=True)
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in pairs)
 
 
 def assert_matches_reference(

@@ -96,7 +96,8 @@ def test_max_restarts_restarts_the_whole_gang(tmp_path):
     out, _ = proc.communicate(timeout=90)
     assert proc.returncode == 0, out
     assert "restarting the whole job (1/2) after exit status 5" in out
-    assert len(list(tmp_path.glob("worker:0.pid.*"))) == 2, "worker:0 was not restarted with the gang"
+    restarted = len(list(tmp_path.glob("worker:0.pid.*")))
+    assert restarted == 2, "worker:0 was not restarted with the gang"
 
 
 def test_timeout_stops_the_job(tmp_path):

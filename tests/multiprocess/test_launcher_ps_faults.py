@@ -62,7 +62,9 @@ def _wait_for(path: Path, launch: Launch, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
         assert launch.proc.poll() is None, f"job ended before {path.name}:\n{launch.out[-3000:]}"
-        assert time.monotonic() < deadline, f"no {path.name} after {timeout} s:\n{launch.out[-3000:]}"
+        assert time.monotonic() < deadline, (
+            f"no {path.name} after {timeout} s:\n{launch.out[-3000:]}"
+        )
         time.sleep(0.1)
 
 

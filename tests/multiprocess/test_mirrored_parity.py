@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from parity_checks import assert_matches_reference
+
 from tfdist.testing import run_tasks
 
 pytestmark = pytest.mark.multiprocess

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from parity_checks import REFERENCE_ATOL, assert_matches_reference, max_gap
+
 from tfdist.cluster import ClusterSpec, release_ports
 from tfdist.errors import TaskFailedError
 from tfdist.testing import run_tasks
@@ -37,7 +37,7 @@ def test_workers_match_reference_and_save_once(cluster_runner, tmp_path):
                     for r in range(k * PER_REPLICA, (k + 1) * PER_REPLICA)] for w in (0, 1)}
     assert chief["rows"] == expected[0] and other["rows"] == expected[1]
 
-    for w0, w1 in zip(chief["weights"], other["weights"]):
+    for w0, w1 in zip(chief["weights"], other["weights"], strict=True):
         np.testing.assert_array_equal(w0, w1)
     assert chief["loss"] == other["loss"]
     assert_matches_reference(chief["weights"], chief, chief["initial"])

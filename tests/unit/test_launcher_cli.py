@@ -66,7 +66,7 @@ def test_dry_run_multi_worker_gives_each_worker_its_tf_config(script, capsys):
 
 def test_dry_run_parameter_server_runs_the_script_on_the_chief_only(script, capsys):
     lines = _dry_run(capsys, ["--ps", "2", "--workers", "2", "--evaluator", script])
-    by_task = {f"{l['task']['type']}:{l['task']['index']}": l for l in lines}
+    by_task = {f"{line['task']['type']}:{line['task']['index']}": line for line in lines}
     assert sorted(by_task) == ["chief:0", "evaluator:0", "ps:0", "ps:1", "worker:0", "worker:1"]
     assert by_task["chief:0"]["command"][-1] == script and by_task["chief:0"]["kind"] == "main"
     for name in ("ps:0", "ps:1", "worker:0", "worker:1"):

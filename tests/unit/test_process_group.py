@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import os
 import signal
 import subprocess
 import sys
@@ -56,7 +55,8 @@ def test_first_failure_is_raised_with_its_task_status_and_last_lines_and_others_
     sleeper = group.start("worker:0", SLEEP)
     group.start("worker:1", [PY, "-c", "print('boom'); raise SystemExit(7)"])
     started = time.monotonic()
-    with pytest.raises(TaskFailedError, match=r"(?s)Task worker:1 failed with exit status 7.*boom") as err:
+    expected = r"(?s)Task worker:1 failed with exit status 7.*boom"
+    with pytest.raises(TaskFailedError, match=expected) as err:
         group.wait(timeout=60)
     assert err.value.task == "worker:1" and err.value.returncode == 7
     assert time.monotonic() - started < 10, "the other task was not stopped within seconds"
@@ -72,7 +72,10 @@ def test_timeout_stops_every_task_and_names_those_still_running():
 
 
 def test_sigterm_ignoring_task_is_killed_after_the_grace_period():
-    ignore = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ok', flush=True); time.sleep(120)"
+    ignore = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ok', flush=True); time.sleep(120)"
+    )
     group = ProcessGroup(stream=io.StringIO(), grace_period=0.5)
     task = group.start("ps:0", [PY, "-c", ignore], kind="service")
     time.sleep(0.5)
@@ -83,7 +86,11 @@ def test_sigterm_ignoring_task_is_killed_after_the_grace_period():
 
 
 def test_grandchildren_are_stopped_with_their_task():
-    spawn = "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); print(p.pid, flush=True); time.sleep(120)"
+    spawn = (
+        "import subprocess, sys, time; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+        "print(p.pid, flush=True); time.sleep(120)"
+    )
     group = ProcessGroup(stream=io.StringIO(), grace_period=1)
     task = group.start("worker:0", [PY, "-c", spawn])
     deadline = time.monotonic() + 20
@@ -138,7 +145,9 @@ def test_children_die_when_the_launching_process_is_sigkilled(tmp_path: Path):
 def test_run_tasks_collects_each_tasks_report():
     code = "import tfdist.testing as t; t.report({'name': t.task_name()})"
     env = {
-        f"worker:{i}": {"TF_CONFIG": f'{{"cluster": {{}}, "task": {{"type": "worker", "index": {i}}}}}'}
+        f"worker:{i}": {
+            "TF_CONFIG": f'{{"cluster": {{}}, "task": {{"type": "worker", "index": {i}}}}}'
+        }
         for i in range(2)
     }
     results = run_tasks(

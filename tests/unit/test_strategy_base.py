@@ -176,5 +176,5 @@ def test_default_strategy_fit_matches_plain_fit():
     model.fit(dist, epochs=1, steps_per_epoch=2, verbose=0)
     reference.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
     assert abs(model.get_weights()[0] - start).max() > 1e-2
-    for got, want in zip(model.get_weights(), reference.get_weights()):
+    for got, want in zip(model.get_weights(), reference.get_weights(), strict=True):
         assert abs(got - want).max() <= 1e-6

@@ -64,6 +64,7 @@ def test_strategy_named_by_the_launcher_wins_except_for_the_evaluator():
     worker = '{"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 0}}'
     chosen = detect({"TFDIST_STRATEGY": "mirrored"}, num_gpus=0)
     assert chosen == ("mirrored", "TFDIST_STRATEGY=mirrored (set by tfdist-launch)")
-    assert detect({"TFDIST_STRATEGY": "auto", "TF_CONFIG": worker}, num_gpus=0).name == "multi_worker"
+    auto = detect({"TFDIST_STRATEGY": "auto", "TF_CONFIG": worker}, num_gpus=0)
+    assert auto.name == "multi_worker"
     evaluator = '{"cluster": {"worker": ["a:1"]}, "task": {"type": "evaluator", "index": 0}}'
     assert detect({"TFDIST_STRATEGY": "multi_worker", "TF_CONFIG": evaluator}, 0).name == "default"

@@ -85,7 +85,7 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
             backends=tuple(args.backends.split(",")), implementation=args.implementation,
             bytes_per_pack=args.bytes_per_pack, compression=args.compression, env=env),
         "train": train.TrainConfig(
-            np=args.np, quick=quick, steps=pick(args.steps, 150, 20),
+            np=args.np, quick=quick, steps=pick(args.steps, 400, 20),
             warmup_steps=5 if quick else 20, repeats=pick(args.repeats, 7, 2),
             implementation=args.implementation, bytes_per_pack=args.bytes_per_pack,
             strategies=tuple(args.strategies.split(",")), env=env,

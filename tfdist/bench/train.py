@@ -90,7 +90,7 @@ def summarize(strategy: str, n: int, raw: Mapping[str, Any]) -> list[dict[str, A
     for variant, times in seconds.items():
         row = {"strategy": strategy, "replicas": n, "variant": variant,
                "samples_per_s": median([samples[variant] / t for t in times]),
-               "fit_s": median(times), "overhead": None}
+               "fit_s": median(times), "seconds": list(times), "overhead": None}
         if variant != "raw":
             row["overhead"] = median([a / b for a, b in zip(times, seconds["raw"])]) - 1
         rows.append(row)

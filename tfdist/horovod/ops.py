@@ -123,7 +123,7 @@ def allreduce(
         tensors, op=_hvd_op(op), compression=compressor or module.Compression.none,
         name=_name("allreduce"), ignore_name_scope=True)
     out = list(values)
-    for i, value in zip(present, reduced):
+    for i, value in zip(present, reduced, strict=True):
         out[i] = value
     return out
 
@@ -214,7 +214,7 @@ def average_scalars(values: Mapping[str, Any]) -> dict[str, float]:
     vector = tf.constant([float(values[k]) for k in keys], dtype=tf.float64)
     averaged = init().allreduce(vector, op=hvd().Average, name=_name("average_scalars"),
                                 ignore_name_scope=True)
-    return {k: float(v) for k, v in zip(keys, averaged.numpy())}
+    return {k: float(v) for k, v in zip(keys, averaged.numpy(), strict=True)}
 
 
 def _is_scalar(value: Any) -> bool:

@@ -88,7 +88,8 @@ def _tf_keras_methods(base: type) -> dict[str, Callable[..., Any]]:
     def apply_gradients(self: Any, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
         pairs = list(grads_and_vars)
         grads = self._tfdist_allreduce([g for g, _ in pairs])
-        return base.apply_gradients(self, list(zip(grads, [v for _, v in pairs])), *args, **kwargs)
+        reduced = list(zip(grads, [v for _, v in pairs], strict=True))
+        return base.apply_gradients(self, reduced, *args, **kwargs)
 
     return {"apply_gradients": apply_gradients}
 

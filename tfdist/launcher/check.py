@@ -28,7 +28,8 @@ def _existing(path: str) -> str | None:
 def _horovod_report() -> dict[str, Any]:
     version = _version("horovod")
     if version is None:
-        return {"installed": False, "fix": "bash launch/setup.sh (builds Horovod 0.28.1 from source)"}
+        fix = "bash launch/setup.sh (builds Horovod 0.28.1 from source)"
+        return {"installed": False, "fix": fix}
     report: dict[str, Any] = {"installed": True, "version": version}
     try:
         importlib.import_module("horovod.tensorflow")

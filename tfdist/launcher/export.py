@@ -151,7 +151,7 @@ def tfjob(options: JobOptions, export: ExportOptions) -> dict[str, Any]:
 
 
 def mpijob(options: JobOptions, export: ExportOptions) -> dict[str, Any]:
-    """A Kubeflow ``MPIJob`` (v2beta1) running ``horovodrun --gloo`` over the operator's hostfile."""
+    """A Kubeflow ``MPIJob`` (v2beta1): ``horovodrun --gloo`` over the operator's hostfile."""
     _strategy_for(options, "mpijob")
     ranks, slots = options.workers, export.slots_per_worker
     if slots < 1 or ranks % slots:

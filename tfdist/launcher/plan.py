@@ -16,7 +16,12 @@ from typing import Any
 
 from tfdist.cluster import ClusterSpec, Task, release_ports
 from tfdist.launcher.hosts import (
-    HostOptions, has_remote_host, horovodrun_host_args, host_cluster, rank_hosts, task_command,
+    HostOptions,
+    has_remote_host,
+    horovodrun_host_args,
+    host_cluster,
+    rank_hosts,
+    task_command,
 )
 from tfdist.launcher.process import TaskKind
 
@@ -134,7 +139,8 @@ def plan_job(options: JobOptions) -> JobPlan:
 
 def _single_process_plan(options: JobOptions, strategy: str) -> JobPlan:
     env = tuple(_base_env(strategy).items())
-    task = TaskPlan("chief:0", Task("chief", 0), "localhost", None, _python_command(options), env=env)
+    command = _python_command(options)
+    task = TaskPlan("chief:0", Task("chief", 0), "localhost", None, command, env=env)
     return JobPlan(strategy, (task,))
 
 

@@ -53,7 +53,10 @@ def strategy_ops(rank: int) -> dict:
     unsplit = HorovodStrategy(split_batches=False).experimental_distribute_dataset(
         tf.data.Dataset.range(4).batch(2))
     return {"distribute_dataset": [b.numpy().tolist() for b in sharded],
-            "unsplit": [b.numpy().tolist() for b in unsplit],"mean": mean.numpy().item(), "replica_id": int(replica_id), "values": int(values),
+            "unsplit": [b.numpy().tolist() for b in unsplit],
+            "mean": mean.numpy().item(),
+            "replica_id": int(replica_id),
+            "values": int(values),
             "gather": strategy.gather(tf.constant([[rank]]), axis=0).numpy().tolist(),
             "reduce_mean": strategy.reduce("MEAN", tf.constant([rank, rank + 2.0]), axis=0)
             .numpy().item(), "scoped_variable": variable.numpy().item(),

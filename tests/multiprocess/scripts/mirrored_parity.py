@@ -6,9 +6,9 @@ Run as ``python mirrored_parity.py`` with TF_USE_LEGACY_KERAS set (tf-keras) or 
 from __future__ import annotations
 
 import numpy as np
+import parity_lib
 import tensorflow as tf
 
-import parity_lib
 import tfdist.strategies
 from tfdist import compat
 from tfdist.testing import report

@@ -11,9 +11,9 @@ import os
 import sys
 
 import numpy as np
+import parity_lib
 import tensorflow as tf
 
-import parity_lib
 import tfdist.strategies
 from tfdist import compat
 from tfdist.testing import report

@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import parity_lib
 import tensorflow as tf
 
-import parity_lib
 import tfdist.strategies
 from tfdist import compat
 from tfdist.testing import report

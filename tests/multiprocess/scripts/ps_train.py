@@ -12,9 +12,9 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+import parity_lib
 import tensorflow as tf
 
-import parity_lib
 import tfdist.strategies
 from tfdist import compat
 from tfdist.testing import report
@@ -45,7 +45,7 @@ class CountingModel(keras.Model):
         with tf.GradientTape() as tape:
             loss = self.compiled_loss(target, self(features, training=True))
         grads = tape.gradient(loss, self.trainable_variables)
-        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
         return {m.name: m.result() for m in self.metrics}
 
 
