@@ -86,8 +86,8 @@ def summarize(backend: str, ranks: Mapping[str, Any], n: int) -> list[dict[str, 
     rows = []
     for size_key in next(iter(ranks.values()))["sizes"]:
         per_rank = [r["sizes"][size_key] for r in ranks.values()]
-        t = median([max(v) for v in zip(*(r["allreduce_s"] for r in per_rank))])
-        t_tcp = median([max(v) for v in zip(*(r["tcp_s"] for r in per_rank))])
+        t = median([max(v) for v in zip(*(r["allreduce_s"] for r in per_rank), strict=True)])
+        t_tcp = median([max(v) for v in zip(*(r["tcp_s"] for r in per_rank), strict=True)])
         nbytes = int(size_key)
         busbw = nbytes / t * 2 * (n - 1) / n / 1e9
         limit = nbytes / t_tcp / 1e9

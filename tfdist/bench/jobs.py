@@ -20,7 +20,8 @@ from tfdist.cluster import ClusterSpec, release_ports, reserve_ports
 from tfdist.launcher.plan import horovodrun_path
 from tfdist.testing import run_cluster, run_tasks
 
-__all__ = ["WORKERS", "base_env", "first_report", "ring_ports", "run_horovod", "run_local", "run_tf"]
+__all__ = ["WORKERS", "base_env", "first_report", "ring_ports", "run_horovod", "run_local",
+           "run_tf"]
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 _ROOT = str(Path(tfdist.__file__).resolve().parent.parent)

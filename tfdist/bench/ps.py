@@ -57,7 +57,7 @@ def summarize(mode: str, num_ps: int, workers: int, raw: Mapping[str, Any]) -> l
     return [{"mode": "async PS" if mode == "ps" else "sync multi-worker", "num_ps": num_ps,
              "workers": workers, "steps_per_execution": int(name.removeprefix("spe")),
              "samples_per_s": median([samples[name] / t for t in times]),
-             "spe_speedup": median([a / b for a, b in zip(seconds[first], times)])}
+             "spe_speedup": median([a / b for a, b in zip(seconds[first], times, strict=True)])}
             for name, times in seconds.items()]
 
 

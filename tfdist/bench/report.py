@@ -44,10 +44,11 @@ def machine() -> dict[str, Any]:
     """Cores, CPU model, load, versions and the date: what the numbers were measured on."""
     versions = {name: _version(name) for name in
                 ("tensorflow", "tensorflow-cpu", "keras", "tf-keras", "horovod", "tfdist")}
-    return {"cores": os.cpu_count(), "cpu_model": _cpu_model(), "python": platform.python_version(),
+    return {"cores": os.cpu_count(), "cpu_model": _cpu_model(),
+            "python": platform.python_version(),
             "load_avg_1m": os.getloadavg()[0],
             "versions": {k: v for k, v in versions.items() if v},
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
 
 
 def machine_note(info: Mapping[str, Any]) -> str:
@@ -75,7 +76,8 @@ def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column])
 TABLES: dict[str, list[Column]] = {
     "allreduce": [("backend", "backend", "{}"), ("size", "size", "{}"),
                   ("time_ms", "time ms", "{:.2f}"), ("algbw_GBps", "algbw GB/s", "{:.3f}"),
-                  ("busbw_GBps", "busbw GB/s", "{:.3f}"), ("limit_GBps", "TCP limit GB/s", "{:.3f}"),
+                  ("busbw_GBps", "busbw GB/s", "{:.3f}"),
+                  ("limit_GBps", "TCP limit GB/s", "{:.3f}"),
                   ("busbw_over_limit", "busbw/limit", "{:.2f}")],
     "train": [("strategy", "strategy", "{}"), ("replicas", "N", "{}"), ("variant", "variant", "{}"),
               ("samples_per_s", "samples/s", "{:.0f}"), ("overhead", "overhead vs raw", "{:+.1%}"),

@@ -92,7 +92,8 @@ def summarize(strategy: str, n: int, raw: Mapping[str, Any]) -> list[dict[str, A
                "samples_per_s": median([samples[variant] / t for t in times]),
                "fit_s": median(times), "seconds": list(times), "overhead": None}
         if variant != "raw":
-            row["overhead"] = median([a / b for a, b in zip(times, seconds["raw"])]) - 1
+            pairs = zip(times, seconds["raw"], strict=True)
+            row["overhead"] = median([a / b for a, b in pairs]) - 1
         rows.append(row)
     return rows
 

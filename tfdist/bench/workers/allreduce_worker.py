@@ -79,7 +79,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         reduce_s, tcp_s = [], []
         for _ in range(args.repeats):
             barrier()
-            reduce_s.append(time_call(lambda: allreduce(x)))
+            reduce_s.append(time_call(lambda x=x: allreduce(x)))
             tcp_s.append(ring.timed_exchange(nbytes))
         result["sizes"][str(nbytes)] = {"allreduce_s": reduce_s, "tcp_s": tcp_s}
     ring.close()
