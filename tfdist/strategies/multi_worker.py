@@ -15,6 +15,7 @@ makes the others fail with ``DeadlineExceededError`` instead of hanging.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -99,3 +100,20 @@ class MultiWorkerMirroredStrategy(TfdistStrategyMixin, tf.distribute.MultiWorker
                 cluster_resolver=cluster_resolver(cluster, task), communication_options=options
             )
         self._init_tfdist(cluster, task)
+        _warn_if_created_before(task)
+
+
+_created = 0
+
+
+def _warn_if_created_before(task: object) -> None:
+    """Warns on a second strategy in one process: TF sets up collectives once per process."""
+    global _created
+    _created += 1
+    if _created > 1:
+        logging.getLogger("tfdist").warning(
+            "MultiWorkerMirroredStrategy created %d times in this process (task %s). TensorFlow "
+            "configures collective ops once per process; a second strategy in a job with several "
+            "workers can hang (seen in tfdist-bench). Create the strategy once and reuse it.",
+            _created, task,
+        )
