@@ -3,6 +3,12 @@
 The examples import this module as ``common`` (Python puts the script's directory on ``sys.path``).
 Nothing here is needed to use tfdist; it keeps each example about its model and data.
 
+Sidecar evaluator: every example saves ``tf.train.Checkpoint(model=..., epoch=...)`` to
+``<model-dir>/checkpoints/ckpt-<epoch>`` after each epoch (written once, by the chief). The
+``evaluator`` task of a job (``tfdist-launch --evaluator``) trains nothing: `evaluate_checkpoints`
+evaluates those checkpoints as they appear, appends one JSON line per checkpoint to
+``<model-dir>/eval/results.jsonl``, and reports ``{"role": "evaluator", ...}``.
+
 Test hook: ``TFDIST_EXAMPLE_CRASH_AFTER_EPOCH=k`` makes an example exit with status
 `CRASH_EXIT_STATUS` right after epoch ``k`` (1-based) has been backed up, on every process, as a
 preempted job would. A run resumed from that backup starts at epoch ``k + 1`` and so never reaches
@@ -24,6 +30,8 @@ from tfdist import compat
 CRASH_ENV = "TFDIST_EXAMPLE_CRASH_AFTER_EPOCH"
 CRASH_EXIT_STATUS = 42
 MODEL_FILE = "model.keras"
+CHECKPOINT_DIR = "checkpoints"
+EVAL_RESULTS = os.path.join("eval", "results.jsonl")
 
 
 def base_parser(description: str, *, epochs: int, batch_size: int, learning_rate: float,
@@ -40,6 +48,9 @@ def base_parser(description: str, *, epochs: int, batch_size: int, learning_rate
                         "the number of replicas")
     parser.add_argument("--model-dir", default=model_dir,
                         help=f"backups, checkpoints and the final model (default {model_dir})")
+    parser.add_argument("--evaluator-timeout", type=float, default=600.0,
+                        help="evaluator task only: stop when no new checkpoint appears for this "
+                        "many seconds (default 600)")
     return parser
 
 
@@ -90,10 +101,60 @@ def crash_callback(keras: Any) -> Any:
         on_epoch_end=lambda epoch, logs=None: maybe_crash(epoch + 1))
 
 
+def checkpoint_callback(keras: Any, strategy: Any, model_dir: str) -> Any:
+    """Saves ``Checkpoint(model, epoch)`` to ``<model_dir>/checkpoints/ckpt-<epoch>`` each epoch.
+
+    Runs on every process that runs ``fit`` (a collective under MultiWorkerMirrored); the
+    strategy writes it once, on the chief.
+    """
+    import tensorflow as tf
+
+    epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")  # outside any scope
+    directory = os.path.join(model_dir, CHECKPOINT_DIR)
+    checkpoint: list[Any] = []  # made at the first epoch's end, once fit has set the model
+
+    def save(done: int, logs: Any = None) -> None:
+        if not checkpoint:
+            checkpoint.append(tf.train.Checkpoint(model=callback.model, epoch=epoch))
+        epoch.assign(done + 1)
+        strategy.save_checkpoint(checkpoint[0], directory, checkpoint_number=done + 1)
+
+    callback = keras.callbacks.LambdaCallback(on_epoch_end=save)
+    return callback
+
+
 def fit_callbacks(keras: Any, strategy: Any, model_dir: str) -> list[Any]:
-    """The strategy's callbacks, then the backup, then the crash hook (in that order)."""
+    """The strategy's callbacks, the backup, the per-epoch checkpoint, the crash hook (in order)."""
     return [*strategy.callbacks(), strategy.backup_callback(os.path.join(model_dir, "backup")),
-            crash_callback(keras)]
+            checkpoint_callback(keras, strategy, model_dir), crash_callback(keras)]
+
+
+# ----------------------------------------------------------------------- evaluator
+def evaluate_checkpoints(args: argparse.Namespace, model: Any, evaluate_fn: Any,
+                         metric: str, example: str) -> dict[str, Any]:
+    """The evaluator task's whole job: evaluate the chief's checkpoints, report, train nothing.
+
+    ``evaluate_fn(model) -> {metric: value, ...}``; ``metric`` names the one the summary shows.
+    """
+    from tfdist.evaluator import run_sidecar_evaluator
+
+    results = run_sidecar_evaluator(
+        model, os.path.join(args.model_dir, CHECKPOINT_DIR), evaluate_fn,
+        final_epoch=args.epochs, timeout_seconds=args.evaluator_timeout,
+        results_path=os.path.join(args.model_dir, EVAL_RESULTS))
+    summary = {
+        "role": "evaluator",
+        "example": example,
+        "keras": compat.keras_flavour(),
+        "evaluations": len(results),
+        "epochs_evaluated": [r.epoch for r in results],
+        "final_epoch": results[-1].epoch,
+        "final_metric": results[-1].metrics[metric],
+        "metric": metric,
+    }
+    print(json.dumps(summary), flush=True)
+    tfdist.testing.report(summary)
+    return summary
 
 
 # ------------------------------------------------------------------------- summary

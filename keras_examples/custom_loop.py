@@ -19,7 +19,8 @@ What a distributed custom loop needs, and where it is below:
   ``strategy.reduce``;
 * resuming: a ``tf.train.Checkpoint`` of the model, optimizer and epoch counter, saved by
   ``strategy.save_checkpoint`` (written once, by the chief) after every epoch and restored with
-  ``strategy.restore_checkpoint`` at start, so a restarted job continues at the next epoch.
+  ``strategy.restore_checkpoint`` at start, so a restarted job continues at the next epoch. The
+  evaluator task (``tfdist-launch --evaluator``) evaluates these checkpoints as they appear.
 
 ParameterServer is not supported here: a custom loop there must dispatch each step with
 ``ClusterCoordinator.schedule``; use ``image_classifier.py`` or ``sparse_ctr.py`` (``model.fit``).
@@ -34,9 +35,10 @@ import common
 import numpy as np
 from image_classifier import SEED, build_model, held_out_accuracy, load_digits
 
+import tfdist.evaluator
 from tfdist import compat
 
-CHECKPOINT_DIR = "checkpoints"
+CHECKPOINT_DIR = common.CHECKPOINT_DIR
 
 
 def parse_args(argv: list[str] | None = None):
@@ -94,9 +96,14 @@ def main(argv: list[str] | None = None) -> dict:
 
     keras = compat.get_keras()
     keras.utils.set_random_seed(SEED)
+    x_train, y_train, x_test, y_test = load_digits()
+    if tfdist.evaluator.is_evaluator():
+        model = build_model(keras, x_train.shape[1:], 10, args.learning_rate)
+        return common.evaluate_checkpoints(
+            args, model, lambda m: {"accuracy": held_out_accuracy(m, x_test, y_test)},
+            "accuracy", "custom_loop")
     strategy = common.make_strategy(args.strategy)
     common.log(strategy, strategy.describe())
-    x_train, y_train, x_test, y_test = load_digits()
     global_batch = strategy.global_batch_size(args.per_replica_batch_size)
     steps_per_epoch = len(x_train) // global_batch
 

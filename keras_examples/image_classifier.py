@@ -18,6 +18,10 @@ alone writes the final model to ``<model-dir>/model.keras``, prints progress, an
 JSON line: strategy, replicas, epochs, final loss and held-out accuracy, samples per second, and
 where the model went. Under ParameterServer the chief (coordinator) runs this script: ``fit``
 takes a ``DatasetCreator`` and ``steps_per_epoch``, and the held-out set is evaluated there.
+
+Each epoch also leaves a checkpoint in ``<model-dir>/checkpoints``. With ``tfdist-launch
+--evaluator`` the evaluator task runs this script too, but trains nothing: it reports the held-out
+accuracy of each checkpoint as it appears (see ``common.evaluate_checkpoints``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import time
 import common
 import numpy as np
 
+import tfdist.evaluator
 from tfdist import compat
 
 SEED = 1234
@@ -112,11 +117,16 @@ def main(argv: list[str] | None = None) -> dict:
 
     keras = compat.get_keras()
     keras.utils.set_random_seed(SEED)
-    strategy = common.make_strategy(args.strategy)
-    common.log(strategy, strategy.describe())
     data = load_npz(args.data_dir) if args.data_dir else load_digits()
     x_train, y_train, x_test, y_test = data
     classes = int(max(y_train.max(), y_test.max())) + 1
+    if tfdist.evaluator.is_evaluator():
+        model = build_model(keras, x_train.shape[1:], classes, args.learning_rate)
+        return common.evaluate_checkpoints(
+            args, model, lambda m: {"accuracy": held_out_accuracy(m, x_test, y_test)},
+            "accuracy", "image_classifier")
+    strategy = common.make_strategy(args.strategy)
+    common.log(strategy, strategy.describe())
     global_batch = strategy.global_batch_size(args.per_replica_batch_size)
     steps_per_epoch = max(1, len(x_train) // global_batch)
 

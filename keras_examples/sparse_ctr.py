@@ -18,7 +18,8 @@ reports ``oracle_auc``, the AUC of the true click probabilities, the best any mo
 Under ParameterServer every variable is cut into ``--num-shards`` pieces along its first axis
 (default: one per ps task), placed round-robin on the ps tasks; the summary's ``embedding_shards``
 lists the device of each shard of the largest table. Backups, the final model and the JSON summary
-work as in ``image_classifier.py``.
+work as in ``image_classifier.py``, and so does the evaluator task (``--evaluator``): it reports
+the held-out AUC of each epoch's checkpoint.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import time
 import common
 import numpy as np
 
+import tfdist.evaluator
 from tfdist import compat
 
 SEED = 4321
@@ -117,10 +119,15 @@ def main(argv: list[str] | None = None) -> dict:
 
     keras = compat.get_keras()
     keras.utils.set_random_seed(SEED)
+    x_test, y_test, p_test = generate(args.test_samples, seed=2)
+    if tfdist.evaluator.is_evaluator():
+        model = build_model(keras, args.embedding_dim, args.learning_rate)
+        return common.evaluate_checkpoints(
+            args, model, lambda m: {"auc": float(roc_auc_score(y_test, predict_logits(m, x_test)))},
+            "auc", "sparse_ctr")
     strategy = common.make_strategy(args.strategy, num_shards=args.num_shards or ps_count() or None)
     common.log(strategy, strategy.describe())
     x_train, y_train, _ = generate(args.train_samples, seed=1)
-    x_test, y_test, p_test = generate(args.test_samples, seed=2)
     global_batch = strategy.global_batch_size(args.per_replica_batch_size)
     steps_per_epoch = max(1, args.train_samples // global_batch)
 

@@ -52,6 +52,8 @@ _LAZY = {
     "ParameterServerStrategy": "tfdist.strategies",
     "HorovodStrategy": "tfdist.strategies.horovod",
     "DistributedOptimizer": "tfdist.horovod",
+    "is_evaluator": "tfdist.evaluator",
+    "run_sidecar_evaluator": "tfdist.evaluator",
 }
 
 __all__ = [

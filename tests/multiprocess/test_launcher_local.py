@@ -82,8 +82,10 @@ def test_a_failing_task_stops_the_job_with_its_status_and_last_lines(tmp_path):
 def test_no_task_outlives_the_launcher(tmp_path, sig):
     proc = _launch(tmp_path, "sleep", "--ps", "1", "--workers", "2")
     pids = _wait_for_tasks(tmp_path, 1)  # the chief runs the script; ps/workers run servers
-    children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-    assert len(children) >= 4, "chief, 2 workers and a ps should be running"
+    deadline = time.monotonic() + 30
+    while len(children := [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]) < 4:
+        assert time.monotonic() < deadline, "chief, 2 workers and a ps should be running"
+        time.sleep(0.05)
     proc.send_signal(sig)
     proc.communicate(timeout=30)
     assert _no_orphans(pids + children), f"left behind after {sig.name}: {_alive(pids + children)}"

@@ -101,6 +101,29 @@ def test_grandchildren_are_stopped_with_their_task():
     assert _wait_dead([task.pid, grandchild]) == []
 
 
+def test_sidecars_get_a_bounded_grace_period_after_the_main_tasks():
+    # An evaluator finishing its last checkpoint after training ends: it runs to completion.
+    out = io.StringIO()
+    with ProcessGroup(stream=out, sidecar_grace=30) as group:
+        group.start("chief:0", [PY, "-c", "pass"])
+        group.start("evaluator:0", [PY, "-c", "import time; time.sleep(1.0); print('done')"],
+                    kind="sidecar")
+        codes = group.wait(timeout=60)
+    assert codes["evaluator:0"] == 0 and "[evaluator:0] done" in out.getvalue()
+    assert "waiting up to 30 s for sidecar(s) evaluator:0" in out.getvalue()
+    # One that never ends is stopped once the grace has passed, and the job still succeeds.
+    out = io.StringIO()
+    started = time.monotonic()
+    with ProcessGroup(stream=out, sidecar_grace=0.5, grace_period=1) as group:
+        group.start("chief:0", [PY, "-c", "pass"])
+        group.start("evaluator:0", SLEEP, kind="sidecar")
+        codes = group.wait(timeout=30)
+    assert codes["evaluator:0"] == -signal.SIGTERM and time.monotonic() - started < 15
+    assert "sidecar(s) evaluator:0 still running after 0.5 s; stopping them" in out.getvalue()
+    with pytest.raises(ValueError, match=r"sidecar_grace must be 0 or more seconds. Received: -1"):
+        ProcessGroup(sidecar_grace=-1)
+
+
 def test_service_exiting_early_fails_the_job_but_sidecar_failure_does_not():
     out = io.StringIO()
     with ProcessGroup(stream=out) as group:

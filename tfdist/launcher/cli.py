@@ -60,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     chief.add_argument("--no-chief", dest="chief", action="store_false")
     job.add_argument("--evaluator", action="store_true",
                      help="add a sidecar evaluator task (its crash does not stop training)")
+    job.add_argument(
+        "--evaluator-grace", type=float, default=float(_env_default("EVALUATOR_GRACE", "60")),
+        help="seconds the evaluator may run on after training is done, to evaluate the last "
+        "checkpoint, before it is stopped (env TFDIST_LAUNCH_EVALUATOR_GRACE; default 60)",
+    )
     run = parser.add_argument_group("run")
     run.add_argument(
         "--timeout", type=float, default=float(_env_default("TIMEOUT", "3600")),
@@ -109,6 +114,8 @@ def _validate(args: argparse.Namespace) -> str | None:
         return f"script not found: {args.script!r}. Fix: pass the path of an existing file"
     if args.workers < 1:
         return f"--workers must be at least 1. Received: {args.workers}"
+    if args.evaluator_grace < 0:
+        return f"--evaluator-grace must be 0 or more seconds. Received: {args.evaluator_grace}"
     if args.max_restarts < 0:
         return f"--max-restarts must be 0 or more. Received: {args.max_restarts}"
     if args.max_worker_restarts < 0:
@@ -132,7 +139,8 @@ def options_from_args(args: argparse.Namespace) -> JobOptions:
     return JobOptions(
         script=args.script, script_args=tuple(args.script_args), strategy=args.strategy,
         workers=args.workers, ps=args.ps, chief=args.chief, evaluator=args.evaluator,
-        timeout=args.timeout, hosts=host_options_from_args(args),
+        timeout=args.timeout, evaluator_grace=args.evaluator_grace,
+        hosts=host_options_from_args(args),
     )
 
 

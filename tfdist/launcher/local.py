@@ -3,7 +3,9 @@
 Fault policy of a ParameterServer job: a ``worker`` task that dies is restarted alone (same
 TF_CONFIG, same port) up to ``worker_restarts`` times while the chief's ``ClusterCoordinator``
 carries on; a ``ps`` task that dies is fatal (its variables are gone) and stops the job. An
-evaluator is a sidecar: its crash is reported and training goes on.
+evaluator is a sidecar: its crash is reported and training goes on; once the training tasks are
+done it gets up to ``sidecar_grace`` seconds (``--evaluator-grace``) to evaluate the last
+checkpoint and exit, then it is stopped.
 """
 
 from __future__ import annotations
@@ -54,7 +56,12 @@ def _failure_message(plan: JobPlan, err: TaskFailedError) -> str:
 
 
 def run_plan(
-    plan: JobPlan, *, timeout: float, log_dir: str | None = None, worker_restarts: int = 0
+    plan: JobPlan,
+    *,
+    timeout: float,
+    log_dir: str | None = None,
+    worker_restarts: int = 0,
+    sidecar_grace: float = 0.0,
 ) -> int:
     """Starts every task of ``plan`` and waits for the job.
 
@@ -63,13 +70,14 @@ def run_plan(
         timeout: Seconds before every task is stopped.
         log_dir: If set, each task's output also goes to ``<log_dir>/<task>.log``.
         worker_restarts: How many times each ParameterServer ``worker`` is restarted alone.
+        sidecar_grace: Seconds a sidecar (the evaluator) may run on once the main tasks are done.
 
     Returns:
         0 on success, else the exit status of the first task that failed (124 on timeout).
     """
     for line in plan.describe():
         _log(f"task {json.dumps(line)}")
-    group = ProcessGroup(log_dir=log_dir)
+    group = ProcessGroup(log_dir=log_dir, sidecar_grace=sidecar_grace)
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
         for task in plan.tasks:
@@ -118,14 +126,14 @@ def run_job(
     ports may still be in TIME_WAIT. Scripts resume from their ``BackupAndRestore`` backup.
     ParameterServer workers are first restarted alone, up to ``worker_restarts`` times each.
     """
-    status = run_plan(plan, timeout=options.timeout, log_dir=log_dir,
-                      worker_restarts=worker_restarts)
+    run = dict(timeout=options.timeout, log_dir=log_dir, worker_restarts=worker_restarts,
+               sidecar_grace=options.evaluator_grace)
+    status = run_plan(plan, **run)
     for attempt in range(1, max_restarts + 1):
         if status in _NOT_RESTARTED:
             break
         _log(f"restarting the whole job ({attempt}/{max_restarts}) after exit status {status}")
-        status = run_plan(plan_job(options), timeout=options.timeout, log_dir=log_dir,
-                          worker_restarts=worker_restarts)
+        status = run_plan(plan_job(options), **run)
     return status
 
 

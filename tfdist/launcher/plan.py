@@ -43,6 +43,7 @@ class JobOptions:
     chief: bool | None = None
     evaluator: bool = False
     timeout: float = 3600.0
+    evaluator_grace: float = 60.0  # seconds the evaluator may run on after training is done
     hosts: HostOptions | None = None  # --hosts/--hostfile: tasks on these machines (ssh)
 
 

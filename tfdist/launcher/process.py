@@ -14,7 +14,9 @@ Tasks have a *kind*:
 * ``"main"``: the job is done when every main task has exited with status 0.
 * ``"service"``: runs until stopped (a ParameterServer worker or ps task); exiting on its own,
   with any status, before the main tasks are done is a failure.
-* ``"sidecar"``: its failure is reported but does not stop the job (an evaluator).
+* ``"sidecar"``: its failure is reported but does not stop the job (an evaluator). Once every main
+  task has succeeded, a sidecar still running gets up to ``sidecar_grace`` seconds to finish on
+  its own (an evaluator evaluating the chief's last checkpoint), then it is stopped.
 
 A task started with ``max_restarts=N`` that fails (a ParameterServer worker: TF's
 ``ClusterCoordinator`` re-dispatches its work once it is back) is restarted alone, with the same
@@ -99,6 +101,7 @@ class ProcessGroup:
         stream: IO[str] | None = None,
         grace_period: float = 5.0,
         log_dir: str | os.PathLike[str] | None = None,
+        sidecar_grace: float = 0.0,
     ) -> None:
         """Creates an empty group.
 
@@ -106,7 +109,12 @@ class ProcessGroup:
             stream: Where prefixed task output goes (default ``sys.stdout``); ``None`` for stdout.
             grace_period: Seconds between SIGTERM and SIGKILL when stopping tasks.
             log_dir: If set, each task's raw output is also written to ``<log_dir>/<task>.log``.
+            sidecar_grace: Seconds sidecars may keep running, to finish on their own, once every
+                main task has succeeded (default 0: they are stopped at once).
         """
+        if sidecar_grace < 0:
+            raise ValueError(f"sidecar_grace must be 0 or more seconds. Received: {sidecar_grace}")
+        self._sidecar_grace = sidecar_grace
         self._stream = stream
         self._grace_period = grace_period
         self._log_dir = os.fspath(log_dir) if log_dir is not None else None
@@ -247,8 +255,25 @@ class ProcessGroup:
                     f"forever for its peers)."
                 )
             time.sleep(_POLL_SECONDS)
+        self._wait_for_sidecars(min(self._sidecar_grace, max(0.0, deadline - time.monotonic())))
         self.stop()
         return {name: task.popen.returncode for name, task in self.tasks.items()}
+
+    def _wait_for_sidecars(self, grace: float) -> None:
+        """Gives running sidecars up to ``grace`` seconds to exit on their own."""
+        running = [t for t in self.tasks.values() if t.kind == "sidecar" and t.returncode is None]
+        if not running or grace <= 0:
+            return
+        names = ", ".join(t.name for t in running)
+        self._announce(f"main tasks done; waiting up to {grace:.3g} s for sidecar(s) {names}")
+        deadline = time.monotonic() + grace
+        while any(t.returncode is None for t in running) and time.monotonic() < deadline:
+            time.sleep(_POLL_SECONDS)
+        self._first_failure()  # reports a sidecar that failed meanwhile
+        late = [t.name for t in running if t.returncode is None]
+        if late:
+            self._announce(f"sidecar(s) {', '.join(late)} still running after {grace:.3g} s; "
+                           f"stopping them")
 
     def _first_failure(self) -> TaskProcess | None:
         main_done = all(t.returncode == 0 for t in self.tasks.values() if t.kind == "main")

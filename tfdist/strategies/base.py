@@ -427,10 +427,12 @@ class TfdistStrategyMixin:
         checkpoint: tf.train.Checkpoint,
         directory: str | os.PathLike[str],
         max_to_keep: int = 3,
+        checkpoint_number: int | None = None,
     ) -> str | None:
         """Saves ``checkpoint`` under ``directory`` once, keeping the last ``max_to_keep``.
 
-        Call it on every process (see `save_model`).
+        Call it on every process (see `save_model`). ``checkpoint_number`` names the file
+        (``ckpt-<number>``, e.g. the epoch); by default the checkpoint's own save counter.
 
         Returns:
             The checkpoint's path prefix on the chief, None elsewhere.
@@ -449,7 +451,7 @@ class TfdistStrategyMixin:
         if manager is None:
             manager = tf.train.CheckpointManager(checkpoint, written, max_to_keep=max_to_keep)
             self._tfdist_managers[written] = manager
-        prefix = manager.save()
+        prefix = manager.save(checkpoint_number=checkpoint_number)
         if not self.is_chief:
             self._discard(written)
             self._tfdist_managers.pop(written, None)
