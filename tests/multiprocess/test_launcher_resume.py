@@ -3,6 +3,7 @@ and ends with the same weights as a run that was never interrupted."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -30,8 +31,6 @@ def _run(tmp_path: Path, name: str, *launcher_args: str, **env: str) -> tuple[st
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    import json
-
     reports = {p.stem: json.loads(p.read_text()) for p in results.glob("*.json")}
     return proc.stdout + proc.stderr, reports
 
@@ -41,8 +40,8 @@ def test_killed_worker_gang_restart_matches_an_uninterrupted_run(tmp_path):
     log, resumed = _run(tmp_path, "resumed", "--max-restarts", "1", KILL_AFTER_EPOCH="2")
 
     assert (tmp_path / "killed").exists(), "worker:1 was never killed"
-    assert "task worker:1 failed first (exit status 137)" in log
-    assert "restarting the whole job (1/1)" in log
+    assert "task worker:1 failed first (exit status -9)" in log
+    assert "restarting the whole job (1/1) after exit status 137" in log
     assert plain["worker_0"]["epochs_run"] == [1, 2, 3, 4]
     # The restarted gang ran only the epochs after the backup.
     assert resumed["worker_0"]["epochs_run"] == [3, 4]
