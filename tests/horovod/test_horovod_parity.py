@@ -115,3 +115,13 @@ def test_collectives_give_the_expected_numbers(horovod_run) -> None:
         # dataset_fn batches per replica (4 // 2 = 2); shard_for deals whole batches by rank.
         assert got["distribute_dataset"] == [[[0, 1], [4, 5]], [[2, 3], [6, 7]]][rank]
         assert got["unsplit"] == [[0, 1], [2, 3]]
+
+
+@pytest.mark.parametrize("flavour", ["keras3", "tf_keras"])
+def test_chief_only_writes_inside_scope_do_not_wait_for_other_ranks(horovod_run, tmp_path,
+                                                                    flavour):
+    rank0, rank1 = horovod_run("chief_writes.py", str(tmp_path), flavour=flavour, timeout=60)
+    assert rank0["written"].endswith("ckpt-1") and rank1["written"] is None
+    assert rank0["saved"].endswith("model.keras") and rank1["saved"] is None
+    assert rank0["total"] == rank1["total"] == 2.0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "model.keras"]

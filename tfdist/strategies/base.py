@@ -28,6 +28,7 @@ process as ``worker:0``: one worker, `worker_index` 0, the chief.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Callable, Mapping
@@ -391,6 +392,10 @@ class TfdistStrategyMixin:
         if os.path.basename(temp_dir).startswith(_TEMP_PREFIX):
             shutil.rmtree(temp_dir, ignore_errors=True)
 
+    def _writing(self) -> contextlib.AbstractContextManager[None]:
+        """Context of a write that not every process makes (Horovod: no broadcasts inside)."""
+        return contextlib.nullcontext()
+
     def save_model(self, model: Any, filepath: str | os.PathLike[str], **kwargs: Any) -> str | None:
         """Saves ``model`` once: to ``filepath`` on the chief (see `write_path` for the others).
 
@@ -418,7 +423,8 @@ class TfdistStrategyMixin:
         if written is None:
             return None
         os.makedirs(os.path.dirname(written) or ".", exist_ok=True)
-        model.save(written, **kwargs)
+        with self._writing():
+            model.save(written, **kwargs)
         self._discard(written)
         return written if self.is_chief else None
 
@@ -447,11 +453,12 @@ class TfdistStrategyMixin:
         written = self.write_path(directory)
         if written is None:
             return None
-        manager = self._tfdist_managers.get(written)
-        if manager is None:
-            manager = tf.train.CheckpointManager(checkpoint, written, max_to_keep=max_to_keep)
-            self._tfdist_managers[written] = manager
-        prefix = manager.save(checkpoint_number=checkpoint_number)
+        with self._writing():
+            manager = self._tfdist_managers.get(written)
+            if manager is None:
+                manager = tf.train.CheckpointManager(checkpoint, written, max_to_keep=max_to_keep)
+                self._tfdist_managers[written] = manager
+            prefix = manager.save(checkpoint_number=checkpoint_number)
         if not self.is_chief:
             self._discard(written)
             self._tfdist_managers.pop(written, None)

@@ -38,6 +38,8 @@ the reduced one.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import tensorflow as tf
@@ -89,6 +91,7 @@ class HorovodExtended(one_device_strategy.OneDeviceExtended):
         self._compression = compression
         self._split_batches = split_batches
         self._rank, self._size = runtime.rank(), runtime.size()
+        self._local_variables_only = False
 
     # ------------------------------------------------------------------ replicas
     @property
@@ -125,9 +128,25 @@ class HorovodExtended(one_device_strategy.OneDeviceExtended):
 
     # ----------------------------------------------------------------- variables
     def _create_variable(self, next_creator: Any, **kwargs: Any) -> Any:
-        kwargs["initial_value"] = _broadcast_initial_value(kwargs["initial_value"],
-                                                           kwargs.get("dtype"))
+        if not self._local_variables_only:
+            kwargs["initial_value"] = _broadcast_initial_value(kwargs["initial_value"],
+                                                               kwargs.get("dtype"))
         return super()._create_variable(next_creator, **kwargs)
+
+    @contextlib.contextmanager
+    def local_variables(self) -> Iterator[None]:
+        """Variables created inside are this rank's own: no broadcast (a collective) is started.
+
+        For code that runs on some ranks only, such as a chief-only checkpoint save: a
+        ``tf.train.Checkpoint`` creates its ``save_counter`` on its first save, and Keras runs
+        callbacks inside the strategy's scope, so without this the save would wait forever for
+        the other ranks to join a broadcast.
+        """
+        previous, self._local_variables_only = self._local_variables_only, True
+        try:
+            yield
+        finally:
+            self._local_variables_only = previous
 
     # --------------------------------------------------------------------- input
     def _experimental_distribute_dataset(self, dataset: tf.data.Dataset, options: Any) -> Any:
@@ -218,6 +237,9 @@ class HorovodStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
     """
 
     per_rank_backups = True
+
+    def _writing(self) -> contextlib.AbstractContextManager[None]:
+        return self.extended.local_variables()
 
     name = "horovod"
 
