@@ -56,14 +56,18 @@ apt_install_missing() {
     return 1
   fi
   log "installing system packages: ${missing[*]}"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+           --no-install-recommends "${missing[@]}" >/dev/null; }; then
+    printf '%s\n' "${missing[@]}"
+    return 1
+  fi
 }
 
 # System tools Horovod's build needs. Installed with apt-get when we are root, else named.
 ensure_system_tools() {
   local missing
   if ! missing="$(apt_install_missing cmake:cmake g++:g++ make:make)"; then
-    die "missing system tools: ${missing//$'\n'/ }. Install them (apt-get install ...) or set TFDIST_SKIP_HOROVOD=1."
+    die "missing system tools: ${missing//$'\n'/ }. Install them (apt-get install ${missing//$'\n'/ }) or set TFDIST_SKIP_HOROVOD=1."
   fi
 }
 
@@ -72,7 +76,7 @@ ensure_system_tools() {
 ensure_test_tools() {
   local missing
   if ! missing="$(apt_install_missing ssh:openssh-client ssh-keygen:openssh-client /usr/sbin/sshd:openssh-server ip:iproute2)"; then
-    log "not installing ${missing//$'\n'/ } (needs root): the multi-host tests will skip"
+    log "could not install ${missing//$'\n'/ } (needs root and apt-get): the multi-host tests will skip"
   fi
 }
 
