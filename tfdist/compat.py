@@ -93,6 +93,16 @@ def flavour_of(obj: Any) -> KerasFlavour | None:
     return None
 
 
+def needs_tf_keras(strategy: str) -> bool:
+    """Whether ``model.fit`` under ``strategy`` needs tf-keras (`SUPPORTED_FLAVOURS`).
+
+    Example:
+        >>> needs_tf_keras("multi_worker"), needs_tf_keras("horovod")
+        (True, False)
+    """
+    return "keras3" not in SUPPORTED_FLAVOURS.get(strategy, ("keras3", "tf_keras"))
+
+
 def check_supported(strategy: str, flavour: KerasFlavour | None = None) -> None:
     """Raises if ``model.fit`` cannot train with ``strategy`` under this Keras.
 

@@ -24,9 +24,9 @@ from tfdist.errors import ClusterConfigError, LaunchError, StrategyConfigError
 from tfdist.launcher.export import add_export_arguments, run_export
 from tfdist.launcher.hosts import add_host_arguments, check_host_arguments, host_options_from_args
 from tfdist.launcher.plan import LAUNCH_STRATEGIES, JobOptions, plan_job, release_plan
+from tfdist.strategies.registry import SINGLE_PROCESS_STRATEGIES
 
 _ENV_PREFIX = "TFDIST_LAUNCH_"
-_SINGLE_PROCESS = ("default", "mirrored")
 
 
 def _env_default(name: str, default: str) -> str:
@@ -100,7 +100,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.check:
         return args
     if args.workers is None:
-        args.workers = 1 if args.strategy in _SINGLE_PROCESS else 2
+        args.workers = 1 if args.strategy in SINGLE_PROCESS_STRATEGIES else 2
     problem = _validate(args) or check_host_arguments(args)
     if problem:
         parser.error(problem)
@@ -129,7 +129,7 @@ def _validate(args: argparse.Namespace) -> str | None:
         return "--strategy parameter_server needs --ps 1 or more"
     if args.strategy == "parameter_server" and args.chief is False:
         return "--no-chief with parameter_server: the chief is the coordinator that runs the script"
-    if args.strategy in _SINGLE_PROCESS and args.workers > 1:
+    if args.strategy in SINGLE_PROCESS_STRATEGIES and args.workers > 1:
         return (f"--strategy {args.strategy} runs one process (several devices in it), but "
                 f"--workers {args.workers} was given. Fix: use --strategy multi_worker")
     return None

@@ -25,20 +25,16 @@ import shlex
 from pathlib import PurePath
 from typing import Any
 
+from tfdist import compat
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.launcher.plan import (
-    _LEGACY_KERAS_STRATEGIES,
-    STRATEGY_ENV,
-    JobOptions,
-    resolve_strategy,
-)
+from tfdist.launcher.plan import STRATEGY_ENV, JobOptions, resolve_strategy
+from tfdist.strategies.registry import SINGLE_PROCESS_STRATEGIES
 
 __all__ = ["EXPORT_FORMATS", "ExportOptions", "add_export_arguments", "export_job", "job_roles"]
 
 EXPORT_FORMATS = ("kubeflow", "mpijob", "slurm")
 MPI_HOSTFILE = "/etc/mpi/hostfile"  # written by the MPI Operator v2 into the launcher pod
 TF_PORT = 2222  # the Kubeflow training operator's default TFJob port
-_SINGLE_PROCESS = ("default", "mirrored")
 _KUBEFLOW_ROLES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
 
 
@@ -88,7 +84,7 @@ def job_roles(options: JobOptions) -> dict[str, int]:
         {'chief': 1, 'worker': 2, 'ps': 1, 'evaluator': 1}
     """
     strategy = resolve_strategy(options)
-    if strategy in _SINGLE_PROCESS:
+    if strategy in SINGLE_PROCESS_STRATEGIES:
         return {"chief": 1}
     if strategy == "horovod":
         return {"worker": options.workers}
@@ -101,8 +97,8 @@ def job_roles(options: JobOptions) -> dict[str, int]:
 def job_env(strategy: str) -> dict[str, str]:
     """The variables every task gets (TF_CONFIG aside), independent of this machine."""
     env = {STRATEGY_ENV: strategy, "PYTHONUNBUFFERED": "1"}
-    if strategy in _LEGACY_KERAS_STRATEGIES:
-        env["TF_USE_LEGACY_KERAS"] = "1"
+    if compat.needs_tf_keras(strategy):
+        env[compat.LEGACY_KERAS_ENV] = "1"
     return env
 
 
@@ -195,7 +191,7 @@ def sbatch_script(options: JobOptions, export: ExportOptions) -> str:
             fix="lower --nodes, or add workers"))
     shim = [export.python, "-m", "tfdist.launcher.slurm_task", "--strategy", strategy,
             "--ps", str(roles.get("ps", 0))]
-    if strategy not in _SINGLE_PROCESS:
+    if strategy not in SINGLE_PROCESS_STRATEGIES:
         shim += ["--chief"] * ("chief" in roles) + ["--evaluator"] * ("evaluator" in roles)
     done = ""
     if strategy == "parameter_server":  # the chief's end tells the servers to stop

@@ -26,6 +26,7 @@ from tfdist.cluster.address import MAX_PORT, join_address
 from tfdist.cluster.hosts import DEFAULT_BASE_PORT, HostSlots
 from tfdist.errors import ClusterConfigError, format_error
 from tfdist.launcher.ssh import SshOptions, find_ssh, forwarded_env, is_local_host, ssh_command
+from tfdist.strategies.registry import SINGLE_PROCESS_STRATEGIES
 
 __all__ = [
     "HostOptions",
@@ -123,7 +124,7 @@ def check_host_arguments(args: argparse.Namespace) -> str | None:
     if args.ssh_identity is not None and not os.path.isfile(args.ssh_identity):
         return (f"--ssh-identity file not found. Received: {args.ssh_identity!r}. "
                 "Fix: pass the path of an existing private key")
-    if on_hosts and args.strategy in ("default", "mirrored"):
+    if on_hosts and args.strategy in SINGLE_PROCESS_STRATEGIES:
         return (f"--strategy {args.strategy} runs one process on this machine; --hosts/--hostfile "
                 "need a multi-process strategy. Fix: use multi_worker, parameter_server or horovod")
     return None

@@ -14,6 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from tfdist import compat
 from tfdist.cluster import ClusterSpec, Task, release_ports
 from tfdist.launcher.hosts import (
     HostOptions,
@@ -24,11 +25,10 @@ from tfdist.launcher.hosts import (
     task_command,
 )
 from tfdist.launcher.process import TaskKind
+from tfdist.strategies.registry import SINGLE_PROCESS_STRATEGIES
 
 STRATEGY_ENV = "TFDIST_STRATEGY"
 LAUNCH_STRATEGIES = ("auto", "default", "mirrored", "multi_worker", "parameter_server", "horovod")
-# Strategies whose model.fit needs tf-keras on TF 2.21 (see tfdist.compat).
-_LEGACY_KERAS_STRATEGIES = ("multi_worker", "parameter_server")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,15 +123,15 @@ def _base_env(strategy: str) -> dict[str, str]:
     env = {STRATEGY_ENV: strategy, "PYTHONUNBUFFERED": "1"}
     # TensorFlow's C++ INFO/WARNING lines drown the training output; set 0 to see them.
     env["TF_CPP_MIN_LOG_LEVEL"] = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")
-    if strategy in _LEGACY_KERAS_STRATEGIES and "TF_USE_LEGACY_KERAS" not in os.environ:
-        env["TF_USE_LEGACY_KERAS"] = "1"
+    if compat.needs_tf_keras(strategy) and compat.LEGACY_KERAS_ENV not in os.environ:
+        env[compat.LEGACY_KERAS_ENV] = "1"
     return env
 
 
 def plan_job(options: JobOptions) -> JobPlan:
     """Builds the plan for a job on this machine (ports reserved now, held until released)."""
     strategy = resolve_strategy(options)
-    if strategy in ("default", "mirrored"):
+    if strategy in SINGLE_PROCESS_STRATEGIES:
         return _single_process_plan(options, strategy)
     if strategy == "horovod":
         return _horovod_plan(options)

@@ -34,10 +34,10 @@ from typing import Any
 
 from tfdist.cluster import ClusterSpec, Task, slurm_task
 from tfdist.errors import TfdistError
+from tfdist.strategies.registry import SINGLE_PROCESS_STRATEGIES
 
 __all__ = ["SlurmTaskPlan", "plan_slurm_task", "parse_args", "main"]
 
-_SINGLE_PROCESS = ("default", "mirrored")
 _POLL_SECONDS = 1.0
 
 
@@ -75,7 +75,7 @@ def plan_slurm_task(
         >>> str(plan.task), plan.tf_config["cluster"]["ps"], plan.kind
         ('ps:0', ['n2:2223'], 'service')
     """
-    if strategy in _SINGLE_PROCESS:
+    if strategy in SINGLE_PROCESS_STRATEGIES:
         return SlurmTaskPlan(Task("chief", 0), None, tuple(command), "main")
     layout = {"ps": ps, "chief": chief, "evaluator": evaluator, "base_port": base_port}
     spec = ClusterSpec.from_slurm(env, strategy=strategy, **layout)

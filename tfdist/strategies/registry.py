@@ -15,11 +15,21 @@ from typing import Any
 
 from tfdist.errors import MissingDependencyError, StrategyConfigError, format_error
 
-__all__ = ["AUTO", "register", "get_strategy", "get_strategy_class", "available_strategies"]
+__all__ = [
+    "AUTO",
+    "SINGLE_PROCESS_STRATEGIES",
+    "register",
+    "get_strategy",
+    "get_strategy_class",
+    "available_strategies",
+]
 
 logger = logging.getLogger("tfdist")
 
 AUTO = "auto"
+
+SINGLE_PROCESS_STRATEGIES = ("default", "mirrored")
+"""Built-in strategies that train in one process (its devices), with no cluster to launch."""
 
 _REGISTRY: dict[str, str | type] = {}
 
