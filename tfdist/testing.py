@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,7 +30,15 @@ from tfdist.launcher.process import ProcessGroup, TaskKind
 if TYPE_CHECKING:
     from tfdist.cluster import ClusterSpec
 
-__all__ = ["report", "run_cluster", "run_tasks", "task_name", "RESULT_DIR_ENV"]
+__all__ = [
+    "report",
+    "run_cluster",
+    "run_tasks",
+    "task_name",
+    "alive",
+    "wait_gone",
+    "RESULT_DIR_ENV",
+]
 
 RESULT_DIR_ENV = "TFDIST_RESULT_DIR"
 
@@ -150,3 +159,41 @@ def run_cluster(
             kinds[name] = "sidecar" if task.type == "evaluator" else "main"
         task_env[name] = {**(env or {}), "TF_CONFIG": spec.tf_config_json(task.type, task.index)}
     return run_tasks(commands, env=task_env, kinds=kinds, timeout=timeout, stream=stream)
+
+
+def alive(pids: Iterable[int]) -> list[int]:
+    """The processes among ``pids`` that are still running (a zombie counts as gone).
+
+    Needs psutil (in tfdist's ``test`` extra).
+
+    Example:
+        >>> alive([os.getpid()]) == [os.getpid()]
+        True
+    """
+    import psutil
+
+    running = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                running.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return running
+
+
+def wait_gone(pids: Iterable[int], timeout: float = 10.0) -> list[int]:
+    """Waits up to ``timeout`` seconds for every process in ``pids`` to end.
+
+    Returns:
+        Those still running at the deadline: ``[]`` when every one is gone.
+
+    Example:
+        >>> wait_gone([], timeout=1)
+        []
+    """
+    pids = list(pids)
+    deadline = time.monotonic() + timeout
+    while (running := alive(pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return running

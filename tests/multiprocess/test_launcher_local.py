@@ -16,6 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tfdist.testing import alive, wait_gone
+
 pytestmark = pytest.mark.multiprocess
 
 SCRIPT = Path(__file__).parent / "scripts" / "launcher_task.py"
@@ -34,17 +36,6 @@ def _task_pids(marker_dir: Path) -> list[int]:
     return [int(p.name.rsplit(".", 1)[1]) for p in marker_dir.glob("*.pid.*")]
 
 
-def _alive(pids: list[int]) -> list[int]:
-    alive = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
-
-
 def _wait_for_tasks(marker_dir: Path, count: int, timeout: float = 30) -> list[int]:
     deadline = time.monotonic() + timeout
     while len(_task_pids(marker_dir)) < count:
@@ -54,10 +45,7 @@ def _wait_for_tasks(marker_dir: Path, count: int, timeout: float = 30) -> list[i
 
 
 def _no_orphans(pids: list[int], timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while _alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not _alive(pids)
+    return wait_gone(pids, timeout) == []
 
 
 def test_every_task_runs_with_prefixed_output(tmp_path):
@@ -88,7 +76,7 @@ def test_no_task_outlives_the_launcher(tmp_path, sig):
         time.sleep(0.05)
     proc.send_signal(sig)
     proc.communicate(timeout=30)
-    assert _no_orphans(pids + children), f"left behind after {sig.name}: {_alive(pids + children)}"
+    assert _no_orphans(pids + children), f"left behind after {sig.name}: {alive(pids + children)}"
     if sig != signal.SIGKILL:
         assert proc.returncode == 130
 

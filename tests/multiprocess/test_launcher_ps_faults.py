@@ -20,6 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tfdist.testing import alive
+
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 SCRIPT = Path(__file__).parent / "scripts" / "ps_fault_train.py"
@@ -66,17 +68,6 @@ def _wait_for(path: Path, launch: Launch, timeout: float = 60) -> None:
             f"no {path.name} after {timeout} s:\n{launch.out[-3000:]}"
         )
         time.sleep(0.1)
-
-
-def _alive(pids: list[int]) -> list[int]:
-    alive = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
 
 
 def _job(tmp_path: Path) -> Launch:
@@ -131,4 +122,4 @@ def test_killed_ps_is_fatal_and_stops_the_job(tmp_path):
     assert not (tmp_path / "result.json").exists()
     assert len(children) >= 4
     time.sleep(0.5)
-    assert _alive(children) == [], f"left behind: {_alive(children)}"
+    assert alive(children) == [], f"left behind: {alive(children)}"

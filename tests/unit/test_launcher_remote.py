@@ -11,6 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tfdist.testing import wait_gone
+
 WRAPPER = [sys.executable, "-m", "tfdist.launcher.remote", "--grace", "2"]
 # A task that records its pid and its child's, then sleeps (a child in its group must die too).
 TASK = ("import os, subprocess, sys, time; c = subprocess.Popen(['sleep', '300']); "
@@ -26,14 +28,7 @@ def _task_pids(pid_file: Path, timeout: float = 30) -> list[int]:
 
 
 def _all_gone(pids: list[int], timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        alive = [p for p in pids if psutil.pid_exists(p)
-                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        if not alive:
-            return True
-        time.sleep(0.05)
-    return False
+    return wait_gone(pids, timeout) == []
 
 
 def test_task_and_its_children_die_when_stdin_closes(tmp_path):

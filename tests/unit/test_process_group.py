@@ -10,32 +10,18 @@ import textwrap
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tfdist.errors import TaskFailedError, TaskTimeoutError
 from tfdist.launcher.process import ProcessGroup
-from tfdist.testing import report, run_tasks, task_name
+from tfdist.testing import alive, report, run_tasks, task_name, wait_gone
 
 PY = sys.executable
 SLEEP = [PY, "-c", "import time; time.sleep(120)"]
 
 
 def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _wait_dead(pids: list[int], timeout: float = 10.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        alive = [pid for pid in pids if _alive(pid)]
-        if not alive:
-            return []
-        time.sleep(0.05)
-    return alive
+    return alive([pid]) == [pid]
 
 
 def test_output_is_prefixed_with_the_task_name():
@@ -98,7 +84,7 @@ def test_grandchildren_are_stopped_with_their_task():
         time.sleep(0.05)
     grandchild = int(task.tail[0])
     group.stop()
-    assert _wait_dead([task.pid, grandchild]) == []
+    assert wait_gone([task.pid, grandchild]) == []
 
 
 def test_sidecars_get_a_bounded_grace_period_after_the_main_tasks():
@@ -162,7 +148,7 @@ def test_children_die_when_the_launching_process_is_sigkilled(tmp_path: Path):
     assert all(_alive(pid) for pid in pids)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert _wait_dead(pids) == [], "tasks outlived their SIGKILLed launcher"
+    assert wait_gone(pids) == [], "tasks outlived their SIGKILLed launcher"
 
 
 def test_run_tasks_collects_each_tasks_report():
