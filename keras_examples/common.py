@@ -26,6 +26,8 @@ from typing import Any
 import tfdist
 import tfdist.testing
 from tfdist import compat
+from tfdist.strategies import strategy_traits
+from tfdist.strategies.traits import STRATEGY_ENV
 
 CRASH_ENV = "TFDIST_EXAMPLE_CRASH_AFTER_EPOCH"
 CRASH_EXIT_STATUS = 42
@@ -38,7 +40,7 @@ def base_parser(description: str, *, epochs: int, batch_size: int, learning_rate
                 model_dir: str) -> argparse.ArgumentParser:
     """The options every example takes; an example adds its own to the returned parser."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--strategy", default=os.environ.get("TFDIST_STRATEGY", "auto"),
+    parser.add_argument("--strategy", default=os.environ.get(STRATEGY_ENV, "auto"),
                         help="tfdist strategy name (default: auto, or env TFDIST_STRATEGY)")
     parser.add_argument("--epochs", type=int, default=epochs, help=f"default {epochs}")
     parser.add_argument("--per-replica-batch-size", type=int, default=batch_size,
@@ -64,9 +66,9 @@ def strategy_name(requested: str) -> str:
 
 
 def make_strategy(requested: str, **ps_options: Any) -> Any:
-    """``tfdist.get_strategy(requested)``; ``ps_options`` go to ParameterServer only."""
+    """``tfdist.get_strategy(requested)``; ``ps_options`` go only to strategies with ps tasks."""
     name = strategy_name(requested)
-    options = ps_options if name == "parameter_server" else {}
+    options = ps_options if strategy_traits(name).has_role("ps") else {}
     return tfdist.get_strategy(name, **options)
 
 

@@ -36,6 +36,7 @@ import numpy as np
 from image_classifier import SEED, build_model, held_out_accuracy, load_digits
 
 import tfdist.evaluator
+import tfdist.strategies
 from tfdist import compat
 
 CHECKPOINT_DIR = common.CHECKPOINT_DIR
@@ -48,10 +49,10 @@ def parse_args(argv: list[str] | None = None):
 
 
 def refuse_parameter_server(name: str) -> None:
-    if name == "parameter_server":
+    if tfdist.strategies.strategy_traits(name).server_roles:  # only a coordinator runs this
         raise ValueError(
-            "custom_loop.py does not support strategy 'parameter_server'. Received: "
-            "--strategy parameter_server (or a TF_CONFIG with ps tasks). A ParameterServer custom "
+            f"custom_loop.py does not support strategy {name!r}. Received: "
+            f"--strategy {name} (or a TF_CONFIG with ps tasks). A ParameterServer custom "
             "loop must dispatch every step with ClusterCoordinator.schedule. Fix: use "
             "keras_examples/image_classifier.py or sparse_ctr.py (model.fit) for ParameterServer, "
             "or run this script with --strategy default, mirrored, multi_worker or horovod")

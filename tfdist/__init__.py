@@ -29,6 +29,7 @@ from typing import Any
 from tfdist.cluster import ClusterSpec, Task, read_tf_config
 from tfdist.errors import (
     ClusterConfigError,
+    EvaluatorTimeoutError,
     KerasCompatibilityError,
     LaunchError,
     MissingDependencyError,
@@ -45,6 +46,9 @@ __version__ = "0.1.0"
 _LAZY = {
     "get_strategy": "tfdist.strategies",
     "available_strategies": "tfdist.strategies",
+    "register_strategy": "tfdist.strategies",
+    "strategy_traits": "tfdist.strategies",
+    "StrategyTraits": "tfdist.strategies",
     "detect_strategy": "tfdist.strategies",
     "DefaultStrategy": "tfdist.strategies",
     "MirroredStrategy": "tfdist.strategies",
@@ -61,6 +65,7 @@ __all__ = [
     "Task",
     "read_tf_config",
     "ClusterConfigError",
+    "EvaluatorTimeoutError",
     "KerasCompatibilityError",
     "LaunchError",
     "MissingDependencyError",
@@ -72,9 +77,12 @@ __all__ = [
 ]
 
 
+_RENAMED = {"register_strategy": "register"}
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        return getattr(importlib.import_module(_LAZY[name]), _RENAMED.get(name, name))
     raise AttributeError(f"module 'tfdist' has no attribute {name!r}")
 
 

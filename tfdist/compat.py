@@ -2,8 +2,8 @@
 
 TensorFlow 2.21 ships Keras 3 as ``keras``; ``tf_keras`` is Keras 2 ("legacy Keras"), which
 ``tf.keras`` resolves to when ``TF_USE_LEGACY_KERAS=1`` is set before TensorFlow is imported.
-Multi-worker and parameter-server training with ``model.fit`` only work with tf-keras on TF 2.21;
-`check_supported` turns those unsupported pairs into a clear error at strategy creation instead of
+Which flavours a strategy's ``model.fit`` trains with is one of its traits (``traits.keras``);
+`check_supported` turns an unsupported pair into a clear error at strategy creation instead of
 Keras's ``PerReplica`` failure deep inside ``fit``.
 """
 
@@ -16,25 +16,9 @@ from types import ModuleType
 from typing import Any, Literal
 
 from tfdist.errors import KerasCompatibilityError, format_error
+from tfdist.strategies.traits import LEGACY_KERAS_ENV, StrategyTraits
 
 KerasFlavour = Literal["keras3", "tf_keras"]
-
-LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
-
-# strategy name -> Keras flavours whose model.fit trains correctly with it on TF 2.21.
-SUPPORTED_FLAVOURS: Mapping[str, tuple[KerasFlavour, ...]] = {
-    "default": ("keras3", "tf_keras"),
-    "mirrored": ("keras3", "tf_keras"),
-    "multi_worker": ("tf_keras",),
-    "parameter_server": ("tf_keras",),
-    "horovod": ("keras3", "tf_keras"),
-}
-
-_WHY_UNSUPPORTED = {
-    "multi_worker": "Keras 3's model.fit fails under MultiWorkerMirroredStrategy on TF 2.21 "
-    "(it cannot reduce PerReplica values across workers)",
-    "parameter_server": "Keras 3 has no ParameterServerStrategy support at all",
-}
 
 
 def legacy_keras_requested(environ: Mapping[str, str] | None = None) -> bool:
@@ -93,18 +77,33 @@ def flavour_of(obj: Any) -> KerasFlavour | None:
     return None
 
 
-def needs_tf_keras(strategy: str) -> bool:
-    """Whether ``model.fit`` under ``strategy`` needs tf-keras (`SUPPORTED_FLAVOURS`).
+def _traits(strategy: str | StrategyTraits) -> StrategyTraits:
+    if isinstance(strategy, StrategyTraits):
+        return strategy
+    from tfdist.strategies.registry import strategy_traits
+
+    return strategy_traits(strategy)
+
+
+def needs_tf_keras(strategy: str | StrategyTraits) -> bool:
+    """Whether ``model.fit`` under ``strategy`` needs tf-keras (its traits' ``keras``).
 
     Example:
         >>> needs_tf_keras("multi_worker"), needs_tf_keras("horovod")
         (True, False)
     """
-    return "keras3" not in SUPPORTED_FLAVOURS.get(strategy, ("keras3", "tf_keras"))
+    return _traits(strategy).needs_tf_keras
 
 
-def check_supported(strategy: str, flavour: KerasFlavour | None = None) -> None:
+def check_supported(
+    strategy: str, flavour: KerasFlavour | None = None, *, traits: StrategyTraits | None = None
+) -> None:
     """Raises if ``model.fit`` cannot train with ``strategy`` under this Keras.
+
+    Args:
+        strategy: The strategy's name (for the message; its traits come from the registry).
+        flavour: The Keras in use (default: this process's).
+        traits: The strategy's traits, when the caller has them (a strategy class).
 
     Raises:
         KerasCompatibilityError: The pair is known not to work; the message names the fix.
@@ -117,17 +116,27 @@ def check_supported(strategy: str, flavour: KerasFlavour | None = None) -> None:
         tfdist.errors.KerasCompatibilityError: ...
     """
     flavour = flavour or keras_flavour()
-    supported = SUPPORTED_FLAVOURS.get(strategy, ("keras3", "tf_keras"))
-    if flavour in supported:
+    supported = _traits(traits or strategy)
+    if flavour in supported.keras:
         return
+    if flavour == "keras3":
+        raise KerasCompatibilityError(
+            format_error(
+                f"Strategy {strategy!r} cannot train with Keras 3: {supported.keras_unsupported}.",
+                received=f"strategy={strategy!r} with Keras 3 (TF_USE_LEGACY_KERAS unset)",
+                expected="tf-keras for this strategy",
+                fix="set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported (tfdist-launch does "
+                "this for you) and build the model with `import tf_keras as keras` "
+                "(or tfdist.compat.get_keras()); or use strategy='horovod', which works with "
+                "Keras 3",
+            )
+        )
     raise KerasCompatibilityError(
         format_error(
-            f"Strategy {strategy!r} cannot train with Keras 3: {_WHY_UNSUPPORTED[strategy]}.",
-            received=f"strategy={strategy!r} with Keras 3 (TF_USE_LEGACY_KERAS unset)",
-            expected="tf-keras for this strategy",
-            fix="set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported (tfdist-launch does "
-            "this for you) and build the model with `import tf_keras as keras` "
-            "(or tfdist.compat.get_keras()); or use strategy='horovod', which works with Keras 3",
+            f"Strategy {strategy!r} cannot train with tf-keras: {supported.keras_unsupported}.",
+            received=f"strategy={strategy!r} with tf-keras (TF_USE_LEGACY_KERAS=1)",
+            expected="Keras 3 for this strategy",
+            fix="unset TF_USE_LEGACY_KERAS and build the model with `import keras`",
         )
     )
 

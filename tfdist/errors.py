@@ -14,6 +14,7 @@ __all__ = [
     "LaunchError",
     "TaskFailedError",
     "TaskTimeoutError",
+    "EvaluatorTimeoutError",
     "MissingDependencyError",
     "format_error",
 ]
@@ -74,3 +75,7 @@ class TaskFailedError(LaunchError):
 
 class TaskTimeoutError(LaunchError):
     """A job did not finish within its timeout; every task was stopped."""
+
+
+class EvaluatorTimeoutError(TfdistError, TimeoutError):
+    """A sidecar evaluator saw no checkpoint appear within its timeout."""

@@ -27,14 +27,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tfdist.errors import TfdistError
+from tfdist.errors import EvaluatorTimeoutError
 
 EvaluateFn = Callable[[Any], Mapping[str, float]]
 _CHECKPOINT_NUMBER = re.compile(r"-(\d+)$")
-
-
-class EvaluatorTimeoutError(TfdistError, TimeoutError):
-    """No checkpoint appeared within the evaluator's timeout."""
 
 
 @dataclasses.dataclass(frozen=True)

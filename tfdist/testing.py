@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -26,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from tfdist.errors import LaunchError
 from tfdist.launcher.process import ProcessGroup, TaskKind
+from tfdist.strategies.detect import RANK_VARIABLES, launch_strategy
+from tfdist.strategies.registry import strategy_traits
 
 if TYPE_CHECKING:
     from tfdist.cluster import ClusterSpec
@@ -44,20 +45,23 @@ RESULT_DIR_ENV = "TFDIST_RESULT_DIR"
 
 
 def task_name(environ: Mapping[str, str] | None = None) -> str:
-    """This process's task as ``"type:index"``: from TF_CONFIG, Horovod's rank, or ``"local:0"``.
+    """This process's task as ``"type:index"``: from TF_CONFIG, a Horovod/MPI rank, else
+    ``"chief:0"`` (a single-process job is its own chief, as the launcher names it).
 
     Example:
         >>> task_name({"TF_CONFIG": '{"cluster": {}, "task": {"type": "worker", "index": 1}}'})
         'worker:1'
+        >>> task_name({"PMIX_RANK": "3"}), task_name({})
+        ('rank:3', 'chief:0')
     """
     env = os.environ if environ is None else environ
     if env.get("TF_CONFIG"):
         task = json.loads(env["TF_CONFIG"]).get("task", {})
         return f"{task.get('type', 'worker')}:{task.get('index', 0)}"
-    for rank_var in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+    for rank_var in RANK_VARIABLES:
         if rank_var in env:
             return f"rank:{env[rank_var]}"
-    return "local:0"
+    return "chief:0"
 
 
 def report(result: Any) -> None:
@@ -129,34 +133,33 @@ def run_cluster(
     *,
     timeout: float = 120.0,
     env: Mapping[str, str] | None = None,
-    services: Iterable[str] = ("ps", "worker"),
-    parameter_server: bool | None = None,
+    strategy: str | None = None,
     stream: Any = None,
 ) -> dict[str, Any]:
     """Runs ``script`` once per task of ``spec``, each with its own TF_CONFIG.
 
-    Without a ``ps`` role every task runs ``script`` (multi-worker layout). With one
-    (ParameterServer layout, or ``parameter_server=True``), only the chief runs ``script``; ``ps``
-    and ``worker`` tasks run ``python -m tfdist.server`` and are stopped when the chief is done;
-    an evaluator runs ``script`` as a sidecar.
+    What each task runs comes from the strategy's traits, as in ``tfdist-launch``: with
+    ``parameter_server`` (the default when ``spec`` has ps tasks) only the chief runs ``script``;
+    ``ps`` and ``worker`` tasks run ``python -m tfdist.server`` and are stopped when the chief is
+    done; an evaluator runs ``script`` as a sidecar. Otherwise every task runs ``script``.
+
+    Args:
+        strategy: Whose traits to follow (default: ``auto`` for the spec's role counts).
 
     Returns:
         Task name (``"worker:1"``) -> that task's reported result.
     """
     if not Path(script).exists():
         raise LaunchError(f"Script not found. Received: {script}. Fix: pass an existing file.")
-    is_ps = bool(spec.ps) if parameter_server is None else parameter_server
-    commands: dict[str, list[str]] = {}
+    trainers = len(spec.worker) + len(spec.chief)
+    traits = strategy_traits(strategy or launch_strategy(workers=trainers, ps=len(spec.ps)))
+    commands: dict[str, tuple[str, ...]] = {}
     task_env: dict[str, dict[str, str]] = {}
     kinds: dict[str, TaskKind] = {}
     for task in spec.tasks():
         name = str(task)
-        if is_ps and task.type in services:
-            commands[name] = [sys.executable, "-m", "tfdist.server"]
-            kinds[name] = "service"
-        else:
-            commands[name] = [sys.executable, os.fspath(script), *args]
-            kinds[name] = "sidecar" if task.type == "evaluator" else "main"
+        commands[name] = traits.task_argv(task.type, (os.fspath(script), *args))
+        kinds[name] = traits.task_kind(task.type)
         task_env[name] = {**(env or {}), "TF_CONFIG": spec.tf_config_json(task.type, task.index)}
     return run_tasks(commands, env=task_env, kinds=kinds, timeout=timeout, stream=stream)
 

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "keras_examples"
 CRASH_ENV = "TFDIST_EXAMPLE_CRASH_AFTER_EPOCH"
 CRASH_EXIT_STATUS = 42  # keras_examples/common.py
-CHIEF_TASKS = ("local:0", "worker:0", "chief:0", "rank:0")
+CHIEF_TASKS = ("chief:0", "worker:0", "rank:0")
 
 # Launcher arguments and expected num_replicas_in_sync of each topology (CPU: one replica per
 # worker; ParameterServer steps run on one worker at a time: 1).

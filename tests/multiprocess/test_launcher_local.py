@@ -110,14 +110,15 @@ def test_a_crashing_evaluator_is_reported_and_training_goes_on(tmp_path):
 
 def test_a_task_that_cannot_start_stops_the_gang(tmp_path):
     from tfdist.cluster import Task
-    from tfdist.launcher.local import run_plan
-    from tfdist.launcher.plan import JobPlan, TaskPlan
+    from tfdist.launcher.local import run_placement
+    from tfdist.launcher.plan import JobOptions, Placement, TaskPlan, plan_job
 
     sleeper = TaskPlan("worker:0", Task("worker", 0), "localhost", None,
                        (sys.executable, "-c", "import time; time.sleep(120)"))
     missing = TaskPlan("worker:1", Task("worker", 1), "localhost", None,
                        (str(tmp_path / "no-such-program"),))
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    assert run_plan(JobPlan("multi_worker", (sleeper, missing)), timeout=30) == 127
+    plan = plan_job(JobOptions("t.py", strategy="multi_worker", timeout=30))
+    assert run_placement(Placement(plan, (sleeper, missing))) == 127
     left = {p.pid for p in psutil.Process().children(recursive=True)} - before
     assert _no_orphans(list(left))

@@ -23,9 +23,9 @@ def test_mirrored_replicas_match_reference(flavour):
     env = {"PYTHONPATH": str(REPO)}
     if flavour == "tf_keras":
         env["TF_USE_LEGACY_KERAS"] = "1"
-    results = run_tasks({"local:0": [sys.executable, str(SCRIPT)]}, env={"local:0": env},
+    results = run_tasks({"chief:0": [sys.executable, str(SCRIPT)]}, env={"chief:0": env},
                         timeout=90)
-    result = results["local:0"]
+    result = results["chief:0"]
     assert result["flavour"] == flavour
     assert result["num_replicas"] == 2
     assert result["variable_types"] == ["MirroredVariable"]

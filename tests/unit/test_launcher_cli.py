@@ -27,7 +27,7 @@ def _dry_run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> list[dict]:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--strategy", "ring"], "invalid choice: 'ring'"),
+        (["--strategy", "ring"], "Unknown strategy 'ring'"),
         (["--workers", "0", "{script}"], "--workers must be at least 1. Received: 0"),
         (["--ps", "1", "--strategy", "multi_worker", "{script}"], "has no parameter servers"),
         (["--strategy", "parameter_server", "{script}"], "needs --ps 1 or more"),

@@ -15,8 +15,8 @@ import yaml
 from tfdist.cluster import ClusterSpec
 from tfdist.errors import StrategyConfigError
 from tfdist.launcher import cli, slurm_task
-from tfdist.launcher.export import export_job, job_roles
-from tfdist.launcher.plan import JobOptions, plan_job, release_plan
+from tfdist.launcher.export import export_job as export_plan
+from tfdist.launcher.plan import JobOptions, place, plan_job
 
 KUBEFLOW = {"Chief": "chief", "Worker": "worker", "PS": "ps", "Evaluator": "evaluator"}
 JOBS = [
@@ -30,14 +30,18 @@ SLURM_ENV = {"SLURM_JOB_NODELIST": "node[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)"}
 
 
 def _local_roles(options: JobOptions) -> dict[str, int]:
-    plan = plan_job(options)
-    release_plan(plan)
-    return dict(collections.Counter(t.task.type for t in (plan.ranks or plan.tasks)))
+    placement = place(plan_job(options))
+    placement.release()
+    return dict(collections.Counter(t.task.type for t in (placement.ranks or placement.tasks)))
+
+
+def export_job(options: JobOptions, fmt: str, **export) -> str:
+    return export_plan(plan_job(options), fmt, **export)
 
 
 @pytest.mark.parametrize("options", JOBS)
-def test_job_roles_match_the_local_plan(options):
-    assert job_roles(options) == _local_roles(options)
+def test_plan_roles_match_the_local_placement(options):
+    assert dict(plan_job(options).roles) == _local_roles(options)
 
 
 @pytest.mark.parametrize("options", JOBS)

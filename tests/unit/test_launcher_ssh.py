@@ -14,7 +14,7 @@ import pytest
 from tfdist.errors import ClusterConfigError
 from tfdist.launcher import cli
 from tfdist.launcher.hosts import HostOptions
-from tfdist.launcher.plan import JobOptions, plan_job
+from tfdist.launcher.plan import JobOptions, place, plan_job
 from tfdist.launcher.ssh import SshOptions, forwarded_env, is_local_host, ssh_command
 
 NASTY = {"TF_CONFIG": '{"task": {"type": "worker", "index": 1}}', "X": "it's $HOME; `id` \"q\""}
@@ -113,7 +113,7 @@ def test_dry_run_horovod_on_hosts_shows_each_rank_with_its_host(script, capsys):
 
 def test_horovodrun_gets_hosts_ssh_port_and_identity(script):
     hosts = HostOptions(hostfile=None, hosts="h1:2,h2:2", ssh=SshOptions(port=2022, identity="/k"))
-    plan = plan_job(JobOptions(script, strategy="horovod", workers=4, hosts=hosts))
+    plan = place(plan_job(JobOptions(script, strategy="horovod", workers=4, hosts=hosts)))
     command = plan.tasks[0].command
     assert command[1:10] == ("-np", "4", "-H", "h1:2,h2:2", "-p", "2022",
                              "--ssh-identity-file", "/k", "--gloo")
@@ -122,7 +122,7 @@ def test_horovodrun_gets_hosts_ssh_port_and_identity(script):
 def test_horovodrun_on_remote_hosts_names_the_interface_and_wraps_each_rank(script, monkeypatch):
     monkeypatch.setenv("TF_CONFIG", "{}")
     hosts = HostOptions(hosts="198.51.100.7:1,198.51.100.8:1", network_interface="eth9")
-    plan = plan_job(JobOptions(script, strategy="horovod", workers=2, hosts=hosts))
+    plan = place(plan_job(JobOptions(script, strategy="horovod", workers=2, hosts=hosts)))
     command = plan.tasks[0].command
     assert command[5:8] == ("--network-interfaces", "eth9", "--gloo")
     assert command[8:12] == (sys.executable, "-m", "tfdist.launcher.remote", "--")

@@ -167,7 +167,7 @@ def test_run_tasks_collects_each_tasks_report():
 
 def test_task_name_reads_tf_config_then_horovod_rank():
     assert task_name({"HOROVOD_RANK": "3"}) == "rank:3"
-    assert task_name({}) == "local:0"
+    assert task_name({}) == "chief:0"
     report({"ignored": True})  # outside run_tasks: a no-op, not an error
 
 

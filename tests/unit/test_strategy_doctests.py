@@ -16,10 +16,11 @@ MODULES = [
     "tfdist.strategies.detect",
     "tfdist.strategies.mirrored",
     "tfdist.strategies.multi_worker",
-    "tfdist.strategies.options",
+    "tfdist.options",
     "tfdist.strategies.parameter_server",
     "tfdist.strategies.registry",
     "tfdist.strategies.startup",
+    "tfdist.strategies.traits",
     "tfdist.server",
 ]
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 
 import pytest
 
@@ -19,10 +21,21 @@ def test_builtin_names():
     assert tfdist.strategies.available_strategies() == BUILTINS
 
 
-def test_horovod_is_registered_lazily():
-    # Stored as "module:Class" until asked for, so Horovod stays optional.
-    target = registry._REGISTRY["horovod"]
-    assert target == "tfdist.strategies.horovod:HorovodStrategy" or isinstance(target, type)
+def test_traits_answer_without_importing_tensorflow_or_horovod():
+    # The launcher, validation and the exports read traits; they must stay fast and work
+    # where Horovod is not installed.
+    code = ("import sys, tfdist.strategies.registry as r\n"
+            "names = [n for n in r.available_strategies() if n != 'auto']\n"
+            "print([r.strategy_traits(n).launch for n in names])\n"
+            "print(sorted(m for m in ('tensorflow', 'horovod', 'keras') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out == ["['single_process', 'single_process', 'tasks', 'tasks', 'ranks']", "[]"]
+
+
+@pytest.mark.parametrize("name", ["default", "mirrored", "multi_worker", "parameter_server"])
+def test_builtin_classes_carry_the_registry_s_traits(name):
+    assert tfdist.strategies.get_strategy_class(name).traits is registry.strategy_traits(name)
 
 
 def test_classes_are_tf_strategies_with_the_mixin():
@@ -47,8 +60,10 @@ def test_unknown_name_lists_valid_names_and_suggests():
         tfdist.strategies.get_strategy("mirored")
     assert str(info.value) == (
         "Unknown strategy 'mirored'. Received: 'mirored'. Expected: one of default, mirrored, "
-        "multi_worker, parameter_server, horovod, auto. Fix: did you mean 'mirrored'? or "
-        "register your own with tfdist.strategies.register()"
+        "multi_worker, parameter_server, horovod, auto, or 'package.module:Class'. Fix: did you "
+        "mean 'mirrored'? Or register your own with tfdist.strategies.register(), or name its "
+        "class as 'package.module:Class', or declare it in the 'tfdist.strategies' entry-point "
+        "group"
     )
 
 

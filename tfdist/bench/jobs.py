@@ -68,14 +68,14 @@ def run_horovod(np_: int, module: str, args: Sequence[str], *, env: Mapping[str,
 
 def run_local(module: str, args: Sequence[str], *, env: Mapping[str, str], log: IO[str],
               timeout: float) -> dict[str, Any]:
-    """Runs ``python -m <module>`` as one process (no cluster); its result is ``local:0``."""
+    """Runs ``python -m <module>`` as one process (no cluster); its result is ``chief:0``."""
     return run_tasks({"local": [sys.executable, "-m", module, *args]},
                      env={"local": base_env(env)}, stream=log, timeout=timeout)
 
 
 def first_report(results: Mapping[str, Any]) -> Any:
     """The report of the chief / rank 0 / first worker (they time the same collective steps)."""
-    for name in ("chief:0", "rank:0", "worker:0", "local:0"):
+    for name in ("chief:0", "rank:0", "worker:0"):
         if name in results:
             return results[name]
     raise RuntimeError(f"no chief, rank 0 or worker 0 reported; got {sorted(results)}")

@@ -22,7 +22,6 @@ from tfdist.cluster.slurm import expand_nodelist, parse_tasks_per_node
 from tfdist.cluster.spec import ClusterSpec
 from tfdist.cluster.tables import PaiJob, read_pai_table
 from tfdist.cluster.tf_config import TF_CONFIG
-from tfdist.cluster.validate import STRATEGIES
 
 __all__ = [
     "CHIEF",
@@ -31,7 +30,6 @@ __all__ = [
     "EVALUATOR",
     "ROLES",
     "TRAINING_ROLES",
-    "STRATEGIES",
     "TF_CONFIG",
     "Task",
     "ClusterSpec",

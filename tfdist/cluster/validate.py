@@ -26,7 +26,6 @@ from tfdist.cluster.roles import (
 )
 
 __all__ = [
-    "STRATEGIES",
     "Roles",
     "check_strategy_name",
     "check_role_list",
@@ -41,32 +40,34 @@ __all__ = [
 Roles = Mapping[str, Sequence[str]]
 """A cluster as plain data: role -> addresses (``{"worker": ["h1:2222", "h2:2222"]}``)."""
 
-STRATEGIES: tuple[str, ...] = (
-    "default",
-    "mirrored",
-    "multi_worker",
-    "parameter_server",
-    "horovod",
-)
-"""Strategy names that validation knows (``None`` means: generic checks only)."""
-
-_NO_PS_STRATEGIES = ("default", "mirrored", "multi_worker", "horovod")
 TASK_KEYS = ("type", "index")
 _IGNORED_TASK_KEYS = ("trial", "cloud")  # Set by Cloud ML Engine / Vertex AI; TF ignores them.
 
 
 def check_strategy_name(strategy: object) -> str | None:
-    """Returns ``strategy`` if it is None or one of `STRATEGIES`.
+    """Returns ``strategy`` if it is None or names a strategy the registry knows.
+
+    The registry (`tfdist.strategies.registry`) imports no TensorFlow; it owns which roles each
+    strategy's cluster may have, so this layer asks it rather than keeping a list of its own.
 
     Example:
         >>> check_strategy_name("multi_worker")
         'multi_worker'
     """
-    if strategy is None or strategy in STRATEGIES:
-        return strategy  # type: ignore[return-value]
+    if strategy is None:
+        return None
+    from tfdist.errors import StrategyConfigError
+    from tfdist.strategies.registry import AUTO, available_strategies, check_strategy_name
+
+    try:
+        if strategy == AUTO:
+            raise StrategyConfigError("'auto' is not a strategy of its own")
+        return check_strategy_name(strategy)
+    except StrategyConfigError:
+        pass
     raise config_error(
         "strategy", f"{show(strategy)} is not a known strategy name.", received=show(strategy),
-        expected=f"None or one of {', '.join(STRATEGIES)}",
+        expected=f"None or one of {', '.join(available_strategies()[:-1])}",
         fix="Pass one of the expected names (or None for generic checks only).",
     )
 
@@ -248,32 +249,37 @@ def check_task_mapping(task: object, roles: Roles, where: str = "TF_CONFIG") -> 
 
 
 def check_strategy(roles: Roles, strategy: str | None, where: str = "cluster spec") -> None:
-    """Checks that the cluster fits ``strategy`` (None: nothing beyond `check_roles`).
+    """Checks that the cluster fits ``strategy``'s traits (None: nothing beyond `check_roles`).
 
     Example:
         >>> check_strategy({"chief": ["h:1"], "worker": ["h:2"], "ps": ["h:3"]}, "parameter_server")
     """
-    check_strategy_name(strategy)
+    if check_strategy_name(strategy) is None:
+        return
+    from tfdist.strategies.registry import strategy_traits
+
+    traits = strategy_traits(strategy)
     counts = {role: len(roles.get(role, ())) for role in ROLES}
-    if strategy == "parameter_server":
-        for role, why in ((PS, "it holds the variables"), (CHIEF, "it is the coordinator")):
-            if not counts[role]:
-                raise config_error(
-                    where, f"strategy 'parameter_server' needs a {role} task ({why}).",
-                    received=show({r: list(roles[r]) for r in roles if roles[r]}),
-                    expected=f"at least one {role}" if role == PS else "exactly one chief",
-                    fix=f"Add a {role} (e.g. {role}={'1' if role == PS else 'True'} in a builder).",
-                )
-    if strategy == "multi_worker" and not counts[WORKER] + counts[CHIEF]:
+    present = show({r: list(roles[r]) for r in roles if roles[r]})
+    for role, why in traits.required_roles.items():
+        if not counts[role]:
+            raise config_error(
+                where, f"strategy {strategy!r} needs a {role} task ({why}).",
+                received=present,
+                expected=f"at least one {role}" if role != CHIEF else "exactly one chief",
+                fix=f"Add a {role} (e.g. {role}={'True' if role == CHIEF else '1'} in a builder).",
+            )
+    if not counts[WORKER] + counts[CHIEF]:
         raise config_error(
-            where, "strategy 'multi_worker' needs at least one worker or chief.",
-            received=show({r: list(roles[r]) for r in roles if roles[r]}),
-            expected="one or more worker (or chief) tasks", fix="Add workers (e.g. workers=2).",
+            where, f"strategy {strategy!r} needs at least one worker or chief.",
+            received=present, expected="one or more worker (or chief) tasks",
+            fix="Add workers (e.g. workers=2).",
         )
-    if strategy in _NO_PS_STRATEGIES and counts[PS]:
+    if counts[PS] and not traits.has_role(PS):
         raise config_error(
             where, f"strategy {strategy!r} does not use parameter servers, but the cluster has "
             f"{counts[PS]} ps task(s).", received=f"ps={list(roles[PS])}",
             expected=f"no 'ps' role with strategy {strategy!r}",
             fix="Remove the ps tasks (ps=0) or use strategy 'parameter_server'.",
         )
+

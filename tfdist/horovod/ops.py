@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from tfdist import compat
 from tfdist.horovod.runtime import hvd, init
-from tfdist.strategies.options import check_choice
+from tfdist.options import check_choice
 
 __all__ = [
     "REDUCE_OPS",

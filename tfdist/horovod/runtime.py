@@ -22,7 +22,7 @@ import os
 from types import ModuleType
 
 from tfdist.errors import MissingDependencyError, StrategyConfigError, format_error
-from tfdist.strategies.options import check_positive_int, check_positive_number
+from tfdist.options import check_positive_int, check_positive_number
 
 __all__ = [
     "FUSION_THRESHOLD_ENV",

@@ -20,11 +20,12 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tfdist.errors import ClusterConfigError, LaunchError, StrategyConfigError
+from tfdist.errors import ClusterConfigError, LaunchError, StrategyConfigError, TfdistError
 from tfdist.launcher.export import add_export_arguments, run_export
 from tfdist.launcher.hosts import add_host_arguments, check_host_arguments, host_options_from_args
-from tfdist.launcher.plan import LAUNCH_STRATEGIES, JobOptions, plan_job, release_plan
-from tfdist.strategies.registry import SINGLE_PROCESS_STRATEGIES
+from tfdist.launcher.plan import JobOptions, JobPlan, layout_problem, place, plan_job
+from tfdist.strategies.detect import launch_strategy
+from tfdist.strategies.registry import available_strategies, strategy_traits
 
 _ENV_PREFIX = "TFDIST_LAUNCH_"
 
@@ -42,9 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     job = parser.add_argument_group("job")
     job.add_argument(
-        "--strategy", choices=LAUNCH_STRATEGIES, default=_env_default("STRATEGY", "auto"),
-        help="topology (env TFDIST_LAUNCH_STRATEGY; default auto: --ps>0 -> parameter_server, "
-        "--workers>1 -> multi_worker, else one process)",
+        "--strategy", default=_env_default("STRATEGY", "auto"), metavar="NAME",
+        help=f"one of {', '.join(available_strategies())}, a registered name, or "
+        "package.module:Class (env TFDIST_LAUNCH_STRATEGY; default auto: --ps>0 -> "
+        "parameter_server, --workers>1 -> multi_worker, else one process)",
     )
     job.add_argument(
         "--workers", type=int,
@@ -94,17 +96,36 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parses and validates ``argv``; exits with status 2 and a one-line message when invalid."""
+    """Parses and validates ``argv``; exits with status 2 and a one-line message when invalid.
+
+    ``auto`` is resolved here (``args.strategy`` is a concrete name afterwards), so that every
+    check below reads the strategy's traits.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.check:
         return args
-    if args.workers is None:
-        args.workers = 1 if args.strategy in SINGLE_PROCESS_STRATEGIES else 2
-    problem = _validate(args) or check_host_arguments(args)
+    problem = _resolve_strategy(args) or _validate(args) or check_host_arguments(args)
     if problem:
         parser.error(problem)
     return args
+
+
+def _resolve_strategy(args: argparse.Namespace) -> str | None:
+    if args.strategy == "auto":
+        workers = 2 if args.workers is None else args.workers
+        args.strategy = launch_strategy(workers=workers, ps=args.ps,
+                                        ranks=args.export == "mpijob")
+    try:
+        traits = strategy_traits(args.strategy)
+    except TfdistError as err:
+        return str(err)
+    if args.workers is None:
+        args.workers = 1 if traits.single_process else 2
+    if (args.hosts or args.hostfile) and traits.single_process:
+        return (f"--strategy {args.strategy} runs one process on this machine; --hosts/--hostfile "
+                "need a multi-process strategy. Fix: use multi_worker, parameter_server or horovod")
+    return None
 
 
 def _validate(args: argparse.Namespace) -> str | None:
@@ -112,27 +133,13 @@ def _validate(args: argparse.Namespace) -> str | None:
         return "missing SCRIPT: the training script to run (e.g. tfdist-launch train.py)"
     if not args.export and not os.path.isfile(args.script):  # exports name the script remotely
         return f"script not found: {args.script!r}. Fix: pass the path of an existing file"
-    if args.workers < 1:
-        return f"--workers must be at least 1. Received: {args.workers}"
     if args.evaluator_grace < 0:
         return f"--evaluator-grace must be 0 or more seconds. Received: {args.evaluator_grace}"
     if args.max_restarts < 0:
         return f"--max-restarts must be 0 or more. Received: {args.max_restarts}"
     if args.max_worker_restarts < 0:
         return f"--max-worker-restarts must be 0 or more. Received: {args.max_worker_restarts}"
-    if args.ps < 0:
-        return f"--ps must be 0 or more. Received: {args.ps}"
-    if args.ps and args.strategy not in ("auto", "parameter_server"):
-        return (f"--ps {args.ps} was given with --strategy {args.strategy}, which has no parameter "
-                f"servers. Fix: drop --ps, or use --strategy parameter_server")
-    if args.strategy == "parameter_server" and args.ps == 0:
-        return "--strategy parameter_server needs --ps 1 or more"
-    if args.strategy == "parameter_server" and args.chief is False:
-        return "--no-chief with parameter_server: the chief is the coordinator that runs the script"
-    if args.strategy in SINGLE_PROCESS_STRATEGIES and args.workers > 1:
-        return (f"--strategy {args.strategy} runs one process (several devices in it), but "
-                f"--workers {args.workers} was given. Fix: use --strategy multi_worker")
-    return None
+    return layout_problem(options_from_args(args), args.strategy, strategy_traits(args.strategy))
 
 
 def options_from_args(args: argparse.Namespace) -> JobOptions:
@@ -140,8 +147,14 @@ def options_from_args(args: argparse.Namespace) -> JobOptions:
         script=args.script, script_args=tuple(args.script_args), strategy=args.strategy,
         workers=args.workers, ps=args.ps, chief=args.chief, evaluator=args.evaluator,
         timeout=args.timeout, evaluator_grace=args.evaluator_grace,
-        hosts=host_options_from_args(args),
+        max_restarts=args.max_restarts, worker_restarts=args.max_worker_restarts,
+        log_dir=args.log_dir, hosts=host_options_from_args(args),
     )
+
+
+def plan_from_args(args: argparse.Namespace) -> JobPlan:
+    """The `JobPlan` of parsed arguments: what every runner and export reads."""
+    return plan_job(options_from_args(args))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -151,28 +164,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(format_report(installed_report()))
         return 0
-    options = options_from_args(args)
-    if args.export:
-        try:
-            return run_export(args, options)
-        except StrategyConfigError as err:
-            print(f"tfdist-launch: error: {err}", file=sys.stderr)
-            return 2
     try:
-        plan = plan_job(options)
+        plan = plan_from_args(args)
+        if args.export:
+            return run_export(args, plan)
+        placement = place(plan)
     except (ClusterConfigError, StrategyConfigError) as err:
         print(f"tfdist-launch: error: {err}", file=sys.stderr)
         return 2
     if args.dry_run:
-        release_plan(plan)
-        for line in plan.describe():
+        placement.release()
+        for line in placement.describe():
             print(json.dumps(line))
         return 0
     from tfdist.launcher.local import run_job
 
     try:
-        return run_job(options, plan, max_restarts=args.max_restarts, log_dir=args.log_dir,
-                       worker_restarts=args.max_worker_restarts)
+        return run_job(plan, placement)
     except LaunchError as err:
         print(f"tfdist-launch: error: {err}", file=sys.stderr)
         return 1

@@ -1,18 +1,20 @@
 """``tfdist-launch --export``: the same job, written for a cluster scheduler instead of run here.
 
-Three formats, each describing the cluster that `tfdist.launcher.plan.plan_job` would start
-locally (same roles, same counts, same environment):
+Three formats, each written from the same `tfdist.launcher.plan.JobPlan` that a local run
+places (same roles, same counts, same commands, same environment):
 
 * ``kubeflow``: a Kubeflow ``TFJob`` (``kubeflow.org/v1``). The training operator sets each
-  pod's TF_CONFIG; ParameterServer ``Worker``/``PS`` replicas run ``python -m tfdist.server``.
+  pod's TF_CONFIG; server roles (ParameterServer ``Worker``/``PS``) run
+  ``python -m tfdist.server``.
 * ``mpijob``: a Kubeflow ``MPIJob`` (``kubeflow.org/v2beta1``) for Horovod: a launcher pod runs
   ``horovodrun --gloo`` over the operator's hostfile; worker pods run sshd.
 * ``slurm``: a batch script. ``srun`` starts one Slurm task per TensorFlow task, each through
   ``python -m tfdist.launcher.slurm_task``, which builds its TF_CONFIG from Slurm's variables.
 
 Example:
-    >>> from tfdist.launcher.plan import JobOptions
-    >>> print(export_job(JobOptions("train.py", workers=2), "slurm", nodes=2).splitlines()[2])
+    >>> from tfdist.launcher.plan import JobOptions, plan_job
+    >>> plan = plan_job(JobOptions("train.py", workers=2))
+    >>> print(export_job(plan, "slurm", nodes=2).splitlines()[2])
     #SBATCH --job-name=train
 """
 
@@ -25,12 +27,10 @@ import shlex
 from pathlib import PurePath
 from typing import Any
 
-from tfdist import compat
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.launcher.plan import STRATEGY_ENV, JobOptions, resolve_strategy
-from tfdist.strategies.registry import SINGLE_PROCESS_STRATEGIES
+from tfdist.launcher.plan import JobPlan
 
-__all__ = ["EXPORT_FORMATS", "ExportOptions", "add_export_arguments", "export_job", "job_roles"]
+__all__ = ["EXPORT_FORMATS", "ExportOptions", "add_export_arguments", "export_job"]
 
 EXPORT_FORMATS = ("kubeflow", "mpijob", "slurm")
 MPI_HOSTFILE = "/etc/mpi/hostfile"  # written by the MPI Operator v2 into the launcher pod
@@ -76,46 +76,17 @@ def export_options_from_args(args: argparse.Namespace) -> ExportOptions:
                          slots_per_worker=args.slots_per_worker)
 
 
-def job_roles(options: JobOptions) -> dict[str, int]:
-    """Tasks per role of the job, as `plan_job` lays it out (Horovod: one ``worker`` per rank).
-
-    Example:
-        >>> job_roles(JobOptions("t.py", workers=2, ps=1, evaluator=True))
-        {'chief': 1, 'worker': 2, 'ps': 1, 'evaluator': 1}
-    """
-    strategy = resolve_strategy(options)
-    if strategy in SINGLE_PROCESS_STRATEGIES:
-        return {"chief": 1}
-    if strategy == "horovod":
-        return {"worker": options.workers}
-    chief = options.chief if options.chief is not None else strategy == "parameter_server"
-    counts = {"chief": int(chief), "worker": options.workers, "ps": options.ps,
-              "evaluator": int(options.evaluator)}
-    return {role: count for role, count in counts.items() if count}
-
-
-def job_env(strategy: str) -> dict[str, str]:
-    """The variables every task gets (TF_CONFIG aside), independent of this machine."""
-    env = {STRATEGY_ENV: strategy, "PYTHONUNBUFFERED": "1"}
-    if compat.needs_tf_keras(strategy):
-        env[compat.LEGACY_KERAS_ENV] = "1"
-    return env
-
-
-def job_name(options: JobOptions, export: ExportOptions) -> str:
+def job_name(plan: JobPlan, export: ExportOptions) -> str:
     """A DNS-1123 name (Kubernetes' rule) from ``export.name`` or the script's file name.
 
     Example:
-        >>> job_name(JobOptions("dir/My_Train.py"), ExportOptions())
+        >>> from tfdist.launcher.plan import JobOptions, plan_job
+        >>> job_name(plan_job(JobOptions("dir/My_Train.py")), ExportOptions())
         'my-train'
     """
-    raw = export.name or PurePath(options.script).stem
+    raw = export.name or PurePath(plan.options.script).stem
     name = re.sub(r"[^a-z0-9-]+", "-", raw.lower()).strip("-")[:63].strip("-")
     return name or "tfdist-job"
-
-
-def _script_command(options: JobOptions, export: ExportOptions) -> list[str]:
-    return [export.python, "-u", options.script, *options.script_args]
 
 
 def _container(name: str, image: str, command: list[str], env: dict[str, str]) -> dict[str, Any]:
@@ -123,16 +94,13 @@ def _container(name: str, image: str, command: list[str], env: dict[str, str]) -
             "env": [{"name": k, "value": v} for k, v in env.items()]}
 
 
-def tfjob(options: JobOptions, export: ExportOptions) -> dict[str, Any]:
+def tfjob(plan: JobPlan, export: ExportOptions) -> dict[str, Any]:
     """A Kubeflow ``TFJob`` with one replica spec per role of the job."""
-    strategy = _strategy_for(options, "kubeflow")
-    env = job_env(strategy)
+    _check_format(plan, "kubeflow")
     specs = {}
-    for role, count in job_roles(options).items():
-        command = _script_command(options, export)
-        if strategy == "parameter_server" and role in ("worker", "ps"):
-            command = [export.python, "-u", "-m", "tfdist.server"]
-        container = _container("tensorflow", export.image, command, env)  # name TFJob requires
+    for role, count in plan.roles.items():
+        command = list(plan.task_argv(role, export.python))
+        container = _container("tensorflow", export.image, command, dict(plan.env))  # TFJob's name
         container["ports"] = [{"name": "tfjob-port", "containerPort": TF_PORT}]
         specs[_KUBEFLOW_ROLES[role]] = {
             "replicas": count, "restartPolicy": "OnFailure",
@@ -140,25 +108,25 @@ def tfjob(options: JobOptions, export: ExportOptions) -> dict[str, Any]:
         }
     return {
         "apiVersion": "kubeflow.org/v1", "kind": "TFJob",
-        "metadata": {"name": job_name(options, export)},
+        "metadata": {"name": job_name(plan, export)},
         # Running: once the chief succeeds, the still-serving PS/worker pods are deleted.
         "spec": {"runPolicy": {"cleanPodPolicy": "Running"}, "tfReplicaSpecs": specs},
     }
 
 
-def mpijob(options: JobOptions, export: ExportOptions) -> dict[str, Any]:
+def mpijob(plan: JobPlan, export: ExportOptions) -> dict[str, Any]:
     """A Kubeflow ``MPIJob`` (v2beta1): ``horovodrun --gloo`` over the operator's hostfile."""
-    _strategy_for(options, "mpijob")
-    ranks, slots = options.workers, export.slots_per_worker
+    _check_format(plan, "mpijob")
+    ranks, slots = plan.roles["worker"], export.slots_per_worker
     if slots < 1 or ranks % slots:
         raise StrategyConfigError(format_error(
             "MPIJob workers must hold the Horovod ranks evenly.",
             received=f"--workers {ranks} --slots-per-worker {slots}",
             expected="--slots-per-worker >= 1 dividing --workers",
             fix=f"use --slots-per-worker 1, or a divisor of {ranks}"))
-    env = job_env("horovod")
+    env = dict(plan.env)
     launcher = ["horovodrun", "-np", str(ranks), "--hostfile", MPI_HOSTFILE, "--gloo",
-                *_script_command(options, export)]
+                *plan.task_argv("worker", export.python)]
     worker = ["/usr/sbin/sshd", "-De"]  # the launcher reaches workers over ssh
 
     def replica(count: int, container: dict[str, Any]) -> dict[str, Any]:
@@ -166,7 +134,7 @@ def mpijob(options: JobOptions, export: ExportOptions) -> dict[str, Any]:
 
     return {
         "apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
-        "metadata": {"name": job_name(options, export)},
+        "metadata": {"name": job_name(plan, export)},
         "spec": {
             "slotsPerWorker": slots,
             "runPolicy": {"cleanPodPolicy": "Running"},
@@ -179,10 +147,10 @@ def mpijob(options: JobOptions, export: ExportOptions) -> dict[str, Any]:
     }
 
 
-def sbatch_script(options: JobOptions, export: ExportOptions) -> str:
+def sbatch_script(plan: JobPlan, export: ExportOptions) -> str:
     """A Slurm batch script: one ``srun`` task per TensorFlow task, through the tfdist shim."""
-    strategy = _strategy_for(options, "slurm")
-    roles = job_roles(options)
+    _check_format(plan, "slurm")
+    strategy, roles = plan.strategy, plan.roles
     ntasks, nodes = sum(roles.values()), export.nodes
     if not 1 <= nodes <= ntasks:
         raise StrategyConfigError(format_error(
@@ -191,19 +159,19 @@ def sbatch_script(options: JobOptions, export: ExportOptions) -> str:
             fix="lower --nodes, or add workers"))
     shim = [export.python, "-m", "tfdist.launcher.slurm_task", "--strategy", strategy,
             "--ps", str(roles.get("ps", 0))]
-    if strategy not in SINGLE_PROCESS_STRATEGIES:
+    if not plan.traits.single_process:
         shim += ["--chief"] * ("chief" in roles) + ["--evaluator"] * ("evaluator" in roles)
     done = ""
-    if strategy == "parameter_server":  # the chief's end tells the servers to stop
+    if plan.traits.server_roles:  # servers serve forever: the chief's end tells them to stop
         done = ' --done-file "${SLURM_SUBMIT_DIR:-.}/.tfdist-${SLURM_JOB_ID:-0}.done"'
-    command = shlex.join(shim) + done + " -- " + shlex.join(_script_command(options, export))
+    command = shlex.join(shim) + done + " -- " + shlex.join(plan.task_argv("chief", export.python))
     per_node = f"#SBATCH --ntasks-per-node={ntasks // nodes}\n" if ntasks % nodes == 0 else ""
-    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in job_env(strategy).items())
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in plan.env.items())
     summary = ", ".join(f"{role}={count}" for role, count in roles.items())
     return (
         "#!/bin/bash\n"
         f"# Written by tfdist-launch --export slurm: {strategy}, {summary}.\n"
-        f"#SBATCH --job-name={job_name(options, export)}\n"
+        f"#SBATCH --job-name={job_name(plan, export)}\n"
         f"#SBATCH --nodes={nodes}\n"
         f"#SBATCH --ntasks={ntasks}\n"
         f"{per_node}"
@@ -215,51 +183,51 @@ def sbatch_script(options: JobOptions, export: ExportOptions) -> str:
     )
 
 
-def _strategy_for(options: JobOptions, fmt: str) -> str:
-    strategy = resolve_strategy(options)
-    if fmt == "mpijob" and options.strategy == "auto" and not options.ps:
-        strategy = "horovod"
-    if (fmt == "mpijob") != (strategy == "horovod"):
-        fix = ("use --export mpijob for Horovod" if strategy == "horovod"
+def _check_format(plan: JobPlan, fmt: str) -> None:
+    """MPIJob runs ranks (``horovodrun``); TFJob and Slurm run TF tasks or one process."""
+    ranks = plan.traits.launch == "ranks"
+    if (fmt == "mpijob") != ranks:
+        fix = (f"use --export mpijob for Horovod ranks ({plan.strategy})" if ranks
                else "add --strategy horovod, or use --export kubeflow or slurm")
         raise StrategyConfigError(format_error(
-            f"--export {fmt} cannot describe a {strategy} job.",
-            received=f"--export {fmt} with strategy {strategy}",
-            expected="mpijob for horovod; kubeflow or slurm for the TensorFlow strategies",
+            f"--export {fmt} cannot describe a {plan.strategy} job.",
+            received=f"--export {fmt} with strategy {plan.strategy}",
+            expected="mpijob for Horovod ranks; kubeflow or slurm for TensorFlow tasks",
             fix=fix))
-    return strategy
 
 
-def export_job(options: JobOptions, fmt: str, **export: Any) -> str:
+def export_job(plan: JobPlan, fmt: str, **export: Any) -> str:
     """The job as text in format ``fmt`` (YAML for Kubernetes, a bash script for Slurm).
 
     Args:
-        options: The job, as for a local run.
+        plan: The job, as for a local run.
         fmt: One of `EXPORT_FORMATS`.
         **export: Fields of `ExportOptions`.
 
     Example:
         >>> import yaml
-        >>> text = export_job(JobOptions("train.py", workers=2, ps=1), "kubeflow", image="me/t:1")
+        >>> from tfdist.launcher.plan import JobOptions, plan_job
+        >>> plan = plan_job(JobOptions("train.py", workers=2, ps=1))
+        >>> text = export_job(plan, "kubeflow", image="me/t:1")
         >>> sorted(yaml.safe_load(text)["spec"]["tfReplicaSpecs"])
         ['Chief', 'PS', 'Worker']
     """
     settings = ExportOptions(**export)
     if fmt == "slurm":
-        return sbatch_script(options, settings)
+        return sbatch_script(plan, settings)
     if fmt not in EXPORT_FORMATS:
         raise StrategyConfigError(format_error(
             "Unknown export format.", received=repr(fmt), expected=", ".join(EXPORT_FORMATS),
             fix="pick one of them"))
     import yaml
 
-    document = tfjob(options, settings) if fmt == "kubeflow" else mpijob(options, settings)
+    document = tfjob(plan, settings) if fmt == "kubeflow" else mpijob(plan, settings)
     return yaml.safe_dump(document, sort_keys=False)
 
 
-def run_export(args: argparse.Namespace, options: JobOptions) -> int:
+def run_export(args: argparse.Namespace, plan: JobPlan) -> int:
     """``tfdist-launch --export``: print the export, or write it to ``--output``."""
-    text = export_job(options, args.export, **dataclasses.asdict(export_options_from_args(args)))
+    text = export_job(plan, args.export, **dataclasses.asdict(export_options_from_args(args)))
     if args.output and not args.dry_run:
         with open(args.output, "w") as file:
             file.write(text)

@@ -26,7 +26,6 @@ from tfdist.cluster.address import MAX_PORT, join_address
 from tfdist.cluster.hosts import DEFAULT_BASE_PORT, HostSlots
 from tfdist.errors import ClusterConfigError, format_error
 from tfdist.launcher.ssh import SshOptions, find_ssh, forwarded_env, is_local_host, ssh_command
-from tfdist.strategies.registry import SINGLE_PROCESS_STRATEGIES
 
 __all__ = [
     "HostOptions",
@@ -110,6 +109,10 @@ def add_host_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_host_arguments(args: argparse.Namespace) -> str | None:
     """The problem with the host arguments, as a one-line message, or None."""
+    for flag, value in (("--hosts", args.hosts), ("--hostfile", args.hostfile)):
+        if value is not None and not value.strip():
+            return (f"{flag} is empty (an unset shell variable?). Received: {flag} {value!r}. "
+                    f"Fix: name the hosts, e.g. --hosts node1:2,node2:2, or drop {flag}")
     if args.hosts and args.hostfile:
         return (f"--hosts and --hostfile were both given. Received: --hosts {args.hosts!r}, "
                 f"--hostfile {args.hostfile!r}. Fix: pass one of them")
@@ -124,9 +127,6 @@ def check_host_arguments(args: argparse.Namespace) -> str | None:
     if args.ssh_identity is not None and not os.path.isfile(args.ssh_identity):
         return (f"--ssh-identity file not found. Received: {args.ssh_identity!r}. "
                 "Fix: pass the path of an existing private key")
-    if on_hosts and args.strategy in SINGLE_PROCESS_STRATEGIES:
-        return (f"--strategy {args.strategy} runs one process on this machine; --hosts/--hostfile "
-                "need a multi-process strategy. Fix: use multi_worker, parameter_server or horovod")
     return None
 
 
@@ -196,14 +196,14 @@ def task_command(
     return ssh_command(host, argv, {**forwarded_env(), **env}, options.ssh)
 
 
-def rank_hosts(options: HostOptions, ranks: int) -> list[str]:
+def rank_hosts(options: HostOptions, ranks: int, strategy: str | None = None) -> list[str]:
     """The host of each Horovod rank (``horovodrun`` fills hosts in order, like `from_hosts`).
 
     Example:
         >>> rank_hosts(HostOptions(hosts="h1:2,h2:2"), 3)
         ['h1', 'h1', 'h2']
     """
-    spec = host_cluster(options, workers=ranks, strategy="horovod")
+    spec = host_cluster(options, workers=ranks, strategy=strategy)
     return [spec.host(task) for task in spec.tasks()]
 
 

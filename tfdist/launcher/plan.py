@@ -1,7 +1,21 @@
-"""Turn launcher options into a plan: one entry per task with its command, environment and role.
+"""A job, decided once: `plan_job` turns what the user asked for into the `JobPlan` runners read.
 
-The same plan is printed by ``--dry-run`` and executed by `tfdist.launcher.local`, so what a dry run
-shows is exactly what runs.
+Two steps, so that nothing is decided twice:
+
+1. `plan_job` (`JobOptions` -> `JobPlan`): the strategy (``auto`` resolved), its traits, the tasks
+   per role, what each role runs, the environment every task gets, and how the job is run
+   (timeout, restarts, logs, hosts). No ports, no processes: the Kubeflow, MPIJob and Slurm
+   exports read this alone.
+2. `place` (`JobPlan` -> `Placement`): the processes that start on this machine (or over ssh):
+   ports reserved, one TF_CONFIG each, argv, kind. ``--dry-run`` prints the very placement that
+   runs, and each gang restart places the same plan again on fresh ports.
+
+Example:
+    >>> plan = plan_job(JobOptions("train.py", workers=2, ps=1))
+    >>> plan.strategy, plan.roles
+    ('parameter_server', {'chief': 1, 'worker': 2, 'ps': 1})
+    >>> plan.task_argv("ps", python="python")
+    ('python', '-u', '-m', 'tfdist.server')
 """
 
 from __future__ import annotations
@@ -10,12 +24,13 @@ import dataclasses
 import os
 import shutil
 import sys
-from functools import partial
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tfdist import compat
 from tfdist.cluster import ClusterSpec, Task, release_ports
+from tfdist.cluster.roles import ROLES
+from tfdist.errors import StrategyConfigError
 from tfdist.launcher.hosts import (
     HostOptions,
     has_remote_host,
@@ -24,16 +39,42 @@ from tfdist.launcher.hosts import (
     rank_hosts,
     task_command,
 )
-from tfdist.launcher.process import TaskKind
-from tfdist.strategies.registry import SINGLE_PROCESS_STRATEGIES
+from tfdist.strategies.detect import launch_strategy
+from tfdist.strategies.registry import strategy_traits
+from tfdist.strategies.traits import STRATEGY_ENV, StrategyTraits, TaskKind
 
-STRATEGY_ENV = "TFDIST_STRATEGY"
-LAUNCH_STRATEGIES = ("auto", "default", "mirrored", "multi_worker", "parameter_server", "horovod")
+__all__ = [
+    "STRATEGY_ENV",
+    "JobOptions",
+    "JobPlan",
+    "TaskPlan",
+    "Placement",
+    "plan_job",
+    "layout_problem",
+    "place",
+    "horovodrun_path",
+]
 
 
 @dataclasses.dataclass(frozen=True)
 class JobOptions:
-    """What the user asked for, after parsing (see `tfdist.launcher.cli`)."""
+    """What the user asked for, after parsing (see `tfdist.launcher.cli`).
+
+    Attributes:
+        script: The training script.
+        script_args: Its arguments.
+        strategy: A strategy name, ``package.module:Class``, or ``"auto"``.
+        workers: Worker tasks, or Horovod ranks.
+        ps: Parameter-server tasks.
+        chief: Add a chief (None: the strategy's default).
+        evaluator: Add a sidecar evaluator.
+        timeout: Seconds before the whole job is stopped.
+        evaluator_grace: Seconds the evaluator may run on after training is done.
+        max_restarts: Gang restarts after a failure.
+        worker_restarts: Restarts of each task whose role the strategy restarts alone.
+        log_dir: Where each task's output is also written (None: nowhere).
+        hosts: ``--hosts``/``--hostfile``: tasks on these machines (ssh).
+    """
 
     script: str
     script_args: tuple[str, ...] = ()
@@ -43,13 +84,57 @@ class JobOptions:
     chief: bool | None = None
     evaluator: bool = False
     timeout: float = 3600.0
-    evaluator_grace: float = 60.0  # seconds the evaluator may run on after training is done
-    hosts: HostOptions | None = None  # --hosts/--hostfile: tasks on these machines (ssh)
+    evaluator_grace: float = 60.0
+    max_restarts: int = 0
+    worker_restarts: int = 3
+    log_dir: str | None = None
+    hosts: HostOptions | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class JobPlan:
+    """One job, as every runner sees it: strategy, tasks per role, commands, environment.
+
+    Attributes:
+        strategy: The concrete strategy (``auto`` resolved).
+        traits: Its traits (read from the registry once).
+        roles: Tasks per role in start order (a single-process job: one ``chief``; Horovod: one
+            ``worker`` per rank).
+        script_argv: The script and its arguments.
+        env: Variables every task gets (TF_CONFIG aside), independent of where it runs.
+        options: What the user asked for (run settings, hosts).
+    """
+
+    strategy: str
+    traits: StrategyTraits
+    roles: Mapping[str, int]
+    script_argv: tuple[str, ...]
+    env: Mapping[str, str]
+    options: JobOptions
+
+    def tasks(self) -> list[Task]:
+        """Every task of the job, in start order."""
+        return [Task(role, i) for role, count in self.roles.items() for i in range(count)]
+
+    def task_argv(self, role: str, python: str = sys.executable) -> tuple[str, ...]:
+        """What a ``role`` task runs: the script, or ``python -m tfdist.server`` (traits)."""
+        return self.traits.task_argv(role, self.script_argv, python)
+
+    def task_kind(self, role: str) -> TaskKind:
+        return self.traits.task_kind(role)
+
+    def restarts(self, role: str) -> int:
+        """How many times a dead ``role`` task is restarted alone while the job goes on."""
+        return self.options.worker_restarts if role in self.traits.restarted_alone else 0
+
+    def loss_is_fatal(self, role: str) -> str | None:
+        """Why losing a ``role`` task ends the job, where the strategy says it does."""
+        return self.traits.fatal_roles.get(role)
 
 
 @dataclasses.dataclass(frozen=True)
 class TaskPlan:
-    """One process of a job.
+    """One process of a placed job.
 
     Attributes:
         name: ``"worker:1"``; for a Horovod job the single ``horovodrun`` process.
@@ -60,6 +145,7 @@ class TaskPlan:
         kind: ``"main"``, ``"service"`` or ``"sidecar"`` (see `ProcessGroup`).
         env: Variables added to the launcher's environment for this process.
         unset_env: Variables of the launcher's environment this process does not get.
+        max_restarts: Times it is restarted alone when it dies (the rest of the job goes on).
     """
 
     name: str
@@ -70,6 +156,7 @@ class TaskPlan:
     kind: TaskKind = "main"
     env: tuple[tuple[str, str], ...] = ()
     unset_env: tuple[str, ...] = ()
+    max_restarts: int = 0
 
     def environ(self) -> dict[str, str]:
         """This process's whole environment: the launcher's, less `unset_env`, plus `env`."""
@@ -91,83 +178,134 @@ class TaskPlan:
 
 
 @dataclasses.dataclass(frozen=True)
-class JobPlan:
-    """Every process of a job, plus the cluster they form (None for single-process jobs)."""
+class Placement:
+    """The processes of one run of a `JobPlan`, and the cluster they form (None: one process).
 
-    strategy: str
+    Horovod ranks are started by ``horovodrun`` (the one task); they are in ``ranks`` so that
+    ``--dry-run`` shows them.
+    """
+
+    plan: JobPlan
     tasks: tuple[TaskPlan, ...]
     cluster: ClusterSpec | None = None
-    # Horovod ranks are started by horovodrun; they are described here for --dry-run.
     ranks: tuple[TaskPlan, ...] = ()
 
     def describe(self) -> list[dict[str, Any]]:
         return [t.describe() for t in (self.ranks or self.tasks)]
 
-
-def resolve_strategy(options: JobOptions) -> str:
-    """The concrete strategy for ``auto``: ps -> parameter_server, >1 worker -> multi_worker."""
-    if options.strategy != "auto":
-        return options.strategy
-    if options.ps > 0:
-        return "parameter_server"
-    if options.workers > 1:
-        return "multi_worker"
-    return "default"
+    def release(self) -> None:
+        """Releases the ports this placement holds (after its run, or when it will not run)."""
+        if self.cluster is not None:
+            release_ports(self.cluster.ports())
 
 
-def _python_command(options: JobOptions) -> tuple[str, ...]:
-    return (sys.executable, "-u", options.script, *options.script_args)
+def plan_job(options: JobOptions, environ: Mapping[str, str] | None = None) -> JobPlan:
+    """Decides the job: strategy, traits, tasks per role, environment. Starts and binds nothing.
+
+    Args:
+        options: What the user asked for.
+        environ: The launcher's environment (default ``os.environ``): a user's own
+            ``TF_USE_LEGACY_KERAS`` and ``TF_CPP_MIN_LOG_LEVEL`` are kept.
+
+    Raises:
+        StrategyConfigError: The strategy is unknown.
+    """
+    environ = os.environ if environ is None else environ
+    strategy = options.strategy
+    if strategy == "auto":
+        strategy = launch_strategy(workers=options.workers, ps=options.ps)
+    traits = strategy_traits(strategy)
+    problem = layout_problem(options, strategy, traits)
+    if problem:
+        raise StrategyConfigError(problem)
+    env = {
+        **traits.task_env(strategy, environ),
+        "PYTHONUNBUFFERED": "1",
+        # TensorFlow's C++ INFO/WARNING lines drown the training output; set 0 to see them.
+        "TF_CPP_MIN_LOG_LEVEL": environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+    }
+    script_argv = (options.script, *options.script_args)
+    return JobPlan(strategy, traits, _roles(options, traits), script_argv, env, options)
 
 
-def _base_env(strategy: str) -> dict[str, str]:
-    env = {STRATEGY_ENV: strategy, "PYTHONUNBUFFERED": "1"}
-    # TensorFlow's C++ INFO/WARNING lines drown the training output; set 0 to see them.
-    env["TF_CPP_MIN_LOG_LEVEL"] = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")
-    if compat.needs_tf_keras(strategy) and compat.LEGACY_KERAS_ENV not in os.environ:
-        env[compat.LEGACY_KERAS_ENV] = "1"
-    return env
+def layout_problem(options: JobOptions, strategy: str, traits: StrategyTraits) -> str | None:
+    """What is wrong with the asked tasks for ``strategy``, as a one-line message, or None.
+
+    Example:
+        >>> from tfdist.strategies.traits import HOROVOD
+        >>> layout_problem(JobOptions("t.py", evaluator=True), "horovod", HOROVOD)[:46]
+        '--evaluator was given with --strategy horovod,'
+    """
+    if options.workers < 1:
+        return f"--workers must be at least 1. Received: {options.workers}"
+    if options.ps < 0:
+        return f"--ps must be 0 or more. Received: {options.ps}"
+    if traits.single_process and options.workers > 1:
+        return (f"--strategy {strategy} runs one process (several devices in it), but "
+                f"--workers {options.workers} was given. Fix: use --strategy multi_worker")
+    if options.ps and not traits.has_role("ps"):
+        return (f"--ps {options.ps} was given with --strategy {strategy}, which has no parameter "
+                f"servers. Fix: drop --ps, or use --strategy parameter_server")
+    for role, why in traits.required_roles.items():
+        if role == "ps" and not options.ps:
+            return f"--strategy {strategy} needs --ps 1 or more ({why})"
+    if options.chief is False and traits.chief_required:
+        why = traits.required_roles.get("chief", "the job needs one")
+        return f"--no-chief with {strategy}: {why}. Fix: drop --no-chief"
+    flags = {"evaluator": "--evaluator" if options.evaluator else None,
+             "chief": "--chief" if options.chief and not traits.single_process else None}
+    for role, flag in flags.items():
+        if flag and not traits.has_role(role):
+            return (f"{flag} was given with --strategy {strategy}, which has no {role} task. "
+                    f"Fix: drop {flag}, or use a strategy with one (multi_worker, "
+                    "parameter_server)")
+    return None
 
 
-def plan_job(options: JobOptions) -> JobPlan:
-    """Builds the plan for a job on this machine (ports reserved now, held until released)."""
-    strategy = resolve_strategy(options)
-    if strategy in SINGLE_PROCESS_STRATEGIES:
-        return _single_process_plan(options, strategy)
-    if strategy == "horovod":
-        return _horovod_plan(options)
-    return _cluster_plan(options, strategy)
+def _roles(options: JobOptions, traits: StrategyTraits) -> dict[str, int]:
+    if traits.single_process:
+        return {"chief": 1}
+    asked = {"chief": int(traits.chief(options.chief)), "worker": options.workers,
+             "ps": options.ps, "evaluator": int(options.evaluator)}
+    return {role: asked[role] for role in ROLES if asked[role] and traits.has_role(role)}
 
 
-def _single_process_plan(options: JobOptions, strategy: str) -> JobPlan:
-    env = tuple(_base_env(strategy).items())
-    command = _python_command(options)
-    task = TaskPlan("chief:0", Task("chief", 0), "localhost", None, command, env=env)
-    return JobPlan(strategy, (task,))
+def place(plan: JobPlan) -> Placement:
+    """Lays ``plan`` out on this machine (or its hosts): ports reserved now, held until released.
+
+    Raises:
+        ClusterConfigError: The cluster does not fit the strategy or the hosts.
+    """
+    if plan.traits.single_process:
+        return _single_process(plan)
+    if plan.traits.launch == "ranks":
+        return _horovodrun(plan)
+    return _cluster(plan)
 
 
-def _cluster_plan(options: JobOptions, strategy: str) -> JobPlan:
-    is_ps = strategy == "parameter_server"
-    chief = options.chief if options.chief is not None else is_ps
-    build = ClusterSpec.local if options.hosts is None else partial(host_cluster, options.hosts)
-    spec = build(
-        workers=options.workers, ps=options.ps, chief=chief, evaluator=options.evaluator,
-        strategy=strategy,
-    )
-    base_env = _base_env(strategy)
+def _single_process(plan: JobPlan) -> Placement:
+    task = Task("chief", 0)
+    command = plan.task_argv(task.type)
+    return Placement(plan, (TaskPlan(str(task), task, "localhost", None, command,
+                                     env=tuple(plan.env.items())),))
+
+
+def _cluster(plan: JobPlan) -> Placement:
+    hosts = plan.options.hosts
+    layout = dict(workers=plan.roles.get("worker", 0), ps=plan.roles.get("ps", 0),
+                  chief="chief" in plan.roles, evaluator="evaluator" in plan.roles,
+                  strategy=plan.strategy)
+    spec = ClusterSpec.local(**layout) if hosts is None else host_cluster(hosts, **layout)
     tasks = []
     for task in spec.tasks():
-        tf_config = spec.tf_config(task.type, task.index)
-        kind: TaskKind = "sidecar" if task.type == "evaluator" else "main"
-        command = _python_command(options)
-        if is_ps and task.type in ("worker", "ps"):
-            kind, command = "service", (sys.executable, "-u", "-m", "tfdist.server")
-        env = {**base_env, "TF_CONFIG": spec.tf_config_json(task.type, task.index)}
-        if options.hosts is not None:
-            command = task_command(options.hosts, spec.host(task), command, env)
-        tasks.append(
-            TaskPlan(str(task), task, spec.host(task), tf_config, command, kind, tuple(env.items()))
-        )
-    return JobPlan(strategy, tuple(tasks), cluster=spec)
+        env = {**plan.env, "TF_CONFIG": spec.tf_config_json(task.type, task.index)}
+        command = plan.task_argv(task.type)
+        if hosts is not None:
+            command = task_command(hosts, spec.host(task), command, env)
+        tasks.append(TaskPlan(
+            str(task), task, spec.host(task), spec.tf_config(task.type, task.index), command,
+            plan.task_kind(task.type), tuple(env.items()), max_restarts=plan.restarts(task.type)))
+    return Placement(plan, tuple(tasks), cluster=spec)
 
 
 def horovodrun_path() -> str:
@@ -176,7 +314,7 @@ def horovodrun_path() -> str:
     return shutil.which("horovodrun") or str(beside)
 
 
-def _horovod_plan(options: JobOptions) -> JobPlan:
+def _horovodrun(plan: JobPlan) -> Placement:
     """One ``horovodrun`` process; it starts the ranks (over its own ssh on other hosts).
 
     Ranks get no TF_CONFIG (horovodrun passes its whole environment on). On other hosts each
@@ -184,27 +322,22 @@ def _horovod_plan(options: JobOptions) -> JobPlan:
     horovodrun stops a rank by killing its local ssh client, which alone leaves the remote
     process running.
     """
-    env = tuple(_base_env("horovod").items())
-    hosts = ["localhost"] * options.workers
-    host_args: tuple[str, ...] = ("-np", str(options.workers))
-    rank_command = _python_command(options)
-    if options.hosts is not None:
-        hosts = rank_hosts(options.hosts, options.workers)
-        host_args += horovodrun_host_args(options.hosts)
-        if has_remote_host(options.hosts):
+    hosts, count = plan.options.hosts, plan.roles["worker"]
+    env = tuple(plan.env.items())
+    rank_command = plan.task_argv("worker")
+    host_names = ["localhost"] * count
+    host_args: tuple[str, ...] = ("-np", str(count))
+    if hosts is not None:
+        host_names = rank_hosts(hosts, count, plan.strategy)
+        host_args += horovodrun_host_args(hosts)
+        if has_remote_host(hosts):
             rank_command = (sys.executable, "-m", "tfdist.launcher.remote", "--", *rank_command)
     runner = (horovodrun_path(), *host_args, "--gloo", *rank_command)
     unset = ("TF_CONFIG",)
     ranks = tuple(
         TaskPlan(f"rank:{r}", Task("worker", r), host, None, rank_command, env=env,
                  unset_env=unset)
-        for r, host in enumerate(hosts)
+        for r, host in enumerate(host_names)
     )
     runner_task = TaskPlan("horovodrun", None, "localhost", None, runner, env=env, unset_env=unset)
-    return JobPlan("horovod", (runner_task,), ranks=ranks)
-
-
-def release_plan(plan: JobPlan) -> None:
-    """Releases the ports ``plan`` holds (after its job ended, or when it will not run)."""
-    if plan.cluster is not None:
-        release_ports(plan.cluster.ports())
+    return Placement(plan, (runner_task,), ranks=ranks)

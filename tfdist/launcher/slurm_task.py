@@ -5,10 +5,13 @@ job out on the allocation with `ClusterSpec.from_slurm` (every node's tasks, hos
 workers, ps, evaluator), finds its own task at ``SLURM_PROCID`` with `slurm_task`, sets
 TF_CONFIG, and runs:
 
-* the chief and the workers of a multi-worker job: COMMAND, in place (``exec``);
-* ParameterServer ``worker``/``ps`` tasks: ``python -m tfdist.server`` instead of COMMAND;
+* tasks that train (a multi-worker job's chief and workers): COMMAND, in place (``exec``);
+* the strategy's server roles (ParameterServer ``worker``/``ps``): ``python -m tfdist.server``
+  instead of COMMAND;
 * the evaluator: COMMAND as a sidecar: its failure is reported and this task exits 0;
 * single-process strategies (default, mirrored): COMMAND without TF_CONFIG.
+
+What each role runs comes from the strategy's traits, as for every other runner.
 
 With ``--done-file`` (ParameterServer jobs), the chief writes its exit status to that file when
 COMMAND ends, and the servers, which otherwise serve forever, stop when it appears.
@@ -34,7 +37,8 @@ from typing import Any
 
 from tfdist.cluster import ClusterSpec, Task, slurm_task
 from tfdist.errors import TfdistError
-from tfdist.strategies.registry import SINGLE_PROCESS_STRATEGIES
+from tfdist.strategies.registry import strategy_traits
+from tfdist.strategies.traits import STRATEGY_ENV
 
 __all__ = ["SlurmTaskPlan", "plan_slurm_task", "parse_args", "main"]
 
@@ -75,17 +79,17 @@ def plan_slurm_task(
         >>> str(plan.task), plan.tf_config["cluster"]["ps"], plan.kind
         ('ps:0', ['n2:2223'], 'service')
     """
-    if strategy in SINGLE_PROCESS_STRATEGIES:
+    traits = strategy_traits(strategy)
+    if traits.single_process:
         return SlurmTaskPlan(Task("chief", 0), None, tuple(command), "main")
     layout = {"ps": ps, "chief": chief, "evaluator": evaluator, "base_port": base_port}
     spec = ClusterSpec.from_slurm(env, strategy=strategy, **layout)
     task = slurm_task(env, **layout)
-    kind, argv = "main", tuple(command)
-    if task.type == "evaluator":
-        kind = "sidecar"
-    elif strategy == "parameter_server" and task.type in ("worker", "ps"):
-        kind, argv = "service", (sys.executable, "-u", "-m", "tfdist.server")
-    return SlurmTaskPlan(task, spec.tf_config(task.type, task.index), argv, kind)
+    argv = tuple(command)
+    if task.type in traits.server_roles:  # COMMAND is the script; this role runs the server
+        argv = traits.task_argv(task.type, ())
+    return SlurmTaskPlan(task, spec.tf_config(task.type, task.index), argv,
+                         traits.task_kind(task.type))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -100,7 +104,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         description="Run one task of a TensorFlow job inside a Slurm job step (under srun).",
     )
     layout = parser.add_argument_group("layout (the same on every task)")
-    layout.add_argument("--strategy", default=os.environ.get("TFDIST_STRATEGY", "multi_worker"),
+    layout.add_argument("--strategy", default=os.environ.get(STRATEGY_ENV, "multi_worker"),
                         help="env TFDIST_STRATEGY; default multi_worker")
     layout.add_argument("--ps", type=int, default=0, help="parameter-server tasks (default 0)")
     layout.add_argument("--chief", action="store_true", help="the first task is the chief")

@@ -21,13 +21,17 @@ from tfdist.strategies.registry import (
     get_strategy,
     get_strategy_class,
     register,
+    strategy_traits,
 )
+from tfdist.strategies.traits import StrategyTraits
 
 __all__ = [
     "available_strategies",
     "get_strategy",
     "get_strategy_class",
     "register",
+    "strategy_traits",
+    "StrategyTraits",
     "detect_strategy",
     "Detection",
     "TfdistStrategyMixin",

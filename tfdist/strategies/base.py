@@ -39,6 +39,7 @@ import tensorflow as tf
 from tfdist import compat
 from tfdist.cluster import ClusterSpec, Task, read_tf_config
 from tfdist.errors import StrategyConfigError, format_error
+from tfdist.strategies.traits import StrategyTraits
 
 __all__ = [
     "TfdistStrategyMixin",
@@ -127,7 +128,10 @@ class TfdistStrategyMixin:
     """
 
     name: ClassVar[str] = ""
-    """The registry name (``"mirrored"``); `tfdist.compat.check_supported` is asked about it."""
+    """The registry name (``"mirrored"``), used in messages and to check TF_CONFIG."""
+
+    traits: ClassVar[StrategyTraits]
+    """How a job of this strategy is laid out and started (`tfdist.strategies.traits`)."""
 
     per_rank_backups: ClassVar[bool] = False
     """Whether each process keeps its own ``BackupAndRestore`` directory (see `backup_callback`)."""
@@ -142,12 +146,10 @@ class TfdistStrategyMixin:
     @classmethod
     def _check_keras(cls) -> None:
         """Raises `KerasCompatibilityError` when this Keras cannot ``fit`` with this strategy."""
-        compat.check_supported(cls.name)
+        compat.check_supported(cls.name, traits=cls.traits)
 
     @classmethod
-    def _read_cluster(
-        cls, tf_config: str | Mapping[str, Any] | None, roles: tuple[str, ...]
-    ) -> tuple[ClusterSpec, Task]:
+    def _read_cluster(cls, tf_config: str | Mapping[str, Any] | None) -> tuple[ClusterSpec, Task]:
         """Reads and checks TF_CONFIG (None: the environment) for this strategy, before TF does.
 
         Raises:
@@ -155,6 +157,7 @@ class TfdistStrategyMixin:
             StrategyConfigError: this process's role must not create this strategy.
         """
         cluster, task = read_tf_config(tf_config, strategy=cls.name)
+        roles = cls.traits.training_roles
         if task.type not in roles:
             raise StrategyConfigError(
                 format_error(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfdist.errors import StrategyConfigError, format_error
+from tfdist.strategies import traits as builtin
 from tfdist.strategies.base import TfdistStrategyMixin
 
 __all__ = ["DefaultStrategy"]
@@ -29,6 +30,7 @@ class DefaultStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
     """
 
     name = "default"
+    traits = builtin.DEFAULT
 
     def __init__(self, device: str | None = None) -> None:
         self._check_keras()

@@ -21,8 +21,16 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from tfdist.errors import ClusterConfigError, StrategyConfigError, format_error
+from tfdist.strategies.traits import STRATEGY_ENV
 
-__all__ = ["Detection", "RANK_VARIABLES", "detect", "detect_strategy", "local_gpu_count"]
+__all__ = [
+    "Detection",
+    "RANK_VARIABLES",
+    "detect",
+    "detect_strategy",
+    "launch_strategy",
+    "local_gpu_count",
+]
 
 RANK_VARIABLES: tuple[str, ...] = (
     "HOROVOD_RANK",  # horovodrun (Gloo)
@@ -33,7 +41,7 @@ RANK_VARIABLES: tuple[str, ...] = (
 """Environment variables whose presence means a Horovod/MPI launcher started this process."""
 
 
-LAUNCHER_STRATEGY_ENV = "TFDIST_STRATEGY"
+LAUNCHER_STRATEGY_ENV = STRATEGY_ENV
 """Set by ``tfdist-launch`` to the strategy it launched for, so ``auto`` agrees with it."""
 
 
@@ -125,3 +133,21 @@ def detect_strategy(
     """
     env = os.environ if environ is None else environ
     return detect(env, local_gpu_count() if num_gpus is None else num_gpus)
+
+
+def launch_strategy(*, workers: int, ps: int, ranks: bool = False) -> str:
+    """What ``auto`` means for a job about to be launched with these counts.
+
+    ``ps`` tasks -> ``parameter_server``; ranks asked for (an MPIJob export) -> ``horovod``;
+    more than one worker -> ``multi_worker``; else ``default``. The tasks then detect the same
+    name from `LAUNCHER_STRATEGY_ENV`.
+
+    Example:
+        >>> launch_strategy(workers=2, ps=1), launch_strategy(workers=1, ps=0)
+        ('parameter_server', 'default')
+    """
+    if ps > 0:
+        return "parameter_server"
+    if ranks:
+        return "horovod"
+    return "multi_worker" if workers > 1 else "default"

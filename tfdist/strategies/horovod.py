@@ -48,6 +48,7 @@ from tensorflow.python.util import nest
 
 from tfdist.cluster import ClusterSpec, Task
 from tfdist.horovod import data, ops, runtime
+from tfdist.strategies import traits as builtin
 from tfdist.strategies.base import TfdistStrategyMixin
 
 __all__ = ["HorovodStrategy", "HorovodExtended", "nominal_cluster"]
@@ -242,6 +243,7 @@ class HorovodStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         return self.extended.local_variables()
 
     name = "horovod"
+    traits = builtin.HOROVOD
 
     def __init__(self, compression: str | None = None, fusion_threshold_bytes: int | None = None,
                  cycle_time_ms: float | None = None, split_batches: bool = True,

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from tfdist.errors import StrategyConfigError, format_error
+from tfdist.options import check_choice
+from tfdist.strategies import traits as builtin
 from tfdist.strategies.base import TfdistStrategyMixin
-from tfdist.strategies.options import check_choice
 
 __all__ = ["MirroredStrategy", "CROSS_DEVICE_OPS"]
 
@@ -60,6 +61,7 @@ class MirroredStrategy(TfdistStrategyMixin, tf.distribute.MirroredStrategy):
     """
 
     name = "mirrored"
+    traits = builtin.MIRRORED
 
     def __init__(
         self,

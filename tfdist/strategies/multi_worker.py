@@ -21,8 +21,9 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfdist.options import check_choice, check_positive_int, check_positive_number
+from tfdist.strategies import traits as builtin
 from tfdist.strategies.base import TfdistStrategyMixin, cluster_resolver
-from tfdist.strategies.options import check_choice, check_positive_int, check_positive_number
 from tfdist.strategies.startup import resolve_startup_timeout, startup_deadline
 
 __all__ = ["MultiWorkerMirroredStrategy", "IMPLEMENTATIONS"]
@@ -79,6 +80,7 @@ class MultiWorkerMirroredStrategy(TfdistStrategyMixin, tf.distribute.MultiWorker
     """
 
     name = "multi_worker"
+    traits = builtin.MULTI_WORKER
     every_worker_saves = True
 
     def __init__(
@@ -94,7 +96,7 @@ class MultiWorkerMirroredStrategy(TfdistStrategyMixin, tf.distribute.MultiWorker
             "startup_timeout_seconds", resolve_startup_timeout(startup_timeout_seconds)
         )
         self._check_keras()
-        cluster, task = self._read_cluster(tf_config, roles=("chief", "worker"))
+        cluster, task = self._read_cluster(tf_config)
         with startup_deadline(deadline, cluster, task, f"MultiWorkerMirroredStrategy on {task}"):
             super().__init__(
                 cluster_resolver=cluster_resolver(cluster, task), communication_options=options

@@ -32,8 +32,9 @@ import tensorflow as tf
 from tfdist import compat
 from tfdist.cluster import Task
 from tfdist.errors import StrategyConfigError, format_error
+from tfdist.options import check_positive_int, check_positive_number
+from tfdist.strategies import traits as builtin
 from tfdist.strategies.base import DatasetFn, TfdistStrategyMixin, cluster_resolver
-from tfdist.strategies.options import check_positive_int, check_positive_number
 from tfdist.strategies.startup import resolve_startup_timeout, startup_deadline
 
 __all__ = ["ParameterServerStrategy", "make_partitioner"]
@@ -106,6 +107,7 @@ class ParameterServerStrategy(
     """
 
     name = "parameter_server"
+    traits = builtin.PARAMETER_SERVER
 
     def __init__(
         self,
@@ -120,7 +122,7 @@ class ParameterServerStrategy(
         )
         make_partitioner(1, num_shards, min_shard_bytes, variable_partitioner)  # checks options
         self._check_keras()
-        cluster, task = self._read_cluster(tf_config, roles=("chief",))
+        cluster, task = self._read_cluster(tf_config)
         partitioner = make_partitioner(
             len(cluster.ps), num_shards, min_shard_bytes, variable_partitioner
         )

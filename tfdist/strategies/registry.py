@@ -1,9 +1,19 @@
-"""The one map from a strategy name to its class; nothing else in tfdist branches on the name.
+"""The one map from a strategy name to its class and traits; nothing else branches on the name.
 
 Built-in names: ``"default"``, ``"mirrored"``, ``"multi_worker"``, ``"parameter_server"``,
 ``"horovod"``, plus ``"auto"`` (chosen from the environment by `tfdist.strategies.detect`).
-Every entry is stored as ``"module:Class"`` and imported only when asked for, so importing this
-module does not import TensorFlow, and Horovod stays optional.
+Three more ways to name a strategy, each accepted by `get_strategy` and ``tfdist-launch
+--strategy`` alike:
+
+* a name given to `register` (a class, or ``"module:Class"`` imported on first use);
+* ``"package.module:Class"`` itself, imported and registered under that name on first use;
+* an entry point in the ``tfdist.strategies`` group of an installed package
+  (``[project.entry-points."tfdist.strategies"] my_mirrored = "mypkg.strategies:MyMirrored"``).
+
+A strategy's traits (`tfdist.strategies.traits.StrategyTraits`) live on its class as
+``cls.traits``. The built-ins' traits are also stored here, beside their lazy targets, so that
+`strategy_traits` answers for them without importing TensorFlow: the launcher, validation and the
+exports read traits, and stay fast. Importing this module imports neither TensorFlow nor Horovod.
 """
 
 from __future__ import annotations
@@ -11,35 +21,44 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+from importlib import metadata
 from typing import Any
 
 from tfdist.errors import MissingDependencyError, StrategyConfigError, format_error
+from tfdist.strategies import traits as builtin_traits
+from tfdist.strategies.traits import StrategyTraits
 
 __all__ = [
     "AUTO",
-    "SINGLE_PROCESS_STRATEGIES",
+    "ENTRY_POINT_GROUP",
     "register",
     "get_strategy",
     "get_strategy_class",
+    "strategy_traits",
+    "check_strategy_name",
     "available_strategies",
+    "unregister",
 ]
 
 logger = logging.getLogger("tfdist")
 
 AUTO = "auto"
-
-SINGLE_PROCESS_STRATEGIES = ("default", "mirrored")
-"""Built-in strategies that train in one process (its devices), with no cluster to launch."""
+ENTRY_POINT_GROUP = "tfdist.strategies"
 
 _REGISTRY: dict[str, str | type] = {}
+_TRAITS: dict[str, StrategyTraits] = {}
 
 
-def register(name: str, target: str | type, *, replace: bool = False) -> None:
+def register(
+    name: str, target: str | type, *, traits: StrategyTraits | None = None, replace: bool = False
+) -> None:
     """Maps ``name`` to a strategy class, or to ``"module:Class"`` imported on first use.
 
     Args:
-        name: The name `get_strategy` accepts.
+        name: The name `get_strategy` and ``tfdist-launch --strategy`` accept.
         target: A `TfdistStrategyMixin` subclass, or ``"package.module:ClassName"``.
+        traits: The strategy's traits when ``target`` is a string and they should be known
+            without importing it; by default they are read from the class (``cls.traits``).
         replace: Allow overwriting an existing name.
 
     Raises:
@@ -49,7 +68,7 @@ def register(name: str, target: str | type, *, replace: bool = False) -> None:
         >>> register("my_mirrored", "tfdist.strategies.mirrored:MirroredStrategy")
         >>> "my_mirrored" in available_strategies()
         True
-        >>> _ = _REGISTRY.pop("my_mirrored")
+        >>> unregister("my_mirrored")
     """
     if not isinstance(name, str) or not name or name == AUTO:
         raise StrategyConfigError(
@@ -61,6 +80,8 @@ def register(name: str, target: str | type, *, replace: bool = False) -> None:
             format_error("A lazy strategy target names a module and a class.",
                          received=repr(target), expected="'package.module:ClassName'",
                          fix=f"write e.g. 'mypackage.strategies:{target.rsplit('.', 1)[-1]}'"))
+    if not isinstance(target, str):
+        _check_class(name, target)
     if name in _REGISTRY and not replace:
         raise StrategyConfigError(
             format_error(f"Strategy {name!r} is already registered.",
@@ -68,16 +89,39 @@ def register(name: str, target: str | type, *, replace: bool = False) -> None:
                          expected=f"a name not in {available_strategies()}",
                          fix="pass replace=True to override it, or pick another name"))
     _REGISTRY[name] = target
+    _TRAITS.pop(name, None)
+    if traits is not None:
+        _TRAITS[name] = traits
+
+
+def unregister(name: str) -> None:
+    """Forgets ``name`` (a no-op when it is not registered)."""
+    _REGISTRY.pop(name, None)
+    _TRAITS.pop(name, None)
+
+
+def _check_class(name: str, cls: Any) -> None:
+    if not isinstance(cls, type) or not isinstance(getattr(cls, "traits", None), StrategyTraits):
+        raise StrategyConfigError(
+            format_error(f"Strategy {name!r} is not a tfdist strategy class.",
+                         received=repr(cls),
+                         expected="a class with a StrategyTraits `traits` attribute, e.g. a "
+                         "subclass of tfdist.MirroredStrategy or of TfdistStrategyMixin and a "
+                         "tf.distribute.Strategy",
+                         fix="subclass a tfdist strategy (it inherits its traits), or set "
+                         "`traits = tfdist.strategies.traits.StrategyTraits(...)` on the class"))
 
 
 def available_strategies() -> tuple[str, ...]:
-    """Every name `get_strategy` accepts (registered, not necessarily importable), ``auto`` last.
+    """Every registered name (not necessarily importable), ``auto`` last.
+
+    ``package.module:Class`` names are accepted too, and are not listed.
 
     Example:
         >>> available_strategies()
         ('default', 'mirrored', 'multi_worker', 'parameter_server', 'horovod', 'auto')
     """
-    return (*_REGISTRY, AUTO)
+    return (*(name for name in _REGISTRY if ":" not in name), AUTO)
 
 
 def get_strategy_class(name: str) -> type:
@@ -91,26 +135,78 @@ def get_strategy_class(name: str) -> type:
         >>> get_strategy_class("mirrored").__name__
         'MirroredStrategy'
     """
-    if name not in _REGISTRY:
-        import difflib
-
-        close = difflib.get_close_matches(str(name), available_strategies(), n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise StrategyConfigError(
-            format_error(f"Unknown strategy {name!r}.", received=repr(name),
-                         expected=f"one of {', '.join(available_strategies())}",
-                         fix=f"{hint}or register your own with tfdist.strategies.register()"))
+    _find(name)
     target = _REGISTRY[name]
     if isinstance(target, str):
         target = _import(name, target)
+        _check_class(name, target)
         _REGISTRY[name] = target
     return target
+
+
+def strategy_traits(name: str) -> StrategyTraits:
+    """The traits of the strategy ``name``; built-ins answer without importing TensorFlow.
+
+    Raises:
+        StrategyConfigError: ``name`` is not a strategy (``"auto"`` is resolved first).
+        MissingDependencyError: a lazily registered class cannot be imported.
+
+    Example:
+        >>> strategy_traits("parameter_server").server_roles
+        ('worker', 'ps')
+    """
+    _find(name)
+    if name not in _TRAITS:
+        _TRAITS[name] = get_strategy_class(name).traits
+    return _TRAITS[name]
+
+
+def check_strategy_name(name: object) -> str:
+    """Returns ``name`` if it names a strategy (``"auto"`` included), else raises.
+
+    Example:
+        >>> check_strategy_name("tfdist.strategies.mirrored:MirroredStrategy")
+        'tfdist.strategies.mirrored:MirroredStrategy'
+    """
+    if name != AUTO:
+        _find(name)
+    return name  # type: ignore[return-value]
+
+
+def _find(name: object) -> None:
+    """Makes sure ``name`` is registered: as given, as ``module:Class``, or as an entry point."""
+    if isinstance(name, str):
+        if name in _REGISTRY:
+            return
+        module, _, cls = name.partition(":")
+        target = name if module.strip() and cls.strip() else _entry_point(name)
+        if target is not None:
+            register(name, target)
+            return
+    import difflib
+
+    close = difflib.get_close_matches(str(name), available_strategies(), n=1)
+    hint = f"did you mean {close[0]!r}? Or " if close else ""
+    raise StrategyConfigError(
+        format_error(f"Unknown strategy {name!r}.", received=repr(name),
+                     expected=f"one of {', '.join(available_strategies())}, or "
+                     "'package.module:Class'",
+                     fix=f"{hint}register your own with tfdist.strategies.register(), or name "
+                     f"its class as 'package.module:Class', or declare it in the "
+                     f"{ENTRY_POINT_GROUP!r} entry-point group"))
+
+
+def _entry_point(name: str) -> str | None:
+    for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if entry.name == name:
+            return entry.value
+    return None
 
 
 def _import(name: str, target: str) -> type:
     module_name, _, class_name = target.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(module_name.strip())
     except MissingDependencyError:
         raise
     except ImportError as err:
@@ -120,7 +216,13 @@ def _import(name: str, target: str) -> type:
                          fix=f"install what it needs (for 'horovod': bash launch/setup.sh), "
                          f"or pick another of {', '.join(available_strategies())}")
         ) from err
-    return getattr(module, class_name)
+    cls = getattr(module, class_name.strip(), None)
+    if cls is None:
+        raise StrategyConfigError(
+            format_error(f"Strategy {name!r}: module {module_name!r} has no {class_name!r}.",
+                         received=target, expected=f"a class {class_name!r} in {module_name!r}",
+                         fix="check the class name (it is case-sensitive)"))
+    return cls
 
 
 def _check_options(name: str, cls: type, options: dict[str, Any]) -> None:
@@ -166,11 +268,13 @@ def get_strategy(name: str = AUTO, **options: Any) -> Any:
 
 
 _BUILTINS = {
-    "default": "tfdist.strategies.default:DefaultStrategy",
-    "mirrored": "tfdist.strategies.mirrored:MirroredStrategy",
-    "multi_worker": "tfdist.strategies.multi_worker:MultiWorkerMirroredStrategy",
-    "parameter_server": "tfdist.strategies.parameter_server:ParameterServerStrategy",
-    "horovod": "tfdist.strategies.horovod:HorovodStrategy",
+    "default": ("tfdist.strategies.default:DefaultStrategy", builtin_traits.DEFAULT),
+    "mirrored": ("tfdist.strategies.mirrored:MirroredStrategy", builtin_traits.MIRRORED),
+    "multi_worker": ("tfdist.strategies.multi_worker:MultiWorkerMirroredStrategy",
+                     builtin_traits.MULTI_WORKER),
+    "parameter_server": ("tfdist.strategies.parameter_server:ParameterServerStrategy",
+                         builtin_traits.PARAMETER_SERVER),
+    "horovod": ("tfdist.strategies.horovod:HorovodStrategy", builtin_traits.HOROVOD),
 }
-for _name, _target in _BUILTINS.items():
-    register(_name, _target)
+for _name, (_target, _traits) in _BUILTINS.items():
+    register(_name, _target, traits=_traits)

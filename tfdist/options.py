@@ -1,4 +1,7 @@
-"""Validation of strategy options: one error shape for every backend (private helpers)."""
+"""Checks of option values shared by the strategies and the Horovod layer: one error shape.
+
+It sits below both `tfdist.strategies` and `tfdist.horovod` (neither imports the other for it).
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,189 @@
+"""What every layer needs to know about a strategy, as data that imports no TensorFlow.
+
+A strategy's traits say how a job of it is laid out and started: which roles its cluster has,
+which tasks run the user's script and which run a TensorFlow server, whether it runs in one
+process or is started by ``horovodrun``, which Keras flavours its ``model.fit`` trains with, and
+the environment its tasks need. Each strategy class carries its traits (``cls.traits``); the
+registry (`tfdist.strategies.registry.strategy_traits`) hands them to validation, the launcher,
+the exports, the Slurm task shim and the test runner, none of which branch on a strategy's name.
+
+Example:
+    A strategy of your own declares its traits on its class::
+
+        class MyMirrored(tfdist.MirroredStrategy):
+            traits = dataclasses.replace(tfdist.MirroredStrategy.traits, keras=("tf_keras",))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Literal
+
+__all__ = [
+    "Launch",
+    "TaskKind",
+    "StrategyTraits",
+    "SERVER_MODULE",
+    "STRATEGY_ENV",
+    "LEGACY_KERAS_ENV",
+    "DEFAULT",
+    "MIRRORED",
+    "MULTI_WORKER",
+    "PARAMETER_SERVER",
+    "HOROVOD",
+]
+
+Launch = Literal["single_process", "tasks", "ranks"]
+"""How a job's processes start: one process; one per TF task (each with its TF_CONFIG); or
+Horovod/MPI ranks started by ``horovodrun`` (no TF_CONFIG)."""
+
+TaskKind = Literal["main", "service", "sidecar"]
+"""``main`` runs to completion; a ``service`` serves until the main tasks are done; a ``sidecar``
+(the evaluator) may fail without stopping the job. See `tfdist.launcher.process.ProcessGroup`."""
+
+SERVER_MODULE = "tfdist.server"
+"""The module a server task runs (``python -m tfdist.server``) instead of the user's script."""
+
+STRATEGY_ENV = "TFDIST_STRATEGY"
+"""Set on every task to the strategy it was launched for, so ``get_strategy("auto")`` agrees."""
+
+LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
+"""Makes ``tf.keras`` resolve to tf-keras when set to 1 before TensorFlow is imported."""
+
+KerasFlavour = Literal["keras3", "tf_keras"]
+
+
+
+def _no_entries() -> Mapping[str, str]:
+    return MappingProxyType({})
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyTraits:
+    """How a strategy's job is laid out, started and checked.
+
+    Attributes:
+        launch: How its processes start (`Launch`).
+        roles: The roles its cluster may have, in start order (``chief``, ``worker``, ``ps``,
+            ``evaluator``). A single-process job is one ``chief`` task.
+        required_roles: Roles the cluster must have, each with the reason.
+        chief_by_default: Whether a job gets a chief unless asked otherwise.
+        chief_required: Whether a job without a chief cannot work (``--no-chief`` is an error).
+        server_roles: Roles whose tasks run ``python -m tfdist.server`` instead of the script.
+        restarted_alone: Roles whose dead task is restarted alone while the job goes on.
+        fatal_roles: Roles whose loss ends the job, each with the reason the launcher prints.
+        keras: Keras flavours ``model.fit`` trains correctly with under this strategy.
+        keras_unsupported: Why the other flavour cannot train (shown in the error).
+        env: Variables every task of the job needs (beside `STRATEGY_ENV` and TF_CONFIG).
+
+    Example:
+        >>> PARAMETER_SERVER.task_kind("ps"), PARAMETER_SERVER.task_kind("chief")
+        ('service', 'main')
+        >>> MULTI_WORKER.needs_tf_keras, HOROVOD.needs_tf_keras
+        (True, False)
+    """
+
+    launch: Launch = "tasks"
+    roles: tuple[str, ...] = ("chief", "worker", "evaluator")
+    required_roles: Mapping[str, str] = dataclasses.field(default_factory=_no_entries)
+    chief_by_default: bool = False
+    chief_required: bool = False
+    server_roles: tuple[str, ...] = ()
+    restarted_alone: tuple[str, ...] = ()
+    fatal_roles: Mapping[str, str] = dataclasses.field(default_factory=_no_entries)
+    keras: tuple[KerasFlavour, ...] = ("keras3", "tf_keras")
+    keras_unsupported: str = ""
+    env: Mapping[str, str] = dataclasses.field(default_factory=_no_entries)
+
+    @property
+    def single_process(self) -> bool:
+        """Whether the job is one process (the devices of this machine), with no cluster."""
+        return self.launch == "single_process"
+
+    @property
+    def needs_tf_keras(self) -> bool:
+        """Whether ``model.fit`` needs tf-keras (``TF_USE_LEGACY_KERAS=1``) under the strategy."""
+        return "keras3" not in self.keras
+
+    def has_role(self, role: str) -> bool:
+        """Whether the strategy's cluster may have ``role`` tasks."""
+        return role in self.roles
+
+    @property
+    def training_roles(self) -> tuple[str, ...]:
+        """The roles whose tasks run the training script to the end (`task_kind` ``main``)."""
+        return tuple(role for role in self.roles if self.task_kind(role) == "main")
+
+    def chief(self, requested: bool | None) -> bool:
+        """Whether the job has a chief: ``requested``, or the strategy's default when None."""
+        return self.chief_by_default if requested is None else requested
+
+    def task_kind(self, role: str) -> TaskKind:
+        """How a ``role`` task behaves in a job (see `TaskKind`)."""
+        if role in self.server_roles:
+            return "service"
+        return "sidecar" if role == "evaluator" else "main"
+
+    def task_argv(self, role: str, script_argv: tuple[str, ...],
+                  python: str = sys.executable) -> tuple[str, ...]:
+        """What a ``role`` task runs: ``python -u -m tfdist.server`` for a server role, else
+        ``python -u`` and the script with its arguments.
+
+        Example:
+            >>> PARAMETER_SERVER.task_argv("ps", ("train.py",), python="python")
+            ('python', '-u', '-m', 'tfdist.server')
+            >>> PARAMETER_SERVER.task_argv("chief", ("train.py", "--epochs", "2"), python="py")
+            ('py', '-u', 'train.py', '--epochs', '2')
+        """
+        if role in self.server_roles:
+            return (python, "-u", "-m", SERVER_MODULE)
+        return (python, "-u", *script_argv)
+
+    def task_env(self, strategy: str, environ: Mapping[str, str]) -> dict[str, str]:
+        """The variables a task of this strategy gets, given the launcher's ``environ``.
+
+        A user's own ``TF_USE_LEGACY_KERAS`` is kept (and carried, so that an exported job
+        trains with the same Keras); else it is set to 1 where the strategy needs tf-keras.
+
+        Example:
+            >>> MULTI_WORKER.task_env("multi_worker", {})
+            {'TFDIST_STRATEGY': 'multi_worker', 'TF_USE_LEGACY_KERAS': '1'}
+            >>> MULTI_WORKER.task_env("multi_worker", {"TF_USE_LEGACY_KERAS": "0"})
+            {'TFDIST_STRATEGY': 'multi_worker', 'TF_USE_LEGACY_KERAS': '0'}
+            >>> HOROVOD.task_env("horovod", {})
+            {'TFDIST_STRATEGY': 'horovod'}
+        """
+        env = {STRATEGY_ENV: strategy, **self.env}
+        if LEGACY_KERAS_ENV in environ:
+            env[LEGACY_KERAS_ENV] = environ[LEGACY_KERAS_ENV]
+        elif self.needs_tf_keras:
+            env[LEGACY_KERAS_ENV] = "1"
+        return env
+
+
+DEFAULT = StrategyTraits(launch="single_process", roles=("chief",))
+MIRRORED = DEFAULT
+
+MULTI_WORKER = StrategyTraits(
+    keras=("tf_keras",),
+    keras_unsupported="Keras 3's model.fit fails under MultiWorkerMirroredStrategy on TF 2.21 "
+    "(it cannot reduce PerReplica values across workers)",
+)
+
+PARAMETER_SERVER = StrategyTraits(
+    roles=("chief", "worker", "ps", "evaluator"),
+    required_roles=MappingProxyType({"ps": "it holds the variables",
+                                     "chief": "it is the coordinator"}),
+    chief_by_default=True,
+    chief_required=True,
+    server_roles=("worker", "ps"),
+    restarted_alone=("worker",),
+    fatal_roles=MappingProxyType({"ps": "parameter-server loss is fatal; its variables are gone"}),
+    keras=("tf_keras",),
+    keras_unsupported="Keras 3 has no ParameterServerStrategy support at all",
+)
+
+HOROVOD = StrategyTraits(launch="ranks", roles=("worker",))
