@@ -24,13 +24,13 @@ the held-out AUC of each epoch's checkpoint.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
 import common
 import numpy as np
 
+import tfdist.cluster
 import tfdist.evaluator
 from tfdist import compat
 
@@ -109,7 +109,8 @@ def predict_logits(model, features: dict[str, np.ndarray], batch: int = 4096) ->
 
 
 def ps_count() -> int:
-    return len(json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {}).get("ps", []))
+    view = tfdist.cluster.peek_tf_config()
+    return view.count("ps") if view else 0
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -27,7 +27,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tfdist.errors import EvaluatorTimeoutError
+from tfdist.cluster import peek_tf_config
+from tfdist.errors import ClusterConfigError, EvaluatorTimeoutError
 
 EvaluateFn = Callable[[Any], Mapping[str, float]]
 _CHECKPOINT_NUMBER = re.compile(r"-(\d+)$")
@@ -61,13 +62,11 @@ def is_evaluator(source: Any = None) -> bool:
         if getattr(source, "task_type", None) == "evaluator":
             return True
         source = None
-    env = os.environ if source is None else source
     try:
-        config = json.loads(env.get("TF_CONFIG") or "{}")
-    except json.JSONDecodeError:
+        view = peek_tf_config(source)
+    except ClusterConfigError:
         return False
-    task = config.get("task") if isinstance(config, dict) else None
-    return isinstance(task, dict) and task.get("type") == "evaluator"
+    return view is not None and view.task_type == "evaluator"
 
 
 def run_sidecar_evaluator(

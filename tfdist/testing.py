@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tfdist.cluster.environ import peek_tf_config
 from tfdist.errors import LaunchError
 from tfdist.launcher.process import ProcessGroup, TaskKind
 from tfdist.strategies.detect import RANK_VARIABLES, launch_strategy
@@ -55,9 +56,9 @@ def task_name(environ: Mapping[str, str] | None = None) -> str:
         ('rank:3', 'chief:0')
     """
     env = os.environ if environ is None else environ
-    if env.get("TF_CONFIG"):
-        task = json.loads(env["TF_CONFIG"]).get("task", {})
-        return f"{task.get('type', 'worker')}:{task.get('index', 0)}"
+    view = peek_tf_config(env)
+    if view is not None:
+        return f"{view.task_type or 'worker'}:{view.task_index}"
     for rank_var in RANK_VARIABLES:
         if rank_var in env:
             return f"rank:{env[rank_var]}"

@@ -14,7 +14,7 @@ Example:
     >>> release_ports(spec.ports())
 """
 
-from tfdist.cluster.environ import read_tf_config, slurm_task
+from tfdist.cluster.environ import TfConfigView, peek_tf_config, read_tf_config, slurm_task
 from tfdist.cluster.hosts import parse_hosts, read_hostfile
 from tfdist.cluster.ports import held_ports, release_ports, reserve_ports
 from tfdist.cluster.roles import CHIEF, EVALUATOR, PS, ROLES, TRAINING_ROLES, WORKER, Task
@@ -34,6 +34,8 @@ __all__ = [
     "Task",
     "ClusterSpec",
     "read_tf_config",
+    "peek_tf_config",
+    "TfConfigView",
     "slurm_task",
     "reserve_ports",
     "release_ports",

@@ -15,12 +15,12 @@ Rules, first match wins:
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from tfdist.errors import ClusterConfigError, StrategyConfigError, format_error
+from tfdist.cluster.environ import peek_tf_config
+from tfdist.errors import StrategyConfigError, format_error
 from tfdist.strategies.traits import STRATEGY_ENV
 
 __all__ = [
@@ -52,22 +52,6 @@ class Detection(NamedTuple):
     reason: str
 
 
-def _tf_config_roles(text: str) -> tuple[dict[str, list[str]], str]:
-    try:
-        config = json.loads(text)
-        cluster = config.get("cluster") or {}
-        task_type = str((config.get("task") or {}).get("type", ""))
-        roles = {role: list(cluster.get(role) or []) for role in cluster}
-    except (ValueError, AttributeError, TypeError) as err:
-        raise ClusterConfigError(
-            format_error("TF_CONFIG is not a JSON object with a 'cluster' mapping.",
-                         received=repr(text[:80]),
-                         expected='{"cluster": {"worker": [...]}, "task": {...}}',
-                         fix="fix TF_CONFIG, or unset it to train on this host alone")
-        ) from err
-    return roles, task_type
-
-
 def detect(environ: Mapping[str, str], num_gpus: int) -> Detection:
     """Applies the module's rules to an environment mapping and a local GPU count.
 
@@ -78,9 +62,9 @@ def detect(environ: Mapping[str, str], num_gpus: int) -> Detection:
         >>> detect({}, num_gpus=2)
         Detection(name='mirrored', reason='2 local GPUs and no cluster')
     """
-    text = environ.get("TF_CONFIG", "").strip()
+    view = peek_tf_config(environ)
     ranks = [var for var in RANK_VARIABLES if var in environ]
-    if text and ranks:
+    if view and ranks:
         found = ", ".join(f"{var}={environ[var]}" for var in ranks)
         raise StrategyConfigError(
             format_error("This process has both a TF_CONFIG and a Horovod/MPI rank.",
@@ -88,25 +72,23 @@ def detect(environ: Mapping[str, str], num_gpus: int) -> Detection:
                          expected="either TF_CONFIG (TensorFlow strategies) or a rank (horovod)",
                          fix="unset TF_CONFIG when launching with horovodrun/mpirun, or launch "
                          "without them to use TF_CONFIG"))
-    if text:
-        roles, task_type = _tf_config_roles(text)
-        trainers = len(roles.get("chief", [])) + len(roles.get("worker", []))
-        if task_type == "evaluator":
+    if view:
+        trainers = view.count("chief") + view.count("worker")
+        if view.task_type == "evaluator":
             return Detection("default", "TF_CONFIG task is the evaluator, which runs alone")
     launched = environ.get(LAUNCHER_STRATEGY_ENV, "").strip()
     if launched and launched != "auto":
         return Detection(launched, f"{LAUNCHER_STRATEGY_ENV}={launched} (set by tfdist-launch)")
-    if text:
-        if roles.get("ps"):
-            return Detection("parameter_server",
-                             f"TF_CONFIG has {len(roles['ps'])} ps task(s)")
+    if view:
+        if view.count("ps"):
+            return Detection("parameter_server", f"TF_CONFIG has {view.count('ps')} ps task(s)")
         if trainers > 1:
             return Detection("multi_worker", f"TF_CONFIG has {trainers} workers (chief included)")
     if ranks:
         return Detection("horovod", f"{ranks[0]}={environ[ranks[0]]} is set (Horovod/MPI launch)")
     if num_gpus > 1:
         return Detection("mirrored", f"{num_gpus} local GPUs and no cluster")
-    where = "1 worker in TF_CONFIG" if text else "no TF_CONFIG, no Horovod rank"
+    where = "1 worker in TF_CONFIG" if view else "no TF_CONFIG, no Horovod rank"
     return Detection("default", f"{where}, {num_gpus} local GPU(s)")
 
 

@@ -13,8 +13,6 @@ calls of each in rotating order (A B, B A, ...). Reports seconds and samples per
 from __future__ import annotations
 
 import argparse
-import json
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist.bench.workers.common import apply_threads, time_call
+from tfdist.cluster import peek_tf_config
 from tfdist.testing import report
 
 VOCAB, EMBED, SLOTS, DENSE, SAMPLES = 50_000, 16, 8, 8, 4096
@@ -63,7 +62,7 @@ def _strategy(mode: str, num_ps: int) -> Any:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     import tf_keras as keras
 
-    num_ps = len(json.loads(os.environ["TF_CONFIG"])["cluster"].get("ps", []))
+    num_ps = peek_tf_config().count("ps")
     strategy = _strategy(args.mode, num_ps)
     batch = args.batch * (strategy.num_replicas_in_sync if args.mode == "sync" else 1)
     with strategy.scope():
