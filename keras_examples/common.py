@@ -48,12 +48,27 @@ def base_parser(description: str, *, epochs: int, batch_size: int, learning_rate
     parser.add_argument("--learning-rate", type=float, default=learning_rate,
                         help=f"for one replica (default {learning_rate}); scaled linearly by "
                         "the number of replicas")
-    parser.add_argument("--model-dir", default=model_dir,
-                        help=f"backups, checkpoints and the final model (default {model_dir})")
+    parser.add_argument("--model-dir", default=model_dir, type=writable_dir,
+                        help=f"backups, checkpoints and the final model (default {model_dir}); "
+                        "checked at start")
     parser.add_argument("--evaluator-timeout", type=float, default=600.0,
                         help="evaluator task only: stop when no new checkpoint appears for this "
                         "many seconds (default 600)")
     return parser
+
+
+def writable_dir(path: str) -> str:
+    """``path`` once it exists and can be written (an argparse type: a bad one is a usage error
+    at start, not a traceback after the first epoch)."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(f"{path!r} is not writable")
+    except OSError as err:
+        raise argparse.ArgumentTypeError(
+            f"cannot write to {path!r} ({err.strerror or err}). Fix: pass a --model-dir you can "
+            "create and write") from err
+    return path
 
 
 def strategy_name(requested: str) -> str:

@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -213,3 +214,18 @@ def test_fit_resumes_from_backup_after_a_gang_restart(tmp_path, topology):
     assert (summary["first_epoch"], summary["epochs_run"]) == (3, 2)
     assert summary["test_accuracy"] >= 0.8, summary
     assert_one_model(model_dir, summary)
+
+
+@pytest.mark.unit
+def test_an_unwritable_model_dir_is_a_usage_error_at_start(tmp_path):
+    """Before: a traceback after the first epoch. Now: exit 2 before TensorFlow is imported."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLES / "image_classifier.py"), "--model-dir",
+         str(blocker / "model")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert f"cannot write to '{blocker / 'model'}'" in out.stderr
+    assert "Fix: pass a --model-dir you can create and write" in out.stderr
+    assert time.monotonic() - started < 30

@@ -34,6 +34,20 @@ def _dry_run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> list[dict]:
         (["--ps", "1", "--no-chief", "--strategy", "parameter_server", "{script}"], "coordinator"),
         (["--strategy", "mirrored", "--workers", "2", "{script}"], "use --strategy multi_worker"),
         ([], "missing SCRIPT"),
+        (["--timeout", "nan", "{script}"], "--timeout must be a positive number of seconds"),
+        (["--timeout", "-5", "{script}"], "--timeout must be a positive number of seconds"),
+        (["--log-dir", "/proc/no/such", "{script}"], "--log-dir '/proc/no/such' cannot be used"),
+        (["--strategy", "horovod", "--evaluator", "{script}"],
+         "--evaluator was given with --strategy horovod, which has no evaluator task"),
+        (["--strategy", "horovod", "--chief", "{script}"], "which has no chief task"),
+        (["--strategy", "default", "--evaluator", "{script}"], "which has no evaluator task"),
+        (["--hosts", "", "{script}"], "--hosts is empty (an unset shell variable?)"),
+        (["--workers", "1", "--hosts", "n9:1", "{script}"], "need a multi-process strategy"),
+        (["--image", "me/t:1", "{script}"], "--image only applies with --export"),
+        (["--nodes", "2", "{script}"], "--nodes only applies with --export"),
+        (["--export", "kubeflow", "--image", "", "{script}"], "--image is empty"),
+        (["--export", "slurm", "--output", "/tmp", "{script}"], "--output '/tmp' is a directory"),
+        (["--startup-timeout", "0", "{script}"], "--startup-timeout must be a positive number"),
         (["no_such_script.py"], "script not found: 'no_such_script.py'"),
     ],
 )
@@ -106,3 +120,11 @@ def test_single_process_strategies_default_to_one_worker(script, capsys):
         lines = _dry_run(capsys, ["--strategy", strategy, script])
         assert len(lines) == 1 and lines[0]["env"]["TFDIST_STRATEGY"] == strategy
     assert len(_dry_run(capsys, ["--strategy", "multi_worker", script])) == 2
+
+
+def test_a_bad_environment_default_is_a_usage_error_not_a_traceback(script, monkeypatch, capsys):
+    monkeypatch.setenv("TFDIST_LAUNCH_WORKERS", "abc")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([script])
+    assert exit_info.value.code == 2
+    assert "argument --workers: invalid int value: 'abc'" in capsys.readouterr().err

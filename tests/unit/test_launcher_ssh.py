@@ -160,3 +160,18 @@ def test_missing_ssh_is_an_error_before_anything_starts(script, capsys, monkeypa
     assert cli.main(["--hosts", "h1:1,h2:1", script]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("tfdist-launch: error: The ssh client is needed") and "\n" not in err
+
+
+def test_a_base_port_in_use_on_this_machine_is_refused_before_start(script, capsys):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code = cli.main(["--dry-run", "--hosts", "localhost:2", "--base-port", str(port - 1),
+                         "--workers", "2", script])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"Port {port} of task worker:1 on localhost is already in use" in err
+    assert "Fix: pass another --base-port" in err

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tfdist.errors import TaskFailedError, TaskTimeoutError
+from tfdist.errors import LaunchError, TaskFailedError, TaskTimeoutError
 from tfdist.launcher.process import ProcessGroup
 from tfdist.testing import alive, report, run_tasks, task_name, wait_gone
 
@@ -205,3 +205,17 @@ def test_a_task_out_of_restarts_fails_the_job():
     assert flaky.restarts == 2
     with pytest.raises(ValueError, match="max_restarts must be 0 or more. Received: -1"):
         group.start("worker:2", SLEEP, max_restarts=-1)
+
+
+def test_a_log_dir_that_cannot_be_created_fails_the_job_at_once(tmp_path):
+    """Before: the output thread died, and a chatty task blocked on a full pipe until timeout."""
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    chatty = [sys.executable, "-c", "import sys\nfor _ in range(20000): print('x' * 200)"]
+    started = time.monotonic()
+    with ProcessGroup(log_dir=not_a_dir / "logs", stream=io.StringIO()) as group:
+        group.start("worker:0", chatty)
+        with pytest.raises(LaunchError, match="worker:0: cannot write its log") as err:
+            group.wait(timeout=60)
+    assert time.monotonic() - started < 30
+    assert "Fix: pass a --log-dir that can be created and written" in str(err.value)

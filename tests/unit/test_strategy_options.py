@@ -95,3 +95,40 @@ def test_startup_deadline_defaults_to_600_s_and_env_can_change_or_disable_it(mon
     monkeypatch.setenv("TFDIST_STARTUP_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="TFDIST_STARTUP_TIMEOUT is not a number of seconds"):
         resolve_startup_timeout(None)
+
+
+def test_a_startup_hang_prints_who_joined_then_stops_naming_the_missing_peer(tmp_path):
+    """Before: ten silent minutes. Now: progress every few seconds, then a clear stop."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        up = f"127.0.0.1:{listening.getsockname()[1]}"
+        code = (
+            "import time\n"
+            "from tfdist.cluster import ClusterSpec, Task\n"
+            "from tfdist.strategies.startup import startup_deadline\n"
+            f"spec = ClusterSpec(worker=['127.0.0.1:1', {up!r}, '127.0.0.1:9'])\n"
+            "with startup_deadline(3, spec, Task('worker', 0), 'MultiWorkerMirroredStrategy'):\n"
+            "    time.sleep(30)\n"
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=60)
+    assert out.returncode == -9
+    progress = [line for line in out.stderr.splitlines() if "waiting for its cluster" in line]
+    assert len(progress) >= 2
+    assert progress[0].startswith("tfdist: worker:0 waiting for its cluster (1 of 3 s)")
+    assert progress[0].endswith("joined: worker:1; not yet: worker:2")
+    assert "did not join its cluster within 3 s" in out.stderr
+    assert "no answer from: worker:2" in out.stderr
+
+
+def test_launcher_passes_startup_timeout_to_every_task():
+    from tfdist.launcher.plan import JobOptions, plan_job
+
+    plan = plan_job(JobOptions("t.py", workers=2, startup_timeout=45))
+    assert plan.env["TFDIST_STARTUP_TIMEOUT"] == "45"
+    assert "TFDIST_STARTUP_TIMEOUT" not in plan_job(JobOptions("t.py", workers=2)).env

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
 
 from tfdist.errors import ClusterConfigError, LaunchError, StrategyConfigError, TfdistError
-from tfdist.launcher.export import add_export_arguments, run_export
+from tfdist.launcher.export import add_export_arguments, check_export_arguments, run_export
 from tfdist.launcher.hosts import add_host_arguments, check_host_arguments, host_options_from_args
 from tfdist.launcher.plan import JobOptions, JobPlan, layout_problem, place, plan_job
 from tfdist.strategies.detect import launch_strategy
@@ -50,8 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     job.add_argument(
         "--workers", type=int,
-        default=int(os.environ[_ENV_PREFIX + "WORKERS"]) if _ENV_PREFIX + "WORKERS" in os.environ
-        else None,
+        default=os.environ.get(_ENV_PREFIX + "WORKERS"),  # argparse converts (and rejects) it
         help="worker tasks, or Horovod ranks (env TFDIST_LAUNCH_WORKERS; default 1 for the "
         "default and mirrored strategies, which run one process, else 2)",
     )
@@ -63,28 +63,40 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--evaluator", action="store_true",
                      help="add a sidecar evaluator task (its crash does not stop training)")
     job.add_argument(
-        "--evaluator-grace", type=float, default=float(_env_default("EVALUATOR_GRACE", "60")),
+        "--evaluator-grace", type=float, default=_env_default("EVALUATOR_GRACE", "60"),
         help="seconds the evaluator may run on after training is done, to evaluate the last "
         "checkpoint, before it is stopped (env TFDIST_LAUNCH_EVALUATOR_GRACE; default 60)",
     )
     run = parser.add_argument_group("run")
     run.add_argument(
-        "--timeout", type=float, default=float(_env_default("TIMEOUT", "3600")),
+        "--timeout", type=float, default=_env_default("TIMEOUT", "3600"),
         help="seconds before the whole job is stopped (env TFDIST_LAUNCH_TIMEOUT; default 3600)",
     )
     run.add_argument(
-        "--max-restarts", type=int, default=int(_env_default("MAX_RESTARTS", "0")),
+        "--startup-timeout", type=float, default=None, metavar="SECONDS",
+        help="seconds each task waits for its peers before it stops with a message naming the "
+        "missing ones; progress is printed meanwhile (default: $TFDIST_STARTUP_TIMEOUT or 600)",
+    )
+    run.add_argument(
+        "--max-restarts", type=int, default=_env_default("MAX_RESTARTS", "0"),
         help="after a failure, restart the whole job (fresh ports) up to this many times; with "
         "BackupAndRestore in the script, training resumes from the last backup "
         "(env TFDIST_LAUNCH_MAX_RESTARTS; default 0)",
     )
     run.add_argument(
-        "--max-worker-restarts", type=int, default=int(_env_default("MAX_WORKER_RESTARTS", "3")),
+        "--max-worker-restarts", type=int, default=_env_default("MAX_WORKER_RESTARTS", "3"),
         help="parameter_server: restart a dead worker task alone (same TF_CONFIG and port) up to "
         "this many times; a dead ps stops the job (env TFDIST_LAUNCH_MAX_WORKER_RESTARTS; "
         "default 3)",
     )
     run.add_argument("--log-dir", help="also write each task's output to LOG_DIR/<task>.log")
+    run.add_argument(
+        "--network", choices=("private", "host"), default=_env_default("NETWORK", "private"),
+        help="private (default): a job on this machine alone runs its tasks in a network "
+        "namespace with only loopback, so no TF server of it can be reached from outside (needs "
+        "root; else a warning, and host); host: this machine's network, e.g. for a script that "
+        "reads from the network (env TFDIST_LAUNCH_NETWORK)",
+    )
     run.add_argument("--dry-run", action="store_true",
                      help="start nothing; print one JSON object per task")
     run.add_argument("--check", action="store_true", help="report what is installed and exit")
@@ -105,7 +117,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.check:
         return args
-    problem = _resolve_strategy(args) or _validate(args) or check_host_arguments(args)
+    problem = (check_export_arguments(args) or _resolve_strategy(args) or _validate(args)
+               or check_host_arguments(args))
     if problem:
         parser.error(problem)
     return args
@@ -139,7 +152,29 @@ def _validate(args: argparse.Namespace) -> str | None:
         return f"--max-restarts must be 0 or more. Received: {args.max_restarts}"
     if args.max_worker_restarts < 0:
         return f"--max-worker-restarts must be 0 or more. Received: {args.max_worker_restarts}"
+    if not math.isfinite(args.timeout) or args.timeout <= 0:
+        return (f"--timeout must be a positive number of seconds. Received: {args.timeout}. "
+                "Fix: e.g. --timeout 3600")
+    if args.startup_timeout is not None and not (
+            math.isfinite(args.startup_timeout) and args.startup_timeout > 0):
+        return (f"--startup-timeout must be a positive number of seconds. Received: "
+                f"{args.startup_timeout}. Fix: e.g. --startup-timeout 120")
+    if args.log_dir is not None and not args.dry_run and not args.export:
+        problem = _unwritable_dir(args.log_dir)
+        if problem:
+            return (f"--log-dir {args.log_dir!r} cannot be used: {problem}. Fix: pass a directory "
+                    "you can create and write, or drop --log-dir")
     return layout_problem(options_from_args(args), args.strategy, strategy_traits(args.strategy))
+
+
+def _unwritable_dir(path: str) -> str | None:
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as err:
+        return err.strerror or str(err)
+    if not os.access(path, os.W_OK | os.X_OK):
+        return "it is not writable"
+    return None
 
 
 def options_from_args(args: argparse.Namespace) -> JobOptions:
@@ -148,7 +183,8 @@ def options_from_args(args: argparse.Namespace) -> JobOptions:
         workers=args.workers, ps=args.ps, chief=args.chief, evaluator=args.evaluator,
         timeout=args.timeout, evaluator_grace=args.evaluator_grace,
         max_restarts=args.max_restarts, worker_restarts=args.max_worker_restarts,
-        log_dir=args.log_dir, hosts=host_options_from_args(args),
+        log_dir=args.log_dir, hosts=host_options_from_args(args), network=args.network,
+        startup_timeout=args.startup_timeout,
     )
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
 import shlex
 from pathlib import PurePath
@@ -57,18 +58,42 @@ class ExportOptions:
     python: str = "python"
 
 
+_EXPORT_ONLY = {"image": "tfdist:latest", "output": None, "name": None, "nodes": 1,
+                "slots_per_worker": 1}
+"""Options that only mean something with ``--export``, and their defaults there."""
+
+
 def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the ``export`` argument group to ``tfdist-launch``'s parser."""
     group = parser.add_argument_group("export (write a scheduler job instead of running)")
     group.add_argument("--export", choices=EXPORT_FORMATS,
                        help="print (or --output) a Kubeflow TFJob, an MPIJob, or a Slurm script")
-    group.add_argument("--image", default="tfdist:latest",
-                       help="container image for kubeflow/mpijob (default tfdist:latest)")
+    group.add_argument("--image", help="container image for kubeflow/mpijob (default "
+                       "tfdist:latest)")
     group.add_argument("--output", help="write the export to this file instead of stdout")
     group.add_argument("--name", help="job name (default: the script's name)")
-    group.add_argument("--nodes", type=int, default=1, help="slurm: nodes (default 1)")
-    group.add_argument("--slots-per-worker", type=int, default=1,
+    group.add_argument("--nodes", type=int, help="slurm: nodes (default 1)")
+    group.add_argument("--slots-per-worker", type=int,
                        help="mpijob: Horovod ranks per worker pod (default 1)")
+
+
+def check_export_arguments(args: argparse.Namespace) -> str | None:
+    """The problem with the export arguments, as a one-line message, or None (fills defaults)."""
+    given = [name for name in _EXPORT_ONLY if getattr(args, name) is not None]
+    if given and not args.export:
+        flag = "--" + given[0].replace("_", "-")
+        return (f"{flag} only applies with --export. Fix: add --export kubeflow|mpijob|slurm, "
+                f"or drop {flag}")
+    if args.image is not None and not args.image.strip():
+        return "--image is empty. Fix: name a container image that holds tfdist and the script"
+    if args.output is not None and os.path.isdir(args.output):
+        suffix = "sbatch" if args.export == "slurm" else "yaml"
+        return (f"--output {args.output!r} is a directory. Fix: name a file, e.g. "
+                f"{os.path.join(args.output, 'job.' + suffix)}")
+    for name, default in _EXPORT_ONLY.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    return None
 
 
 def export_options_from_args(args: argparse.Namespace) -> ExportOptions:
@@ -229,8 +254,14 @@ def run_export(args: argparse.Namespace, plan: JobPlan) -> int:
     """``tfdist-launch --export``: print the export, or write it to ``--output``."""
     text = export_job(plan, args.export, **dataclasses.asdict(export_options_from_args(args)))
     if args.output and not args.dry_run:
-        with open(args.output, "w") as file:
-            file.write(text)
+        try:
+            with open(args.output, "w") as file:
+                file.write(text)
+        except OSError as err:
+            raise StrategyConfigError(format_error(
+                f"Cannot write the {args.export} job to --output.", received=repr(args.output),
+                expected="a file path that can be written", fix=f"fix the path ({err.strerror})"
+            )) from err
         print(f"tfdist-launch: wrote {args.export} job to {args.output}")
     else:
         print(text, end="")

@@ -156,10 +156,40 @@ def host_cluster(
     slots = options.slots()
     _check_reachable(slots)
     hosts = [join_address(host, count) for host, count in slots]
-    return ClusterSpec.from_hosts(
+    spec = ClusterSpec.from_hosts(
         hosts, workers=workers, ps=ps, chief=chief, evaluator=evaluator,
         base_port=options.base_port, strategy=strategy,
     )
+    _check_local_ports_free(spec)
+    return spec
+
+
+def _check_local_ports_free(spec: ClusterSpec) -> None:
+    """Refuses a port of this machine that something already listens on (before: TensorFlow's
+    traceback half a minute after start). Other machines' ports are checked by their tasks."""
+    for task in spec.tasks():
+        host = spec.host(task)
+        if not is_local_host(host):
+            continue
+        port = int(spec.address(task).rsplit(":", 1)[1])
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TF's server does
+            try:
+                sock.bind(("", port))
+            except OSError as err:
+                raise ClusterConfigError(format_error(
+                    f"Port {port} of task {task} on {host} is already in use ({err.strerror}).",
+                    received=f"--base-port {spec_base_port(spec)} -> {task} at "
+                    f"{spec.address(task)}",
+                    expected="free ports from the base port up, one per slot of each host",
+                    fix=f"pass another --base-port, or stop what listens on {port} "
+                    f"(see: ss -ltnp 'sport = :{port}')",
+                )) from err
+
+
+def spec_base_port(spec: ClusterSpec) -> int:
+    """The lowest port of ``spec`` (the base port of a `from_hosts` layout)."""
+    return min(int(spec.address(task).rsplit(":", 1)[1]) for task in spec.tasks())
 
 
 def _is_loopback(host: str) -> bool:

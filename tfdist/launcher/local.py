@@ -16,6 +16,7 @@ import sys
 from types import FrameType
 
 from tfdist.errors import TaskFailedError, TaskTimeoutError
+from tfdist.launcher.netns import NetworkIsolationError, PrivateNetwork
 from tfdist.launcher.plan import JobPlan, Placement, place
 from tfdist.launcher.process import ProcessGroup
 
@@ -50,7 +51,9 @@ def run_placement(placement: Placement) -> int:
     plan = placement.plan
     for line in placement.describe():
         _log(f"task {json.dumps(line)}")
-    group = ProcessGroup(log_dir=plan.options.log_dir, sidecar_grace=plan.options.evaluator_grace)
+    network = _private_network(placement)
+    group = ProcessGroup(log_dir=plan.options.log_dir, sidecar_grace=plan.options.evaluator_grace,
+                         join_network=network.join if network else None)
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
         for task in placement.tasks:
@@ -78,6 +81,23 @@ def run_placement(placement: Placement) -> int:
         group.stop()
         signal.signal(signal.SIGTERM, previous)
         placement.release()
+        if network:
+            network.close()
+
+
+def _private_network(placement: Placement) -> PrivateNetwork | None:
+    """A loopback-only network for the placement's tasks, where it applies and is allowed."""
+    if not placement.private_network:
+        return None
+    try:
+        network = PrivateNetwork().start()
+    except NetworkIsolationError as err:
+        _log(f"warning: {err}. The job runs on this machine's network: its TF servers listen on "
+             "every interface, unauthenticated. Run as root (CAP_SYS_ADMIN) to isolate it, or "
+             "pass --network host to accept this and silence the warning")
+        return None
+    _log("tasks share a private network with only loopback (--network host to opt out)")
+    return network
 
 
 _NOT_RESTARTED = (0, 124, 130)  # success, timeout, interrupted by the user

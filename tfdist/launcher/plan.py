@@ -26,7 +26,7 @@ import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from tfdist.cluster import ClusterSpec, Task, release_ports
 from tfdist.cluster.roles import ROLES
@@ -41,6 +41,7 @@ from tfdist.launcher.hosts import (
 )
 from tfdist.strategies.detect import launch_strategy
 from tfdist.strategies.registry import strategy_traits
+from tfdist.strategies.startup import STARTUP_TIMEOUT_ENV
 from tfdist.strategies.traits import STRATEGY_ENV, StrategyTraits, TaskKind
 
 __all__ = [
@@ -74,6 +75,10 @@ class JobOptions:
         worker_restarts: Restarts of each task whose role the strategy restarts alone.
         log_dir: Where each task's output is also written (None: nowhere).
         hosts: ``--hosts``/``--hostfile``: tasks on these machines (ssh).
+        network: ``private``: a job on this machine alone runs in a network namespace with
+            only loopback (`tfdist.launcher.netns`); ``host``: on this machine's network.
+        startup_timeout: Seconds each task waits for its peers (``TFDIST_STARTUP_TIMEOUT``;
+            None: the tasks' default, 600 s).
     """
 
     script: str
@@ -89,6 +94,8 @@ class JobOptions:
     worker_restarts: int = 3
     log_dir: str | None = None
     hosts: HostOptions | None = None
+    network: Literal["private", "host"] = "private"
+    startup_timeout: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +200,14 @@ class Placement:
     def describe(self) -> list[dict[str, Any]]:
         return [t.describe() for t in (self.ranks or self.tasks)]
 
+    @property
+    def private_network(self) -> bool:
+        """Whether its processes should share a loopback-only network (`tfdist.launcher.netns`):
+        several processes, all on this machine, and ``network="private"``."""
+        options = self.plan.options
+        return options.network == "private" and options.hosts is None and (
+            self.cluster is not None or bool(self.ranks))
+
     def release(self) -> None:
         """Releases the ports this placement holds (after its run, or when it will not run)."""
         if self.cluster is not None:
@@ -224,6 +239,8 @@ def plan_job(options: JobOptions, environ: Mapping[str, str] | None = None) -> J
         # TensorFlow's C++ INFO/WARNING lines drown the training output; set 0 to see them.
         "TF_CPP_MIN_LOG_LEVEL": environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
     }
+    if options.startup_timeout is not None:
+        env[STARTUP_TIMEOUT_ENV] = f"{options.startup_timeout:g}"
     script_argv = (options.script, *options.script_args)
     return JobPlan(strategy, traits, _roles(options, traits), script_argv, env, options)
 

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Literal
 
 from tfdist.errors import LaunchError, TaskFailedError, TaskTimeoutError
@@ -102,6 +102,7 @@ class ProcessGroup:
         grace_period: float = 5.0,
         log_dir: str | os.PathLike[str] | None = None,
         sidecar_grace: float = 0.0,
+        join_network: Callable[[], None] | None = None,
     ) -> None:
         """Creates an empty group.
 
@@ -111,6 +112,7 @@ class ProcessGroup:
             log_dir: If set, each task's raw output is also written to ``<log_dir>/<task>.log``.
             sidecar_grace: Seconds sidecars may keep running, to finish on their own, once every
                 main task has succeeded (default 0: they are stopped at once).
+            join_network: Called in each child before exec, e.g. `PrivateNetwork.join`.
         """
         if sidecar_grace < 0:
             raise ValueError(f"sidecar_grace must be 0 or more seconds. Received: {sidecar_grace}")
@@ -118,9 +120,11 @@ class ProcessGroup:
         self._stream = stream
         self._grace_period = grace_period
         self._log_dir = os.fspath(log_dir) if log_dir is not None else None
+        self._join_network = join_network
         self._lock = threading.Lock()
         self.tasks: dict[str, TaskProcess] = {}
         self.sidecar_failures: dict[str, int] = {}
+        self.output_failures: dict[str, str] = {}
 
     def __enter__(self) -> ProcessGroup:
         return self
@@ -173,13 +177,18 @@ class ProcessGroup:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=self._prepare_child,
         )
         reader = threading.Thread(
             target=self._pump, args=(name, popen, tail, log_mode), name=f"output-{name}",
             daemon=True,
         )
         return popen, reader
+
+    def _prepare_child(self) -> None:  # pragma: no cover - runs in the child before exec
+        _die_with_parent()
+        if self._join_network is not None:
+            self._join_network()
 
     def _restart(self, task: TaskProcess) -> None:
         """Starts ``task`` again (same argv, env and cwd) after it failed."""
@@ -204,25 +213,38 @@ class ProcessGroup:
         tail: collections.deque[str],
         log_mode: str = "w",
     ) -> None:
-        log = None
-        if self._log_dir is not None:
-            os.makedirs(self._log_dir, exist_ok=True)
-            log = open(os.path.join(self._log_dir, f"{name.replace(':', '_')}.log"), log_mode)
+        log = self._open_log(name, log_mode)
         assert popen.stdout is not None
         try:
             for raw in iter(popen.stdout.readline, b""):
                 line = raw.decode("utf-8", errors="replace").rstrip("\n")
                 tail.append(line)
                 if log is not None:
-                    log.write(line + "\n")
-                    log.flush()
+                    try:
+                        log.write(line + "\n")
+                        log.flush()
+                    except OSError as err:  # keep draining the pipe: a full pipe hangs the task
+                        self.output_failures.setdefault(name, f"cannot write its log: {err}")
+                        log = None
                 with self._lock:
                     stream = self._stream or sys.stdout
                     stream.write(f"[{name}] {line}\n")
                     stream.flush()
+        except Exception as err:  # noqa: BLE001 - any failure of the output path fails the job
+            self.output_failures.setdefault(name, f"its output could not be read: {err!r}")
         finally:
             if log is not None:
                 log.close()
+
+    def _open_log(self, name: str, log_mode: str) -> IO[str] | None:
+        if self._log_dir is None:
+            return None
+        try:
+            os.makedirs(self._log_dir, exist_ok=True)
+            return open(os.path.join(self._log_dir, f"{name.replace(':', '_')}.log"), log_mode)
+        except OSError as err:
+            self.output_failures.setdefault(name, f"cannot write its log: {err}")
+            return None
 
     def wait(self, timeout: float) -> dict[str, int]:
         """Waits until every main task has succeeded, then stops the rest.
@@ -239,6 +261,11 @@ class ProcessGroup:
         if not main:
             raise LaunchError("A job needs at least one main task to wait for.")
         while True:
+            if self.output_failures:
+                name, why = next(iter(self.output_failures.items()))
+                self.stop()
+                raise LaunchError(f"Task {name}: {why}. Every task was stopped. Fix: pass a "
+                                  "--log-dir that can be created and written, or none")
             failed = self._first_failure()
             if failed is not None:
                 self.stop()

@@ -6,7 +6,9 @@ leaves the others waiting with no message. That C++ call holds Python's GIL, so 
 handler nor a watchdog thread can run meanwhile. `startup_deadline` therefore starts a tiny
 watchdog *process* (plain Python, no TensorFlow): if the ``with`` block has not finished in time,
 it prints one error naming the tasks whose ports do not answer, and kills this process with
-``SIGKILL`` (exit status -9; the launcher then reports the failed task by name).
+``SIGKILL`` (exit status -9; the launcher then reports the failed task by name). While it waits,
+it prints a progress line every `progress_interval` seconds naming the peers that have joined
+and those that have not, so a hang is never silent.
 """
 
 from __future__ import annotations
@@ -67,23 +69,50 @@ def resolve_startup_timeout(seconds: float | None) -> float | None:
         ) from None
 
 _WATCHDOG = r"""
-import json, os, select, signal, socket, sys
+import json, os, select, signal, socket, sys, time
 cfg = json.loads(sys.argv[1])
-ready, _, _ = select.select([sys.stdin], [], [], cfg["seconds"])
-if ready:
-    sys.exit(0)
-missing = []
-for name, address in cfg["peers"]:
-    host, _, port = address.rpartition(":")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=1).close()
-    except OSError:
-        missing.append(name)
+
+def answering():
+    up, down = [], []
+    for name, address in cfg["peers"]:
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=1).close()
+            up.append(name)
+        except OSError:
+            down.append(name)
+    return up, down
+
+start = time.monotonic()
+deadline = start + cfg["seconds"]
+while True:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        break
+    if select.select([sys.stdin], [], [], min(cfg["interval"], left))[0]:
+        sys.exit(0)
+    if deadline - time.monotonic() > 0:
+        up, down = answering()
+        sys.stderr.write("tfdist: %s waiting for its cluster (%.0f of %g s): joined: %s; not yet: "
+                         "%s\n" % (cfg["me"], time.monotonic() - start, cfg["seconds"],
+                                    ", ".join(up) or "none", ", ".join(down) or "none"))
+        sys.stderr.flush()
+_, missing = answering()
 text = cfg["message"].replace("{missing}", ", ".join(missing) or "(all ports answer)")
 sys.stderr.write("tfdist: " + text + "\n")
 sys.stderr.flush()
 os.kill(cfg["pid"], signal.SIGKILL)
 """
+
+
+def progress_interval(seconds: float) -> float:
+    """Seconds between the watchdog's progress lines: a fifth of the deadline, 1 to 30 s.
+
+    Example:
+        >>> progress_interval(600), progress_interval(2)
+        (30, 1)
+    """
+    return min(30, max(1, seconds / 5))
 
 
 def _message(what: str, seconds: float, cluster: ClusterSpec, me: Task | None) -> str:
@@ -110,7 +139,8 @@ def startup_deadline(
         yield
         return
     peers = [(str(t), cluster.address(t)) for t in cluster.tasks() if t != me]
-    config = {"seconds": seconds, "peers": peers, "pid": os.getpid(),
+    config = {"seconds": seconds, "peers": peers, "pid": os.getpid(), "me": str(me or "this task"),
+              "interval": progress_interval(seconds),
               "message": _message(what, seconds, cluster, me)}
     watchdog = subprocess.Popen(
         [sys.executable, "-c", _WATCHDOG, json.dumps(config)],
