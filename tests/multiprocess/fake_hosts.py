@@ -73,6 +73,7 @@ class FakeHosts:
         self.namespaces = [f"{tag}h{i}" for i in range(count)]
         self.addresses = [f"{SUBNET}.{i + 1}" for i in range(count)]
         self.identity = str(tmp / "id_ed25519")
+        self.known_hosts = str(tmp / "known_hosts")  # the hosts' real keys, for the launcher
         self.ssh_port = SSH_PORT
         self.sshd: list[subprocess.Popen[bytes]] = []
 
@@ -148,6 +149,9 @@ class FakeHosts:
         for name in ("host_key", "id_ed25519"):
             _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.tmp / name))
         shutil.copy(self.tmp / "id_ed25519.pub", self.tmp / "authorized_keys")
+        key = (self.tmp / "host_key.pub").read_text().split()[:2]
+        Path(self.known_hosts).write_text("".join(
+            f"[{address}]:{self.ssh_port} {' '.join(key)}\n" for address in self.addresses))
 
     def _start_sshd(self, i: int) -> None:
         os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation directory

@@ -58,10 +58,12 @@ def loopback_named_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[F
         fake.close()
 
 
-def _launch(hosts: FakeHosts, results: Path, *argv: str) -> subprocess.Popen[str]:
+def _launch(hosts: FakeHosts, results: Path, *argv: str,
+            known_hosts: str | None = None, **env_extra: str) -> subprocess.Popen[str]:
     """Starts tfdist-launch in host 0's namespace, reaching the others over ssh."""
-    env = {**os.environ, RESULT_DIR_ENV: str(results), "PYTHONPATH": str(REPO_ROOT)}
-    ssh = ["--ssh-port", str(hosts.ssh_port), "--ssh-identity", hosts.identity]
+    env = {**os.environ, RESULT_DIR_ENV: str(results), "PYTHONPATH": str(REPO_ROOT), **env_extra}
+    ssh = ["--ssh-port", str(hosts.ssh_port), "--ssh-identity", hosts.identity,
+           "--ssh-known-hosts", known_hosts or hosts.known_hosts]
     return subprocess.Popen(
         hosts.exec_argv(0, [*LAUNCH, *ssh, *argv]), env=env, cwd=REPO_ROOT, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -114,6 +116,28 @@ def test_parameter_server_chief_here_worker_and_ps_remote_loss_falls(hosts, tmp_
     assert sum(map(sum, chief["seen"])) == 30, "every step ran on the remote worker"
     # The worker and ps services were stopped by closing their ssh sessions.
     assert _nothing_left(hosts) == {}
+
+
+def test_an_unknown_host_key_stops_the_job_and_secrets_stay_here(hosts, tmp_path):
+    """Host keys are checked by default; variables are sent only when named (--env)."""
+    script = tmp_path / "env_probe.py"
+    script.write_text(
+        "import json, os\nfrom tfdist.testing import report\n"
+        "report({k: os.environ.get(k) for k in ('TF_VAR_db_password', 'MY_SETTING')})\n")
+    h1 = hosts.addresses[1]
+    empty = tmp_path / "empty_known_hosts"
+    empty.write_text("")
+    proc = _launch(hosts, tmp_path, "--hosts", f"{h1}:1", "--workers", "1", "--strategy",
+                   "multi_worker", "--timeout", "60", str(script), known_hosts=str(empty))
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode != 0 and "Host key verification failed" in out, out
+
+    proc = _launch(hosts, tmp_path, "--hosts", f"{h1}:1", "--workers", "1", "--strategy",
+                   "multi_worker", "--env", "MY_SETTING", "--timeout", "60", str(script),
+                   TF_VAR_db_password="s3cret", MY_SETTING="on")
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 0, out
+    assert _collect(tmp_path)["worker:0"] == {"TF_VAR_db_password": None, "MY_SETTING": "on"}
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])

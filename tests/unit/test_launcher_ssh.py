@@ -15,7 +15,7 @@ from tfdist.errors import ClusterConfigError
 from tfdist.launcher import cli
 from tfdist.launcher.hosts import HostOptions
 from tfdist.launcher.plan import JobOptions, place, plan_job
-from tfdist.launcher.ssh import SshOptions, forwarded_env, is_local_host, ssh_command
+from tfdist.launcher.ssh import SshOptions, env_payload, forwarded_env, is_local_host, ssh_command
 
 NASTY = {"TF_CONFIG": '{"task": {"type": "worker", "index": 1}}', "X": "it's $HOME; `id` \"q\""}
 
@@ -27,42 +27,53 @@ def script(tmp_path: Path) -> str:
     return str(path)
 
 
-def test_ssh_command_has_batch_options_port_identity_then_host_and_one_shell_string():
-    argv = ssh_command("n2", ["py", "t.py"], NASTY, SshOptions(port=2022, identity="/k/id"),
+def test_ssh_command_checks_host_keys_and_puts_no_environment_on_the_command_line():
+    argv = ssh_command("n2", ["py", "t.py"], SshOptions(port=2022, identity="/k/id"),
                        cwd="/my dir", ssh="/usr/bin/ssh")
-    assert argv[:9] == ("/usr/bin/ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-                        "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR")
-    assert argv[9:14] == ("-p", "2022", "-i", "/k/id", "n2")
-    words = shlex.split(argv[14])  # what the remote shell sees
-    assert words[:5] == ["cd", "/my dir", "&&", "exec", "env"]
-    assert words[5:7] == [f"TF_CONFIG={NASTY['TF_CONFIG']}", f"X={NASTY['X']}"]
-    assert words[7:] == [sys.executable, "-m", "tfdist.launcher.remote", "--", "py", "t.py"]
+    assert argv[:7] == ("/usr/bin/ssh", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
+                        "-o", "StrictHostKeyChecking=yes")
+    assert argv[7:12] == ("-p", "2022", "-i", "/k/id", "n2")
+    words = shlex.split(argv[12])  # what the remote shell sees
+    assert words == ["cd", "/my dir", "&&", "exec", sys.executable, "-m",
+                     "tfdist.launcher.remote", "--env-stdin", "--", "py", "t.py"]
+
+
+def test_host_key_options_known_hosts_file_or_explicitly_off():
+    strict = SshOptions(known_hosts="/k/known").args()
+    assert strict == ("-o", "StrictHostKeyChecking=yes", "-o", "UserKnownHostsFile=/k/known")
+    assert SshOptions(check_host_keys=False).args() == (
+        "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null")
 
 
 def test_ssh_command_without_port_or_identity_leaves_them_to_ssh():
-    argv = ssh_command("[::1]", ["true"], {}, SshOptions(), cwd="/", ssh="ssh")
+    argv = ssh_command("[::1]", ["true"], SshOptions(), cwd="/", ssh="ssh")
     assert "-p" not in argv and "-i" not in argv and argv[-2] == "::1"
 
 
-def test_remote_shell_command_survives_a_real_shell(tmp_path):
+def test_remote_half_survives_a_real_shell_and_gets_its_env_from_stdin(tmp_path):
     """Runs the remote half through bash here: env values and arguments arrive unchanged."""
     probe = "import json, os, sys; print(json.dumps([os.environ['X'], os.getcwd(), sys.argv[1:]]))"
     args = [sys.executable, "-c", probe, "a b", "$HOME", "it's"]
     (tmp_path / "my dir").mkdir()
-    argv = ssh_command("n2", args, NASTY, SshOptions(), cwd=str(tmp_path / "my dir"), ssh="ssh")
+    argv = ssh_command("n2", args, SshOptions(), cwd=str(tmp_path / "my dir"), ssh="ssh")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     out = subprocess.run(["bash", "-c", argv[-1]], capture_output=True, text=True, timeout=60,
-                         stdin=subprocess.DEVNULL, check=True).stdout
+                         input=env_payload(NASTY), check=True, env=env).stdout
     assert json.loads(out) == [NASTY["X"], str(tmp_path / "my dir"), ["a b", "$HOME", "it's"]]
+    assert NASTY["X"] not in " ".join(argv)
 
 
 def test_bad_env_name_is_refused_with_a_fix():
     with pytest.raises(ClusterConfigError, match=r"Received: 'A B'.*Fix: Rename"):
-        ssh_command("n2", ["true"], {"A B": "1"}, SshOptions(), cwd="/", ssh="ssh")
+        env_payload({"A B": "1"})
 
 
-def test_forwarded_env_keeps_tf_and_python_path_only():
-    env = {"PYTHONPATH": "/src", "TFDIST_RESULT_DIR": "/r", "HOME": "/root", "PATH": "/bin"}
+def test_forwarded_env_keeps_tfdist_and_python_path_and_named_variables_only():
+    env = {"PYTHONPATH": "/src", "TFDIST_RESULT_DIR": "/r", "HOME": "/root", "PATH": "/bin",
+           "TF_VAR_db_password": "s3cret", "TF_TOKEN_app_terraform_io": "t0ken",
+           "AWS_SECRET_ACCESS_KEY": "k", "NCCL_DEBUG": "INFO"}
     assert forwarded_env(env) == {"PYTHONPATH": "/src", "TFDIST_RESULT_DIR": "/r"}
+    assert forwarded_env(env, names=["NCCL_DEBUG"])["NCCL_DEBUG"] == "INFO"
 
 
 @pytest.mark.parametrize(("host", "local"), [("localhost", True), ("127.0.0.1", True),
@@ -89,11 +100,11 @@ def test_dry_run_on_hosts_gives_host_addresses_and_ssh_for_remote_tasks(script, 
     for line in lines:
         assert line["tf_config"]["cluster"] == cluster
         command = line["command"]
-        assert command[0].endswith("ssh") and command[9:14] == ["-p", "2022", "-i", str(key),
+        assert command[0].endswith("ssh") and command[7:12] == ["-p", "2022", "-i", str(key),
                                                                line["host"]]
         remote = shlex.split(command[-1])
         assert remote[:2] == ["cd", os.getcwd()]
-        assert f"TF_CONFIG={json.dumps(line['tf_config'])}" in remote
+        assert "TF_CONFIG" not in command[-1]  # it goes over the ssh channel, not argv
     assert shlex.split(lines[0]["command"][-1])[-2:] == ["-u", script]
     assert shlex.split(lines[1]["command"][-1])[-3:] == ["-u", "-m", "tfdist.server"]
 

@@ -25,7 +25,14 @@ from tfdist.cluster import ClusterSpec, parse_hosts, read_hostfile
 from tfdist.cluster.address import MAX_PORT, join_address
 from tfdist.cluster.hosts import DEFAULT_BASE_PORT, HostSlots
 from tfdist.errors import ClusterConfigError, format_error
-from tfdist.launcher.ssh import SshOptions, find_ssh, forwarded_env, is_local_host, ssh_command
+from tfdist.launcher.ssh import (
+    SshOptions,
+    env_payload,
+    find_ssh,
+    forwarded_env,
+    is_local_host,
+    ssh_command,
+)
 
 __all__ = [
     "HostOptions",
@@ -54,6 +61,7 @@ class HostOptions:
         ssh: Port and identity for ssh.
         network_interface: The interface Horovod's ranks talk over (``horovodrun
             --network-interfaces``); None: the one this machine reaches the first remote host by.
+        env_names: Variables of this environment remote tasks get too (``--env NAME``).
 
     Example:
         >>> HostOptions(hosts="h1:2,h2:2").slots()
@@ -65,6 +73,7 @@ class HostOptions:
     base_port: int = DEFAULT_BASE_PORT
     ssh: SshOptions = SshOptions()
     network_interface: str | None = None
+    env_names: tuple[str, ...] = ()
 
     def slots(self) -> HostSlots:
         """The hosts and their slot counts (reads the hostfile; raises `ClusterConfigError`)."""
@@ -101,6 +110,15 @@ def add_host_arguments(parser: argparse.ArgumentParser) -> None:
                        help="ssh port of the hosts (env TFDIST_LAUNCH_SSH_PORT; default: ssh's)")
     group.add_argument("--ssh-identity", default=_env("SSH_IDENTITY"), metavar="KEY",
                        help="private key for ssh -i (env TFDIST_LAUNCH_SSH_IDENTITY)")
+    group.add_argument("--ssh-known-hosts", default=_env("SSH_KNOWN_HOSTS"), metavar="FILE",
+                       help="check the hosts' keys against this file (default: ssh's own known "
+                       "hosts; env TFDIST_LAUNCH_SSH_KNOWN_HOSTS)")
+    group.add_argument("--no-host-key-check", action="store_true",
+                       help="accept any host key: only on a network you trust (a machine in the "
+                       "middle could impersonate the hosts)")
+    group.add_argument("--env", dest="env_names", action="append", default=[], metavar="NAME",
+                       help="also give remote tasks this variable of the launcher's environment "
+                       "(repeatable; sent over the ssh channel, never on a command line)")
     group.add_argument("--network-interface", default=_env("NETWORK_INTERFACE"), metavar="IFACE",
                        help="horovod: the interface the ranks talk over, same name on every host "
                        "(env TFDIST_LAUNCH_NETWORK_INTERFACE; default: the one this machine "
@@ -119,11 +137,21 @@ def check_host_arguments(args: argparse.Namespace) -> str | None:
     on_hosts = bool(args.hosts or args.hostfile)
     for flag, value in (("--base-port", args.base_port), ("--ssh-port", args.ssh_port),
                         ("--ssh-identity", args.ssh_identity),
+                        ("--ssh-known-hosts", args.ssh_known_hosts),
+                        ("--no-host-key-check", args.no_host_key_check or None),
+                        ("--env", args.env_names or None),
                         ("--network-interface", args.network_interface)):
         if value is not None and not on_hosts:
             return f"{flag} only applies with --hosts or --hostfile. Fix: add one, or drop {flag}"
     if args.ssh_port is not None and not 1 <= int(args.ssh_port) <= MAX_PORT:
         return f"--ssh-port must be in 1..{MAX_PORT}. Received: {args.ssh_port}"
+    missing = [name for name in args.env_names if name not in os.environ]
+    if missing:
+        return (f"--env {missing[0]}: no such variable in the launcher's environment. Fix: export "
+                f"it first, or drop --env {missing[0]}")
+    if args.ssh_known_hosts is not None and not os.path.isfile(args.ssh_known_hosts):
+        return (f"--ssh-known-hosts file not found. Received: {args.ssh_known_hosts!r}. "
+                "Fix: pass an existing known_hosts file (ssh-keyscan -p PORT HOST >> FILE)")
     if args.ssh_identity is not None and not os.path.isfile(args.ssh_identity):
         return (f"--ssh-identity file not found. Received: {args.ssh_identity!r}. "
                 "Fix: pass the path of an existing private key")
@@ -138,8 +166,9 @@ def host_options_from_args(args: argparse.Namespace) -> HostOptions | None:
     return HostOptions(
         hosts=args.hosts or None, hostfile=args.hostfile or None,
         base_port=args.base_port if args.base_port is not None else DEFAULT_BASE_PORT,
-        ssh=SshOptions(port=port, identity=args.ssh_identity),
-        network_interface=args.network_interface or None,
+        ssh=SshOptions(port=port, identity=args.ssh_identity, known_hosts=args.ssh_known_hosts,
+                       check_host_keys=not args.no_host_key_check),
+        network_interface=args.network_interface or None, env_names=tuple(args.env_names),
     )
 
 
@@ -214,16 +243,21 @@ def _check_reachable(slots: HostSlots) -> None:
 
 def task_command(
     options: HostOptions, host: str, argv: Sequence[str], env: Mapping[str, str]
-) -> tuple[str, ...]:
-    """``argv`` itself for a host that is this machine, else the ssh command that runs it there.
+) -> tuple[tuple[str, ...], str | None]:
+    """How to start a task on ``host``: its argv, and what to write on its stdin.
+
+    A host that is this machine runs ``argv`` itself (``env`` is set by the process group). Any
+    other runs the ssh command, and gets ``env`` plus the forwarded variables as a JSON line on
+    stdin (`tfdist.launcher.ssh.env_payload`), never on a command line.
 
     Example:
         >>> task_command(HostOptions(hosts="localhost:1"), "localhost", ["python", "t.py"], {})
-        ('python', 't.py')
+        (('python', 't.py'), None)
     """
     if is_local_host(host):
-        return tuple(argv)
-    return ssh_command(host, argv, {**forwarded_env(), **env}, options.ssh)
+        return tuple(argv), None
+    payload = env_payload({**forwarded_env(names=options.env_names), **env})
+    return ssh_command(host, argv, options.ssh), payload
 
 
 def rank_hosts(options: HostOptions, ranks: int, strategy: str | None = None) -> list[str]:

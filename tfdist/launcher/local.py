@@ -58,7 +58,7 @@ def run_placement(placement: Placement) -> int:
     try:
         for task in placement.tasks:
             started = group.start(task.name, task.command, env=task.environ(), kind=task.kind,
-                                  max_restarts=task.max_restarts)
+                                  max_restarts=task.max_restarts, stdin=task.stdin)
             _log(f"started {task.name} (pid {started.pid})")
         group.wait(timeout=plan.options.timeout)
         restarted = {t.name: t.restarts for t in group.tasks.values() if t.restarts}

@@ -153,6 +153,7 @@ class TaskPlan:
         env: Variables added to the launcher's environment for this process.
         unset_env: Variables of the launcher's environment this process does not get.
         max_restarts: Times it is restarted alone when it dies (the rest of the job goes on).
+        stdin: Written to its stdin at start (a remote task's environment), else nothing.
     """
 
     name: str
@@ -164,6 +165,7 @@ class TaskPlan:
     env: tuple[tuple[str, str], ...] = ()
     unset_env: tuple[str, ...] = ()
     max_restarts: int = 0
+    stdin: str | None = None
 
     def environ(self) -> dict[str, str]:
         """This process's whole environment: the launcher's, less `unset_env`, plus `env`."""
@@ -316,12 +318,13 @@ def _cluster(plan: JobPlan) -> Placement:
     tasks = []
     for task in spec.tasks():
         env = {**plan.env, "TF_CONFIG": spec.tf_config_json(task.type, task.index)}
-        command = plan.task_argv(task.type)
+        command, stdin = plan.task_argv(task.type), None
         if hosts is not None:
-            command = task_command(hosts, spec.host(task), command, env)
+            command, stdin = task_command(hosts, spec.host(task), command, env)
         tasks.append(TaskPlan(
             str(task), task, spec.host(task), spec.tf_config(task.type, task.index), command,
-            plan.task_kind(task.type), tuple(env.items()), max_restarts=plan.restarts(task.type)))
+            plan.task_kind(task.type), tuple(env.items()), max_restarts=plan.restarts(task.type),
+            stdin=stdin))
     return Placement(plan, tuple(tasks), cluster=spec)
 
 

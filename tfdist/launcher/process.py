@@ -69,6 +69,7 @@ class TaskProcess:
     cwd: str | os.PathLike[str] | None = None
     max_restarts: int = 0
     restarts: int = 0
+    stdin: str | None = None
 
     @property
     def pid(self) -> int:
@@ -141,20 +142,22 @@ class ProcessGroup:
         cwd: str | os.PathLike[str] | None = None,
         kind: TaskKind = "main",
         max_restarts: int = 0,
+        stdin: str | None = None,
     ) -> TaskProcess:
         """Starts one task. ``env`` replaces the environment (pass ``{**os.environ, ...}``).
 
         ``max_restarts``: how many times the task is restarted alone when it fails (default 0).
+        ``stdin``: text written to the task's stdin at each start, then closed (default: none).
         """
         if name in self.tasks:
             raise LaunchError(f"Task {name} was started twice in one group.")
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be 0 or more. Received: {max_restarts}")
         tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
-        popen, reader = self._spawn(name, argv, env, cwd, tail, log_mode="w")
+        popen, reader = self._spawn(name, argv, env, cwd, tail, log_mode="w", stdin=stdin)
         task = TaskProcess(
             name=name, kind=kind, popen=popen, tail=tail, reader=reader, argv=tuple(argv),
-            env=env, cwd=cwd, max_restarts=max_restarts,
+            env=env, cwd=cwd, max_restarts=max_restarts, stdin=stdin,
         )
         self.tasks[name] = task
         reader.start()
@@ -168,17 +171,25 @@ class ProcessGroup:
         cwd: str | os.PathLike[str] | None,
         tail: collections.deque[str],
         log_mode: str,
+        stdin: str | None = None,
     ) -> tuple[subprocess.Popen[bytes], threading.Thread]:
         popen = subprocess.Popen(
             list(argv),
             env=dict(env) if env is not None else None,
             cwd=cwd,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
             preexec_fn=self._prepare_child,
         )
+        if stdin is not None:
+            assert popen.stdin is not None
+            try:
+                popen.stdin.write(stdin.encode())
+                popen.stdin.close()
+            except BrokenPipeError:  # it died at once; its status tells why
+                pass
         reader = threading.Thread(
             target=self._pump, args=(name, popen, tail, log_mode), name=f"output-{name}",
             daemon=True,
@@ -201,7 +212,7 @@ class ProcessGroup:
             f"({task.restarts}/{task.max_restarts})"
         )
         task.popen, task.reader = self._spawn(
-            task.name, task.argv, task.env, task.cwd, task.tail, log_mode="a"
+            task.name, task.argv, task.env, task.cwd, task.tail, log_mode="a", stdin=task.stdin
         )
         task.reader.start()
         self._announce(f"{task.name} restarted (pid {task.pid})")

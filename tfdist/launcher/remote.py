@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -93,13 +94,34 @@ def _watch_stdin(stopper: _Stopper) -> None:
     stopper.stop("the ssh connection closed (stdin reached end-of-file)")
 
 
-def run(argv: Sequence[str], *, grace: float = 5.0, watch_stdin: bool = False) -> int:
+def read_env_line(fd: int = 0) -> dict[str, str]:
+    """Reads one JSON object line from ``fd`` (the launcher's `env_payload`), byte by byte so
+    that nothing after the line is consumed.
+
+    Raises:
+        ValueError: The line is not a JSON object of strings.
+    """
+    data = bytearray()
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 1)
+        if not chunk:
+            break
+        data += chunk
+    env = json.loads(data.decode() or "null")
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise ValueError(f"expected a JSON object of strings on stdin, got {data[:80]!r}")
+    return env
+
+
+def run(argv: Sequence[str], *, grace: float = 5.0, watch_stdin: bool = False,
+        env: dict[str, str] | None = None) -> int:
     """Runs ``argv`` until it exits, the parent exits, a stop signal arrives, or stdin closes.
 
     Args:
         argv: The task's command.
         grace: Seconds between SIGTERM and SIGKILL when stopping the task.
         watch_stdin: Also stop the task when stdin reaches end-of-file.
+        env: Variables set for the task on top of this process's environment.
 
     Returns:
         The task's exit status (``128 + N`` if a signal N ended it).
@@ -114,7 +136,7 @@ def run(argv: Sequence[str], *, grace: float = 5.0, watch_stdin: bool = False) -
     try:
         child = subprocess.Popen(
             list(argv), stdin=subprocess.DEVNULL, start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=_die_with_parent, env={**os.environ, **(env or {})},
         )
     except OSError as error:
         print(f"[tfdist.launcher.remote] cannot start {argv[0]!r}: {error}", file=sys.stderr)
@@ -158,6 +180,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="seconds between SIGTERM and SIGKILL when stopping (default 5)")
     parser.add_argument("--watch-stdin", action="store_true",
                         help="also stop the task when stdin reaches end-of-file")
+    parser.add_argument("--env-stdin", action="store_true",
+                        help="first read the task's environment from stdin, one JSON object line "
+                        "(so that it is never on a command line)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the task's argv")
     args = parser.parse_args(argv)
     if args.command[:1] == ["--"]:
@@ -171,7 +196,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the task's exit status."""
     args = parse_args(argv)
-    return run(args.command, grace=args.grace, watch_stdin=args.watch_stdin)
+    env = None
+    if args.env_stdin:
+        try:
+            env = read_env_line()
+        except ValueError as err:
+            print(f"[tfdist.launcher.remote] cannot read the task's environment: {err}",
+                  file=sys.stderr)
+            return 2
+    return run(args.command, grace=args.grace, watch_stdin=args.watch_stdin, env=env)
 
 
 if __name__ == "__main__":

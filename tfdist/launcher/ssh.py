@@ -1,29 +1,33 @@
 """Start a task on another host: the ``ssh`` command line for one task of a `JobPlan`.
 
-A remote task runs the same Python, in the same working directory, with its environment set on
-the remote command line (quoted with `shlex.quote`), under `tfdist.launcher.remote`, which stops
-the task when the ssh connection closes (killing a local ``ssh`` client alone would leave the
-remote process running)::
+A remote task runs the same Python, in the same working directory, under
+`tfdist.launcher.remote`, which stops the task when the ssh connection closes (killing a local
+``ssh`` client alone would leave the remote process running)::
 
-    ssh -o BatchMode=yes ... [-p PORT] [-i KEY] HOST \\
-        'cd /work && exec env TF_CONFIG=... /venv/bin/python -m tfdist.launcher.remote -- ARGV'
+    ssh -o BatchMode=yes -o StrictHostKeyChecking=yes ... [-p PORT] [-i KEY] HOST \\
+        'cd /work && exec /venv/bin/python -m tfdist.launcher.remote --env-stdin -- ARGV'
+
+Its environment (TF_CONFIG and the rest) is sent as one JSON line on the ssh channel's stdin
+(`env_payload`), never on a command line, where ``ps`` would show it on both machines. Only what
+tfdist sets for the task, a few runtime variables (`FORWARDED_ENV`), ``TFDIST_*`` settings and the
+variables the user names (``--env NAME``) are sent. Host keys are checked (``StrictHostKeyChecking
+=yes``, against the user's known hosts or ``--ssh-known-hosts``) unless ``--no-host-key-check``.
 
 Hosts that are this machine (``localhost``, a loopback address, this machine's hostname, or an IP
 address bound to one of its interfaces) run their tasks without ssh.
 
 Example:
     >>> options = SshOptions(port=2022, identity="/keys/id")
-    >>> argv = ssh_command("n2", ["python", "t.py"], {"A": "x y"}, options, cwd="/w", ssh="ssh")
-    >>> argv[-2], argv[-1].startswith("cd /w && exec env A='x y' ")
+    >>> argv = ssh_command("n2", ["python", "t.py"], options, cwd="/w", ssh="ssh")
+    >>> argv[-2], argv[-1].endswith(" -m tfdist.launcher.remote --env-stdin -- python t.py")
     ('n2', True)
-    >>> argv[-1].endswith(" -m tfdist.launcher.remote -- python t.py")
-    True
 """
 
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import json
 import os
 import re
 import shlex
@@ -41,20 +45,20 @@ __all__ = [
     "is_local_host",
     "forwarded_env",
     "remote_shell_command",
+    "env_payload",
     "ssh_command",
     "find_ssh",
 ]
 
-# Options that make ssh fail instead of prompting, and accept hosts it has never seen.
+# Options that make ssh fail instead of prompting.
 SSH_OPTIONS = (
     "-o", "BatchMode=yes",
-    "-o", "StrictHostKeyChecking=no",
-    "-o", "UserKnownHostsFile=/dev/null",
-    "-o", "LogLevel=ERROR",  # No "Permanently added ... to the list of known hosts" per task.
+    "-o", "LogLevel=ERROR",
 )
-# Variables of the launcher's environment that remote tasks also get (besides each task's own).
+# Variables of the launcher's environment that remote tasks also get (besides each task's own):
+# how to find and run Python code, never credentials. Anything else: --env NAME.
 FORWARDED_ENV = ("PYTHONPATH", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")
-FORWARDED_ENV_PREFIXES = ("TF_", "TFDIST_", "KERAS_", "HOROVOD_", "NCCL_")
+FORWARDED_ENV_PREFIXES = ("TFDIST_",)
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _LOCAL_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
 
@@ -66,20 +70,31 @@ class SshOptions:
     Attributes:
         port: The ssh port (None: ssh's default, usually 22).
         identity: A private key file for ``ssh -i`` (None: ssh's defaults).
+        known_hosts: The known-hosts file to check host keys against (None: ssh's default).
+        check_host_keys: False accepts any host key (``--no-host-key-check``): only on a network
+            you trust, as it lets a machine in the middle impersonate the hosts.
 
     Example:
         >>> SshOptions(port=2022).args()
-        ('-p', '2022')
+        ('-o', 'StrictHostKeyChecking=yes', '-p', '2022')
     """
 
     port: int | None = None
     identity: str | None = None
+    known_hosts: str | None = None
+    check_host_keys: bool = True
 
     def args(self) -> tuple[str, ...]:
-        """The ``-p``/``-i`` arguments of the ssh command line."""
+        """The host-key, ``-p`` and ``-i`` arguments of the ssh command line."""
+        if self.check_host_keys:
+            keys: tuple[str, ...] = ("-o", "StrictHostKeyChecking=yes")
+            if self.known_hosts is not None:
+                keys += ("-o", f"UserKnownHostsFile={self.known_hosts}")
+        else:
+            keys = ("-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null")
         port = ("-p", str(self.port)) if self.port is not None else ()
         identity = ("-i", self.identity) if self.identity is not None else ()
-        return (*port, *identity)
+        return (*keys, *port, *identity)
 
 
 def is_local_host(host: str) -> bool:
@@ -111,37 +126,35 @@ def is_local_host(host: str) -> bool:
     return True
 
 
-def forwarded_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def forwarded_env(
+    environ: Mapping[str, str] | None = None, names: Sequence[str] = ()
+) -> dict[str, str]:
     """The variables of ``environ`` (default ``os.environ``) that remote tasks get too.
 
-    Those named in `FORWARDED_ENV` and those starting with one of `FORWARDED_ENV_PREFIXES`;
-    ``PATH``, ``HOME`` and the rest belong to the remote host.
+    Those in `FORWARDED_ENV`, those starting with one of `FORWARDED_ENV_PREFIXES`, and ``names``
+    (``--env NAME``); ``PATH``, ``HOME``, credentials and the rest stay here.
 
     Example:
-        >>> forwarded_env({"PYTHONPATH": "/src", "TF_CPP_MIN_LOG_LEVEL": "2", "HOME": "/root"})
-        {'PYTHONPATH': '/src', 'TF_CPP_MIN_LOG_LEVEL': '2'}
+        >>> env = {"PYTHONPATH": "/src", "TF_VAR_token": "s3cret", "HOME": "/root", "A": "1"}
+        >>> forwarded_env(env, names=["A"])
+        {'PYTHONPATH': '/src', 'A': '1'}
     """
     env = os.environ if environ is None else environ
     return {
         name: value for name, value in env.items()
-        if name in FORWARDED_ENV or name.startswith(FORWARDED_ENV_PREFIXES)
+        if name in FORWARDED_ENV or name.startswith(FORWARDED_ENV_PREFIXES) or name in names
     }
 
 
-def remote_shell_command(
-    argv: Sequence[str], env: Mapping[str, str], *, cwd: str, python: str | None = None
-) -> str:
-    """The shell command a remote host runs for one task: cd, set env, run under the wrapper.
+def env_payload(env: Mapping[str, str]) -> str:
+    """The environment of a remote task as the JSON line its wrapper reads from stdin.
 
-    Args:
-        argv: The task's command.
-        env: Variables to set for it.
-        cwd: The working directory on the remote host (the launcher's: a shared filesystem).
-        python: The interpreter that runs `tfdist.launcher.remote` (default: this one).
+    Raises:
+        ClusterConfigError: A name is not a valid environment variable name.
 
     Example:
-        >>> remote_shell_command(["py", "a b.py"], {"TF_CONFIG": '{"x": 1}'}, cwd="/w", python="py")
-        'cd /w && exec env TF_CONFIG=\\'{"x": 1}\\' py -m tfdist.launcher.remote -- py \\'a b.py\\''
+        >>> json.loads(env_payload({"TF_CONFIG": '{"x": 1}'}))
+        {'TF_CONFIG': '{"x": 1}'}
     """
     for name in env:
         if not _ENV_NAME.match(name):
@@ -150,10 +163,25 @@ def remote_shell_command(
                 expected="letters, digits and '_', not starting with a digit",
                 fix="Rename the variable.",
             ))
-    assignments = [f"{name}={shlex.quote(value)}" for name, value in env.items()]
-    wrapper = [python or sys.executable, "-m", "tfdist.launcher.remote", "--", *argv]
-    words = ["exec", "env", *assignments, *(shlex.quote(word) for word in wrapper)]
-    return f"cd {shlex.quote(cwd)} && {' '.join(words)}"
+    return json.dumps(dict(env)) + "\n"
+
+
+def remote_shell_command(argv: Sequence[str], *, cwd: str, python: str | None = None) -> str:
+    """The shell command a remote host runs for one task: cd, then the wrapper, which reads the
+    task's environment from stdin (`env_payload`).
+
+    Args:
+        argv: The task's command.
+        cwd: The working directory on the remote host (the launcher's: a shared filesystem).
+        python: The interpreter that runs `tfdist.launcher.remote` (default: this one).
+
+    Example:
+        >>> remote_shell_command(["py", "a b.py"], cwd="/w", python="py")
+        "cd /w && exec py -m tfdist.launcher.remote --env-stdin -- py 'a b.py'"
+    """
+    wrapper = [python or sys.executable, "-m", "tfdist.launcher.remote", "--env-stdin", "--",
+               *argv]
+    return f"cd {shlex.quote(cwd)} && exec {shlex.join(wrapper)}"
 
 
 def find_ssh() -> str:
@@ -176,25 +204,23 @@ def find_ssh() -> str:
 def ssh_command(
     host: str,
     argv: Sequence[str],
-    env: Mapping[str, str],
     options: SshOptions,
     *,
     cwd: str | None = None,
     ssh: str | None = None,
 ) -> tuple[str, ...]:
-    """The local argv that runs ``argv`` with ``env`` on ``host`` over ssh.
+    """The local argv that runs ``argv`` on ``host`` over ssh (its environment goes on stdin).
 
     Args:
         host: The remote host.
         argv: The task's command.
-        env: Variables for the task (its own plus `forwarded_env`).
-        options: Port and identity.
+        options: Host keys, port and identity.
         cwd: Remote working directory (default: the current one).
         ssh: The ssh executable (default: `find_ssh`).
 
     Example:
-        >>> ssh_command("n2", ["true"], {}, SshOptions(port=22), cwd="/", ssh="ssh")[-4:-1]
+        >>> ssh_command("n2", ["true"], SshOptions(port=22), cwd="/", ssh="ssh")[-4:-1]
         ('-p', '22', 'n2')
     """
-    command = remote_shell_command(argv, env, cwd=cwd or os.getcwd())
+    command = remote_shell_command(argv, cwd=cwd or os.getcwd())
     return (ssh or find_ssh(), *SSH_OPTIONS, *options.args(), host.strip("[]"), command)
