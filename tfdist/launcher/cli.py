@@ -20,7 +20,12 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tfdist.errors import ClusterConfigError, LaunchError, StrategyConfigError
+from tfdist.errors import (
+    ClusterConfigError,
+    LaunchError,
+    MissingDependencyError,
+    StrategyConfigError,
+)
 from tfdist.launcher.export import add_export_arguments, run_export
 from tfdist.launcher.hosts import add_host_arguments, check_host_arguments, host_options_from_args
 from tfdist.launcher.plan import LAUNCH_STRATEGIES, JobOptions, plan_job, release_plan
@@ -155,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.export:
         try:
             return run_export(args, options)
-        except StrategyConfigError as err:
+        except (StrategyConfigError, MissingDependencyError) as err:
             print(f"tfdist-launch: error: {err}", file=sys.stderr)
             return 2
     try:

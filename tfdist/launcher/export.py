@@ -26,7 +26,7 @@ from pathlib import PurePath
 from typing import Any
 
 from tfdist import compat
-from tfdist.errors import StrategyConfigError, format_error
+from tfdist.errors import MissingDependencyError, StrategyConfigError, format_error
 from tfdist.launcher.plan import STRATEGY_ENV, JobOptions, resolve_strategy
 from tfdist.strategies.registry import SINGLE_PROCESS_STRATEGIES
 
@@ -238,6 +238,10 @@ def export_job(options: JobOptions, fmt: str, **export: Any) -> str:
         fmt: One of `EXPORT_FORMATS`.
         **export: Fields of `ExportOptions`.
 
+    Raises:
+        StrategyConfigError: An unknown format, or one that cannot describe this strategy.
+        MissingDependencyError: ``kubeflow`` or ``mpijob`` without PyYAML (the ``export`` extra).
+
     Example:
         >>> import yaml
         >>> text = export_job(JobOptions("train.py", workers=2, ps=1), "kubeflow", image="me/t:1")
@@ -251,7 +255,13 @@ def export_job(options: JobOptions, fmt: str, **export: Any) -> str:
         raise StrategyConfigError(format_error(
             "Unknown export format.", received=repr(fmt), expected=", ".join(EXPORT_FORMATS),
             fix="pick one of them"))
-    import yaml
+    try:
+        import yaml
+    except ImportError as err:
+        raise MissingDependencyError(format_error(
+            f"--export {fmt} writes YAML, and PyYAML is not installed.",
+            received=f"import yaml: {err}", expected="PyYAML (tfdist's 'export' extra)",
+            fix="pip install 'tfdist[export]' (or: pip install pyyaml)")) from err
 
     document = tfjob(options, settings) if fmt == "kubeflow" else mpijob(options, settings)
     return yaml.safe_dump(document, sort_keys=False)
