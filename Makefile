@@ -2,7 +2,7 @@
 VENV_BIN := .venv/bin
 MAIN_JOB := keras_examples/image_classifier.py
 
-.PHONY: setup main test test-fast check lint
+.PHONY: setup main test test-fast check lint wheel
 
 setup:
 	bash launch/setup.sh
@@ -21,3 +21,7 @@ lint: setup
 
 check: setup
 	$(VENV_BIN)/tfdist-launch --check
+
+wheel:  ## dist/tfdist-<version>-py3-none-any.whl, what `pip install .` installs (needs no .venv)
+	python3 -m pip wheel -q --no-deps --wheel-dir dist .
+	rm -rf build tfdist.egg-info

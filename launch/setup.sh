@@ -21,6 +21,7 @@ HOROVOD_VERSION="0.28.1"
 # are rebuilt.
 HOROVOD_PATCH_LEVEL="2"
 TF_VERSION="2.21.0"
+TF_KERAS_VERSION="2.21.0"  # tf-keras releases follow TensorFlow's
 
 # Runs pip with its output kept in a log, shown only if pip fails.
 pip_quiet() {
@@ -88,13 +89,17 @@ create_venv() {
   pip_quiet install -q --upgrade pip setuptools wheel
 }
 
-# pip install -e . only when the package metadata changed since the last successful run.
+# pip install -e . only when the package metadata (pyproject.toml) or the pins changed since the
+# last successful run. pyproject.toml names supported ranges; the versions the project is tested
+# with are pinned here.
 install_python_deps() {
   local stamp="$VENV/.tfdist-deps.sha"
-  local want; want="$(cat "$ROOT/setup.cfg" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+  local pins=("tensorflow==$TF_VERSION" "tf-keras==$TF_KERAS_VERSION")
+  local want
+  want="$({ cat "$ROOT/pyproject.toml"; printf '%s\n' "${pins[@]}"; } | sha256sum | cut -d' ' -f1)"
   if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then return; fi
-  log "installing tensorflow==$TF_VERSION, tf-keras and tfdist (editable)"
-  pip_quiet install -q -e "$ROOT[test]"
+  log "installing ${pins[*]} and tfdist (editable)"
+  pip_quiet install -q -e "$ROOT[test]" "${pins[@]}"
   echo "$want" > "$stamp"
 }
 

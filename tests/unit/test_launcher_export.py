@@ -178,3 +178,13 @@ def test_cli_export_prints_or_writes(tmp_path, capsys):
     assert yaml.safe_load(out.read_text()) == printed
     assert cli.main(["--export", "kubeflow", "--strategy", "horovod", "t.py"]) == 2
     assert "use --export mpijob for Horovod" in capsys.readouterr().err
+
+
+def test_yaml_export_without_pyyaml_names_the_extra_and_slurm_still_works(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "yaml", None)  # import yaml now raises ImportError
+    argv = ["--export", "kubeflow", "--image", "me/t:1", "--workers", "2", "train.py"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "PyYAML is not installed" in err and "pip install 'tfdist[export]'" in err
+    assert cli.main(["--export", "slurm", "--nodes", "2", "--workers", "2", "train.py"]) == 0
+    assert "#SBATCH" in capsys.readouterr().out

@@ -1,8 +1,9 @@
-"""The set-up script's Horovod patch, and `tfdist-launch --check`."""
+"""The set-up script (pinned installs, the Horovod patch), and `tfdist-launch --check`."""
 
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -39,6 +40,28 @@ def test_setup_script_parses_and_sourcing_it_runs_nothing(tmp_path):
     result = _bash(f"VENV_PROBE={tmp_path} source {SETUP} && type patch_horovod_source >/dev/null")
     assert result.returncode == 0, result.stderr
     assert "[setup]" not in result.stderr
+
+
+def test_setup_pins_tensorflow_and_reinstalls_only_when_pyproject_changes(tmp_path):
+    (tmp_path / "launch").mkdir()
+    shutil.copy(SETUP, tmp_path / "launch" / "setup.sh")
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text("[project]\nname = 'tfdist'\n")
+    calls = tmp_path / "pip-calls"
+    python = tmp_path / ".venv" / "bin" / "python"  # stands in for the venv's: records its argv
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    python.chmod(0o755)
+    install = f"source {tmp_path}/launch/setup.sh && install_python_deps"
+    want = f"-m pip install -q -e {tmp_path}[test] tensorflow==2.21.0 tf-keras==2.21.0"
+
+    assert _bash(install).returncode == 0
+    assert calls.read_text().splitlines() == [want]
+    assert _bash(install).returncode == 0
+    assert calls.read_text().splitlines() == [want], "unchanged metadata must not reinstall"
+    pyproject.write_text(pyproject.read_text() + "dependencies = ['numpy']\n")
+    assert _bash(install).returncode == 0
+    assert calls.read_text().splitlines() == [want, want]
 
 
 def test_horovod_patches_drop_the_xla_source_and_pass_the_gloo_interface(tmp_path):

@@ -21,7 +21,13 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tfdist.errors import ClusterConfigError, LaunchError, StrategyConfigError, TfdistError
+from tfdist.errors import (
+    ClusterConfigError,
+    LaunchError,
+    MissingDependencyError,
+    StrategyConfigError,
+    TfdistError,
+)
 from tfdist.launcher.export import add_export_arguments, check_export_arguments, run_export
 from tfdist.launcher.hosts import add_host_arguments, check_host_arguments, host_options_from_args
 from tfdist.launcher.plan import JobOptions, JobPlan, layout_problem, place, plan_job
@@ -205,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.export:
             return run_export(args, plan)
         placement = place(plan)
-    except (ClusterConfigError, StrategyConfigError) as err:
+    except (ClusterConfigError, StrategyConfigError, MissingDependencyError) as err:
         print(f"tfdist-launch: error: {err}", file=sys.stderr)
         return 2
     if args.dry_run:

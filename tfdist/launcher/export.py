@@ -28,7 +28,7 @@ import shlex
 from pathlib import PurePath
 from typing import Any
 
-from tfdist.errors import StrategyConfigError, format_error
+from tfdist.errors import MissingDependencyError, StrategyConfigError, format_error
 from tfdist.launcher.plan import JobPlan
 
 __all__ = ["EXPORT_FORMATS", "ExportOptions", "add_export_arguments", "export_job"]
@@ -229,6 +229,10 @@ def export_job(plan: JobPlan, fmt: str, **export: Any) -> str:
         fmt: One of `EXPORT_FORMATS`.
         **export: Fields of `ExportOptions`.
 
+    Raises:
+        StrategyConfigError: An unknown format, or one that cannot describe this strategy.
+        MissingDependencyError: ``kubeflow`` or ``mpijob`` without PyYAML (the ``export`` extra).
+
     Example:
         >>> import yaml
         >>> from tfdist.launcher.plan import JobOptions, plan_job
@@ -244,7 +248,13 @@ def export_job(plan: JobPlan, fmt: str, **export: Any) -> str:
         raise StrategyConfigError(format_error(
             "Unknown export format.", received=repr(fmt), expected=", ".join(EXPORT_FORMATS),
             fix="pick one of them"))
-    import yaml
+    try:
+        import yaml
+    except ImportError as err:
+        raise MissingDependencyError(format_error(
+            f"--export {fmt} writes YAML, and PyYAML is not installed.",
+            received=f"import yaml: {err}", expected="PyYAML (tfdist's 'export' extra)",
+            fix="pip install 'tfdist[export]' (or: pip install pyyaml)")) from err
 
     document = tfjob(plan, settings) if fmt == "kubeflow" else mpijob(plan, settings)
     return yaml.safe_dump(document, sort_keys=False)

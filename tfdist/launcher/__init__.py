@@ -1,0 +1,17 @@
+"""``tfdist-launch``: start, plan, export and check distributed TensorFlow jobs.
+
+Modules:
+
+* `tfdist.launcher.cli`: the ``tfdist-launch`` command line (``main``).
+* `tfdist.launcher.plan`: launcher options -> one entry per task (command, environment, role).
+* `tfdist.launcher.local`: runs a plan on this machine (gang start, stop all on failure).
+* `tfdist.launcher.process`: the process group that starts and stops a job's tasks together.
+* `tfdist.launcher.hosts`: ``--hosts`` / ``--hostfile``: laying a job out over several machines.
+* `tfdist.launcher.ssh`: the ``ssh`` command line of a remote task.
+* `tfdist.launcher.remote`: ``python -m tfdist.launcher.remote``, the remote side of such a task.
+* `tfdist.launcher.export`: ``--export kubeflow|mpijob|slurm``.
+* `tfdist.launcher.slurm_task`: ``python -m tfdist.launcher.slurm_task``, one task of a Slurm step.
+* `tfdist.launcher.check`: ``--check``, what is installed.
+
+Importing this package imports none of them (and no TensorFlow).
+"""
