@@ -118,6 +118,7 @@ def test_sbatch_is_valid_bash_and_each_rank_gets_the_tf_config_of_the_same_clust
     path.write_text(script)
     subprocess.run(["bash", "-n", str(path)], check=True)
     assert "#SBATCH --nodes=2\n#SBATCH --ntasks=4\n#SBATCH --ntasks-per-node=2\n" in script
+    assert "srun --kill-on-bad-exit=1 --label --distribution=block " in script
     args = slurm_task.parse_args(_srun_shim_args(script))
     assert args.command == ["python", "-u", "train.py", *options.script_args]
     strategy = "parameter_server" if options.ps else "multi_worker"

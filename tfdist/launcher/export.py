@@ -204,7 +204,8 @@ def sbatch_script(plan: JobPlan, export: ExportOptions) -> str:
         f"{exports}"
         "# Each task's TF_CONFIG comes from SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE and\n"
         "# SLURM_PROCID (tfdist.cluster.ClusterSpec.from_slurm); a failing task stops the step.\n"
-        f"srun --kill-on-bad-exit=1 --label {command}\n"
+        "# Ranks fill the nodes in order (block); the shim refuses any other distribution.\n"
+        f"srun --kill-on-bad-exit=1 --label --distribution=block {command}\n"
     )
 
 
