@@ -330,3 +330,24 @@ def test_pai_table_refuses_bad_rows(rows: list, match: str) -> None:
 def test_pai_table_refuses_a_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ClusterConfigError, match=re.escape("cannot be read")):
         read_pai_table(tmp_path / "missing.csv")
+
+
+# ------------------------------------------------------------------------------------- ps-only jobs
+
+
+PS_ONLY = (r"a cluster with ps tasks needs a chief or workers to train.*Received: \{'ps': \[.*"
+           r"Expected: at least one chief or worker task.*Fix: Add workers or a chief")
+
+
+def test_ps_only_jobs_are_refused_by_every_builder() -> None:
+    before = held_ports()
+    with pytest.raises(ClusterConfigError, match=PS_ONLY):
+        ClusterSpec.from_hosts("h:2", workers=0, ps=1)
+    with pytest.raises(ClusterConfigError, match=PS_ONLY):
+        ClusterSpec.from_pai_table([["j", "ps", "2", "600", ""]])
+    with pytest.raises(ClusterConfigError, match=PS_ONLY):
+        ClusterSpec.local(workers=0, ps=1)
+    with pytest.raises(ClusterConfigError, match=PS_ONLY):
+        ClusterSpec(ps=["h:1"], evaluator=["h:2"])
+    assert held_ports() == before
+    assert ClusterSpec.from_hosts("h:2", workers=0, ps=1, chief=True).ps == ("h:2223",)
