@@ -14,6 +14,7 @@ from tfdist.cluster import (
     expand_nodelist,
     held_ports,
     parse_tasks_per_node,
+    read_hostfile,
     read_pai_table,
     release_ports,
     slurm_task,
@@ -126,11 +127,12 @@ def test_from_hosts_accepts_lists_bare_hosts_ipv6_and_explicit_counts() -> None:
     [
         ("h1:2,h2:2", {"workers": 4, "chief": True}, "need 5 slots but the hosts have 4"),
         ("h1:2,h1:1", {}, "host 'h1' is listed more than once.*'h1:3'"),
-        ("h1:0", {}, "invalid slot count '0'"),
-        ("h1:x", {}, "invalid slot count 'x'"),
+        ("h1:0", {}, "slot count of entry 'h1:0' must be an integer >= 1.*Fix: Write 'h1:1'"),
+        ("h1:x", {}, "slot count of entry 'h1:x' must be an integer >= 1.*Received: 'h1:x'"),
         ("h1,,h2", {}, "empty entry"),
         ("h1:2", {"ps": 1}, None),
-        ("h1:2", {"base_port": 65535}, "base_port leaves no room"),
+        ("h1:2", {"base_port": 65535}, "base_port 65535 with 2 slots on host 'h1' needs ports up"),
+        ("h1:2", {"base_port": 0}, r"base_port is not a port number.*1\.\.65535"),
         ("h1:2", {"ps": -1}, "ps must be an integer >= 0"),
         ("h1:2", {"ps": 1, "strategy": "multi_worker"}, "does not use parameter servers"),
     ],
@@ -156,9 +158,9 @@ def test_from_hostfile_reads_comments_blank_lines_and_both_slot_syntaxes(tmp_pat
 @pytest.mark.parametrize(
     ("text", "match"),
     [
-        ("node1:2\n# ok\nnode2 slot=2\n", r"hosts.txt.*line 3 has an unknown or invalid option"),
+        ("node1:2\n# ok\nnode2 slot=2\n", r"hosts.txt.*line 3 has an unknown option 'slot=2'"),
         ("node1:2 slots=3\n", r"line 1 gives the slot count twice"),
-        ("node1:-2\n", r"line 1 has an invalid slot count"),
+        ("node1:-2\n", r"slot count of line 1 must be an integer >= 1.*Received: 'node1:-2'"),
         ("# nothing\n\n", r"it lists no hosts"),
     ],
 )
@@ -239,7 +241,8 @@ def test_from_slurm_fallback_variables(env: dict, workers: int) -> None:
     [
         ({}, r"SLURM_JOB_NODELIST \(or SLURM_NODELIST\) is not set.*srun or sbatch"),
         ({"SLURM_JOB_NODELIST": "n1"}, r"SLURM_TASKS_PER_NODE .* is not set.*srun"),
-        ({"SLURM_JOB_NODELIST": "n1", "SLURM_NTASKS": "two"}, r"SLURM_NTASKS is not a whole"),
+        ({"SLURM_JOB_NODELIST": "n1", "SLURM_NTASKS": "two"},
+         r"SLURM_NTASKS must be an integer >= 1.*'two'"),
     ],
 )
 def test_from_slurm_names_missing_variables(env: dict, match: str) -> None:
@@ -314,8 +317,8 @@ def test_pai_table_with_five_columns_and_rows_in_memory(release: list[ClusterSpe
 @pytest.mark.parametrize(
     ("rows", "match"),
     [
-        ([["j", "worker", "1.5", "1", "1"]], r"row 1 has an invalid inst_num.*Received: '1.5'"),
-        ([["j", "worker", "0", "1", "1"]], r"invalid inst_num"),
+        ([["j", "worker", "1.5", "1", "1"]], r"inst_num of row 1 must be an integer >= 1.*'1.5'"),
+        ([["j", "worker", "0", "1", "1"]], r"inst_num of row 1 must be an integer >= 1"),
         ([["j", "worker", "1", "1"]], r"row 1 has 4 columns.*5 or 10"),
         ([["j", "chief", "2", "1", "1"]], r"has 2 chief tasks; there can be only one chief"),
         ([["job_name", "task_name"], ["j", "worker"]], r"row 2 has no inst_num column"),
@@ -351,3 +354,34 @@ def test_ps_only_jobs_are_refused_by_every_builder() -> None:
         ClusterSpec(ps=["h:1"], evaluator=["h:2"])
     assert held_ports() == before
     assert ClusterSpec.from_hosts("h:2", workers=0, ps=1, chief=True).ps == ("h:2223",)
+
+
+# ------------------------------------------------------------------------- hostfiles and host names
+
+
+@pytest.mark.parametrize(
+    ("text", "slots"),
+    [("node1 max_slots=4\n", 1), ("node1 slots=2 max_slots=2\n", 2), ("node1:3 max_slots=8\n", 3)],
+)
+def test_hostfile_max_slots_is_a_cap_on_slots(tmp_path: Path, text: str, slots: int) -> None:
+    path = tmp_path / "hosts.txt"
+    path.write_text(text)
+    assert read_hostfile(path) == [("node1", slots)]
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("node1 slots=4 max_slots=2\n",
+         r"line 1 gives 4 slots, more than its max_slots=2\. Received: 'node1 slots=4 max_slots=2'"
+         r".*Fix: Write 'node1 slots=2 max_slots=2', or raise max_slots"),
+        ("node1:3 max_slots=2\n", r"line 1 gives 3 slots, more than its max_slots=2"),
+        ("node1 slots=2 slots=3\n", r"line 1 gives slots twice.*Fix: Keep one slots=N"),
+        ("node1 max_slots=100000\n", r"max_slots of line 1 is larger than 10000"),
+    ],
+)
+def test_hostfile_refuses_slots_above_max_slots(tmp_path: Path, text: str, match: str) -> None:
+    path = tmp_path / "hosts.txt"
+    path.write_text(text)
+    with pytest.raises(ClusterConfigError, match=match):
+        read_hostfile(path)

@@ -3,20 +3,11 @@
 from __future__ import annotations
 
 from tfdist.cluster._error import config_error, show
+from tfdist.cluster.counts import is_whole_number, parse_count
 
 __all__ = ["split_address", "join_address", "split_host_count", "is_whole_number"]
 
 MAX_PORT = 65535
-
-
-def is_whole_number(text: str) -> bool:
-    """True for an ASCII decimal string such as ``"2222"`` (no sign, no spaces).
-
-    Example:
-        >>> is_whole_number("2222"), is_whole_number("-1"), is_whole_number("2.0")
-        (True, False, False)
-    """
-    return text.isascii() and text.isdigit()
 
 
 def join_address(host: str, port: int) -> str:
@@ -99,9 +90,8 @@ def split_host_count(entry: str, field: str, where: str) -> tuple[str, int]:
     host, count = _split(entry.strip(), field, where, "slots")
     if count is None:
         return host, 1
-    if not is_whole_number(count) or int(count) < 1:
-        raise config_error(
-            where, f"{field} has an invalid slot count {count!r}.", received=show(entry),
-            expected="'host:slots' with slots a whole number >= 1", fix=f"Write '{host}:1'.",
-        )
-    return host, int(count)
+    slots = parse_count(
+        count, f"the slot count of {field}", where, fix=f"Write {join_address(host, 1)!r}.",
+        received=show(entry),
+    )
+    return host, slots
