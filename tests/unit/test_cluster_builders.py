@@ -356,6 +356,65 @@ def test_ps_only_jobs_are_refused_by_every_builder() -> None:
     assert ClusterSpec.from_hosts("h:2", workers=0, ps=1, chief=True).ps == ("h:2223",)
 
 
+# ---------------------------------------------------------------------------------- PAI task groups
+
+
+@pytest.mark.parametrize("second", ["worker", "WORKER"])
+def test_pai_table_refuses_a_task_group_listed_twice(second: str) -> None:
+    rows = [["j", "worker", "2", "600", "50"], ["j", "ps", "1", "600", ""],
+            ["j", second, "2", "600", "50"]]
+    match = (rf"row 3 repeats task group '{second}' of job 'j', already given in row 1"
+             r".*Received: \{'job_name': 'j', 'task_name': '" + second +
+             r"'.*Fix: Remove the duplicate row, or merge it into row 1")
+    with pytest.raises(ClusterConfigError, match=match):
+        read_pai_table(rows)
+
+
+def test_pai_table_adds_different_task_groups_of_one_role() -> None:
+    rows = [["j", "worker", "2", "600", "50"], ["j", "tensorflow", "1", "800", "25"]]
+    job = read_pai_table(rows)
+    assert job.instances == {"worker": 3} and job.plan_cpu == {"worker": 800.0}
+
+
+# ------------------------------------------------------------------------------- Slurm distribution
+
+BLOCK_FIX = "Fix: Start the tasks with srun --distribution=block"
+
+
+def test_slurm_task_refuses_ranks_that_are_not_laid_out_block_wise() -> None:
+    # Block layout of SLURM_ENV: ranks 0-1 on gpu01, 2-3 on gpu02, 4 on cpu7. Under
+    # --distribution=cyclic, rank 1 runs on gpu02 instead.
+    env = {**SLURM_ENV, "SLURM_PROCID": "1", "SLURMD_NODENAME": "gpu02"}
+    match = (r"Invalid Slurm environment: the ranks are not laid out block-wise \(e\.g\. srun "
+             r"--distribution=cyclic\): the block layout puts rank 1 on node 'gpu01', but this "
+             r"task runs on 'gpu02'\. Received: SLURM_PROCID=1, SLURMD_NODENAME='gpu02'.*"
+             + re.escape(BLOCK_FIX))
+    with pytest.raises(ClusterConfigError, match=match):
+        slurm_task(env, ps=1, chief=True)
+    assert slurm_task({**env, "SLURMD_NODENAME": "gpu01"}, ps=1, chief=True) == Task("worker", 0)
+    assert slurm_task({**env, "SLURM_PROCID": "4", "SLURMD_NODENAME": "cpu7"}, ps=1,
+                      chief=True) == Task("ps", 0)
+
+
+@pytest.mark.parametrize("value", ["cyclic", "cyclic:block", "plane=2", "arbitrary",
+                                   "Cyclic,Pack"])
+def test_slurm_distribution_that_is_not_block_is_refused(value: str) -> None:
+    env = {**SLURM_ENV, "SLURM_PROCID": "0", "SLURM_DISTRIBUTION": value}
+    match = (rf"SLURM_DISTRIBUTION '{re.escape(value)}' does not lay ranks out block-wise.*"
+             rf"Received: SLURM_DISTRIBUTION='{re.escape(value)}'.*" + re.escape(BLOCK_FIX))
+    with pytest.raises(ClusterConfigError, match=match):
+        ClusterSpec.from_slurm(env)
+    with pytest.raises(ClusterConfigError, match=match):
+        slurm_task(env)
+
+
+@pytest.mark.parametrize("value", ["block", "block:cyclic", "block:block,NoPack", "*:cyclic", ""])
+def test_slurm_distribution_that_is_block_is_accepted(value: str) -> None:
+    env = {**SLURM_ENV, "SLURM_PROCID": "2", "SLURMD_NODENAME": "gpu02",
+           "SLURM_DISTRIBUTION": value}
+    assert slurm_task(env, chief=True) == Task("worker", 1)
+
+
 # ------------------------------------------------------------------------- hostfiles and host names
 
 

@@ -5,6 +5,18 @@ counts per node as ``2(x3),1`` (2 tasks on each of 3 nodes, then 1). This module
 `tfdist.cluster.hosts.HostSlots`; `ClusterSpec.from_slurm` lays the tasks out on them. Node lists
 of more than `tfdist.cluster.counts.MAX_TASKS` nodes, and task counts above it, are refused before
 anything is expanded.
+
+Ranks must be laid out block-wise: `ClusterSpec.from_slurm` and `tfdist.cluster.slurm_task` put
+rank ``r`` (``SLURM_PROCID``) on the node that holds slot ``r`` when the slots are counted
+host-major, which is what ``srun --distribution=block`` (Slurm's default) does. Under
+``--distribution=cyclic`` (or ``plane``, ``arbitrary``) ranks go round the nodes instead, and every
+task would be given another node's address. Two checks catch this:
+
+* `check_block_distribution`: ``SLURM_DISTRIBUTION``, when set, must be block at the node level
+  (the part before the first ``:``; ``block``, ``block:cyclic`` and ``*`` pass, ``cyclic`` and
+  ``cyclic:block`` do not). A numeric value (srun's internal form) or ``unknown`` is not judged.
+* `check_rank_node`: when ``SLURMD_NODENAME`` (the node this task really runs on) is set, it must be
+  the node the block layout gives ``SLURM_PROCID``.
 """
 
 from __future__ import annotations
@@ -24,6 +36,8 @@ __all__ = [
     "parse_tasks_per_node",
     "slurm_host_slots",
     "slurm_rank",
+    "check_block_distribution",
+    "check_rank_node",
 ]
 
 NODELIST_VARS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
@@ -33,6 +47,10 @@ _CHECK = "Check the value Slurm set."
 _TASKS_ITEM = re.compile(r"([0-9]+)(?:\(x([0-9]+)\))?")
 _MAX_RANKS = len(ROLES) * MAX_TASKS  # At most MAX_TASKS tasks of each role.
 _MAX_DIGITS = 18  # Longer is no node number (and int() refuses over 4300 digits).
+_BLOCK_FIX = (
+    "Start the tasks with srun --distribution=block (Slurm's default): remove --distribution "
+    "cyclic/plane/arbitrary from srun and sbatch, and SLURM_DISTRIBUTION from the environment."
+)
 
 
 def _split_top_level(text: str) -> list[str]:
@@ -197,6 +215,7 @@ def slurm_host_slots(env: Mapping[str, str] | None = None) -> HostSlots:
         [('n1', 2), ('n2', 2)]
     """
     env = os.environ if env is None else env
+    check_block_distribution(env)
     name = next((var for var in NODELIST_VARS if var in env), None)
     if name is None:
         raise _missing("SLURM_JOB_NODELIST (or SLURM_NODELIST)")
@@ -216,3 +235,52 @@ def slurm_rank(env: Mapping[str, str] | None = None) -> int:
     if "SLURM_PROCID" not in env:
         raise _missing("SLURM_PROCID")
     return _whole(env, "SLURM_PROCID", 0, _MAX_RANKS - 1)
+
+
+def check_block_distribution(env: Mapping[str, str] | None = None) -> None:
+    """Refuses a ``SLURM_DISTRIBUTION`` whose node level is not block (see the module docstring).
+
+    Example:
+        >>> check_block_distribution({"SLURM_DISTRIBUTION": "block:cyclic"})
+        >>> check_block_distribution({"SLURM_DISTRIBUTION": "cyclic"})
+        Traceback (most recent call last):
+        ...
+        tfdist.errors.ClusterConfigError: Invalid Slurm environment: SLURM_DISTRIBUTION ...
+    """
+    env = os.environ if env is None else env
+    value = env.get("SLURM_DISTRIBUTION", "")
+    node_level = value.split(",")[0].split(":")[0].strip().lower()
+    if node_level in ("", "block", "*", "unknown") or is_whole_number(node_level):
+        return
+    raise config_error(
+        _WHERE, f"SLURM_DISTRIBUTION {value!r} does not lay ranks out block-wise (node level "
+        f"{node_level!r}), so the tasks would be given other nodes' addresses.",
+        received=f"SLURM_DISTRIBUTION={show(value)}",
+        expected="block at the node level: 'block', 'block:cyclic', ... or unset", fix=_BLOCK_FIX,
+    )
+
+
+def check_rank_node(env: Mapping[str, str] | None, node: str, rank: int) -> None:
+    """Refuses a task whose ``SLURMD_NODENAME`` is not ``node``, its node in the block layout.
+
+    Does nothing when ``SLURMD_NODENAME`` is unset.
+
+    Args:
+        env: Environment variables; defaults to ``os.environ``.
+        node: The node that the block layout gives ``rank``.
+        rank: This task's ``SLURM_PROCID``.
+
+    Example:
+        >>> check_rank_node({"SLURMD_NODENAME": "n1"}, "n1", 0)
+    """
+    env = os.environ if env is None else env
+    actual = env.get("SLURMD_NODENAME", "").strip()
+    if not actual or actual.lower() == node.lower():
+        return
+    raise config_error(
+        _WHERE, f"the ranks are not laid out block-wise (e.g. srun --distribution=cyclic): the "
+        f"block layout puts rank {rank} on node {node!r}, but this task runs on {actual!r}.",
+        received=f"SLURM_PROCID={rank}, SLURMD_NODENAME={actual!r}",
+        expected=f"SLURMD_NODENAME={node!r} (rank r on the node holding slot r, host-major)",
+        fix=_BLOCK_FIX,
+    )

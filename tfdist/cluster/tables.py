@@ -7,8 +7,10 @@ gpu_type``, without a header. ``inst_num`` is how many instances (processes) the
 percent of a GPU (50 = half a GPU). Also accepted: the same data with a header row (columns by
 name), and header-less 5-column rows ``job_name, task_name, inst_num, plan_cpu, plan_gpu``.
 
-``inst_num``, and the sum of the instances of a role, are at most
-`tfdist.cluster.counts.MAX_TASKS`.
+A job lists each task group once: a second row with the same ``job_name`` and ``task_name``
+(case-insensitive) is an error, not added to the first. Different task names of one role (say
+``tensorflow`` and ``worker``) are different groups, and their instances are added. ``inst_num``,
+and the sum per role, are at most `tfdist.cluster.counts.MAX_TASKS`.
 """
 
 from __future__ import annotations
@@ -191,6 +193,20 @@ def _instances(value: str, where: str, row: str) -> int:
     )
 
 
+def _check_unique_groups(chosen: list[Record], where: str) -> None:
+    """Refuses a second row with the same job_name and task_name (compared case-insensitively)."""
+    seen: dict[str, str] = {}
+    for row, columns in chosen:
+        first = seen.setdefault(columns["task_name"].lower(), row)
+        if first != row:
+            raise config_error(
+                where, f"{row} repeats task group {columns['task_name']!r} of job "
+                f"{columns['job_name']!r}, already given in {first}.", received=show(columns),
+                expected="each (job_name, task_name) once",
+                fix=f"Remove the duplicate row, or merge it into {first} by adding the inst_num.",
+            )
+
+
 def _add_instances(counts: dict[str, int], role: str, number: int, where: str, row: str) -> None:
     """Adds a task group's instances to its role, keeping the role's total at most MAX_TASKS."""
     total = counts.get(role, 0) + number
@@ -222,7 +238,7 @@ def read_pai_table(
 
     Raises:
         ClusterConfigError: unreadable file, bad row, unknown job or task name, bad inst_num,
-            more than `MAX_TASKS` tasks of a role.
+            a task group listed twice, more than `MAX_TASKS` tasks of a role.
 
     Example:
         >>> read_pai_table([["job_name", "task_name", "inst_num"], ["j", "chief", "1"]]).instances
@@ -233,6 +249,7 @@ def read_pai_table(
     cpu: dict[str, float | None] = {}
     gpu: dict[str, float | None] = {}
     chosen = _select_job(_records(rows, where), job_name, where)
+    _check_unique_groups(chosen, where)
     for row, columns in chosen:
         role = _role(columns["task_name"], where, row)
         _add_instances(counts, role, _instances(columns["inst_num"], where, row), where, row)
