@@ -13,6 +13,7 @@ from tfdist.cluster import (
     Task,
     expand_nodelist,
     held_ports,
+    parse_hosts,
     parse_tasks_per_node,
     read_hostfile,
     read_pai_table,
@@ -418,6 +419,13 @@ def test_slurm_distribution_that_is_block_is_accepted(value: str) -> None:
 # ------------------------------------------------------------------------- hostfiles and host names
 
 
+def test_hostfile_with_a_byte_order_mark(tmp_path: Path) -> None:
+    path = tmp_path / "hosts.txt"
+    path.write_bytes("node1:2\r\nnode2\r\n".encode("utf-8-sig"))
+    assert read_hostfile(path) == [("node1", 2), ("node2", 1)]
+    assert ClusterSpec.from_hostfile(path).worker[0] == "node1:2222"
+
+
 @pytest.mark.parametrize(
     ("text", "slots"),
     [("node1 max_slots=4\n", 1), ("node1 slots=2 max_slots=2\n", 2), ("node1:3 max_slots=8\n", 3)],
@@ -443,4 +451,31 @@ def test_hostfile_refuses_slots_above_max_slots(tmp_path: Path, text: str, match
     path = tmp_path / "hosts.txt"
     path.write_text(text)
     with pytest.raises(ClusterConfigError, match=match):
+        read_hostfile(path)
+
+
+BAD_HOSTS = [
+    ("-oProxyCommand=touch:1", "has a host that starts with '-' (ssh would read it as an option)"),
+    ("-x", "has a host that starts with '-'"),
+    ("[-1]:2", "has a host that starts with '-'"),
+    ("h\x07:1", "has a host with whitespace or a control character"),
+    ("\ufeffh:1", "has a host with whitespace or a control character"),
+    ("h\u200b", "has a host with whitespace or a control character"),
+]
+HOST_FIX = "Fix: Write the machine's hostname or IP address, without spaces or a leading '-'."
+
+
+@pytest.mark.parametrize(("entry", "problem"), BAD_HOSTS)
+def test_host_lists_and_hostfiles_refuse_option_like_or_control_hosts(
+    tmp_path: Path, entry: str, problem: str
+) -> None:
+    listed = rf"entry {re.escape(repr(entry))} {re.escape(problem)}.*Received: " + re.escape(
+        repr(entry)) + ".*" + re.escape(HOST_FIX)
+    with pytest.raises(ClusterConfigError, match=listed):
+        parse_hosts(entry)
+    with pytest.raises(ClusterConfigError, match=listed):
+        ClusterSpec.from_hosts([entry])
+    path = tmp_path / "hosts.txt"
+    path.write_text(f"ok:1\n{entry}\n", encoding="utf-8")
+    with pytest.raises(ClusterConfigError, match=r"line 2 " + re.escape(problem)):
         read_hostfile(path)

@@ -183,6 +183,18 @@ INVALID_TF_CONFIGS = [
               "Received: 5013 characters starting '{\"cluster\": 111", "Fix: "),
         id="json-huge-number",
     ),
+    pytest.param(
+        config(cluster={"worker": ["-oProxyCommand=x:1"]}),
+        parts("cluster.worker[0] has a host that starts with '-' (ssh would read it as an option)",
+              "Received: '-oProxyCommand=x:1'", "Fix: Write the machine's hostname"),
+        id="host-starts-with-dash",
+    ),
+    pytest.param(
+        config(cluster={"worker": ["h:1", "h\n:2"]}),
+        parts("cluster.worker[1] has a host with whitespace or a control character",
+              "Received: 'h\\n:2'"),
+        id="host-with-newline",
+    ),
 ]
 
 

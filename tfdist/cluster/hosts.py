@@ -4,12 +4,13 @@ A *slot* is room for one task on a host, as in ``horovodrun -H h1:2,h2:2``. `lay
 slots host-major (h1 slot 0, h1 slot 1, h2 slot 0, ...), gives them to the tasks in canonical order
 (chief, workers, ps, evaluator), and gives each task the port ``base_port + its slot on the host``.
 
-Slot counts and task counts are at most `tfdist.cluster.counts.MAX_TASKS`.
+Host names are checked by `tfdist.cluster.address.check_host` (no leading ``-``, no whitespace or
+control characters); slot counts and task counts are at most `tfdist.cluster.counts.MAX_TASKS`.
 
 Hostfiles follow OpenMPI's syntax: ``host``, ``host:slots``, ``host slots=N`` and
 ``host slots=N max_slots=M``. tfdist never oversubscribes a host: it places exactly ``slots``
 tasks on it (1 when not given), and ``max_slots`` is only checked as a cap (``slots`` larger
-than ``max_slots`` is an error).
+than ``max_slots`` is an error). A UTF-8 byte-order mark at the start of the file is ignored.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def read_hostfile(path: str | os.PathLike[str]) -> HostSlots:
 
     ``#`` starts a comment; blank lines are ignored. Errors name the file and the line number.
     OpenMPI's ``max_slots=M`` is accepted as a cap: ``slots`` tasks are placed on the host (never
-    more), and ``slots > max_slots`` is an error.
+    more), and ``slots > max_slots`` is an error. A leading UTF-8 byte-order mark is ignored.
 
     Example:
         >>> import tempfile
@@ -141,7 +142,7 @@ def read_hostfile(path: str | os.PathLike[str]) -> HostSlots:
     """
     where = f"hostfile {os.fspath(path)!r}"
     try:
-        with open(path, encoding="utf-8") as file:
+        with open(path, encoding="utf-8-sig") as file:
             lines = file.read().splitlines()
     except (OSError, UnicodeDecodeError) as error:
         raise config_error(
