@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tfdist.testing import alive
+from tfdist.testing import alive, wait_gone
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -32,8 +32,8 @@ EPOCHS, STEPS = 10, 150  # about 10 s of training on 2 idle cores
 class Launch:
     """``tfdist-launch`` in a subprocess, its merged output collected by a thread."""
 
-    def __init__(self, tmp_path: Path, *argv: str) -> None:
-        env = {**os.environ, "MARKER_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    def __init__(self, tmp_path: Path, *argv: str, **extra_env: str) -> None:
+        env = {**os.environ, "MARKER_DIR": str(tmp_path), "PYTHONPATH": str(REPO), **extra_env}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tfdist.launcher.cli", *argv], env=env, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -99,6 +99,30 @@ def test_killed_worker_is_restarted_alone_and_fit_completes(tmp_path):
     assert EPOCHS * STEPS <= sum(steps[-1]) <= EPOCHS * STEPS + 20, steps
     assert steps[-1][0] > steps[0][0], f"worker:0 did not carry on: {steps}"
     assert result["loss"][-1] < 0.01 * result["loss"][0], result["loss"]
+
+
+@pytest.mark.slow
+def test_a_worker_restarted_alone_rejoins_and_runs_steps(tmp_path):
+    """The restarted worker:1 process runs steps of the same job (counted on the ps)."""
+    launch = Launch(tmp_path, "--ps", "1", "--workers", "2", "--timeout", "240",
+                    str(SCRIPT), "400", "100", UNTIL_REJOINED="1")
+    try:
+        _wait_for(tmp_path / "epoch.0", launch)
+        pids = launch.pids()
+        os.kill(pids["worker:1"], signal.SIGKILL)
+        assert wait_gone([pids["worker:1"]], timeout=10) == []
+        (tmp_path / "killed").write_text("")
+        code = launch.wait(timeout=240)
+    finally:
+        launch.proc.kill()
+    out = launch.out
+    assert code == 0, out[-3000:]
+    assert "restarted alone: {'worker:1': 1}" in out
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["baseline"] is not None, result
+    rejoined = result["steps"][-1][1] - result["baseline"]
+    assert rejoined >= 20, f"the restarted worker:1 ran {rejoined} steps: {result['steps']}"
+    assert result["epochs"] < 400, "training stopped because worker:1 rejoined, not at the end"
 
 
 def test_killed_ps_is_fatal_and_stops_the_job(tmp_path):

@@ -13,7 +13,9 @@ from tfdist.cluster import (
     Task,
     expand_nodelist,
     held_ports,
+    parse_hosts,
     parse_tasks_per_node,
+    read_hostfile,
     read_pai_table,
     release_ports,
     slurm_task,
@@ -126,11 +128,12 @@ def test_from_hosts_accepts_lists_bare_hosts_ipv6_and_explicit_counts() -> None:
     [
         ("h1:2,h2:2", {"workers": 4, "chief": True}, "need 5 slots but the hosts have 4"),
         ("h1:2,h1:1", {}, "host 'h1' is listed more than once.*'h1:3'"),
-        ("h1:0", {}, "invalid slot count '0'"),
-        ("h1:x", {}, "invalid slot count 'x'"),
+        ("h1:0", {}, "slot count of entry 'h1:0' must be an integer >= 1.*Fix: Write 'h1:1'"),
+        ("h1:x", {}, "slot count of entry 'h1:x' must be an integer >= 1.*Received: 'h1:x'"),
         ("h1,,h2", {}, "empty entry"),
         ("h1:2", {"ps": 1}, None),
-        ("h1:2", {"base_port": 65535}, "base_port leaves no room"),
+        ("h1:2", {"base_port": 65535}, "base_port 65535 with 2 slots on host 'h1' needs ports up"),
+        ("h1:2", {"base_port": 0}, r"base_port is not a port number.*1\.\.65535"),
         ("h1:2", {"ps": -1}, "ps must be an integer >= 0"),
         ("h1:2", {"ps": 1, "strategy": "multi_worker"}, "does not use parameter servers"),
     ],
@@ -156,9 +159,9 @@ def test_from_hostfile_reads_comments_blank_lines_and_both_slot_syntaxes(tmp_pat
 @pytest.mark.parametrize(
     ("text", "match"),
     [
-        ("node1:2\n# ok\nnode2 slot=2\n", r"hosts.txt.*line 3 has an unknown or invalid option"),
+        ("node1:2\n# ok\nnode2 slot=2\n", r"hosts.txt.*line 3 has an unknown option 'slot=2'"),
         ("node1:2 slots=3\n", r"line 1 gives the slot count twice"),
-        ("node1:-2\n", r"line 1 has an invalid slot count"),
+        ("node1:-2\n", r"slot count of line 1 must be an integer >= 1.*Received: 'node1:-2'"),
         ("# nothing\n\n", r"it lists no hosts"),
     ],
 )
@@ -239,7 +242,8 @@ def test_from_slurm_fallback_variables(env: dict, workers: int) -> None:
     [
         ({}, r"SLURM_JOB_NODELIST \(or SLURM_NODELIST\) is not set.*srun or sbatch"),
         ({"SLURM_JOB_NODELIST": "n1"}, r"SLURM_TASKS_PER_NODE .* is not set.*srun"),
-        ({"SLURM_JOB_NODELIST": "n1", "SLURM_NTASKS": "two"}, r"SLURM_NTASKS is not a whole"),
+        ({"SLURM_JOB_NODELIST": "n1", "SLURM_NTASKS": "two"},
+         r"SLURM_NTASKS must be an integer >= 1.*'two'"),
     ],
 )
 def test_from_slurm_names_missing_variables(env: dict, match: str) -> None:
@@ -314,8 +318,8 @@ def test_pai_table_with_five_columns_and_rows_in_memory(release: list[ClusterSpe
 @pytest.mark.parametrize(
     ("rows", "match"),
     [
-        ([["j", "worker", "1.5", "1", "1"]], r"row 1 has an invalid inst_num.*Received: '1.5'"),
-        ([["j", "worker", "0", "1", "1"]], r"invalid inst_num"),
+        ([["j", "worker", "1.5", "1", "1"]], r"inst_num of row 1 must be an integer >= 1.*'1.5'"),
+        ([["j", "worker", "0", "1", "1"]], r"inst_num of row 1 must be an integer >= 1"),
         ([["j", "worker", "1", "1"]], r"row 1 has 4 columns.*5 or 10"),
         ([["j", "chief", "2", "1", "1"]], r"has 2 chief tasks; there can be only one chief"),
         ([["job_name", "task_name"], ["j", "worker"]], r"row 2 has no inst_num column"),
@@ -330,3 +334,148 @@ def test_pai_table_refuses_bad_rows(rows: list, match: str) -> None:
 def test_pai_table_refuses_a_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ClusterConfigError, match=re.escape("cannot be read")):
         read_pai_table(tmp_path / "missing.csv")
+
+
+# ------------------------------------------------------------------------------------- ps-only jobs
+
+
+PS_ONLY = (r"a cluster with ps tasks needs a chief or workers to train.*Received: \{'ps': \[.*"
+           r"Expected: at least one chief or worker task.*Fix: Add workers or a chief")
+
+
+def test_ps_only_jobs_are_refused_by_every_builder() -> None:
+    before = held_ports()
+    with pytest.raises(ClusterConfigError, match=PS_ONLY):
+        ClusterSpec.from_hosts("h:2", workers=0, ps=1)
+    with pytest.raises(ClusterConfigError, match=PS_ONLY):
+        ClusterSpec.from_pai_table([["j", "ps", "2", "600", ""]])
+    with pytest.raises(ClusterConfigError, match=PS_ONLY):
+        ClusterSpec.local(workers=0, ps=1)
+    with pytest.raises(ClusterConfigError, match=PS_ONLY):
+        ClusterSpec(ps=["h:1"], evaluator=["h:2"])
+    assert held_ports() == before
+    assert ClusterSpec.from_hosts("h:2", workers=0, ps=1, chief=True).ps == ("h:2223",)
+
+
+# ---------------------------------------------------------------------------------- PAI task groups
+
+
+@pytest.mark.parametrize("second", ["worker", "WORKER"])
+def test_pai_table_refuses_a_task_group_listed_twice(second: str) -> None:
+    rows = [["j", "worker", "2", "600", "50"], ["j", "ps", "1", "600", ""],
+            ["j", second, "2", "600", "50"]]
+    match = (rf"row 3 repeats task group '{second}' of job 'j', already given in row 1"
+             r".*Received: \{'job_name': 'j', 'task_name': '" + second +
+             r"'.*Fix: Remove the duplicate row, or merge it into row 1")
+    with pytest.raises(ClusterConfigError, match=match):
+        read_pai_table(rows)
+
+
+def test_pai_table_adds_different_task_groups_of_one_role() -> None:
+    rows = [["j", "worker", "2", "600", "50"], ["j", "tensorflow", "1", "800", "25"]]
+    job = read_pai_table(rows)
+    assert job.instances == {"worker": 3} and job.plan_cpu == {"worker": 800.0}
+
+
+# ------------------------------------------------------------------------------- Slurm distribution
+
+BLOCK_FIX = "Fix: Start the tasks with srun --distribution=block"
+
+
+def test_slurm_task_refuses_ranks_that_are_not_laid_out_block_wise() -> None:
+    # Block layout of SLURM_ENV: ranks 0-1 on gpu01, 2-3 on gpu02, 4 on cpu7. Under
+    # --distribution=cyclic, rank 1 runs on gpu02 instead.
+    env = {**SLURM_ENV, "SLURM_PROCID": "1", "SLURMD_NODENAME": "gpu02"}
+    match = (r"Invalid Slurm environment: the ranks are not laid out block-wise \(e\.g\. srun "
+             r"--distribution=cyclic\): the block layout puts rank 1 on node 'gpu01', but this "
+             r"task runs on 'gpu02'\. Received: SLURM_PROCID=1, SLURMD_NODENAME='gpu02'.*"
+             + re.escape(BLOCK_FIX))
+    with pytest.raises(ClusterConfigError, match=match):
+        slurm_task(env, ps=1, chief=True)
+    assert slurm_task({**env, "SLURMD_NODENAME": "gpu01"}, ps=1, chief=True) == Task("worker", 0)
+    assert slurm_task({**env, "SLURM_PROCID": "4", "SLURMD_NODENAME": "cpu7"}, ps=1,
+                      chief=True) == Task("ps", 0)
+
+
+@pytest.mark.parametrize("value", ["cyclic", "cyclic:block", "plane=2", "arbitrary",
+                                   "Cyclic,Pack"])
+def test_slurm_distribution_that_is_not_block_is_refused(value: str) -> None:
+    env = {**SLURM_ENV, "SLURM_PROCID": "0", "SLURM_DISTRIBUTION": value}
+    match = (rf"SLURM_DISTRIBUTION '{re.escape(value)}' does not lay ranks out block-wise.*"
+             rf"Received: SLURM_DISTRIBUTION='{re.escape(value)}'.*" + re.escape(BLOCK_FIX))
+    with pytest.raises(ClusterConfigError, match=match):
+        ClusterSpec.from_slurm(env)
+    with pytest.raises(ClusterConfigError, match=match):
+        slurm_task(env)
+
+
+@pytest.mark.parametrize("value", ["block", "block:cyclic", "block:block,NoPack", "*:cyclic", ""])
+def test_slurm_distribution_that_is_block_is_accepted(value: str) -> None:
+    env = {**SLURM_ENV, "SLURM_PROCID": "2", "SLURMD_NODENAME": "gpu02",
+           "SLURM_DISTRIBUTION": value}
+    assert slurm_task(env, chief=True) == Task("worker", 1)
+
+
+# ------------------------------------------------------------------------- hostfiles and host names
+
+
+def test_hostfile_with_a_byte_order_mark(tmp_path: Path) -> None:
+    path = tmp_path / "hosts.txt"
+    path.write_bytes("node1:2\r\nnode2\r\n".encode("utf-8-sig"))
+    assert read_hostfile(path) == [("node1", 2), ("node2", 1)]
+    assert ClusterSpec.from_hostfile(path).worker[0] == "node1:2222"
+
+
+@pytest.mark.parametrize(
+    ("text", "slots"),
+    [("node1 max_slots=4\n", 1), ("node1 slots=2 max_slots=2\n", 2), ("node1:3 max_slots=8\n", 3)],
+)
+def test_hostfile_max_slots_is_a_cap_on_slots(tmp_path: Path, text: str, slots: int) -> None:
+    path = tmp_path / "hosts.txt"
+    path.write_text(text)
+    assert read_hostfile(path) == [("node1", slots)]
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("node1 slots=4 max_slots=2\n",
+         r"line 1 gives 4 slots, more than its max_slots=2\. Received: 'node1 slots=4 max_slots=2'"
+         r".*Fix: Write 'node1 slots=2 max_slots=2', or raise max_slots"),
+        ("node1:3 max_slots=2\n", r"line 1 gives 3 slots, more than its max_slots=2"),
+        ("node1 slots=2 slots=3\n", r"line 1 gives slots twice.*Fix: Keep one slots=N"),
+        ("node1 max_slots=100000\n", r"max_slots of line 1 is larger than 10000"),
+    ],
+)
+def test_hostfile_refuses_slots_above_max_slots(tmp_path: Path, text: str, match: str) -> None:
+    path = tmp_path / "hosts.txt"
+    path.write_text(text)
+    with pytest.raises(ClusterConfigError, match=match):
+        read_hostfile(path)
+
+
+BAD_HOSTS = [
+    ("-oProxyCommand=touch:1", "has a host that starts with '-' (ssh would read it as an option)"),
+    ("-x", "has a host that starts with '-'"),
+    ("[-1]:2", "has a host that starts with '-'"),
+    ("h\x07:1", "has a host with whitespace or a control character"),
+    ("\ufeffh:1", "has a host with whitespace or a control character"),
+    ("h\u200b", "has a host with whitespace or a control character"),
+]
+HOST_FIX = "Fix: Write the machine's hostname or IP address, without spaces or a leading '-'."
+
+
+@pytest.mark.parametrize(("entry", "problem"), BAD_HOSTS)
+def test_host_lists_and_hostfiles_refuse_option_like_or_control_hosts(
+    tmp_path: Path, entry: str, problem: str
+) -> None:
+    listed = rf"entry {re.escape(repr(entry))} {re.escape(problem)}.*Received: " + re.escape(
+        repr(entry)) + ".*" + re.escape(HOST_FIX)
+    with pytest.raises(ClusterConfigError, match=listed):
+        parse_hosts(entry)
+    with pytest.raises(ClusterConfigError, match=listed):
+        ClusterSpec.from_hosts([entry])
+    path = tmp_path / "hosts.txt"
+    path.write_text(f"ok:1\n{entry}\n", encoding="utf-8")
+    with pytest.raises(ClusterConfigError, match=r"line 2 " + re.escape(problem)):
+        read_hostfile(path)

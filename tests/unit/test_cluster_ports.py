@@ -86,7 +86,7 @@ def test_another_process_asking_for_free_ports_never_gets_a_held_one(ports: list
 
 def test_release_is_idempotent_and_bad_requests_are_refused() -> None:
     release_ports([1, 2, 3])  # Not held: ignored.
-    with pytest.raises(ClusterConfigError, match=r"n must be an integer >= 0.*Received: -1"):
+    with pytest.raises(ClusterConfigError, match=r"n must be an integer >= 0.*Received: n=-1"):
         reserve_ports(-1)
     with pytest.raises(ClusterConfigError, match=r"cannot bind a free port on host '192.0.2.1'"):
         reserve_ports(1, host="192.0.2.1")  # TEST-NET-1: never an address of this machine.

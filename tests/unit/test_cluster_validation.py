@@ -158,6 +158,43 @@ INVALID_TF_CONFIGS = [
     pytest.param(
         config(cluster={}), parts("the cluster has no chief, worker or ps task"), id="cluster-empty"
     ),
+    pytest.param(
+        config(cluster={"ps": ["h:1"]}, task={"type": "ps", "index": 0}),
+        parts("Invalid TF_CONFIG: a cluster with ps tasks needs a chief or workers to train",
+              "Received: {'ps': ['h:1']}", "Expected: at least one chief or worker task",
+              "Fix: Add workers or a chief"),
+        id="ps-only",
+    ),
+    pytest.param(
+        config(cluster={"ps": ["h:1"], "evaluator": ["h:2"]}, task={"type": "ps", "index": 0}),
+        parts("a cluster with ps tasks needs a chief or workers to train"),
+        id="ps-and-evaluator-only",
+    ),
+    pytest.param(
+        "[" * 100_000,
+        parts("Invalid TF_CONFIG: it cannot be decoded as JSON (it nests too deeply).",
+              "Received: 100000 characters starting '[[[[", "Expected: a small JSON object",
+              "Fix: Set TF_CONFIG to the cluster and task only"),
+        id="json-nested-too-deep",
+    ),
+    pytest.param(
+        '{"cluster": ' + "1" * 5000 + "}",
+        parts("Invalid TF_CONFIG: it cannot be decoded as JSON (", "digits).",
+              "Received: 5013 characters starting '{\"cluster\": 111", "Fix: "),
+        id="json-huge-number",
+    ),
+    pytest.param(
+        config(cluster={"worker": ["-oProxyCommand=x:1"]}),
+        parts("cluster.worker[0] has a host that starts with '-' (ssh would read it as an option)",
+              "Received: '-oProxyCommand=x:1'", "Fix: Write the machine's hostname"),
+        id="host-starts-with-dash",
+    ),
+    pytest.param(
+        config(cluster={"worker": ["h:1", "h\n:2"]}),
+        parts("cluster.worker[1] has a host with whitespace or a control character",
+              "Received: 'h\\n:2'"),
+        id="host-with-newline",
+    ),
 ]
 
 
@@ -194,10 +231,10 @@ STRATEGY_CASES = [
         )
         for name in ("multi_worker", "mirrored", "horovod", "default")
     ],
-    pytest.param(
+    pytest.param(  # The generic check refuses it before any strategy is looked at.
         {"ps": ["h:2"]},
         "multi_worker",
-        parts("'multi_worker' needs at least one worker or chief"),
+        parts("a cluster with ps tasks needs a chief or workers to train"),
         id="multi-worker-without-workers",
     ),
     pytest.param(
@@ -256,6 +293,7 @@ def test_tf_config_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch)
         ({"chief": ["a:1", "b:1"]}, parts("only one chief")),
         ({}, parts("Invalid cluster spec: the cluster has no chief, worker or ps task")),
         ({"evaluator": ["h:1"]}, parts("no chief, worker or ps task")),
+        ({"ps": ["h:1"]}, parts("Invalid cluster spec: a cluster with ps tasks needs a chief or")),
     ],
 )
 def test_invalid_cluster_spec_is_refused(kwargs: dict, match: str) -> None:

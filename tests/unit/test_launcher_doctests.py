@@ -14,6 +14,8 @@ MODULES = [
     "tfdist.launcher.export",
     "tfdist.launcher.hosts",
     "tfdist.launcher.slurm_task",
+    "tfdist.launcher.ssh",
+    "tfdist.launcher.remote",
 ]
 
 

@@ -32,8 +32,8 @@ def test_ssh_command_checks_host_keys_and_puts_no_environment_on_the_command_lin
                        cwd="/my dir", ssh="/usr/bin/ssh")
     assert argv[:7] == ("/usr/bin/ssh", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
                         "-o", "StrictHostKeyChecking=yes")
-    assert argv[7:12] == ("-p", "2022", "-i", "/k/id", "n2")
-    words = shlex.split(argv[12])  # what the remote shell sees
+    assert argv[7:13] == ("-p", "2022", "-i", "/k/id", "--", "n2")
+    words = shlex.split(argv[13])  # what the remote shell sees
     assert words == ["cd", "/my dir", "&&", "exec", sys.executable, "-m",
                      "tfdist.launcher.remote", "--env-stdin", "--", "py", "t.py"]
 
@@ -100,8 +100,8 @@ def test_dry_run_on_hosts_gives_host_addresses_and_ssh_for_remote_tasks(script, 
     for line in lines:
         assert line["tf_config"]["cluster"] == cluster
         command = line["command"]
-        assert command[0].endswith("ssh") and command[7:12] == ["-p", "2022", "-i", str(key),
-                                                               line["host"]]
+        assert command[0].endswith("ssh") and command[7:13] == ["-p", "2022", "-i", str(key),
+                                                               "--", line["host"]]
         remote = shlex.split(command[-1])
         assert remote[:2] == ["cd", os.getcwd()]
         assert "TF_CONFIG" not in command[-1]  # it goes over the ssh channel, not argv

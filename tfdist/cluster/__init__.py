@@ -14,6 +14,7 @@ Example:
     >>> release_ports(spec.ports())
 """
 
+from tfdist.cluster.counts import MAX_TASKS
 from tfdist.cluster.environ import TfConfigView, peek_tf_config, read_tf_config, slurm_task
 from tfdist.cluster.hosts import parse_hosts, read_hostfile
 from tfdist.cluster.ports import held_ports, release_ports, reserve_ports
@@ -31,6 +32,7 @@ __all__ = [
     "ROLES",
     "TRAINING_ROLES",
     "TF_CONFIG",
+    "MAX_TASKS",
     "Task",
     "ClusterSpec",
     "read_tf_config",

@@ -16,7 +16,10 @@ def show(value: object) -> str:
         >>> show("worker")
         "'worker'"
     """
-    text = repr(value)
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # An int of over 4300 digits; a list nested too deep.
+        return f"<a {type(value).__name__} too large to show>"
     if len(text) > _MAX_SHOWN:
         text = text[: _MAX_SHOWN - 3] + "..."
     return text

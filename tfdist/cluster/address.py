@@ -3,20 +3,46 @@
 from __future__ import annotations
 
 from tfdist.cluster._error import config_error, show
+from tfdist.cluster.counts import is_whole_number, parse_count
 
-__all__ = ["split_address", "join_address", "split_host_count", "is_whole_number"]
+__all__ = ["split_address", "join_address", "split_host_count", "check_host", "is_whole_number"]
 
 MAX_PORT = 65535
 
 
-def is_whole_number(text: str) -> bool:
-    """True for an ASCII decimal string such as ``"2222"`` (no sign, no spaces).
+def check_host(
+    host: str, field: str, where: str, *, example: str = "node01", received: str | None = None
+) -> str:
+    """Returns ``host`` if it can name a machine, else raises `ClusterConfigError`.
+
+    Refused: an empty host; one that starts with ``-``, which ssh would read as an option
+    (``-oProxyCommand=...`` runs a command); one with whitespace or a control or format
+    character (such as a byte-order mark).
+
+    Args:
+        host: The host, without port or brackets.
+        field: Where it was found, for the message (e.g. ``"cluster.worker[1]"``).
+        where: What was being read (e.g. ``"host list"``).
+        example: A valid entry of the same form, for the message.
+        received: How to show what was read (default: the host).
 
     Example:
-        >>> is_whole_number("2222"), is_whole_number("-1"), is_whole_number("2.0")
-        (True, False, False)
+        >>> check_host("node01", "hosts[0]", "host list")
+        'node01'
     """
-    return text.isascii() and text.isdigit()
+    if not host:
+        problem = f"{field} has an empty host."
+    elif host.startswith("-"):
+        problem = f"{field} has a host that starts with '-' (ssh would read it as an option)."
+    elif any(char.isspace() or not char.isprintable() for char in host):
+        problem = f"{field} has a host with whitespace or a control character."
+    else:
+        return host
+    raise config_error(
+        where, problem, received=show(host) if received is None else received,
+        expected=f"a hostname or IP address as in {example!r}",
+        fix="Write the machine's hostname or IP address, without spaces or a leading '-'.",
+    )
 
 
 def join_address(host: str, port: int) -> str:
@@ -47,12 +73,8 @@ def _split(text: str, field: str, where: str, what: str) -> tuple[str, str | Non
                 where, f"{field} looks like an IPv6 address without brackets.", received=show(text),
                 expected=f"[ipv6]:{what}", fix="Put IPv6 hosts in brackets, e.g. '[::1]:2222'.",
             )
-    if not host or any(ch.isspace() for ch in host):
-        raise config_error(
-            where, f"{field} has an empty host or a host with spaces.", received=show(text),
-            expected=f"host:{what} such as 'node01:{'2222' if what == 'port' else '2'}'",
-            fix="Write the machine's hostname or IP address before the ':'.",
-        )
+    example = f"node01:{'2222' if what == 'port' else '2'}"
+    check_host(host, field, where, example=example, received=show(text))
     return host, suffix
 
 
@@ -99,9 +121,8 @@ def split_host_count(entry: str, field: str, where: str) -> tuple[str, int]:
     host, count = _split(entry.strip(), field, where, "slots")
     if count is None:
         return host, 1
-    if not is_whole_number(count) or int(count) < 1:
-        raise config_error(
-            where, f"{field} has an invalid slot count {count!r}.", received=show(entry),
-            expected="'host:slots' with slots a whole number >= 1", fix=f"Write '{host}:1'.",
-        )
-    return host, int(count)
+    slots = parse_count(
+        count, f"the slot count of {field}", where, fix=f"Write {join_address(host, 1)!r}.",
+        received=show(entry),
+    )
+    return host, slots

@@ -10,7 +10,7 @@ from typing import Any
 
 from tfdist.cluster.hosts import DEFAULT_BASE_PORT
 from tfdist.cluster.roles import Task
-from tfdist.cluster.slurm import slurm_rank
+from tfdist.cluster.slurm import check_rank_node, slurm_rank
 from tfdist.cluster.spec import ClusterSpec
 from tfdist.cluster.tf_config import TF_CONFIG, parse_tf_config
 from tfdist.cluster.validate import check_strategy
@@ -106,7 +106,13 @@ def slurm_task(
 ) -> Task:
     """The task of this Slurm process: the one at rank ``SLURM_PROCID`` of `ClusterSpec.from_slurm`.
 
-    Pass the same layout arguments as to `ClusterSpec.from_slurm`.
+    Pass the same layout arguments as to `ClusterSpec.from_slurm`. The layout is block-wise; when
+    ``SLURMD_NODENAME`` is set, it must be the node this rank has in that layout (see
+    `tfdist.cluster.slurm`), else the ranks were distributed otherwise (``--distribution=cyclic``).
+
+    Raises:
+        ClusterConfigError: a missing or invalid variable, a rank out of range, or ranks that are
+            not laid out block-wise.
 
     Example:
         >>> env = {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)"}
@@ -114,5 +120,9 @@ def slurm_task(
         >>> slurm_task(env, chief=True)
         Task(type='worker', index=2)
     """
+    env = os.environ if env is None else env
     spec = ClusterSpec.from_slurm(env, ps=ps, chief=chief, evaluator=evaluator, base_port=base_port)
-    return spec.task_at_rank(slurm_rank(env))
+    rank = slurm_rank(env)
+    task = spec.task_at_rank(rank)
+    check_rank_node(env, spec.host(task), rank)
+    return task

@@ -37,6 +37,8 @@ import threading
 from collections.abc import Iterable
 
 from tfdist.cluster._error import config_error, show
+from tfdist.cluster.address import MAX_PORT
+from tfdist.cluster.counts import check_count
 
 __all__ = ["reserve_ports", "release_ports", "held_ports"]
 
@@ -73,7 +75,7 @@ def reserve_ports(n: int, host: str = "localhost") -> list[int]:
         The ports, in the order reserved.
 
     Raises:
-        ClusterConfigError: if ``n`` is negative or ``host`` cannot be bound.
+        ClusterConfigError: if ``n`` is not in 0..65535 or ``host`` cannot be bound.
 
     Example:
         >>> ports = reserve_ports(2)
@@ -81,11 +83,7 @@ def reserve_ports(n: int, host: str = "localhost") -> list[int]:
         True
         >>> release_ports(ports)
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise config_error(
-            "port request", "n must be an integer >= 0.", received=show(n),
-            expected="e.g. reserve_ports(3)", fix="Pass how many ports you need.",
-        )
+    check_count(n, "n", "port request", maximum=MAX_PORT, fix="Pass how many ports you need.")
     sockets: list[socket.socket] = []
     try:
         for _ in range(n):

@@ -2,7 +2,21 @@
 
 Slurm writes node lists in a compressed form (``node[01-03,07],gpu-a[1-2],login1``) and task
 counts per node as ``2(x3),1`` (2 tasks on each of 3 nodes, then 1). This module expands both into
-`tfdist.cluster.hosts.HostSlots`; `ClusterSpec.from_slurm` lays the tasks out on them.
+`tfdist.cluster.hosts.HostSlots`; `ClusterSpec.from_slurm` lays the tasks out on them. Node lists
+of more than `tfdist.cluster.counts.MAX_TASKS` nodes, and task counts above it, are refused before
+anything is expanded.
+
+Ranks must be laid out block-wise: `ClusterSpec.from_slurm` and `tfdist.cluster.slurm_task` put
+rank ``r`` (``SLURM_PROCID``) on the node that holds slot ``r`` when the slots are counted
+host-major, which is what ``srun --distribution=block`` (Slurm's default) does. Under
+``--distribution=cyclic`` (or ``plane``, ``arbitrary``) ranks go round the nodes instead, and every
+task would be given another node's address. Two checks catch this:
+
+* `check_block_distribution`: ``SLURM_DISTRIBUTION``, when set, must be block at the node level
+  (the part before the first ``:``; ``block``, ``block:cyclic`` and ``*`` pass, ``cyclic`` and
+  ``cyclic:block`` do not). A numeric value (srun's internal form) or ``unknown`` is not judged.
+* `check_rank_node`: when ``SLURMD_NODENAME`` (the node this task really runs on) is set, it must be
+  the node the block layout gives ``SLURM_PROCID``.
 """
 
 from __future__ import annotations
@@ -12,73 +26,113 @@ import re
 from collections.abc import Mapping
 
 from tfdist.cluster._error import config_error, show
-from tfdist.cluster.address import is_whole_number
+from tfdist.cluster.counts import MAX_TASKS, check_count, is_whole_number, parse_count
 from tfdist.cluster.hosts import HostSlots
+from tfdist.cluster.roles import ROLES
 from tfdist.errors import ClusterConfigError
 
-__all__ = ["expand_nodelist", "parse_tasks_per_node", "slurm_host_slots", "slurm_rank"]
+__all__ = [
+    "expand_nodelist",
+    "parse_tasks_per_node",
+    "slurm_host_slots",
+    "slurm_rank",
+    "check_block_distribution",
+    "check_rank_node",
+]
 
 NODELIST_VARS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
 _WHERE = "Slurm environment"
 _RUN_INSIDE = "Run inside an allocation (srun or sbatch), or pass env= with the variable set."
-_TASKS_ITEM = re.compile(r"(\d+)(?:\(x(\d+)\))?")
+_CHECK = "Check the value Slurm set."
+_TASKS_ITEM = re.compile(r"([0-9]+)(?:\(x([0-9]+)\))?")
+_MAX_RANKS = len(ROLES) * MAX_TASKS  # At most MAX_TASKS tasks of each role.
+_MAX_DIGITS = 18  # Longer is no node number (and int() refuses over 4300 digits).
+_BLOCK_FIX = (
+    "Start the tasks with srun --distribution=block (Slurm's default): remove --distribution "
+    "cyclic/plane/arbitrary from srun and sbatch, and SLURM_DISTRIBUTION from the environment."
+)
 
 
 def _split_top_level(text: str) -> list[str]:
     """Splits on commas that are not inside brackets."""
-    items, depth, current = [], 0, ""
-    for char in text:
+    items: list[str] = []
+    depth, start = 0, 0
+    for position, char in enumerate(text):
         depth += {"[": 1, "]": -1}.get(char, 0)
         if depth not in (0, 1):
             raise config_error(
                 _WHERE, "the node list has unbalanced or nested brackets.", received=show(text),
-                expected="e.g. 'node[01-03,07],login1'", fix="Check the value Slurm set.",
+                expected="e.g. 'node[01-03,07],login1'", fix=_CHECK,
             )
         if char == "," and depth == 0:
-            items, current = items + [current], ""
-        else:
-            current += char
-    return items + [current]
+            items.append(text[start:position])
+            start = position + 1
+    return items + [text[start:]]
+
+
+def _check_node_count(count: int, text: str) -> None:
+    """Refuses a node list of more than MAX_TASKS nodes (before it is expanded)."""
+    check_count(count, "the number of nodes in the node list", _WHERE, received=show(text),
+                fix=_CHECK)
+
+
+def _range(part: str, body: str, text: str) -> tuple[int, int]:
+    """Reads ``01-03`` (or ``07``) into ``(1, 3)``, refusing low > high and non-numbers."""
+    low, dash, high = part.partition("-")
+    high = high if dash else low
+    numbers = all(is_whole_number(n) and len(n) <= _MAX_DIGITS for n in (low, high))
+    if not numbers or int(low) > int(high):
+        raise config_error(
+            _WHERE, f"the node list has an invalid range [{body}].", received=show(text),
+            expected="ranges like [01-03,07] with low <= high", fix=_CHECK,
+        )
+    return int(low), int(high)
 
 
 def _expand_ranges(body: str, text: str) -> list[str]:
     """Expands ``01-03,07`` into ``['01', '02', '03', '07']``, keeping zero padding."""
-    names: list[str] = []
-    for part in body.split(","):
-        low, dash, high = part.partition("-")
-        high = high if dash else low
-        if not (is_whole_number(low) and is_whole_number(high)) or int(low) > int(high):
-            raise config_error(
-                _WHERE, f"the node list has an invalid range [{body}].", received=show(text),
-                expected="ranges like [01-03,07] with low <= high",
-                fix="Check the value Slurm set.",
-            )
-        names += [str(number).zfill(len(low)) for number in range(int(low), int(high) + 1)]
-    return names
+    parts = body.split(",")
+    ranges = [_range(part, body, text) for part in parts]
+    _check_node_count(sum(high - low + 1 for low, high in ranges), text)
+    return [
+        str(number).zfill(len(part.partition("-")[0]))
+        for part, (low, high) in zip(parts, ranges, strict=True)
+        for number in range(low, high + 1)
+    ]
 
 
 def _expand_item(item: str, text: str) -> list[str]:
-    start = item.find("[")
-    if start < 0:
-        return [item]
-    end = item.find("]", start)
-    if end < 0:
-        raise config_error(
-            _WHERE, "the node list has an unclosed '['.", received=show(text),
-            expected="e.g. 'node[01-03]'", fix="Check the value Slurm set.",
-        )
-    heads = [item[:start] + middle for middle in _expand_ranges(item[start + 1 : end], text)]
-    return [head + tail for head in heads for tail in _expand_item(item[end + 1 :], text)]
+    """Expands one item (``rack[1-2]-n[1,3]``); bracket groups multiply, the first varies last."""
+    names, rest = [""], item
+    while (start := rest.find("[")) >= 0:
+        end = rest.find("]", start)
+        if end < 0:
+            raise config_error(
+                _WHERE, "the node list has an unclosed '['.", received=show(text),
+                expected="e.g. 'node[01-03]'", fix=_CHECK,
+            )
+        middles = _expand_ranges(rest[start + 1 : end], text)
+        _check_node_count(len(names) * len(middles), text)
+        names = [name + rest[:start] + middle for name in names for middle in middles]
+        rest = rest[end + 1 :]
+    return [name + rest for name in names]
 
 
 def expand_nodelist(text: str) -> list[str]:
     """Expands a Slurm node list; zero padding is kept and several bracket groups multiply.
 
+    Raises:
+        ClusterConfigError: a malformed list, or more than `MAX_TASKS` nodes.
+
     Example:
         >>> expand_nodelist("node[01-03,07],gpu-a[1-2],login1")
         ['node01', 'node02', 'node03', 'node07', 'gpu-a1', 'gpu-a2', 'login1']
     """
-    nodes = [node for item in _split_top_level(text.strip()) for node in _expand_item(item, text)]
+    nodes: list[str] = []
+    for item in _split_top_level(text.strip()):
+        names = _expand_item(item, text)
+        _check_node_count(len(nodes) + len(names), text)
+        nodes += names
     if not nodes or not all(nodes):
         raise config_error(
             _WHERE, "the node list is empty or has an empty entry.", received=show(text),
@@ -90,36 +144,46 @@ def expand_nodelist(text: str) -> list[str]:
 def parse_tasks_per_node(text: str, nodes: int) -> list[int]:
     """Expands ``SLURM_TASKS_PER_NODE`` (``"2(x3),1"``) into one count per node.
 
+    Counts above `MAX_TASKS` tasks on a node, or repeats above `MAX_TASKS` nodes, are refused
+    before anything is expanded.
+
     Example:
         >>> parse_tasks_per_node("2(x3),1", 4)
         [2, 2, 2, 1]
     """
-    counts: list[int] = []
-    for item in text.strip().split(","):
-        match = _TASKS_ITEM.fullmatch(item.strip())
-        if not match:
-            raise config_error(
-                _WHERE, f"SLURM_TASKS_PER_NODE has an invalid item {item!r}.", received=show(text),
-                expected="e.g. '2(x3),1'", fix="Check the value Slurm set.",
-            )
-        counts += [int(match.group(1))] * int(match.group(2) or 1)
-    if len(counts) != nodes:
+    pairs = [_tasks_item(item, text) for item in text.strip().split(",")]
+    total = check_count(
+        sum(repeat for _, repeat in pairs), "the number of nodes in SLURM_TASKS_PER_NODE", _WHERE,
+        received=show(text), fix=_CHECK,
+    )
+    if total != nodes:
         raise config_error(
-            _WHERE, f"SLURM_TASKS_PER_NODE gives {len(counts)} counts for {nodes} nodes.",
+            _WHERE, f"SLURM_TASKS_PER_NODE gives {total} counts for {nodes} nodes.",
             received=show(text), expected=f"one count per node of the node list ({nodes})",
             fix="Read both variables from the same allocation.",
         )
-    return counts
+    return [count for count, repeat in pairs for _ in range(repeat)]
 
 
-def _whole(env: Mapping[str, str], name: str) -> int:
-    value = env[name].strip()
-    if not is_whole_number(value):
+def _tasks_item(item: str, text: str) -> tuple[int, int]:
+    """Reads one ``2(x3)`` item of SLURM_TASKS_PER_NODE into ``(2, 3)`` (count, repeat)."""
+    match = _TASKS_ITEM.fullmatch(item.strip())
+    if not match:
         raise config_error(
-            _WHERE, f"{name} is not a whole number.", received=show(env[name]),
-            expected="e.g. '4'", fix="Check the value Slurm set.",
+            _WHERE, f"SLURM_TASKS_PER_NODE has an invalid item {item!r}.", received=show(text),
+            expected="e.g. '2(x3),1'", fix=_CHECK,
         )
-    return int(value)
+    field = "SLURM_TASKS_PER_NODE"
+    count = parse_count(match.group(1), f"the tasks per node in {field}", _WHERE, minimum=0,
+                        received=show(text), fix=_CHECK)
+    repeat = parse_count(match.group(2) or "1", f"the repeat count in {field}", _WHERE,
+                         received=show(text), fix=_CHECK)
+    return count, repeat
+
+
+def _whole(env: Mapping[str, str], name: str, minimum: int, maximum: int = MAX_TASKS) -> int:
+    """Reads a count variable (``SLURM_NTASKS``) as a whole number in ``minimum..maximum``."""
+    return parse_count(env[name], name, _WHERE, minimum=minimum, maximum=maximum, fix=_CHECK)
 
 
 def _missing(names: str) -> ClusterConfigError:
@@ -133,9 +197,9 @@ def _tasks_per_node(env: Mapping[str, str], nodes: int) -> list[int]:
     if "SLURM_TASKS_PER_NODE" in env:
         return parse_tasks_per_node(env["SLURM_TASKS_PER_NODE"], nodes)
     if "SLURM_NTASKS_PER_NODE" in env:
-        return [_whole(env, "SLURM_NTASKS_PER_NODE")] * nodes
+        return [_whole(env, "SLURM_NTASKS_PER_NODE", 1)] * nodes
     if "SLURM_NTASKS" in env:
-        base, extra = divmod(_whole(env, "SLURM_NTASKS"), nodes)
+        base, extra = divmod(_whole(env, "SLURM_NTASKS", 1, _MAX_RANKS), nodes)
         return [base + 1] * extra + [base] * (nodes - extra)
     raise _missing("SLURM_TASKS_PER_NODE (or SLURM_NTASKS_PER_NODE, SLURM_NTASKS)")
 
@@ -151,6 +215,7 @@ def slurm_host_slots(env: Mapping[str, str] | None = None) -> HostSlots:
         [('n1', 2), ('n2', 2)]
     """
     env = os.environ if env is None else env
+    check_block_distribution(env)
     name = next((var for var in NODELIST_VARS if var in env), None)
     if name is None:
         raise _missing("SLURM_JOB_NODELIST (or SLURM_NODELIST)")
@@ -169,4 +234,53 @@ def slurm_rank(env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     if "SLURM_PROCID" not in env:
         raise _missing("SLURM_PROCID")
-    return _whole(env, "SLURM_PROCID")
+    return _whole(env, "SLURM_PROCID", 0, _MAX_RANKS - 1)
+
+
+def check_block_distribution(env: Mapping[str, str] | None = None) -> None:
+    """Refuses a ``SLURM_DISTRIBUTION`` whose node level is not block (see the module docstring).
+
+    Example:
+        >>> check_block_distribution({"SLURM_DISTRIBUTION": "block:cyclic"})
+        >>> check_block_distribution({"SLURM_DISTRIBUTION": "cyclic"})
+        Traceback (most recent call last):
+        ...
+        tfdist.errors.ClusterConfigError: Invalid Slurm environment: SLURM_DISTRIBUTION ...
+    """
+    env = os.environ if env is None else env
+    value = env.get("SLURM_DISTRIBUTION", "")
+    node_level = value.split(",")[0].split(":")[0].strip().lower()
+    if node_level in ("", "block", "*", "unknown") or is_whole_number(node_level):
+        return
+    raise config_error(
+        _WHERE, f"SLURM_DISTRIBUTION {value!r} does not lay ranks out block-wise (node level "
+        f"{node_level!r}), so the tasks would be given other nodes' addresses.",
+        received=f"SLURM_DISTRIBUTION={show(value)}",
+        expected="block at the node level: 'block', 'block:cyclic', ... or unset", fix=_BLOCK_FIX,
+    )
+
+
+def check_rank_node(env: Mapping[str, str] | None, node: str, rank: int) -> None:
+    """Refuses a task whose ``SLURMD_NODENAME`` is not ``node``, its node in the block layout.
+
+    Does nothing when ``SLURMD_NODENAME`` is unset.
+
+    Args:
+        env: Environment variables; defaults to ``os.environ``.
+        node: The node that the block layout gives ``rank``.
+        rank: This task's ``SLURM_PROCID``.
+
+    Example:
+        >>> check_rank_node({"SLURMD_NODENAME": "n1"}, "n1", 0)
+    """
+    env = os.environ if env is None else env
+    actual = env.get("SLURMD_NODENAME", "").strip()
+    if not actual or actual.lower() == node.lower():
+        return
+    raise config_error(
+        _WHERE, f"the ranks are not laid out block-wise (e.g. srun --distribution=cyclic): the "
+        f"block layout puts rank {rank} on node {node!r}, but this task runs on {actual!r}.",
+        received=f"SLURM_PROCID={rank}, SLURMD_NODENAME={actual!r}",
+        expected=f"SLURMD_NODENAME={node!r} (rank r on the node holding slot r, host-major)",
+        fix=_BLOCK_FIX,
+    )

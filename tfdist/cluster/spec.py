@@ -168,7 +168,9 @@ class ClusterSpec:
         """Lays tasks out on a Slurm allocation's nodes, one per Slurm task (see `from_hosts`).
 
         Reads ``SLURM_JOB_NODELIST`` and ``SLURM_TASKS_PER_NODE`` (or ``SLURM_NTASKS_PER_NODE``,
-        or ``SLURM_NTASKS`` split evenly) from ``env`` (default ``os.environ``).
+        or ``SLURM_NTASKS`` split evenly) from ``env`` (default ``os.environ``). Rank ``r`` is the
+        task on slot ``r``, host-major: srun's block distribution. A ``SLURM_DISTRIBUTION`` that
+        is not block is refused (see `tfdist.cluster.slurm`).
 
         Example:
             >>> env = {"SLURM_JOB_NODELIST": "n[01-02]", "SLURM_TASKS_PER_NODE": "2(x2)"}

@@ -6,6 +6,11 @@ gpu_type``, without a header. ``inst_num`` is how many instances (processes) the
 ``plan_cpu`` is per instance, in percent of a core (600 = 6 cores); ``plan_gpu`` likewise in
 percent of a GPU (50 = half a GPU). Also accepted: the same data with a header row (columns by
 name), and header-less 5-column rows ``job_name, task_name, inst_num, plan_cpu, plan_gpu``.
+
+A job lists each task group once: a second row with the same ``job_name`` and ``task_name``
+(case-insensitive) is an error, not added to the first. Different task names of one role (say
+``tensorflow`` and ``worker``) are different groups, and their instances are added. ``inst_num``,
+and the sum per role, are at most `tfdist.cluster.counts.MAX_TASKS`.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tfdist.cluster._error import config_error, show
+from tfdist.cluster.counts import MAX_TASKS, check_count
 from tfdist.cluster.roles import CHIEF, EVALUATOR, PS, ROLES, WORKER
 
 __all__ = ["PaiJob", "TASK_NAME_ROLES", "read_pai_table"]
@@ -175,16 +181,42 @@ def _role(task_name: str, where: str, row: str) -> str:
 
 
 def _instances(value: str, where: str, row: str) -> int:
+    """Reads ``inst_num`` (``"2"`` or ``"2.0"``): a whole number in 1..MAX_TASKS."""
     try:
         number = float(value)
     except ValueError:
         number = math.nan
-    if not (number.is_integer() and number >= 1):
+    count: object = int(number) if number.is_integer() else value  # False for nan and inf.
+    return check_count(
+        count, f"the inst_num of {row}", where, minimum=1, received=show(value),
+        fix="Fix that row: inst_num is how many processes the task group runs, such as 2.",
+    )
+
+
+def _check_unique_groups(chosen: list[Record], where: str) -> None:
+    """Refuses a second row with the same job_name and task_name (compared case-insensitively)."""
+    seen: dict[str, str] = {}
+    for row, columns in chosen:
+        first = seen.setdefault(columns["task_name"].lower(), row)
+        if first != row:
+            raise config_error(
+                where, f"{row} repeats task group {columns['task_name']!r} of job "
+                f"{columns['job_name']!r}, already given in {first}.", received=show(columns),
+                expected="each (job_name, task_name) once",
+                fix=f"Remove the duplicate row, or merge it into {first} by adding the inst_num.",
+            )
+
+
+def _add_instances(counts: dict[str, int], role: str, number: int, where: str, row: str) -> None:
+    """Adds a task group's instances to its role, keeping the role's total at most MAX_TASKS."""
+    total = counts.get(role, 0) + number
+    if total > MAX_TASKS:
         raise config_error(
-            where, f"{row} has an invalid inst_num.", received=show(value),
-            expected="a positive whole number such as 2 or 2.0", fix="Fix that row.",
+            where, f"{row} brings the {role} tasks to {total}, more than {MAX_TASKS} "
+            "(tfdist.cluster.MAX_TASKS).", received=show(counts | {role: total}),
+            expected=f"at most {MAX_TASKS} tasks per role", fix="Check the inst_num values.",
         )
-    return int(number)
+    counts[role] = total
 
 
 def _plan(value: str | None) -> float | None:
@@ -205,7 +237,8 @@ def read_pai_table(
         job_name: The job to read; may be omitted when the table holds a single job.
 
     Raises:
-        ClusterConfigError: unreadable file, bad row, unknown job or task name, bad inst_num.
+        ClusterConfigError: unreadable file, bad row, unknown job or task name, bad inst_num,
+            a task group listed twice, more than `MAX_TASKS` tasks of a role.
 
     Example:
         >>> read_pai_table([["job_name", "task_name", "inst_num"], ["j", "chief", "1"]]).instances
@@ -216,9 +249,10 @@ def read_pai_table(
     cpu: dict[str, float | None] = {}
     gpu: dict[str, float | None] = {}
     chosen = _select_job(_records(rows, where), job_name, where)
+    _check_unique_groups(chosen, where)
     for row, columns in chosen:
         role = _role(columns["task_name"], where, row)
-        counts[role] = counts.get(role, 0) + _instances(columns["inst_num"], where, row)
+        _add_instances(counts, role, _instances(columns["inst_num"], where, row), where, row)
         for plans, key in ((cpu, "plan_cpu"), (gpu, "plan_gpu")):
             values = [v for v in (plans.get(role), _plan(columns.get(key))) if v is not None]
             plans[role] = max(values) if values else None

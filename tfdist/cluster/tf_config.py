@@ -41,6 +41,7 @@ def _from_environment() -> str:
 
 
 def _decode(text: str) -> object:
+    """Decodes JSON; every failure (syntax, nesting too deep, a huge number) is a config error."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
@@ -51,6 +52,15 @@ def _decode(text: str) -> object:
             f"char {error.pos}).", received=show(text[start : error.pos + 20]),
             expected=f"JSON such as {_EXAMPLE}",
             fix="Use double quotes around keys and strings, and no trailing commas.",
+        ) from None
+    except (RecursionError, ValueError) as error:
+        deep = isinstance(error, RecursionError)
+        why = "it nests too deeply" if deep else str(error).split(";")[0]  # Not Python's advice.
+        raise config_error(
+            TF_CONFIG, f"it cannot be decoded as JSON ({why}).",
+            received=f"{len(text)} characters starting {show(text[:40])}",
+            expected=f"a small JSON object such as {_EXAMPLE}",
+            fix="Set TF_CONFIG to the cluster and task only, as tfdist's launcher writes it.",
         ) from None
 
 

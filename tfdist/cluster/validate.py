@@ -19,7 +19,6 @@ from tfdist.cluster.roles import (
     EVALUATOR,
     PS,
     ROLES,
-    TRAINING_ROLES,
     WORKER,
     Task,
     check_role,
@@ -129,7 +128,7 @@ def check_roles(roles: Roles, where: str = "cluster spec") -> None:
     """Generic checks of a whole cluster (valid for every strategy).
 
     Checks: known role names, addresses, at most one chief and one evaluator, no address used
-    twice, and at least one chief, worker or ps.
+    twice, and at least one chief or worker (ps tasks alone have nothing to train them).
 
     Example:
         >>> check_roles({"chief": ["h1:2222"], "worker": ["h1:2223"]})
@@ -140,12 +139,25 @@ def check_roles(roles: Roles, where: str = "cluster spec") -> None:
     _check_at_most_one(roles, CHIEF, where)
     _check_at_most_one(roles, EVALUATOR, where)
     _check_unique_addresses(roles, where)
-    if not any(roles.get(role) for role in TRAINING_ROLES):
+    _check_has_trainer(roles, where)
+
+
+def _check_has_trainer(roles: Roles, where: str) -> None:
+    """Refuses a cluster without a chief or a worker: nothing in it would train."""
+    if roles.get(CHIEF) or roles.get(WORKER):
+        return
+    received = show({role: list(v) for role, v in roles.items()})
+    if roles.get(PS):
         raise config_error(
-            where, "the cluster has no chief, worker or ps task.",
-            received=show({role: list(v) for role, v in roles.items()}),
-            expected="at least one worker (or a chief)", fix='Add e.g. "worker": ["host:2222"].',
+            where, "a cluster with ps tasks needs a chief or workers to train; ps tasks only "
+            "hold variables.", received=received, expected="at least one chief or worker task",
+            fix='Add workers or a chief (e.g. "worker": ["host:2222"], or workers=1 / chief=True '
+            "in a builder).",
         )
+    raise config_error(
+        where, "the cluster has no chief, worker or ps task.", received=received,
+        expected="at least one worker (or a chief)", fix='Add e.g. "worker": ["host:2222"].',
+    )
 
 
 def check_cluster_mapping(cluster: object, where: str = "TF_CONFIG") -> dict[str, tuple[str, ...]]:

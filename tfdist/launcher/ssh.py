@@ -219,8 +219,9 @@ def ssh_command(
         ssh: The ssh executable (default: `find_ssh`).
 
     Example:
-        >>> ssh_command("n2", ["true"], SshOptions(port=22), cwd="/", ssh="ssh")[-4:-1]
-        ('-p', '22', 'n2')
+        >>> ssh_command("n2", ["true"], SshOptions(port=22), cwd="/", ssh="ssh")[-5:-1]
+        ('-p', '22', '--', 'n2')
     """
     command = remote_shell_command(argv, cwd=cwd or os.getcwd())
-    return (ssh or find_ssh(), *SSH_OPTIONS, *options.args(), host.strip("[]"), command)
+    # "--": a host name can never be read as an option (it is also checked when parsed).
+    return (ssh or find_ssh(), *SSH_OPTIONS, *options.args(), "--", host.strip("[]"), command)

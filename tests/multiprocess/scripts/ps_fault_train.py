@@ -4,6 +4,11 @@ Usage: ``python ps_fault_train.py EPOCHS STEPS_PER_EPOCH``. After each epoch it 
 ``$MARKER_DIR/epoch.<n>``; at the end ``$MARKER_DIR/result.json`` with the epochs the fit ran, the
 losses, and the steps each worker ran, per epoch (a variable on the ps, bumped at
 ``[worker]`` in each train step by the worker that ran it).
+
+Rejoin mode (``UNTIL_REJOINED=1``): EPOCHS is an upper bound. Once the test has killed worker:1
+and written ``$MARKER_DIR/killed``, the next epoch end records worker:1's count as the baseline,
+and training stops as soon as worker:1 has run 20 steps more than that: steps only the restarted
+process can have run.
 """
 
 from __future__ import annotations
@@ -45,11 +50,18 @@ class StepCounter(keras.Model):
 
 class Markers(keras.callbacks.Callback):
     steps: list[list[int]] = []  # cumulative steps per worker, after each epoch
+    baseline: int | None = None  # rejoin mode: worker:1's count after it was killed
 
     def on_epoch_end(self, epoch, logs=None):
-        self.steps.append(self.model.steps.numpy().tolist())
+        steps = self.model.steps.numpy().tolist()
+        self.steps.append(steps)
         (MARKERS / f"epoch.{epoch}").write_text(json.dumps(logs or {}, default=float))
         print(f"epoch {epoch} done", flush=True)
+        if os.environ.get("UNTIL_REJOINED") and (MARKERS / "killed").exists():
+            if Markers.baseline is None:
+                Markers.baseline = steps[1]
+            elif steps[1] >= Markers.baseline + 20:
+                self.model.stop_training = True
 
 
 def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -63,6 +75,6 @@ with strategy.scope():
 history = model.fit(strategy.distribute_dataset(dataset_fn), epochs=EPOCHS,
                     steps_per_epoch=STEPS_PER_EPOCH, callbacks=[Markers()], verbose=0)
 result = {"epochs": len(history.history["loss"]), "loss": history.history["loss"],
-          "steps": Markers.steps}
+          "steps": Markers.steps, "baseline": Markers.baseline}
 (MARKERS / "result.json").write_text(json.dumps(result))
 print(f"fit done: {result}", flush=True)
