@@ -1,4 +1,4 @@
-"""The examples in the `tfdist.strategies` docstrings (and `tfdist.server`) run as written."""
+"""The examples in the docstrings of the strategies, the launcher and `tfdist.server` run."""
 
 from __future__ import annotations
 
@@ -22,6 +22,12 @@ MODULES = [
     "tfdist.strategies.startup",
     "tfdist.strategies.traits",
     "tfdist.server",
+    "tfdist.launcher.plan",
+    "tfdist.launcher.export",
+    "tfdist.launcher.hosts",
+    "tfdist.launcher.slurm_task",
+    "tfdist.launcher.ssh",
+    "tfdist.launcher.remote",
 ]
 
 
