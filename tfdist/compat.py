@@ -9,9 +9,10 @@ Keras's ``PerReplica`` failure deep inside ``fit``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from types import ModuleType
 from typing import Any, Literal
 
@@ -198,3 +199,50 @@ def optimizer_variables(optimizer: Any) -> list[Any]:
     """
     variables = optimizer.variables
     return list(variables() if callable(variables) else variables)
+
+
+@contextlib.contextmanager
+def abstract_build(flavour: KerasFlavour | None = None) -> Iterator[None]:
+    """A context where building a Keras model allocates no variable memory.
+
+    Layers get their shapes and configs, and outputs their symbolic shapes, but no weights: Keras
+    3 defers initialisation (``StatelessScope(initialize_variables=False)``; the deferred
+    variables are dropped afterwards), tf-keras builds in a throwaway ``tf.Graph``. The pipeline
+    describes a whole model this way and then builds one stage for real.
+
+    Example:
+        >>> keras = get_keras()
+        >>> with abstract_build():
+        ...     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        >>> model.count_params()
+        8
+    """
+    if (flavour or keras_flavour()) == "tf_keras":
+        import tensorflow as tf
+
+        with tf.Graph().as_default():
+            yield
+        return
+    keras = get_keras("keras3")
+    from keras.src.backend.common import global_state
+
+    key = "uninitialized_variables"
+    before = list(global_state.get_global_attribute(key, []) or [])
+    try:
+        with keras.StatelessScope(initialize_variables=False):
+            yield
+    finally:
+        global_state.set_global_attribute(key, before)
+
+
+def track_loss(model: Any, loss: Any, batch: Any) -> Any:
+    """Adds one batch's mean ``loss`` to ``model``'s running ``loss`` metric, as ``fit`` does.
+
+    tf-keras's ``compute_loss`` updates the metric itself; Keras 3's ``train_step`` does it
+    after ``compute_loss``. A custom ``train_step`` calling ``compute_loss`` uses this once per
+    call so the ``loss`` ``fit`` shows is the same in both.
+    """
+    tracker = getattr(model, "_loss_tracker", None)
+    if flavour_of(model) == "keras3" and tracker is not None:
+        tracker.update_state(loss, sample_weight=batch)
+    return loss

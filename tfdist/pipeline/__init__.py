@@ -1,0 +1,23 @@
+"""Pipeline (model) parallelism: a Keras model split into stages, micro-batches pipelined.
+
+Words:
+
+* **stage**: a contiguous slice of the model's layers, held by one process (its variables exist
+  there only). Stages are numbered ``0..K-1`` from the input.
+* **micro-batch**: one of the ``M`` equal slices of a replica's batch that flow through the stages
+  one after another, so that stages work at the same time (GPipe, arXiv 1811.06965).
+* **pipeline replica**: one copy of the whole K-stage pipeline. ``D`` replicas train on disjoint
+  parts of each global batch (data parallelism) and average each stage's gradients.
+
+Modules, by concept: `partition` (where to split; pure), `schedule` (which op runs when; pure),
+`layout` (which process holds which stage; pure), `transport` (send/recv between processes over
+TensorFlow collective ops), `stage` (building only this stage's layers), `engine` (one training
+step from a schedule), `keras_model` (``model.fit`` on a stage).
+
+Example:
+    >>> from tfdist.pipeline import schedule
+    >>> schedule.gpipe(stages=2, micro_batches=2, stage=0)
+    (('F', 0), ('F', 1), ('B', 0), ('B', 1))
+"""
+
+from __future__ import annotations

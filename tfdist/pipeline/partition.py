@@ -1,0 +1,216 @@
+"""Where a model is split into stages: given split points, or balanced by cost. Pure functions.
+
+A partition is a tuple of K+1 layer indices ``bounds``: stage ``k`` holds layers
+``bounds[k]:bounds[k+1]`` (input layers excluded: index 0 is the model's first real layer).
+
+Example:
+    >>> balanced_bounds([1, 1, 1, 1, 4], stages=2)
+    (0, 4, 5)
+    >>> bounds_from_split_points(["a", "b", "c"], ["b"], stages=2)
+    (0, 1, 3)
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+
+from tfdist.errors import StrategyConfigError, format_error
+
+__all__ = [
+    "check_stages",
+    "check_micro_batches",
+    "bounds_from_split_points",
+    "balanced_bounds",
+    "stage_costs",
+    "check_edges",
+    "check_layer_classes",
+    "UNSUPPORTED_LAYERS",
+]
+
+UNSUPPORTED_LAYERS: Mapping[str, str] = {
+    "BatchNormalization": "its batch statistics would be computed per micro-batch, so training "
+    "would differ from one device on the whole batch",
+}
+"""Layer classes a pipeline refuses when ``micro_batches > 1``, with the reason."""
+
+
+def check_stages(stages: object, num_layers: int | None = None) -> int:
+    """Returns ``stages`` if it is an int >= 1 (and at most ``num_layers``), else raises.
+
+    Example:
+        >>> check_stages(2, num_layers=3)
+        2
+    """
+    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+        raise StrategyConfigError(format_error(
+            "stages must be a positive int.", received=f"stages={stages!r}",
+            expected="an int >= 1 (the number of pipeline stages, K)",
+            fix="pass stages=2 (or tfdist-launch --stages 2)"))
+    if num_layers is not None and stages > num_layers:
+        raise StrategyConfigError(format_error(
+            f"The model has {num_layers} layer(s), fewer than the {stages} stages asked for.",
+            received=f"stages={stages}, layers={num_layers}",
+            expected=f"stages <= {num_layers} (each stage holds at least one layer)",
+            fix=f"use stages={num_layers} or fewer, or a deeper model"))
+    return stages
+
+
+def check_micro_batches(micro_batches: object, batch: int | None = None) -> int:
+    """Returns ``micro_batches`` if it is an int >= 1 dividing ``batch``, else raises.
+
+    Example:
+        >>> check_micro_batches(4, batch=32)
+        4
+    """
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
+        raise StrategyConfigError(format_error(
+            "micro_batches must be a positive int.", received=f"micro_batches={micro_batches!r}",
+            expected="an int >= 1 (micro-batches per replica batch, M)",
+            fix="pass micro_batches=4 (or tfdist-launch --micro-batches 4)"))
+    if batch is not None and batch % micro_batches:
+        raise StrategyConfigError(format_error(
+            f"A batch of {batch} rows cannot be cut into {micro_batches} equal micro-batches.",
+            received=f"batch={batch}, micro_batches={micro_batches}",
+            expected=f"a batch that is a multiple of {micro_batches}",
+            fix=f"use a batch of {batch - batch % micro_batches or micro_batches} (and "
+            "drop_remainder=True in Dataset.batch), or another micro_batches"))
+    return micro_batches
+
+
+def bounds_from_split_points(
+    layer_names: Sequence[str], split_points: Sequence[str], stages: int | None = None
+) -> tuple[int, ...]:
+    """The partition whose stages ``1..K-1`` start at the layers named in ``split_points``.
+
+    Raises:
+        StrategyConfigError: a name is not a layer, is the first layer, repeats, is out of
+            order, or there are not ``stages - 1`` of them.
+
+    Example:
+        >>> bounds_from_split_points(["d0", "d1", "d2", "d3"], ["d1", "d3"])
+        (0, 1, 3, 4)
+    """
+    names = list(layer_names)
+    if stages is not None and len(split_points) != stages - 1:
+        raise StrategyConfigError(format_error(
+            f"{stages} stages need {stages - 1} split point(s).",
+            received=f"split_points={list(split_points)}", expected=f"{stages - 1} layer names",
+            fix="name the first layer of every stage but the first, or leave split_points out "
+            "to balance the stages automatically"))
+    starts = []
+    for point in split_points:
+        if point not in names:
+            raise StrategyConfigError(format_error(
+                f"Split point {point!r} is not a layer of the model.",
+                received=f"split_points={list(split_points)}",
+                expected=f"names among {names}", fix="use model.summary() to see layer names"))
+        starts.append(names.index(point))
+    if starts and starts[0] == 0:
+        raise StrategyConfigError(format_error(
+            f"Split point {names[0]!r} is the first layer: stage 0 would be empty.",
+            received=f"split_points={list(split_points)}",
+            expected="the first layer of stages 1..K-1", fix=f"drop {names[0]!r}"))
+    if any(b <= a for a, b in itertools.pairwise(starts)):
+        raise StrategyConfigError(format_error(
+            "Split points must be distinct and in the model's layer order.",
+            received=f"split_points={list(split_points)} (layer positions {starts})",
+            expected="strictly increasing positions",
+            fix=f"order them as {sorted(set(split_points), key=names.index)}"))
+    return (0, *starts, len(names))
+
+
+def balanced_bounds(costs: Sequence[float], stages: int) -> tuple[int, ...]:
+    """The contiguous partition of ``costs`` into ``stages`` parts whose largest part is least.
+
+    ``costs`` are per-layer (parameter counts, or measured seconds). Exact (dynamic
+    programming, O(K n^2)); ties favour earlier split points.
+
+    Example:
+        >>> balanced_bounds([4, 1, 1, 1, 1], stages=2)
+        (0, 1, 5)
+        >>> balanced_bounds([1, 2, 3, 4, 5, 6], stages=3)
+        (0, 3, 5, 6)
+    """
+    n = len(costs)
+    check_stages(stages, n)
+    prefix = [0.0]
+    for cost in costs:
+        prefix.append(prefix[-1] + float(cost))
+    inf = float("inf")
+    # best[k][j]: least max-stage cost of layers[:j] in k stages; cut[k][j]: start of stage k-1.
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, stages + 1):
+        for j in range(k, n - (stages - k) + 1):
+            for i in range(k - 1, j):
+                value = max(best[k - 1][i], prefix[j] - prefix[i])
+                if value < best[k][j]:
+                    best[k][j], cut[k][j] = value, i
+    bounds = [n]
+    for k in range(stages, 0, -1):
+        bounds.append(cut[k][bounds[-1]])
+    return tuple(reversed(bounds))
+
+
+def stage_costs(costs: Sequence[float], bounds: Sequence[int]) -> list[float]:
+    """The summed cost of each stage.
+
+    Example:
+        >>> stage_costs([1, 2, 3], (0, 2, 3))
+        [3.0, 3.0]
+    """
+    return [float(sum(costs[a:b])) for a, b in itertools.pairwise(bounds)]
+
+
+def _stage_of(bounds: Sequence[int], layer: int) -> int:
+    return next(k for k in range(len(bounds) - 1) if bounds[k] <= layer < bounds[k + 1])
+
+
+def check_edges(
+    edges: Sequence[tuple[int, int]], bounds: Sequence[int], names: Sequence[str]
+) -> None:
+    """Raises if a layer's output feeds a layer other than the next one in order.
+
+    Stages exchange one tensor with their neighbours, so the model must be a chain of layers:
+    each layer's input is the previous layer's output. ``edges`` are ``(producer, consumer)``
+    layer indices (-1: the model input).
+
+    Example:
+        >>> check_edges([(-1, 0), (0, 1), (1, 2)], (0, 1, 3), ["a", "b", "c"])
+    """
+    for producer, consumer in edges:
+        if consumer == producer + 1:
+            continue
+        src = "the model input" if producer < 0 else f"layer {names[producer]!r}"
+        a = 0 if producer < 0 else _stage_of(bounds, producer)
+        b = _stage_of(bounds, consumer)
+        where = (f"in stage {a}" if a == b else
+                 f"from stage {a} to stage {b}, not a neighbour" if abs(b - a) > 1 else
+                 f"from stage {a} to stage {b}")
+        raise StrategyConfigError(format_error(
+            f"The output of {src} is used by layer {names[consumer]!r} ({where}): the pipeline "
+            "supports a chain of layers only (no skip connections or branches).",
+            received=f"edge {src} -> {names[consumer]!r}",
+            expected="each layer taking the previous layer's output only",
+            fix="wrap the branching block in one layer (a custom Layer or a nested Model) so "
+            "that it sits inside one stage"))
+
+
+def check_layer_classes(classes: Sequence[str], names: Sequence[str], micro_batches: int) -> None:
+    """Raises for a layer the pipeline cannot train exactly (see `UNSUPPORTED_LAYERS`).
+
+    Example:
+        >>> check_layer_classes(["Dense", "BatchNormalization"], ["d", "bn"], micro_batches=1)
+    """
+    if micro_batches == 1:
+        return
+    for cls, name in zip(classes, names, strict=True):
+        if cls in UNSUPPORTED_LAYERS:
+            raise StrategyConfigError(format_error(
+                f"Layer {name!r} is a {cls}: with micro_batches={micro_batches}, "
+                f"{UNSUPPORTED_LAYERS[cls]}.",
+                received=f"{name!r} ({cls}), micro_batches={micro_batches}",
+                expected=f"no {cls} when micro_batches > 1",
+                fix="use micro_batches=1, or LayerNormalization/GroupNormalization instead"))

@@ -1,0 +1,176 @@
+"""Which stage runs which micro-batch when: pipeline schedules as pure data.
+
+A schedule of one stage is a tuple of ``(op, micro_batch)``: ``"F"`` (forward: receive the
+activation from the previous stage unless first, run the stage, send the output to the next
+stage unless last) or ``"B"`` (backward: receive the output's gradient from the next stage, or
+take the loss's gradient on the last stage; accumulate this stage's weight gradients; send the
+input's gradient to the previous stage unless first). Every schedule runs each micro-batch's F
+before its B, and ends with one synchronous update of the accumulated gradients, so a step equals
+one step on the whole batch (with a mean loss scaled by 1/M per micro-batch).
+
+* `gpipe`: all forwards, then all backwards (GPipe, arXiv 1811.06965): a stage keeps the
+  activations of all M micro-batches.
+* `one_f_one_b`: after ``K - stage - 1`` warm-up forwards, alternate one forward and one
+  backward (PipeDream-Flush): a stage keeps at most ``K - stage`` micro-batches' activations.
+
+Both have the same bubble, ``(K-1)/(M+K-1)`` of the step (`bubble_fraction`).
+
+Example:
+    >>> one_f_one_b(stages=2, micro_batches=3, stage=0)
+    (('F', 0), ('F', 1), ('B', 0), ('F', 2), ('B', 1), ('B', 2))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from tfdist.errors import StrategyConfigError, format_error
+from tfdist.pipeline.partition import check_micro_batches, check_stages
+
+__all__ = [
+    "FORWARD",
+    "BACKWARD",
+    "Schedule",
+    "SCHEDULES",
+    "gpipe",
+    "one_f_one_b",
+    "get_schedule",
+    "bubble_fraction",
+    "max_in_flight",
+    "simulate",
+]
+
+FORWARD, BACKWARD = "F", "B"
+Schedule = tuple[tuple[str, int], ...]
+
+
+def _check(stages: int, micro_batches: int, stage: int) -> None:
+    check_stages(stages)
+    check_micro_batches(micro_batches)
+    if not 0 <= stage < stages:
+        raise StrategyConfigError(format_error(
+            "stage is out of range.", received=f"stage={stage}, stages={stages}",
+            expected=f"0 <= stage < {stages}", fix="pass this process's stage index"))
+
+
+def gpipe(stages: int, micro_batches: int, stage: int) -> Schedule:
+    """All forwards in order, then all backwards in order.
+
+    Example:
+        >>> gpipe(stages=3, micro_batches=2, stage=2)
+        (('F', 0), ('F', 1), ('B', 0), ('B', 1))
+    """
+    _check(stages, micro_batches, stage)
+    return tuple([(FORWARD, m) for m in range(micro_batches)]
+                 + [(BACKWARD, m) for m in range(micro_batches)])
+
+
+def one_f_one_b(stages: int, micro_batches: int, stage: int) -> Schedule:
+    """Warm-up forwards, then one forward and one backward in turn, then the last backwards.
+
+    Example:
+        >>> one_f_one_b(stages=2, micro_batches=3, stage=1)
+        (('F', 0), ('B', 0), ('F', 1), ('B', 1), ('F', 2), ('B', 2))
+    """
+    _check(stages, micro_batches, stage)
+    warmup = min(stages - stage - 1, micro_batches)
+    ops = [(FORWARD, m) for m in range(warmup)]
+    forward, backward = warmup, 0
+    while backward < micro_batches:
+        if forward < micro_batches:
+            ops.append((FORWARD, forward))
+            forward += 1
+        ops.append((BACKWARD, backward))
+        backward += 1
+    return tuple(ops)
+
+
+SCHEDULES: dict[str, Callable[[int, int, int], Schedule]] = {
+    "gpipe": gpipe,
+    "1f1b": one_f_one_b,
+}
+"""Schedule names accepted by ``get_strategy("pipeline", schedule=...)``."""
+
+
+def get_schedule(name: str, stages: int, micro_batches: int, stage: int) -> Schedule:
+    """The schedule ``name`` (``"gpipe"`` or ``"1f1b"``) of one stage.
+
+    Example:
+        >>> get_schedule("gpipe", 2, 1, 0)
+        (('F', 0), ('B', 0))
+    """
+    if name not in SCHEDULES:
+        raise StrategyConfigError(format_error(
+            "Unknown pipeline schedule.", received=f"schedule={name!r}",
+            expected=f"one of {', '.join(SCHEDULES)}",
+            fix="use 'gpipe' (simplest) or '1f1b' (keeps fewer activations)"))
+    return SCHEDULES[name](stages, micro_batches, stage)
+
+
+def bubble_fraction(stages: int, micro_batches: int) -> float:
+    """The idle share of a step with equal stages: ``(K-1)/(M+K-1)``.
+
+    Example:
+        >>> bubble_fraction(2, 4)
+        0.2
+    """
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def max_in_flight(schedule: Schedule) -> int:
+    """Most micro-batches whose activations a stage holds at once (forward done, backward not).
+
+    Example:
+        >>> max_in_flight(gpipe(2, 4, 0)), max_in_flight(one_f_one_b(2, 4, 0))
+        (4, 2)
+    """
+    held = most = 0
+    for op, _ in schedule:
+        held += 1 if op == FORWARD else -1
+        most = max(most, held)
+    return most
+
+
+def simulate(schedules: Sequence[Schedule]) -> list[tuple[int, str, int]]:
+    """Runs the stages' schedules against each other with blocking receives; returns the order.
+
+    Each stage runs its ops in order; an op waits until its input has arrived (the previous
+    stage's F of that micro-batch, or the next stage's B). Sends never wait.
+
+    Returns:
+        ``(stage, op, micro_batch)`` in one possible completion order.
+
+    Raises:
+        StrategyConfigError: the schedules deadlock, or some op is missing or repeated.
+
+    Example:
+        >>> simulate([gpipe(2, 1, 0), gpipe(2, 1, 1)])
+        [(0, 'F', 0), (1, 'F', 0), (1, 'B', 0), (0, 'B', 0)]
+    """
+    last = len(schedules) - 1
+    done: set[tuple[int, str, int]] = set()
+    position = [0] * len(schedules)
+    order = []
+    progress = True
+    while progress:
+        progress = False
+        for k, ops in enumerate(schedules):
+            if position[k] == len(ops):
+                continue
+            op, m = ops[position[k]]
+            if op == FORWARD:
+                ready = k == 0 or (k - 1, FORWARD, m) in done
+            else:
+                ready = (k, FORWARD, m) in done and (k == last or (k + 1, BACKWARD, m) in done)
+            if ready:
+                done.add((k, op, m))
+                order.append((k, op, m))
+                position[k] += 1
+                progress = True
+    if any(p < len(ops) for p, ops in zip(position, schedules, strict=True)):
+        pairs = enumerate(zip(position, schedules, strict=True))
+        stuck = {k: ops[p] for k, (p, ops) in pairs if p < len(ops)}
+        raise StrategyConfigError(format_error(
+            "The pipeline schedules deadlock.", received=f"stages waiting at {stuck}",
+            expected="every op able to run", fix="check the schedule functions"))
+    return order

@@ -1,0 +1,149 @@
+"""A model described without its weights, and one stage of it built for real.
+
+`describe_model` reads a Keras model (built, or built by a function inside
+`tfdist.compat.abstract_build`, which allocates no weights) into a `ModelSpec`: each layer's
+config, output shape and parameter count, and which layer feeds which. `build_stage` then builds
+``keras.Sequential([Input(boundary shape), *layers[a:b]])`` from the configs, so a stage process
+creates only its own stage's variables. `assemble` rebuilds the whole model from the spec (for
+saving) and `stage_weights` slices a full model's weights per stage.
+
+Example:
+    >>> from tfdist import compat
+    >>> keras = compat.get_keras()
+    >>> def build():
+    ...     return keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="a"),
+    ...                              keras.layers.Dense(1, name="b")])
+    >>> spec = describe_model(build)
+    >>> spec.names, spec.params, spec.shapes
+    (('a', 'b'), (16, 5), ((3,), (4,), (1,)))
+    >>> stage = build_stage(spec, (0, 1, 2), stage=1)
+    >>> [w.shape for w in stage.get_weights()]
+    [(4, 1), (1,)]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from tfdist import compat
+from tfdist.errors import StrategyConfigError, format_error
+
+__all__ = ["ModelSpec", "describe_model", "build_stage", "assemble", "stage_weights"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """A chain model's layers, without weights.
+
+    Attributes:
+        name: The model's name.
+        flavour: ``"keras3"`` or ``"tf_keras"``.
+        configs: Each layer's serialized config (``keras.layers.serialize``), input excluded.
+        names: Layer names.
+        classes: Layer class names.
+        shapes: ``shapes[0]`` the model input's shape, ``shapes[i+1]`` layer ``i``'s output
+            shape, all without the batch dimension.
+        dtypes: The dtype of the model input, then of each layer's output.
+        params: Parameters per layer.
+        param_bytes: Bytes of each layer's weights.
+        edges: ``(producer, consumer)`` layer indices (-1: the model input).
+    """
+
+    name: str
+    flavour: str
+    configs: tuple[dict[str, Any], ...]
+    names: tuple[str, ...]
+    classes: tuple[str, ...]
+    shapes: tuple[tuple[int | None, ...], ...]
+    dtypes: tuple[str, ...]
+    params: tuple[int, ...]
+    param_bytes: tuple[int, ...]
+    edges: tuple[tuple[int, int], ...]
+
+    @property
+    def total_param_bytes(self) -> int:
+        return sum(self.param_bytes)
+
+
+def _shape(tensor: Any) -> tuple[int | None, ...]:
+    return tuple(None if d is None else int(d) for d in tuple(tensor.shape)[1:])
+
+
+def _dtype(tensor: Any) -> str:
+    dtype = tensor.dtype
+    return getattr(dtype, "name", None) or str(dtype)
+
+
+def _producers(layer: Any, index: dict[int, int]) -> list[int]:
+    inputs = layer.input if isinstance(layer.input, (list, tuple)) else [layer.input]
+    return [index.get(id(t._keras_history[0]), -1) for t in inputs]
+
+
+def describe_model(model_or_fn: Any | Callable[[], Any]) -> ModelSpec:
+    """Describes a built Keras model, or the one ``model_or_fn()`` builds (without weights).
+
+    Raises:
+        StrategyConfigError: it is not a Keras model with one input and one output.
+    """
+    if callable(model_or_fn) and not hasattr(model_or_fn, "layers"):
+        with compat.abstract_build():
+            return describe_model(model_or_fn())
+    model = model_or_fn
+    flavour = compat.flavour_of(model)
+    inputs, outputs = getattr(model, "inputs", None), getattr(model, "outputs", None)
+    if flavour is None or not inputs or len(inputs) != 1 or len(outputs) != 1:
+        raise StrategyConfigError(format_error(
+            "The pipeline needs a built Keras model with one input and one output.",
+            received=type(model).__name__, expected="a keras.Sequential starting with "
+            "keras.Input(...), or a functional keras.Model of a chain of layers",
+            fix="add keras.Input(shape) as the first layer"))
+    keras = compat.get_keras(flavour)
+    layers = [layer for layer in model.layers if type(layer).__name__ != "InputLayer"]
+    index = {id(layer): i for i, layer in enumerate(layers)}
+    edges = tuple((p, i) for i, layer in enumerate(layers) for p in _producers(layer, index))
+    return ModelSpec(
+        name=model.name, flavour=flavour,
+        configs=tuple(keras.layers.serialize(layer) for layer in layers),
+        names=tuple(layer.name for layer in layers),
+        classes=tuple(type(layer).__name__ for layer in layers),
+        shapes=(_shape(inputs[0]), *(_shape(layer.output) for layer in layers)),
+        dtypes=(_dtype(inputs[0]), *(_dtype(layer.output) for layer in layers)),
+        params=tuple(int(layer.count_params()) for layer in layers),
+        param_bytes=tuple(
+            sum(int(np.prod(w.shape)) * np.dtype(_dtype(w)).itemsize for w in layer.weights)
+            for layer in layers),
+        edges=edges,
+    )
+
+
+def build_stage(spec: ModelSpec, bounds: Sequence[int], stage: int, cls: type | None = None,
+                **kwargs: Any) -> Any:
+    """Builds layers ``bounds[stage]:bounds[stage+1]`` of ``spec`` as a Sequential (or ``cls``).
+
+    Only this stage's variables are created.
+    """
+    keras = compat.get_keras(spec.flavour)  # type: ignore[arg-type]
+    start, stop = bounds[stage], bounds[stage + 1]
+    layers = [keras.layers.deserialize(config) for config in spec.configs[start:stop]]
+    model_cls = cls or keras.Sequential
+    inputs = keras.Input(spec.shapes[start], dtype=spec.dtypes[start])
+    return model_cls([inputs, *layers], name=f"{spec.name}_stage{stage}", **kwargs)
+
+
+def assemble(spec: ModelSpec, weights: Sequence[Any] | None = None) -> Any:
+    """The whole model as one Sequential (same layer names), with ``weights`` if given."""
+    model = build_stage(spec, (0, len(spec.names)), 0)
+    model._name = spec.name  # noqa: SLF001  (both flavours keep the name here)
+    if weights is not None:
+        model.set_weights(list(weights))
+    return model
+
+
+def stage_weights(model: Any, spec: ModelSpec, bounds: Sequence[int], stage: int) -> list[Any]:
+    """The weights of ``stage``'s layers, taken from a built full ``model`` with ``spec``'s names."""
+    names = spec.names[bounds[stage]:bounds[stage + 1]]
+    return [w for name in names for w in model.get_layer(name).get_weights()]

@@ -1,0 +1,143 @@
+"""Tensors between processes over TensorFlow's collective runtime: send/recv and stage all-reduce.
+
+With collective ops enabled on every process of the job (`enable_collectives`), a broadcast in a
+group of two (``broadcast_send_v2`` on one side, ``broadcast_recv_v2`` on the other) moves one
+tensor from one process to the other. Keys:
+
+* group key of the pair of ranks ``a < b``: ``PAIR_GROUP_BASE + a * MAX_RANKS + b`` (one group
+  per pair of neighbouring stages, both directions);
+* group key of stage ``k``'s data-parallel group (its D replicas): ``STAGE_GROUP_BASE + k``;
+* instance key (unique within a group): ``kind << 24 | micro_batch << 12 | index``, ``kind``
+  one of `ACTIVATION`, `GRADIENT`, `WEIGHTS`, `REDUCE`; ``index`` numbers the tensors of one
+  transfer (the variables of a weight transfer or an all-reduce).
+
+Inside a ``tf.function`` an op whose output nothing uses is pruned: a pruned send leaves its
+receiver waiting forever. Callers tie every send to the step's outputs
+(``tf.control_dependencies``); `Link.send` returns the op's output for that.
+
+Example:
+    >>> pair_group_key(3, 2), instance_key(GRADIENT, micro_batch=1, index=0)
+    (1056771, 33558528)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.python.ops import collective_ops
+
+from tfdist.cluster import ClusterSpec, Task
+
+__all__ = [
+    "ACTIVATION",
+    "GRADIENT",
+    "WEIGHTS",
+    "REDUCE",
+    "MAX_RANKS",
+    "pair_group_key",
+    "stage_group_key",
+    "instance_key",
+    "Link",
+    "all_reduce_mean",
+    "enable_collectives",
+]
+
+ACTIVATION, GRADIENT, WEIGHTS, REDUCE = 1, 2, 3, 4
+MAX_RANKS = 4096
+PAIR_GROUP_BASE = 1 << 20
+STAGE_GROUP_BASE = 1 << 19
+
+
+def pair_group_key(a: int, b: int) -> int:
+    """The collective group of ranks ``a`` and ``b`` (order does not matter)."""
+    low, high = sorted((a, b))
+    return PAIR_GROUP_BASE + low * MAX_RANKS + high
+
+
+def stage_group_key(stage: int) -> int:
+    """The collective group of stage ``stage`` across the pipeline replicas."""
+    return STAGE_GROUP_BASE + stage
+
+
+def instance_key(kind: int, micro_batch: int = 0, index: int = 0) -> int:
+    """The instance key of tensor ``index`` of a ``kind`` transfer for ``micro_batch``."""
+    return kind << 24 | micro_batch << 12 | index
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """The channel between this rank and ``peer``.
+
+    Attributes:
+        rank: This process's rank.
+        peer: The other process's rank.
+        timeout: Seconds each transfer may wait for the peer (0: forever).
+    """
+
+    rank: int
+    peer: int
+    timeout: float = 0.0
+
+    @property
+    def group_key(self) -> int:
+        return pair_group_key(self.rank, self.peer)
+
+    def send(self, tensor: Any, kind: int, micro_batch: int = 0, index: int = 0) -> tf.Tensor:
+        """Sends ``tensor`` to the peer; tie the result to the step's outputs."""
+        return collective_ops.broadcast_send_v2(
+            tensor, group_size=2, group_key=self.group_key,
+            instance_key=instance_key(kind, micro_batch, index), timeout=self.timeout)
+
+    def recv(self, shape: Any, dtype: tf.DType, kind: int, micro_batch: int = 0,
+             index: int = 0) -> tf.Tensor:
+        """Receives the tensor the peer sends with the same ``kind``, micro-batch and index."""
+        return collective_ops.broadcast_recv_v2(
+            shape, dtype, group_size=2, group_key=self.group_key,
+            instance_key=instance_key(kind, micro_batch, index), timeout=self.timeout)
+
+
+def all_reduce_mean(tensors: list[Any], group: tuple[int, ...], stage: int,
+                    timeout: float = 0.0) -> list[Any]:
+    """The element-wise mean of each tensor over the ranks of ``group`` (a stage's replicas)."""
+    if len(group) == 1:
+        return list(tensors)
+    size = len(group)
+    return [
+        collective_ops.all_reduce_v2(
+            t, group_size=size, group_key=stage_group_key(stage),
+            instance_key=instance_key(REDUCE, 0, i), merge_op="Add", final_op="Id",
+            timeout=timeout) / size
+        for i, t in enumerate(tensors)
+    ]
+
+
+def enable_collectives(cluster: ClusterSpec, task: Task) -> None:
+    """Starts this task's TF server and enables collective ops across ``cluster``, once.
+
+    What `tf.distribute.MultiWorkerMirroredStrategy` does at creation (group leader
+    ``worker:0``, a coordination service, the server), without its all-replica semantics.
+    Blocks until every task of the cluster has started.
+    """
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.core.protobuf import tensorflow_server_pb2
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    leader = f"/job:{cluster.tasks()[0].type}/replica:0/task:0"
+    ctx.configure_collective_ops(
+        collective_leader=leader, scoped_allocator_enabled_ops=("CollectiveReduce",),
+        device_filters=(f"/job:{task.type}/task:{task.index}",))
+    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=len(addresses))
+            for job, addresses in cluster.as_dict().items()]
+    ctx.configure_coordination_service(
+        service_type="standalone", service_leader=leader, coordinated_jobs=jobs)
+    config = ctx.config
+    config.experimental.collective_group_leader = leader
+    server_def = tensorflow_server_pb2.ServerDef(
+        cluster=tf.train.ClusterSpec(cluster.as_dict()).as_cluster_def(),
+        default_session_config=config, job_name=task.type, task_index=task.index,
+        protocol="grpc")
+    ctx.enable_collective_ops(server_def)
+    ctx.ensure_initialized()
