@@ -54,6 +54,7 @@ _LAZY = {
     "MirroredStrategy": "tfdist.strategies",
     "MultiWorkerMirroredStrategy": "tfdist.strategies",
     "ParameterServerStrategy": "tfdist.strategies",
+    "PipelineStrategy": "tfdist.strategies",
     "HorovodStrategy": "tfdist.strategies.horovod",
     "DistributedOptimizer": "tfdist.horovod",
     "is_evaluator": "tfdist.evaluator",

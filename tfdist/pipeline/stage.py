@@ -50,6 +50,7 @@ class ModelSpec:
         dtypes: The dtype of the model input, then of each layer's output.
         params: Parameters per layer.
         param_bytes: Bytes of each layer's weights.
+        weights: Each layer's weights as ``(shape, dtype)``, in ``get_weights`` order.
         edges: ``(producer, consumer)`` layer indices (-1: the model input).
     """
 
@@ -62,6 +63,7 @@ class ModelSpec:
     dtypes: tuple[str, ...]
     params: tuple[int, ...]
     param_bytes: tuple[int, ...]
+    weights: tuple[tuple[tuple[tuple[int, ...], str], ...], ...]
     edges: tuple[tuple[int, int], ...]
 
     @property
@@ -116,6 +118,8 @@ def describe_model(model_or_fn: Any | Callable[[], Any]) -> ModelSpec:
         param_bytes=tuple(
             sum(int(np.prod(w.shape)) * np.dtype(_dtype(w)).itemsize for w in layer.weights)
             for layer in layers),
+        weights=tuple(tuple((tuple(int(d) for d in w.shape), _dtype(w)) for w in layer.weights)
+                      for layer in layers),
         edges=edges,
     )
 

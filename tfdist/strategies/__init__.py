@@ -39,6 +39,7 @@ __all__ = [
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
     "ParameterServerStrategy",
+    "PipelineStrategy",
 ]
 
 _LAZY = {
@@ -47,6 +48,7 @@ _LAZY = {
     "MirroredStrategy": "tfdist.strategies.mirrored",
     "MultiWorkerMirroredStrategy": "tfdist.strategies.multi_worker",
     "ParameterServerStrategy": "tfdist.strategies.parameter_server",
+    "PipelineStrategy": "tfdist.strategies.pipeline",
     # Not in __all__: a star-import must not need Horovod.
     "HorovodStrategy": "tfdist.strategies.horovod",
 }

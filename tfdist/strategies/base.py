@@ -279,6 +279,28 @@ class TfdistStrategyMixin:
             )
         return float(lr) * self.num_replicas
 
+    # --------------------------------------------------------------------- model
+    def build_model(self, model_or_fn: Any) -> Any:
+        """The model this process trains: ``model_or_fn()`` built under `scope`.
+
+        The one call that lets a script run unchanged under every strategy: data-parallel
+        strategies build the whole model in their scope; ``pipeline`` builds only this process's
+        stage (`tfdist.strategies.pipeline.PipelineStrategy.build_model`).
+
+        Example:
+            >>> import tfdist.strategies
+            >>> keras = tfdist.compat.get_keras()
+            >>> strategy = tfdist.strategies.get_strategy("default")
+            >>> model = strategy.build_model(
+            ...     lambda: keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
+            >>> model.count_params()
+            3
+        """
+        if hasattr(model_or_fn, "layers"):
+            return model_or_fn
+        with self.scope():  # type: ignore[attr-defined]
+            return model_or_fn()
+
     # --------------------------------------------------------------------- input
     def input_context(self) -> tf.distribute.InputContext:
         """The `tf.distribute.InputContext` of this process's input pipeline.

@@ -275,6 +275,7 @@ _BUILTINS = {
     "parameter_server": ("tfdist.strategies.parameter_server:ParameterServerStrategy",
                          builtin_traits.PARAMETER_SERVER),
     "horovod": ("tfdist.strategies.horovod:HorovodStrategy", builtin_traits.HOROVOD),
+    "pipeline": ("tfdist.strategies.pipeline:PipelineStrategy", builtin_traits.PIPELINE),
 }
 for _name, (_target, _traits) in _BUILTINS.items():
     register(_name, _target, traits=_traits)

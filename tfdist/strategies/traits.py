@@ -34,6 +34,10 @@ __all__ = [
     "MULTI_WORKER",
     "PARAMETER_SERVER",
     "HOROVOD",
+    "PIPELINE",
+    "PIPELINE_STAGES_ENV",
+    "PIPELINE_MICRO_BATCHES_ENV",
+    "PIPELINE_SCHEDULE_ENV",
 ]
 
 Launch = Literal["single_process", "tasks", "ranks"]
@@ -54,6 +58,10 @@ LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
 """Makes ``tf.keras`` resolve to tf-keras when set to 1 before TensorFlow is imported."""
 
 KerasFlavour = Literal["keras3", "tf_keras"]
+
+PIPELINE_STAGES_ENV = "TFDIST_PIPELINE_STAGES"
+PIPELINE_MICRO_BATCHES_ENV = "TFDIST_PIPELINE_MICRO_BATCHES"
+PIPELINE_SCHEDULE_ENV = "TFDIST_PIPELINE_SCHEDULE"
 
 
 
@@ -78,6 +86,8 @@ class StrategyTraits:
         keras: Keras flavours ``model.fit`` trains correctly with under this strategy.
         keras_unsupported: Why the other flavour cannot train (shown in the error).
         env: Variables every task of the job needs (beside `STRATEGY_ENV` and TF_CONFIG).
+        launch_options: Launcher options the strategy takes (``--stages``), each with the
+            variable that carries it to the tasks.
 
     Example:
         >>> PARAMETER_SERVER.task_kind("ps"), PARAMETER_SERVER.task_kind("chief")
@@ -97,6 +107,7 @@ class StrategyTraits:
     keras: tuple[KerasFlavour, ...] = ("keras3", "tf_keras")
     keras_unsupported: str = ""
     env: Mapping[str, str] = dataclasses.field(default_factory=_no_entries)
+    launch_options: Mapping[str, str] = dataclasses.field(default_factory=_no_entries)
 
     @property
     def single_process(self) -> bool:
@@ -187,3 +198,10 @@ PARAMETER_SERVER = StrategyTraits(
 )
 
 HOROVOD = StrategyTraits(launch="ranks", roles=("worker",))
+
+PIPELINE = StrategyTraits(
+    roles=("chief", "worker"),
+    launch_options=MappingProxyType({"stages": PIPELINE_STAGES_ENV,
+                                     "micro_batches": PIPELINE_MICRO_BATCHES_ENV,
+                                     "schedule": PIPELINE_SCHEDULE_ENV}),
+)

@@ -1,0 +1,112 @@
+"""One process of a pipeline job (D replicas x K stages): trains a deep MLP split into stages with
+``model.fit`` and reports the reassembled weights, and the single-process reference.
+
+Args: ``steps micro_batches schedule [--sabotage] [--save DIR]``. Every process builds the whole
+model once with a fixed seed (so the stages start from the reference's weights), takes its stage
+with ``strategy.build_model(model)``, and fits ``steps`` global batches of ``GLOBAL`` rows. The
+chief then computes, in one process: the reference (the whole model fitted on the same global
+batches) and a control that keeps only each global batch's first micro-batch of replica 0 (what
+stage 0 alone would train on). ``--sabotage`` zeroes every gradient sent back between stages: the
+parity check must then fail.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+import tfdist
+from tfdist import compat
+from tfdist.testing import report
+
+GLOBAL, FEATURES, LR = 24, 5, 0.05
+
+
+def build(keras):
+    layers = [keras.Input((FEATURES,))]
+    for i, width in enumerate((8, 8, 6, 6, 4)):
+        layers.append(keras.layers.Dense(width, activation="tanh", name=f"d{i}"))
+    layers.append(keras.layers.Dense(1, name="out"))
+    return keras.Sequential(layers, name="deep_mlp")
+
+
+def data(steps):
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(steps * GLOBAL, FEATURES)).astype("float32")
+    y = (np.sin(x[:, :1] * 2) + x[:, 1:2] * x[:, 2:3]).astype("float32")
+    return x, y
+
+
+def sabotage_gradient_sends():
+    """Every gradient a stage sends back becomes zeros (the mechanism under test, broken)."""
+    import tensorflow as tf
+
+    from tfdist.pipeline import transport
+
+    send = transport.Link.send
+
+    def zero_gradients(self, tensor, kind, micro_batch=0, index=0):
+        if kind == transport.GRADIENT:
+            tensor = tf.zeros_like(tensor)
+        return send(self, tensor, kind, micro_batch, index)
+
+    transport.Link.send = zero_gradients
+
+
+def fitted(keras, initial, x, y, batch):
+    model = build(keras)
+    model.set_weights(initial)
+    model.compile(optimizer=keras.optimizers.SGD(LR), loss="mse")
+    history = model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+    return model, history
+
+
+def main(argv):
+    steps, micro_batches, schedule = int(argv[0]), int(argv[1]), argv[2]
+    if "--sabotage" in argv:
+        sabotage_gradient_sends()
+    keras = compat.get_keras()
+    strategy = tfdist.get_strategy("auto", micro_batches=micro_batches, schedule=schedule)
+    keras.utils.set_random_seed(1)
+    whole = build(keras)
+    initial = [w.copy() for w in whole.get_weights()]
+    model = strategy.build_model(whole)
+    del whole
+    model.compile(optimizer=keras.optimizers.SGD(LR), loss="mse")
+    x, y = data(steps)
+    history = model.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False, verbose=0)
+    result = {
+        "strategy": strategy.name, "stage": strategy.stage_report(),
+        "loss": history.history["loss"], "flavour": compat.flavour_of(model),
+        "replicas": strategy.num_replicas, "own_weights": len(model.get_weights()),
+        "evaluate": model.evaluate(x, y, batch_size=GLOBAL, verbose=0),
+        "predict": model.predict(x[:GLOBAL], batch_size=GLOBAL, verbose=0).tolist(),
+    }
+    save_dir = argv[argv.index("--save") + 1] if "--save" in argv else None
+    if save_dir:
+        result["saved"] = strategy.save_model(model, os.path.join(save_dir, "model.keras"))
+    trained = strategy.gather_weights(model)
+    if strategy.is_chief:
+        reference, ref_history = fitted(keras, initial, x, y, GLOBAL)
+        part = GLOBAL // (micro_batches * strategy.num_replicas)
+        keep = (np.arange(len(x)) % GLOBAL) < part
+        control, _ = fitted(keras, initial, x[keep], y[keep], part)
+        result.update(
+            trained=[w.tolist() for w in trained], initial=[w.tolist() for w in initial],
+            reference=[w.tolist() for w in reference.get_weights()],
+            control=[w.tolist() for w in control.get_weights()],
+            reference_loss=ref_history.history["loss"],
+            reference_evaluate=reference.evaluate(x, y, batch_size=GLOBAL, verbose=0),
+            reference_predict=reference.predict(x[:GLOBAL], batch_size=GLOBAL,
+                                                verbose=0).tolist())
+        if save_dir:
+            loaded = keras.models.load_model(os.path.join(save_dir, "model.keras"))
+            result["reloaded"] = [w.tolist() for w in loaded.get_weights()]
+            result["reloaded_layers"] = [layer.name for layer in loaded.layers]
+    report(result)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,276 @@
+"""One pipelined training step of one stage, built from a schedule (graph code, no Keras API).
+
+`StageEngine` holds what a stage process knows: its `PipelineLayout`, the activation shapes at
+its boundaries, the number of micro-batches and its schedule. Its methods build the ops of a
+step inside the caller's ``tf.function`` (Keras's ``train_step``, or a custom loop):
+
+* `train` runs the schedule: for ``("F", m)`` it takes micro-batch ``m`` (stage 0) or receives it
+  from the previous stage, runs the stage under a ``GradientTape`` and sends the output on (or,
+  on the last stage, takes the loss); for ``("B", m)`` it receives the output's gradient (or
+  differentiates the loss), accumulates the weight gradients and sends the input's gradient
+  back. Each op is chained to the previous one with a control dependency, so a stage runs its
+  schedule in order (1F1B then really keeps at most ``K - stage`` micro-batches' activations);
+  sends and receives are asynchronous kernels outside that chain, so no stage waits for a send
+  to be taken. Every send is tied to the step's outputs: one that nothing uses would be pruned
+  from the ``tf.function`` and its receiver would wait for ever.
+* `forward` runs forwards only (evaluate, predict).
+* `share` broadcasts the last stage's values (loss, metrics, predictions) to the other stages of
+  its pipeline replica, `average_over_replicas` averages over the D replicas of a stage.
+
+The loss of micro-batch ``m`` is its mean loss divided by ``M``, and the stage gradients are
+summed over micro-batches then averaged over replicas: one step equals one step of the whole
+model on the whole global batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.python.ops import collective_ops
+
+from tfdist.pipeline import schedule as schedules
+from tfdist.pipeline.layout import PipelineLayout
+from tfdist.pipeline.transport import (
+    ACTIVATION,
+    GRADIENT,
+    REDUCE,
+    Link,
+    instance_key,
+    stage_group_key,
+)
+
+__all__ = ["StageEngine", "REPLICA_GROUP_BASE", "SHARE"]
+
+REPLICA_GROUP_BASE = 1 << 18
+"""Group key base of a pipeline replica's K stages (the last stage shares values with them)."""
+
+SHARE = 5
+"""Instance-key kind of values the last stage shares with its replica (see `transport`)."""
+
+LossFn = Callable[[Any, Any], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class StageEngine:
+    """The step-building logic of one stage process.
+
+    Attributes:
+        layout: Where this process sits (stage, replica, neighbours).
+        input_shape: This stage's input shape without the batch dimension.
+        input_dtype: Its dtype.
+        output_shape: This stage's output shape without the batch dimension.
+        output_dtype: Its dtype.
+        micro_batches: M.
+        schedule: ``"gpipe"`` or ``"1f1b"``.
+        timeout: Seconds each transfer may wait for its peer (0: no limit).
+    """
+
+    layout: PipelineLayout
+    input_shape: tuple[int | None, ...]
+    input_dtype: str
+    output_shape: tuple[int | None, ...]
+    output_dtype: str
+    micro_batches: int
+    schedule: str = "gpipe"
+    timeout: float = 0.0
+
+    # ----------------------------------------------------------------- links
+    @property
+    def previous(self) -> Link | None:
+        prev = self.layout.previous
+        return None if prev is None else Link(self.layout.rank, prev, self.timeout)
+
+    @property
+    def next(self) -> Link | None:
+        nxt = self.layout.next
+        return None if nxt is None else Link(self.layout.rank, nxt, self.timeout)
+
+    def ops(self) -> schedules.Schedule:
+        """This stage's schedule of one training step."""
+        return schedules.get_schedule(
+            self.schedule, self.layout.stages, self.micro_batches, self.layout.stage)
+
+    # ----------------------------------------------------------------- data
+    def replica_rows(self, tensor: Any) -> Any:
+        """This replica's rows of a global batch: the d-th of D equal slices."""
+        replicas = self.layout.replicas
+        if replicas == 1 or tensor is None:
+            return tensor
+        return tf.split(tensor, replicas, axis=0)[self.layout.replica]
+
+    def _split(self, tensor: Any) -> list[Any]:
+        return tf.split(tensor, self.micro_batches, axis=0)
+
+    def _micro_rows(self, batch_rows: Any) -> Any:
+        return batch_rows // self.micro_batches
+
+    # ----------------------------------------------------------------- steps
+    def train(
+        self,
+        call: Callable[[Any], Any],
+        variables: Sequence[Any],
+        x: Any,
+        y: Any,
+        loss_fn: LossFn,
+    ) -> tuple[Any, list[Any], list[Any]]:
+        """Builds one pipelined step of this stage (inside a ``tf.function``).
+
+        Args:
+            call: Runs this stage on a micro-batch (``lambda a: model(a, training=True)``).
+            variables: The stage's trainable variables, in the order of the returned gradients.
+            x: This replica's input rows (used by stage 0; its row count by every stage).
+            y: This replica's targets (used by the last stage).
+            loss_fn: ``loss_fn(y, y_pred)`` -> the mean loss of a micro-batch (last stage).
+
+        Returns:
+            ``(loss, gradients, outputs)``: on the last stage the replica's mean loss and its
+            outputs per micro-batch; elsewhere ``loss`` is None and ``outputs`` empty. The
+            gradients are summed over micro-batches, not yet averaged over replicas. Every send
+            of the step is a control input of ``loss`` and of each gradient.
+        """
+        layout, micro = self.layout, self.micro_batches
+        rows = self._micro_rows(tf.shape(x)[0])
+        xs = self._split(x) if layout.is_first else None
+        ys = self._split(y) if layout.is_last else None
+        variables = list(variables)
+        tapes: dict[int, tf.GradientTape] = {}
+        inputs: dict[int, Any] = {}
+        outputs: dict[int, Any] = {}
+        losses: dict[int, Any] = {}
+        grads: list[Any] = [None] * len(variables)
+        sends: list[Any] = []
+        chain: list[Any] = []
+        for op, m in self.ops():
+            with tf.control_dependencies(chain):
+                if op == schedules.FORWARD:
+                    marker = self._forward_op(call, m, rows, xs, ys, loss_fn, tapes, inputs,
+                                              outputs, losses, sends)
+                else:
+                    marker = self._backward_op(m, rows, variables, grads, tapes, inputs,
+                                               outputs, losses, sends)
+            chain = [marker]
+        grads = [tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables, strict=True)]
+        with tf.control_dependencies(sends + chain):
+            grads = [tf.identity(g) for g in grads]
+            loss = tf.add_n([losses[m] for m in range(micro)]) if layout.is_last else None
+            if loss is not None:
+                loss = tf.identity(loss)
+        ordered = [outputs[m] for m in range(micro)] if layout.is_last else []
+        return loss, grads, ordered
+
+    def _forward_op(self, call, m, rows, xs, ys, loss_fn, tapes, inputs, outputs, losses, sends):
+        layout = self.layout
+        if layout.is_first:
+            inp = xs[m]
+        else:
+            inp = self.previous.recv(self._shape(rows, self.input_shape),  # type: ignore[union-attr]
+                                     self.input_dtype, ACTIVATION, m)
+        tape = tf.GradientTape(persistent=False)
+        with tape:
+            if not layout.is_first:
+                tape.watch(inp)
+            out = call(inp)
+            if layout.is_last:
+                losses[m] = loss_fn(ys[m], out) / self.micro_batches
+        tapes[m], inputs[m], outputs[m] = tape, inp, out
+        if layout.is_last:
+            return losses[m]
+        sends.append(self.next.send(out, ACTIVATION, m))  # type: ignore[union-attr]
+        return out
+
+    def _backward_op(self, m, rows, variables, grads, tapes, inputs, outputs, losses, sends):
+        layout = self.layout
+        sources = variables if layout.is_first else [*variables, inputs[m]]
+        tape = tapes.pop(m)
+        if layout.is_last:
+            result = tape.gradient(losses[m], sources)
+        else:
+            upstream = self.next.recv(self._shape(rows, self.output_shape),  # type: ignore[union-attr]
+                                      self.output_dtype, GRADIENT, m)
+            result = tape.gradient(outputs[m], sources, output_gradients=upstream)
+        for i, g in enumerate(result[:len(variables)]):
+            if g is not None:
+                g = tf.convert_to_tensor(g)
+                grads[i] = g if grads[i] is None else grads[i] + g
+        if layout.is_first:
+            done = [g for g in grads if g is not None]
+            return tf.group(done) if done else tf.no_op()
+        back = result[-1]
+        sends.append(self.previous.send(back, GRADIENT, m))  # type: ignore[union-attr]
+        return back
+
+    def forward(self, call: Callable[[Any], Any], x: Any) -> list[Any]:
+        """Builds a forward-only pass (evaluate, predict); the last stage gets the outputs.
+
+        Returns:
+            The outputs per micro-batch on the last stage (empty elsewhere; every send is a
+            control input of the returned tensors, or of `tf.no_op` ``[marker]`` elsewhere).
+        """
+        layout = self.layout
+        rows = self._micro_rows(tf.shape(x)[0])
+        xs = self._split(x) if layout.is_first else None
+        chain: list[Any] = []
+        sends: list[Any] = []
+        outs = []
+        for m in range(self.micro_batches):
+            with tf.control_dependencies(chain):
+                if layout.is_first:
+                    inp = xs[m]
+                else:
+                    inp = self.previous.recv(  # type: ignore[union-attr]
+                        self._shape(rows, self.input_shape), self.input_dtype, ACTIVATION, m)
+                out = call(inp)
+                if layout.is_last:
+                    outs.append(out)
+                else:
+                    sends.append(self.next.send(out, ACTIVATION, m))  # type: ignore[union-attr]
+            chain = [out]
+        if layout.is_last:
+            return outs
+        with tf.control_dependencies(sends + chain):
+            return [tf.no_op()]
+
+    # ----------------------------------------------------------------- replicas
+    def average_over_replicas(self, tensors: Sequence[Any], kind: int = REDUCE) -> list[Any]:
+        """The mean of each tensor over this stage's D replicas (identity when D = 1)."""
+        group = self.layout.stage_group
+        if len(group) == 1:
+            return list(tensors)
+        size = len(group)
+        return [
+            collective_ops.all_reduce_v2(
+                t, group_size=size, group_key=stage_group_key(self.layout.stage),
+                instance_key=instance_key(kind, 0, i), merge_op="Add", final_op="Id",
+                timeout=self.timeout) / size
+            for i, t in enumerate(tensors)
+        ]
+
+    def share(self, values: Any | None, shape: Any, dtype: Any, index: int = 0) -> Any:
+        """The last stage's ``values`` on every stage of this replica (a broadcast in K).
+
+        Args:
+            values: The tensor on the last stage (ignored elsewhere).
+            shape: Its shape (used by the receivers; may be a tensor).
+            dtype: Its dtype.
+            index: Distinguishes several shares in one step.
+        """
+        stages = self.layout.stages
+        if stages == 1:
+            return values
+        key = REPLICA_GROUP_BASE + self.layout.replica
+        instance = instance_key(SHARE, 0, index)
+        if self.layout.is_last:
+            sent = collective_ops.broadcast_send_v2(
+                values, group_size=stages, group_key=key, instance_key=instance,
+                timeout=self.timeout)
+            return sent
+        return collective_ops.broadcast_recv_v2(
+            shape, dtype, group_size=stages, group_key=key, instance_key=instance,
+            timeout=self.timeout)
+
+    @staticmethod
+    def _shape(rows: Any, shape: Sequence[int | None]) -> Any:
+        return tf.stack([rows, *[int(d) for d in shape]])

@@ -1,0 +1,221 @@
+"""``model.fit`` on a pipeline stage: a Keras ``Sequential`` of one stage's layers whose steps run
+the pipeline schedule (`tfdist.pipeline.engine`), in Keras 3 and in tf-keras.
+
+Every process of the job runs the same script: it builds its stage (`PipelineStrategy.build_model`),
+compiles it with the whole model's loss and metrics, and calls ``fit``/``evaluate``/``predict``
+with the same global batches. Each step a process takes its replica's rows of the batch; stage 0
+uses the inputs, the last stage the targets. The last stage computes the loss and the metrics
+and shares them with the other stages of its replica (averaged over replicas), so every process
+shows the same progress and returns the same ``History``.
+
+Metrics: the last stage updates the real metric objects (hidden from Keras); what Keras reads
+(``model.metrics``) on every stage is a ``loss`` mean and one mirror per metric holding the shared
+value. ``model.save(path)`` gathers the stages' weights and the chief writes the whole model, which
+a single device loads with ``keras.models.load_model``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tfdist import compat
+from tfdist.errors import StrategyConfigError, format_error
+from tfdist.pipeline.engine import StageEngine
+
+__all__ = ["stage_model_class", "resolve_metric"]
+
+_ACCURACY_BY_LOSS = {
+    "sparse_categorical_crossentropy": "SparseCategoricalAccuracy",
+    "categorical_crossentropy": "CategoricalAccuracy",
+    "binary_crossentropy": "BinaryAccuracy",
+}
+
+
+def _loss_name(loss: Any) -> str:
+    name = loss if isinstance(loss, str) else getattr(loss, "name", None) or getattr(
+        loss, "__name__", "")
+    return str(name)
+
+
+def resolve_metric(keras: Any, metric: Any, loss: Any) -> Any:
+    """A metric object for ``metric`` as ``compile`` would pick it (``"accuracy"`` by the loss).
+
+    Example:
+        >>> keras = compat.get_keras()
+        >>> type(resolve_metric(keras, "accuracy", "sparse_categorical_crossentropy")).__name__
+        'SparseCategoricalAccuracy'
+    """
+    if isinstance(metric, str) and metric in ("accuracy", "acc"):
+        cls = _ACCURACY_BY_LOSS.get(_loss_name(loss), "Accuracy")
+        return getattr(keras.metrics, cls)(name=metric)
+    if isinstance(metric, str):
+        resolved = keras.metrics.get(metric)
+        if isinstance(resolved, type):
+            return resolved(name=metric)
+        if not hasattr(resolved, "update_state"):
+            return keras.metrics.MeanMetricWrapper(resolved, name=metric)
+        return resolved
+    return metric
+
+
+class _StageModelMixin:
+    """The pipeline's ``train_step``/``test_step``/``predict_step``; mixed into a Sequential."""
+
+    _engine: StageEngine
+    _pipeline: Any  # tfdist.strategies.pipeline.PipelineStrategy
+
+    def _init_pipeline(self, engine: StageEngine, strategy: Any) -> None:
+        self._engine = engine
+        self._pipeline = strategy
+        self._pipeline_loss_fn = None
+        self._pipeline_real_metrics: list[Any] = []
+        self._pipeline_mirrors: list[Any] = []
+        self._pipeline_tracker = None
+
+    # ------------------------------------------------------------ compile
+    def compile(self, optimizer: Any = "rmsprop", loss: Any = None, metrics: Any = None,
+                **kwargs: Any) -> None:
+        """Like ``Model.compile``; ``loss`` and ``metrics`` are the whole model's."""
+        keras = compat.get_keras(compat.flavour_of(self))
+        if loss is None:
+            raise StrategyConfigError(format_error(
+                "A pipeline stage needs the model's loss in compile().", received="loss=None",
+                expected="compile(optimizer, loss=..., metrics=[...])",
+                fix="pass the loss you would give the whole model"))
+        if isinstance(metrics, dict):
+            raise StrategyConfigError(format_error(
+                "Per-output metrics do not apply: a pipeline model has one output.",
+                received=f"metrics={metrics!r}", expected="a list of metrics",
+                fix="pass metrics=[...]"))
+        loss_fn = keras.losses.get(loss)
+        self._pipeline_loss_fn = loss_fn
+        names, real = [], []
+        for metric in metrics or []:
+            obj = resolve_metric(keras, metric, loss)
+            real.append(obj)
+            names.append(obj.name)
+        if len(set(names)) != len(names) or "loss" in names:
+            raise StrategyConfigError(format_error(
+                "Metric names must be distinct and not 'loss'.", received=f"{names}",
+                expected="distinct names", fix="give the metrics distinct name= arguments"))
+        self._pipeline_real_metrics = real if self._engine.layout.is_last else []
+        self._pipeline_tracker = keras.metrics.Mean(name="loss")
+        self._pipeline_mirrors = [keras.metrics.Mean(name=name) for name in names]
+        super().compile(optimizer=optimizer, **kwargs)  # type: ignore[misc]
+
+    @property
+    def metrics(self) -> list[Any]:
+        if getattr(self, "_pipeline_tracker", None) is None:
+            return []
+        return [self._pipeline_tracker, *self._pipeline_mirrors]
+
+    def reset_metrics(self) -> None:
+        super().reset_metrics()  # type: ignore[misc]
+        for metric in self._pipeline_real_metrics:
+            metric.reset_state()
+
+    # ------------------------------------------------------------ steps
+    def _loss(self, y: Any, y_pred: Any) -> Any:
+        return tf.reduce_mean(self._pipeline_loss_fn(y, y_pred))
+
+    def _unpack(self, data: Any) -> tuple[Any, Any]:
+        if isinstance(data, (tuple, list)):
+            if len(data) > 2 and data[2] is not None:
+                raise StrategyConfigError(format_error(
+                    "Sample weights are not supported by the pipeline strategy.",
+                    received="(x, y, sample_weight) batches", expected="(x, y) batches",
+                    fix="fold the weights into the loss, or drop them"))
+            x = data[0]
+            y = data[1] if len(data) > 1 else None
+        else:
+            x, y = data, None
+        engine = self._engine
+        self._pipeline.check_batch(x)
+        return engine.replica_rows(x), engine.replica_rows(y)
+
+    def _shared_logs(self, loss: Any | None, y: Any, y_pred: Any) -> dict[str, Any]:
+        """Updates the last stage's metrics; shares loss and metric values with every stage."""
+        engine = self._engine
+        if engine.layout.is_last:
+            for metric in self._pipeline_real_metrics:
+                metric.update_state(y, y_pred)
+            values = tf.stack([tf.cast(loss, tf.float32),
+                               *[tf.cast(m.result(), tf.float32)
+                                 for m in self._pipeline_real_metrics]])
+            values = engine.average_over_replicas([values], kind=6)[0]
+        else:
+            values = None
+        count = 1 + len(self._pipeline_mirrors)
+        values = engine.share(values, [count], tf.float32, index=0)
+        step_loss = values[0]
+        self._pipeline_tracker.update_state(step_loss)
+        logs = {"loss": self._pipeline_tracker.result()}
+        for i, mirror in enumerate(self._pipeline_mirrors):
+            mirror.reset_state()
+            mirror.update_state(values[1 + i])
+            logs[mirror.name] = mirror.result()
+        return logs
+
+    def train_step(self, data: Any) -> dict[str, Any]:
+        x, y = self._unpack(data)
+        engine = self._engine
+        variables = list(self.trainable_variables)
+        loss, grads, outs = engine.train(
+            lambda a: self(a, training=True), variables, x, y, self._loss)
+        grads = engine.average_over_replicas(grads)
+        self.optimizer.apply_gradients(zip(grads, variables, strict=True))
+        y_pred = tf.concat(outs, axis=0) if outs else None
+        return self._shared_logs(loss, y, y_pred)
+
+    def test_step(self, data: Any) -> dict[str, Any]:
+        x, y = self._unpack(data)
+        engine = self._engine
+        outs = engine.forward(lambda a: self(a, training=False), x)
+        if engine.layout.is_last:
+            y_pred = tf.concat(outs, axis=0)
+            loss = self._loss(y, y_pred)
+            return self._shared_logs(loss, y, y_pred)
+        with tf.control_dependencies(outs):  # this stage's sends
+            return self._shared_logs(None, y, None)
+
+    def predict_step(self, data: Any) -> Any:
+        x, _ = self._unpack(data)
+        engine = self._engine
+        outs = engine.forward(lambda a: self(a, training=False), x)
+        spec = self._pipeline.spec
+        if engine.layout.is_last:
+            return engine.share(tf.concat(outs, axis=0), None, spec.dtypes[-1], index=1)
+        shape = tf.stack([tf.shape(x)[0], *[int(d) for d in spec.shapes[-1]]])
+        with tf.control_dependencies(outs):  # this stage's sends
+            return engine.share(None, shape, spec.dtypes[-1], index=1)
+
+    # ------------------------------------------------------------ saving
+    def whole_model(self) -> Any | None:
+        """The whole model with the trained weights on the chief (None on the other processes).
+
+        A collective: every process of the job must call it.
+        """
+        return self._pipeline.assemble(self)
+
+    def save(self, filepath: Any, *args: Any, **kwargs: Any) -> None:
+        """Saves the whole model (a collective: every process calls it; the chief writes)."""
+        whole = self.whole_model()
+        if whole is not None:
+            whole.save(filepath, *args, **kwargs)
+
+
+@functools.cache
+def stage_model_class(flavour: str) -> type:
+    """The stage model class for Keras ``flavour``: ``_StageModelMixin`` over its Sequential."""
+    keras = compat.get_keras(flavour)  # type: ignore[arg-type]
+    return type("PipelineStageModel", (_StageModelMixin, keras.Sequential), {})
+
+
+def weights_nbytes(weights: list[Any]) -> int:
+    """Bytes held by a list of weights (variables or arrays)."""
+    return int(sum(np.prod(w.shape) * np.dtype(getattr(w.dtype, "name", w.dtype)).itemsize
+                   for w in weights))

@@ -1,0 +1,334 @@
+"""``"pipeline"``: a model split into K stages on K processes, micro-batches pipelined (GPipe),
+and D data-parallel replicas of that pipeline on D x K processes.
+
+Every process of the job runs the same script. `PipelineStrategy.build_model` turns the whole
+model (a build function, or a built Sequential/chain model) into this process's stage: a Keras
+model that holds only the stage's layers and variables, and whose ``fit``/``evaluate``/
+``predict`` run the pipeline schedule (`tfdist.pipeline`). Rank ``r`` (its worker index) holds
+stage ``r % K`` of replica ``r // K``; worker 0 (the chief) holds stage 0 of replica 0.
+
+Activations go forward and gradients back between neighbouring stages with TensorFlow's
+collective ops (a broadcast in a group of two acts as send/recv), over the same gRPC runtime as
+MultiWorkerMirrored; each stage's gradients are averaged over its D replicas with an all-reduce.
+A step is the same as one step of the whole model on the whole global batch.
+
+Example:
+    Under ``tfdist-launch --strategy pipeline --workers 2 --stages 2 train.py``::
+
+        strategy = tfdist.get_strategy("auto")           # pipeline, K=2, from the launcher
+        model = strategy.build_model(build_model_fn)     # this process's stage
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+                      metrics=["accuracy"])
+        model.fit(dataset, epochs=2)                     # the same global batches everywhere
+        model.save("model.keras")                        # every process; the chief writes it
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tfdist import compat
+from tfdist.errors import StrategyConfigError, format_error
+from tfdist.options import check_positive_number
+from tfdist.pipeline import partition, stage, transport
+from tfdist.pipeline import schedule as schedules
+from tfdist.pipeline.engine import StageEngine
+from tfdist.pipeline.keras_model import stage_model_class, weights_nbytes
+from tfdist.pipeline.layout import PipelineLayout, check_processes
+from tfdist.strategies import traits as builtin
+from tfdist.strategies.base import TfdistStrategyMixin
+from tfdist.strategies.startup import resolve_startup_timeout, startup_deadline
+
+__all__ = ["PipelineStrategy", "STAGES_ENV", "MICRO_BATCHES_ENV", "SCHEDULE_ENV"]
+
+STAGES_ENV = builtin.PIPELINE_STAGES_ENV
+MICRO_BATCHES_ENV = builtin.PIPELINE_MICRO_BATCHES_ENV
+SCHEDULE_ENV = builtin.PIPELINE_SCHEDULE_ENV
+
+_log = logging.getLogger("tfdist")
+
+
+def _from_env(name: str, value: Any, default: Any, cast: Callable[[str], Any]) -> Any:
+    if value is not None:
+        return value
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return cast(raw)
+    except ValueError:
+        raise StrategyConfigError(format_error(
+            f"${name} is not valid.", received=f"{name}={raw!r}", expected="an int >= 1",
+            fix=f"unset {name}, or set it to a positive int")) from None
+
+
+class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
+    """Pipeline (and data x pipeline) parallelism over the workers of TF_CONFIG.
+
+    Args:
+        stages: K, the number of stages (None: ``$TFDIST_PIPELINE_STAGES``, else 1).
+        micro_batches: M, micro-batches per replica batch (None: ``$TFDIST_PIPELINE_MICRO_BATCHES``,
+            else 1). The global batch must be a multiple of D x M.
+        schedule: ``"gpipe"`` (all forwards, then all backwards) or ``"1f1b"`` (one forward, one
+            backward: a stage keeps at most K - stage micro-batches' activations). Both give
+            the same result.
+        split_points: The first layer of each stage but the first (layer names); None balances
+            the stages by parameter count.
+        timeout_seconds: Deadline of each transfer between stages (None: none; a dead peer
+            then ends the job through the launcher).
+        startup_timeout_seconds: Deadline for all processes to join (see `MultiWorkerMirrored`).
+        tf_config: The TF_CONFIG to use instead of the environment's.
+
+    Raises:
+        StrategyConfigError: bad stages/micro-batches/schedule, or a process count that is not
+            a multiple of K (raised before any waiting).
+
+    Example:
+        >>> strategy = PipelineStrategy()   # one process: one stage, a plain model
+        >>> strategy.stages, strategy.micro_batches, strategy.num_replicas
+        (1, 1, 1)
+    """
+
+    name = "pipeline"
+    traits = builtin.PIPELINE
+    per_rank_backups = True
+
+    def __init__(
+        self,
+        stages: int | None = None,
+        micro_batches: int | None = None,
+        schedule: str | None = None,
+        split_points: Sequence[str] | None = None,
+        timeout_seconds: float | None = None,
+        startup_timeout_seconds: float | None = None,
+        tf_config: str | Mapping[str, Any] | None = None,
+    ) -> None:
+        self.stages = partition.check_stages(_from_env(STAGES_ENV, stages, 1, int))
+        self.micro_batches = partition.check_micro_batches(
+            _from_env(MICRO_BATCHES_ENV, micro_batches, 1, int))
+        self.schedule = _from_env(SCHEDULE_ENV, schedule, "gpipe", str)
+        schedules.get_schedule(self.schedule, self.stages, self.micro_batches, 0)
+        if split_points is not None and (isinstance(split_points, str)
+                                         or not all(isinstance(p, str) for p in split_points)):
+            raise StrategyConfigError(format_error(
+                "split_points must be a list of layer names.", received=repr(split_points),
+                expected="e.g. ['dense_3']", fix="pass a list of the first layer of each stage"))
+        self.split_points = None if split_points is None else tuple(split_points)
+        self.timeout = check_positive_number("timeout_seconds", timeout_seconds) or 0.0
+        deadline = check_positive_number(
+            "startup_timeout_seconds", resolve_startup_timeout(startup_timeout_seconds))
+        self._check_keras()
+        if tf_config is None and not os.environ.get("TF_CONFIG"):
+            cluster, task, processes, rank = None, None, 1, 0
+        else:
+            cluster, task = self._read_cluster(tf_config)
+            processes = max(1, len(cluster.chief) + len(cluster.worker))
+            rank = 0 if task.type == "chief" else len(cluster.chief) + task.index
+        if processes == 1 and self.stages > 1:
+            raise StrategyConfigError(format_error(
+                f"{self.stages} pipeline stages need {self.stages} processes (one per stage).",
+                received=f"stages={self.stages} in a single process",
+                expected="a job of D x K worker processes",
+                fix=f"tfdist-launch --strategy pipeline --stages {self.stages} "
+                f"--workers {self.stages} train.py"))
+        check_processes(processes, self.stages)
+        self.layout = PipelineLayout(processes=processes, stages=self.stages, rank=rank)
+        if processes > 1:
+            with startup_deadline(deadline, cluster, task, f"PipelineStrategy on {task}"):
+                transport.enable_collectives(cluster, task)
+        super().__init__("/cpu:0" if not tf.config.list_physical_devices("GPU") else "/gpu:0")
+        self._init_tfdist(cluster, task)
+        self.spec: stage.ModelSpec | None = None
+        self.bounds: tuple[int, ...] | None = None
+
+    # ----------------------------------------------------------------- surface
+    @property
+    def num_replicas(self) -> int:
+        """D: the pipeline replicas whose gradients make one global step."""
+        return self.layout.replicas
+
+    @property
+    def num_workers(self) -> int:
+        """All processes of the job (D x K)."""
+        return self.layout.processes
+
+    @property
+    def worker_index(self) -> int:
+        return self.layout.rank
+
+    def input_context(self) -> tf.distribute.InputContext:
+        """Every stage of a replica reads the same data: one input pipeline per replica."""
+        return tf.distribute.InputContext(
+            num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=self.num_replicas)
+
+    def _distribute_dataset_fn(self, dataset_fn: Any, options: Any) -> Any:
+        # Every process reads the whole global batch; each step slices its replica's rows.
+        return dataset_fn(self.input_context())
+
+    def describe(self) -> str:
+        """One line: stage, replica, micro-batches, schedule.
+
+        Example:
+            >>> PipelineStrategy().describe()
+            'pipeline: stage 0 of 1, replica 0 of 1, 1 micro-batch(es), gpipe, chief'
+        """
+        chief = ", chief" if self.is_chief else ""
+        return (f"pipeline: stage {self.layout.stage} of {self.stages}, replica "
+                f"{self.layout.replica} of {self.layout.replicas}, {self.micro_batches} "
+                f"micro-batch(es), {self.schedule}{chief}")
+
+    # ----------------------------------------------------------------- the model
+    def plan_stages(self, model_or_fn: Any) -> tuple[stage.ModelSpec, tuple[int, ...]]:
+        """Describes the whole model (no weights for a build function) and splits it.
+
+        Raises:
+            StrategyConfigError: too many stages, bad split points, a layer used across stages
+                (skip connections), or a layer the pipeline cannot train exactly.
+        """
+        spec = stage.describe_model(model_or_fn)
+        partition.check_stages(self.stages, len(spec.names))
+        if self.split_points is not None:
+            bounds = partition.bounds_from_split_points(spec.names, self.split_points, self.stages)
+        else:
+            bounds = partition.balanced_bounds([max(p, 1) for p in spec.params], self.stages)
+        partition.check_edges(spec.edges, bounds, spec.names)
+        partition.check_layer_classes(spec.classes, spec.names, self.micro_batches)
+        return spec, bounds
+
+    def build_model(self, model_or_fn: Any) -> Any:
+        """This process's stage of the model, ready to ``compile`` and ``fit``.
+
+        Args:
+            model_or_fn: A function that builds the whole Keras model (Sequential, or a
+                functional chain of layers); called without allocating weights, so each process
+                holds only its stage. Or a built model: each stage copies its layers' weights
+                from it (the whole model then exists once per process).
+
+        Returns:
+            A Keras model of this stage's layers whose steps run the pipeline.
+        """
+        spec, bounds = self.plan_stages(model_or_fn)
+        self.spec, self.bounds = spec, bounds
+        k = self.layout.stage
+        start, stop = bounds[k], bounds[k + 1]
+        engine = StageEngine(
+            layout=self.layout, input_shape=spec.shapes[start], input_dtype=spec.dtypes[start],
+            output_shape=spec.shapes[stop], output_dtype=spec.dtypes[stop],
+            micro_batches=self.micro_batches, schedule=self.schedule, timeout=self.timeout)
+        with self.scope():
+            model = stage.build_stage(spec, bounds, k, cls=stage_model_class(spec.flavour))
+        model._init_pipeline(engine, self)  # noqa: SLF001
+        if hasattr(model_or_fn, "layers"):
+            model.set_weights(stage.stage_weights(model_or_fn, spec, bounds, k))
+        elif self.layout.replicas > 1:
+            self._broadcast_from_first_replica(model)
+        held = weights_nbytes(model.weights)
+        _log.info("pipeline %s: layers %s..%s, %.2f MB of %.2f MB parameters (%.0f%%)",
+                  self.describe(), spec.names[start], spec.names[stop - 1], held / 1e6,
+                  spec.total_param_bytes / 1e6,
+                  100.0 * held / max(1, spec.total_param_bytes))
+        return model
+
+    def stage_report(self) -> dict[str, Any]:
+        """What this stage holds: layers and parameter bytes, against the whole model."""
+        if self.spec is None or self.bounds is None:
+            raise StrategyConfigError(format_error(
+                "No model yet.", received="stage_report() before build_model()",
+                expected="build_model() first", fix="call strategy.build_model(...)"))
+        k = self.layout.stage
+        start, stop = self.bounds[k], self.bounds[k + 1]
+        return {
+            "stage": k, "stages": self.stages, "replica": self.layout.replica,
+            "layers": list(self.spec.names[start:stop]),
+            "param_bytes": int(sum(self.spec.param_bytes[start:stop])),
+            "model_param_bytes": self.spec.total_param_bytes,
+            "largest_layer_bytes": max(self.spec.param_bytes),
+            "bounds": list(self.bounds),
+        }
+
+    def check_batch(self, x: Any) -> None:
+        """Raises unless the batch's rows divide into D replicas x M micro-batches."""
+        parts = self.layout.replicas * self.micro_batches
+        rows = x.shape[0]
+        if rows is not None and int(rows) % parts:
+            raise StrategyConfigError(format_error(
+                f"A global batch of {int(rows)} rows cannot be cut into {self.layout.replicas} "
+                f"replica(s) x {self.micro_batches} micro-batch(es).",
+                received=f"batch={int(rows)}", expected=f"a multiple of {parts}",
+                fix=f"batch the dataset by a multiple of {parts} with drop_remainder=True"))
+        if rows is None:
+            tf.debugging.assert_equal(
+                tf.shape(x)[0] % parts, 0,
+                message=f"tfdist pipeline: every batch must be a multiple of {parts} rows "
+                "(replicas x micro_batches); batch with drop_remainder=True")
+
+    # ----------------------------------------------------------------- weights
+    def _broadcast_from_first_replica(self, model: Any) -> None:
+        """Gives every replica of this stage replica 0's initial weights."""
+        from tensorflow.python.ops import collective_ops
+
+        group = self.layout.stage_group
+        key = transport.stage_group_key(self.layout.stage)
+        for i, variable in enumerate(model.weights):
+            instance = transport.instance_key(transport.WEIGHTS, 0, i)
+            value = tf.convert_to_tensor(variable)
+            if self.layout.replica == 0:
+                collective_ops.broadcast_send_v2(
+                    value, group_size=len(group), group_key=key, instance_key=instance)
+            else:
+                variable.assign(collective_ops.broadcast_recv_v2(
+                    value.shape, value.dtype, group_size=len(group), group_key=key,
+                    instance_key=instance))
+
+    def gather_weights(self, model: Any) -> list[np.ndarray] | None:
+        """All stages' weights (replica 0) on the chief, in the whole model's order; None
+        elsewhere. A collective of replica 0's stages (other replicas return at once)."""
+        layout = self.layout
+        if layout.replica != 0:
+            return None
+        own = [np.asarray(w) for w in model.get_weights()]
+        if layout.stages == 1:
+            return own
+        if layout.stage != 0:
+            link = transport.Link(layout.rank, 0, self.timeout)
+            for i, w in enumerate(own):
+                link.send(tf.constant(w), transport.WEIGHTS, 0, i)
+            return None
+        assert self.spec is not None and self.bounds is not None
+        weights = own
+        for k in range(1, layout.stages):
+            link = transport.Link(0, k, self.timeout)
+            start, stop = self.bounds[k], self.bounds[k + 1]
+            shapes = [w for layer in self.spec.weights[start:stop] for w in layer]
+            for i, (shape, dtype) in enumerate(shapes):
+                weights.append(link.recv(shape, tf.as_dtype(dtype), transport.WEIGHTS, 0,
+                                         i).numpy())
+        return weights
+
+    def assemble(self, model: Any) -> Any | None:
+        """The whole model with the trained weights on the chief, None elsewhere (collective)."""
+        weights = self.gather_weights(model)
+        if weights is None or not self.is_chief:
+            return None
+        assert self.spec is not None
+        return stage.assemble(self.spec, weights)
+
+    def save_model(self, model: Any, filepath: str | os.PathLike[str], **kwargs: Any) -> str | None:
+        """Saves the whole model: every process calls it, the chief writes ``filepath``.
+
+        Returns:
+            ``filepath`` on the chief, None elsewhere.
+        """
+        whole = self.assemble(model)
+        if whole is None:
+            return None
+        path = os.fspath(filepath)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        whole.save(path, **kwargs)
+        return path
