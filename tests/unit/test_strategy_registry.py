@@ -14,7 +14,8 @@ from tfdist.strategies import registry
 
 pytestmark = pytest.mark.unit
 
-BUILTINS = ("default", "mirrored", "multi_worker", "parameter_server", "horovod", "auto")
+BUILTINS = ("default", "mirrored", "multi_worker", "parameter_server", "horovod", "pipeline",
+            "auto")
 
 
 def test_builtin_names():
@@ -30,10 +31,12 @@ def test_traits_answer_without_importing_tensorflow_or_horovod():
             "print(sorted(m for m in ('tensorflow', 'horovod', 'keras') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.splitlines()
-    assert out == ["['single_process', 'single_process', 'tasks', 'tasks', 'ranks']", "[]"]
+    assert out == ["['single_process', 'single_process', 'tasks', 'tasks', 'ranks', 'tasks']",
+                   "[]"]
 
 
-@pytest.mark.parametrize("name", ["default", "mirrored", "multi_worker", "parameter_server"])
+@pytest.mark.parametrize("name", ["default", "mirrored", "multi_worker", "parameter_server",
+                                  "pipeline"])
 def test_builtin_classes_carry_the_registry_s_traits(name):
     assert tfdist.strategies.get_strategy_class(name).traits is registry.strategy_traits(name)
 
@@ -48,6 +51,7 @@ def test_classes_are_tf_strategies_with_the_mixin():
         "mirrored": tf.distribute.MirroredStrategy,
         "multi_worker": tf.distribute.MultiWorkerMirroredStrategy,
         "parameter_server": tf.distribute.experimental.ParameterServerStrategy,
+        "pipeline": tf.distribute.OneDeviceStrategy,
     }
     for name, tf_base in expected.items():
         cls = tfdist.strategies.get_strategy_class(name)
@@ -60,10 +64,10 @@ def test_unknown_name_lists_valid_names_and_suggests():
         tfdist.strategies.get_strategy("mirored")
     assert str(info.value) == (
         "Unknown strategy 'mirored'. Received: 'mirored'. Expected: one of default, mirrored, "
-        "multi_worker, parameter_server, horovod, auto, or 'package.module:Class'. Fix: did you "
-        "mean 'mirrored'? Or register your own with tfdist.strategies.register(), or name its "
-        "class as 'package.module:Class', or declare it in the 'tfdist.strategies' entry-point "
-        "group"
+        "multi_worker, parameter_server, horovod, pipeline, auto, or 'package.module:Class'. Fix: "
+        "did you mean 'mirrored'? Or register your own with tfdist.strategies.register(), or "
+        "name its class as 'package.module:Class', or declare it in the 'tfdist.strategies' "
+        "entry-point group"
     )
 
 

@@ -41,6 +41,13 @@ def _env_default(name: str, default: str) -> str:
     return os.environ.get(_ENV_PREFIX + name, default)
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, received {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfdist-launch",
@@ -73,6 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds the evaluator may run on after training is done, to evaluate the last "
         "checkpoint, before it is stopped (env TFDIST_LAUNCH_EVALUATOR_GRACE; default 60)",
     )
+    pipeline = parser.add_argument_group("pipeline (--strategy pipeline)")
+    pipeline.add_argument(
+        "--stages", type=_positive_int, metavar="K",
+        help="split the model into K stages, one process each; --workers is D x K (D data-"
+        "parallel replicas of the pipeline)")
+    pipeline.add_argument("--micro-batches", type=_positive_int, metavar="M",
+                          help="micro-batches per replica batch (default 1)")
+    pipeline.add_argument("--schedule", choices=("gpipe", "1f1b"),
+                          help="gpipe (default) or 1f1b (keeps fewer activations)")
     run = parser.add_argument_group("run")
     run.add_argument(
         "--timeout", type=float, default=_env_default("TIMEOUT", "3600"),
@@ -134,7 +150,7 @@ def _resolve_strategy(args: argparse.Namespace) -> str | None:
     if args.strategy == "auto":
         workers = 2 if args.workers is None else args.workers
         args.strategy = launch_strategy(workers=workers, ps=args.ps,
-                                        ranks=args.export == "mpijob")
+                                        ranks=args.export == "mpijob", stages=args.stages)
     try:
         traits = strategy_traits(args.strategy)
     except TfdistError as err:
@@ -191,6 +207,9 @@ def options_from_args(args: argparse.Namespace) -> JobOptions:
         max_restarts=args.max_restarts, worker_restarts=args.max_worker_restarts,
         log_dir=args.log_dir, hosts=host_options_from_args(args), network=args.network,
         startup_timeout=args.startup_timeout,
+        strategy_options={option: str(getattr(args, option))
+                          for option in ("stages", "micro_batches", "schedule")
+                          if getattr(args, option) is not None},
     )
 
 

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from tfdist.cluster import ClusterSpec, Task, release_ports
 from tfdist.cluster.roles import ROLES
-from tfdist.errors import StrategyConfigError
+from tfdist.errors import StrategyConfigError, TfdistError
 from tfdist.launcher.hosts import (
     HostOptions,
     has_remote_host,
@@ -39,6 +39,7 @@ from tfdist.launcher.hosts import (
     rank_hosts,
     task_command,
 )
+from tfdist.pipeline.layout import check_processes
 from tfdist.strategies.detect import launch_strategy
 from tfdist.strategies.registry import strategy_traits
 from tfdist.strategies.startup import STARTUP_TIMEOUT_ENV
@@ -79,6 +80,8 @@ class JobOptions:
             only loopback (`tfdist.launcher.netns`); ``host``: on this machine's network.
         startup_timeout: Seconds each task waits for its peers (``TFDIST_STARTUP_TIMEOUT``;
             None: the tasks' default, 600 s).
+        strategy_options: Options of the strategy itself (``{"stages": "2"}``), among its
+            ``traits.launch_options``; each reaches the tasks as that variable.
     """
 
     script: str
@@ -96,6 +99,7 @@ class JobOptions:
     hosts: HostOptions | None = None
     network: Literal["private", "host"] = "private"
     startup_timeout: float | None = None
+    strategy_options: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,7 +234,9 @@ def plan_job(options: JobOptions, environ: Mapping[str, str] | None = None) -> J
     environ = os.environ if environ is None else environ
     strategy = options.strategy
     if strategy == "auto":
-        strategy = launch_strategy(workers=options.workers, ps=options.ps)
+        stages = options.strategy_options.get("stages")
+        strategy = launch_strategy(workers=options.workers, ps=options.ps,
+                                   stages=None if stages is None else int(stages))
     traits = strategy_traits(strategy)
     problem = layout_problem(options, strategy, traits)
     if problem:
@@ -243,6 +249,8 @@ def plan_job(options: JobOptions, environ: Mapping[str, str] | None = None) -> J
     }
     if options.startup_timeout is not None:
         env[STARTUP_TIMEOUT_ENV] = f"{options.startup_timeout:g}"
+    for option, value in options.strategy_options.items():
+        env[traits.launch_options[option]] = value
     script_argv = (options.script, *options.script_args)
     return JobPlan(strategy, traits, _roles(options, traits), script_argv, env, options)
 
@@ -271,6 +279,9 @@ def layout_problem(options: JobOptions, strategy: str, traits: StrategyTraits) -
     if options.chief is False and traits.chief_required:
         why = traits.required_roles.get("chief", "the job needs one")
         return f"--no-chief with {strategy}: {why}. Fix: drop --no-chief"
+    problem = _strategy_options_problem(options, strategy, traits)
+    if problem:
+        return problem
     flags = {"evaluator": "--evaluator" if options.evaluator else None,
              "chief": "--chief" if options.chief and not traits.single_process else None}
     for role, flag in flags.items():
@@ -278,6 +289,29 @@ def layout_problem(options: JobOptions, strategy: str, traits: StrategyTraits) -
             return (f"{flag} was given with --strategy {strategy}, which has no {role} task. "
                     f"Fix: drop {flag}, or use a strategy with one (multi_worker, "
                     "parameter_server)")
+    return None
+
+
+def _flag(option: str) -> str:
+    return "--" + option.replace("_", "-")
+
+
+def _strategy_options_problem(
+    options: JobOptions, strategy: str, traits: StrategyTraits
+) -> str | None:
+    for option in options.strategy_options:
+        if option not in traits.launch_options:
+            takes = ", ".join(_flag(o) for o in traits.launch_options) or "none"
+            return (f"{_flag(option)} was given with --strategy {strategy}, which does not take "
+                    f"it (it takes: {takes}). Fix: drop {_flag(option)}, or use --strategy "
+                    "pipeline")
+    stages = options.strategy_options.get("stages")
+    if stages is not None:
+        processes = options.workers + int(traits.chief(options.chief))
+        try:
+            check_processes(processes, int(stages))
+        except TfdistError as err:
+            return f"--stages {stages} with {processes} process(es): {err}"
     return None
 
 

@@ -152,7 +152,8 @@ class StageEngine:
                     marker = self._backward_op(m, rows, variables, grads, tapes, inputs,
                                                outputs, losses, sends)
             chain = [marker]
-        grads = [tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables, strict=True)]
+        grads = [tf.zeros_like(v) if g is None else g
+                 for g, v in zip(grads, variables, strict=True)]
         with tf.control_dependencies(sends + chain):
             grads = [tf.identity(g) for g in grads]
             loss = tf.add_n([losses[m] for m in range(micro)]) if layout.is_last else None

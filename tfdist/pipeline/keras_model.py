@@ -52,13 +52,13 @@ def resolve_metric(keras: Any, metric: Any, loss: Any) -> Any:
     if isinstance(metric, str) and metric in ("accuracy", "acc"):
         cls = _ACCURACY_BY_LOSS.get(_loss_name(loss), "Accuracy")
         return getattr(keras.metrics, cls)(name=metric)
-    if isinstance(metric, str):
+    if isinstance(metric, str):  # named as given, as compile names it ("mae", not its class)
         resolved = keras.metrics.get(metric)
         if isinstance(resolved, type):
             return resolved(name=metric)
         if not hasattr(resolved, "update_state"):
             return keras.metrics.MeanMetricWrapper(resolved, name=metric)
-        return resolved
+        return type(resolved).from_config({**resolved.get_config(), "name": metric})
     return metric
 
 
@@ -117,6 +117,36 @@ class _StageModelMixin:
         super().reset_metrics()  # type: ignore[misc]
         for metric in self._pipeline_real_metrics:
             metric.reset_state()
+
+    # ------------------------------------------------------------ entry points
+    def _check_inputs(self, x: Any, batch_size: Any) -> None:
+        """Refuses, before any step, batches that do not cut into replicas x micro-batches."""
+        if isinstance(x, tf.data.Dataset):
+            spec = x.element_spec[0] if isinstance(x.element_spec, tuple) else x.element_spec
+            rows = spec.shape[0] if hasattr(spec, "shape") and spec.shape.rank else None
+            if rows is not None:
+                self._pipeline.check_batch(tf.TensorSpec([rows]))
+            return
+        rows = len(x) if hasattr(x, "__len__") else None
+        if rows is None:
+            return
+        batch = batch_size or 32  # Keras's default
+        for size in {min(batch, rows), rows % batch or min(batch, rows)}:
+            self._pipeline.check_batch(tf.TensorSpec([size]))
+
+    def fit(self, x: Any = None, y: Any = None, batch_size: Any = None, *args: Any,
+            **kwargs: Any) -> Any:
+        self._check_inputs(x, batch_size)
+        return super().fit(x, y, batch_size, *args, **kwargs)  # type: ignore[misc]
+
+    def evaluate(self, x: Any = None, y: Any = None, batch_size: Any = None, *args: Any,
+                 **kwargs: Any) -> Any:
+        self._check_inputs(x, batch_size)
+        return super().evaluate(x, y, batch_size, *args, **kwargs)  # type: ignore[misc]
+
+    def predict(self, x: Any, batch_size: Any = None, *args: Any, **kwargs: Any) -> Any:
+        self._check_inputs(x, batch_size)
+        return super().predict(x, batch_size, *args, **kwargs)  # type: ignore[misc]
 
     # ------------------------------------------------------------ steps
     def _loss(self, y: Any, y_pred: Any) -> Any:

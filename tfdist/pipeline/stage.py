@@ -31,8 +31,10 @@ import numpy as np
 
 from tfdist import compat
 from tfdist.errors import StrategyConfigError, format_error
+from tfdist.pipeline import partition
 
-__all__ = ["ModelSpec", "describe_model", "build_stage", "assemble", "stage_weights"]
+__all__ = ["ModelSpec", "describe_model", "split_model", "build_stage", "assemble",
+           "stage_weights"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +126,47 @@ def describe_model(model_or_fn: Any | Callable[[], Any]) -> ModelSpec:
     )
 
 
+def split_model(
+    model_or_fn: Any, stages: int, micro_batches: int = 1,
+    split_points: Sequence[str] | None = None,
+) -> tuple[ModelSpec, tuple[int, ...]]:
+    """Describes a model (without weights for a build function) and splits it into ``stages``.
+
+    Stages are balanced by parameter count unless ``split_points`` name their first layers.
+
+    Raises:
+        StrategyConfigError: too many stages, bad split points, a layer whose output is used
+            beyond the next layer (skip connections), or a layer the pipeline cannot train
+            exactly with ``micro_batches`` (BatchNormalization).
+
+    Example:
+        >>> keras = compat.get_keras()
+        >>> def build():
+        ...     return keras.Sequential([keras.Input((3,)), keras.layers.Dense(8, name="a"),
+        ...                              keras.layers.Dense(8, name="b"),
+        ...                              keras.layers.Dense(1, name="c")])
+        >>> split_model(build, stages=2)[1]
+        (0, 1, 3)
+        >>> split_model(build, stages=2, split_points=["c"])[1]
+        (0, 2, 3)
+    """
+    spec = describe_model(model_or_fn)
+    partition.check_stages(stages, len(spec.names))
+    for shape in spec.shapes:
+        if any(d is None for d in shape):
+            raise StrategyConfigError(format_error(
+                "The pipeline needs static shapes between layers.",
+                received=f"shapes {list(spec.shapes)}", expected="no None beyond the batch axis",
+                fix="give keras.Input a full shape (e.g. a fixed sequence length)"))
+    if split_points is not None:
+        bounds = partition.bounds_from_split_points(spec.names, split_points, stages)
+    else:
+        bounds = partition.balanced_bounds([max(p, 1) for p in spec.params], stages)
+    partition.check_edges(spec.edges, bounds, spec.names)
+    partition.check_layer_classes(spec.classes, spec.names, micro_batches)
+    return spec, bounds
+
+
 def build_stage(spec: ModelSpec, bounds: Sequence[int], stage: int, cls: type | None = None,
                 **kwargs: Any) -> Any:
     """Builds layers ``bounds[stage]:bounds[stage+1]`` of ``spec`` as a Sequential (or ``cls``).
@@ -135,19 +178,19 @@ def build_stage(spec: ModelSpec, bounds: Sequence[int], stage: int, cls: type | 
     layers = [keras.layers.deserialize(config) for config in spec.configs[start:stop]]
     model_cls = cls or keras.Sequential
     inputs = keras.Input(spec.shapes[start], dtype=spec.dtypes[start])
-    return model_cls([inputs, *layers], name=f"{spec.name}_stage{stage}", **kwargs)
+    kwargs.setdefault("name", f"{spec.name}_stage{stage}")
+    return model_cls([inputs, *layers], **kwargs)
 
 
 def assemble(spec: ModelSpec, weights: Sequence[Any] | None = None) -> Any:
     """The whole model as one Sequential (same layer names), with ``weights`` if given."""
-    model = build_stage(spec, (0, len(spec.names)), 0)
-    model._name = spec.name  # noqa: SLF001  (both flavours keep the name here)
+    model = build_stage(spec, (0, len(spec.names)), 0, name=spec.name)
     if weights is not None:
         model.set_weights(list(weights))
     return model
 
 
 def stage_weights(model: Any, spec: ModelSpec, bounds: Sequence[int], stage: int) -> list[Any]:
-    """The weights of ``stage``'s layers, taken from a built full ``model`` with ``spec``'s names."""
+    """The weights of ``stage``'s layers, taken from a built whole ``model`` by layer name."""
     names = spec.names[bounds[stage]:bounds[stage + 1]]
     return [w for name in names for w in model.get_layer(name).get_weights()]

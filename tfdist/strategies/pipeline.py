@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tfdist import compat
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.options import check_positive_number
 from tfdist.pipeline import partition, stage, transport
@@ -191,15 +190,8 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
             StrategyConfigError: too many stages, bad split points, a layer used across stages
                 (skip connections), or a layer the pipeline cannot train exactly.
         """
-        spec = stage.describe_model(model_or_fn)
-        partition.check_stages(self.stages, len(spec.names))
-        if self.split_points is not None:
-            bounds = partition.bounds_from_split_points(spec.names, self.split_points, self.stages)
-        else:
-            bounds = partition.balanced_bounds([max(p, 1) for p in spec.params], self.stages)
-        partition.check_edges(spec.edges, bounds, spec.names)
-        partition.check_layer_classes(spec.classes, spec.names, self.micro_batches)
-        return spec, bounds
+        return stage.split_model(model_or_fn, self.stages, self.micro_batches,
+                                 self.split_points)
 
     def build_model(self, model_or_fn: Any) -> Any:
         """This process's stage of the model, ready to ``compile`` and ``fit``.
@@ -261,7 +253,8 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
                 f"A global batch of {int(rows)} rows cannot be cut into {self.layout.replicas} "
                 f"replica(s) x {self.micro_batches} micro-batch(es).",
                 received=f"batch={int(rows)}", expected=f"a multiple of {parts}",
-                fix=f"batch the dataset by a multiple of {parts} with drop_remainder=True"))
+                fix=f"use a batch size that is a multiple of {parts} (and drop_remainder=True "
+                "in Dataset.batch, or a row count that is a multiple of the batch size)"))
         if rows is None:
             tf.debugging.assert_equal(
                 tf.shape(x)[0] % parts, 0,

@@ -119,7 +119,7 @@ def available_strategies() -> tuple[str, ...]:
 
     Example:
         >>> available_strategies()
-        ('default', 'mirrored', 'multi_worker', 'parameter_server', 'horovod', 'auto')
+        ('default', 'mirrored', 'multi_worker', 'parameter_server', 'horovod', 'pipeline', 'auto')
     """
     return (*(name for name in _REGISTRY if ":" not in name), AUTO)
 

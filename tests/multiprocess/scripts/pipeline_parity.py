@@ -5,8 +5,9 @@ Args: ``steps micro_batches schedule [--sabotage] [--save DIR]``. Every process 
 model once with a fixed seed (so the stages start from the reference's weights), takes its stage
 with ``strategy.build_model(model)``, and fits ``steps`` global batches of ``GLOBAL`` rows. The
 chief then computes, in one process: the reference (the whole model fitted on the same global
-batches) and a control that keeps only each global batch's first micro-batch of replica 0 (what
-stage 0 alone would train on). ``--sabotage`` zeroes every gradient sent back between stages: the
+batches) and a control that trains on the first half of each global batch only (a pipeline that
+lost micro-batches or replicas would look like it). ``--sabotage`` zeroes every gradient sent
+back between stages: the
 parity check must then fail.
 """
 
@@ -21,7 +22,7 @@ import tfdist
 from tfdist import compat
 from tfdist.testing import report
 
-GLOBAL, FEATURES, LR = 24, 5, 0.05
+GLOBAL, FEATURES, LR = 24, 5, 0.1
 
 
 def build(keras):
@@ -90,7 +91,7 @@ def main(argv):
     trained = strategy.gather_weights(model)
     if strategy.is_chief:
         reference, ref_history = fitted(keras, initial, x, y, GLOBAL)
-        part = GLOBAL // (micro_batches * strategy.num_replicas)
+        part = GLOBAL // 2
         keep = (np.arange(len(x)) % GLOBAL) < part
         control, _ = fitted(keras, initial, x[keep], y[keep], part)
         result.update(

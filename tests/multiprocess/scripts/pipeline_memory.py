@@ -1,0 +1,67 @@
+"""One process of a K-stage pipeline built from a build function (no process builds the whole
+model): reports what its stage holds and how much this process's memory grew to build and train
+it. The model is two wide layers (``WIDTH`` x ``WIDTH`` floats each, 64 MiB) around narrow ones.
+
+The control: the same process then builds the whole model for real; its memory grows by about the
+whole model's size, which the stage's build must stay well under."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+
+import numpy as np
+
+import tfdist
+from tfdist import compat
+from tfdist.pipeline.keras_model import weights_nbytes
+from tfdist.testing import report
+
+WIDTH, FEATURES = 4096, 8
+
+
+def build(keras):
+    return keras.Sequential([
+        keras.Input((FEATURES,)),
+        keras.layers.Dense(WIDTH, activation="relu", name="widen"),
+        keras.layers.Dense(WIDTH, activation="relu", name="wide_a"),
+        keras.layers.Dense(WIDTH, activation="relu", name="wide_b"),
+        keras.layers.Dense(1, name="out"),
+    ])
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now (not its peak: initialisers briefly hold copies)."""
+    gc.collect()
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def main(argv):
+    keras = compat.get_keras()
+    strategy = tfdist.get_strategy("auto")
+    x = np.random.default_rng(0).normal(size=(64, FEATURES)).astype("float32")
+    y = x[:, :1] * 2
+    import tensorflow as tf
+
+    tf.constant(0.0) + 1  # the runtime's own memory, before measuring
+    before = rss_bytes()
+    model = strategy.build_model(lambda: build(keras))
+    stage_growth = rss_bytes() - before
+    before_whole = rss_bytes()
+    whole = build(keras)
+    whole_growth = rss_bytes() - before_whole
+    whole_bytes = weights_nbytes(whole.weights)
+    del whole
+    model.compile(optimizer=keras.optimizers.SGD(1e-3), loss="mse")
+    history = model.fit(x, y, batch_size=16, epochs=2, verbose=0)
+    report({
+        "stage": strategy.stage_report(), "held_bytes": weights_nbytes(model.weights),
+        "whole_bytes": whole_bytes, "stage_build_growth": stage_growth,
+        "whole_build_growth": whole_growth, "loss": history.history["loss"],
+    })
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,142 @@
+"""Pipeline stages in one process: describing a model without its weights, splitting it, the
+errors for models a pipeline cannot train, and a one-process pipeline (K=1, M micro-batches)
+that trains exactly like the plain model."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import numpy as np
+import pytest
+
+from tfdist import compat
+from tfdist.errors import StrategyConfigError
+from tfdist.pipeline import stage
+
+pytestmark = pytest.mark.unit
+
+keras = compat.get_keras()
+
+
+def chain(widths=(6, 6, 4), features=3, batch_norm=False):
+    layers = [keras.Input((features,))]
+    for i, width in enumerate(widths):
+        layers.append(keras.layers.Dense(width, activation="tanh", name=f"d{i}"))
+        if batch_norm and i == 0:
+            layers.append(keras.layers.BatchNormalization(name="bn"))
+    layers.append(keras.layers.Dense(1, name="out"))
+    return keras.Sequential(layers, name="chain")
+
+
+@pytest.mark.parametrize("name", ["tfdist.pipeline.stage", "tfdist.pipeline.keras_model",
+                                  "tfdist.strategies.pipeline"])
+def test_docstring_examples_run(name):
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_describing_a_build_function_allocates_no_weights_and_a_stage_holds_its_own_only():
+    spec = stage.describe_model(lambda: chain((300, 300)))
+    assert spec.names == ("d0", "d1", "out")
+    assert spec.params == (3 * 300 + 300, 300 * 300 + 300, 301)
+    assert spec.shapes == ((3,), (300,), (300,), (1,))
+    built = stage.build_stage(spec, (0, 1, 3), 1)
+    assert [w.shape for w in built.get_weights()] == [(300, 300), (300,), (300, 1), (1,)]
+    assert [layer.name for layer in built.layers] == ["d1", "out"]
+
+
+def test_weights_split_and_reassemble_to_the_same_model():
+    whole = chain()
+    spec, bounds = stage.split_model(whole, stages=2)
+    parts = [stage.stage_weights(whole, spec, bounds, k) for k in range(2)]
+    rebuilt = stage.assemble(spec, parts[0] + parts[1])
+    x = np.random.default_rng(0).normal(size=(5, 3)).astype("float32")
+    np.testing.assert_allclose(rebuilt.predict(x, verbose=0), whole.predict(x, verbose=0),
+                               atol=1e-6)
+    assert rebuilt.name == "chain"
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"stages": 5}, "The model has 4 layer(s), fewer than the 5 stages asked for."),
+    ({"stages": 2, "split_points": ["nope"]}, "Split point 'nope' is not a layer of the model."),
+    ({"stages": 3, "split_points": ["d2", "d1"]}, "Split points must be distinct and in the "
+     "model's layer order."),
+    ({"stages": 2, "split_points": ["d1", "d2"]}, "2 stages need 1 split point(s)."),
+])
+def test_bad_stages_and_split_points_are_named(kwargs, words):
+    with pytest.raises(StrategyConfigError) as info:
+        stage.split_model(chain(), **kwargs)
+    assert words in str(info.value) and "Fix:" in str(info.value)
+
+
+def test_a_skip_connection_across_stages_is_refused_with_the_fix():
+    inputs = keras.Input((4,))
+    a = keras.layers.Dense(4, name="a")(inputs)
+    b = keras.layers.Dense(4, name="b")(a)
+    added = keras.layers.Add(name="add")([a, b])
+    model = keras.Model(inputs, keras.layers.Dense(1, name="out")(added))
+    with pytest.raises(StrategyConfigError) as info:
+        stage.split_model(model, stages=2)
+    message = str(info.value)
+    assert "The output of layer 'a' is used by layer 'add'" in message
+    assert "wrap the branching block in one layer" in message
+
+
+def test_batch_normalization_is_refused_with_micro_batches_and_allowed_without():
+    with pytest.raises(StrategyConfigError) as info:
+        stage.split_model(chain(batch_norm=True), stages=2, micro_batches=4)
+    assert "Layer 'bn' is a BatchNormalization: with micro_batches=4" in str(info.value)
+    stage.split_model(chain(batch_norm=True), stages=2, micro_batches=1)
+
+
+def test_unknown_sequence_length_is_refused():
+    model = keras.Sequential([keras.Input((None, 3)), keras.layers.Dense(2, name="a"),
+                              keras.layers.Dense(1, name="b")])
+    with pytest.raises(StrategyConfigError, match="static shapes between layers"):
+        stage.split_model(model, stages=2)
+
+
+def test_stages_without_processes_name_the_launch_command(monkeypatch):
+    from tfdist.strategies.pipeline import PipelineStrategy
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(StrategyConfigError) as info:
+        PipelineStrategy(stages=2)
+    assert "tfdist-launch --strategy pipeline --stages 2 --workers 2" in str(info.value)
+    with pytest.raises(StrategyConfigError, match="micro_batches must be a positive int"):
+        PipelineStrategy(micro_batches=0)
+    with pytest.raises(StrategyConfigError, match="Unknown pipeline schedule"):
+        PipelineStrategy(schedule="zigzag")
+
+
+def test_one_process_pipeline_with_micro_batches_trains_like_the_plain_model(monkeypatch):
+    from tfdist.strategies.pipeline import PipelineStrategy
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    keras.utils.set_random_seed(3)
+    whole = chain()
+    initial = whole.get_weights()
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(48, 3)).astype("float32")
+    y = (x[:, :1] * x[:, 1:2]).astype("float32")
+
+    strategy = PipelineStrategy(micro_batches=4)
+    model = strategy.build_model(whole)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", metrics=["mae"])
+    history = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+
+    plain = chain()
+    plain.set_weights(initial)
+    plain.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", metrics=["mae"])
+    reference = plain.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    gap = max(float(np.max(np.abs(a - b)))
+              for a, b in zip(model.get_weights(), plain.get_weights(), strict=True))
+    assert gap < 1e-5
+    assert max(float(np.max(np.abs(a - b)))
+               for a, b in zip(model.get_weights(), initial, strict=True)) > 1e-2
+    np.testing.assert_allclose(history.history["loss"], reference.history["loss"], rtol=1e-5)
+    np.testing.assert_allclose(history.history["mae"], reference.history["mae"], rtol=1e-5)
+
+    with pytest.raises(StrategyConfigError, match="cannot be cut into 1 replica"):
+        model.fit(x[:10], y[:10], batch_size=10, epochs=1, verbose=0)
