@@ -41,6 +41,9 @@ TOPOLOGIES: dict[str, tuple[list[str], int]] = {
     "parameter_server_2ps": (["--strategy", "parameter_server", "--ps", "2", "--workers", "2"], 1),
     "horovod": (["--strategy", "horovod", "--workers", "2"], 2),
     "horovod_tf_keras": (["--strategy", "horovod", "--workers", "2"], 2),
+    "pipeline": (["--strategy", "pipeline", "--stages", "2", "--workers", "2",
+                  "--micro-batches", "4"], 1),
+    "pipeline_hybrid": (["--stages", "2", "--workers", "4", "--micro-batches", "2"], 2),
 }
 
 
@@ -95,6 +98,7 @@ def check_run(tmp_path: Path, script: str, topology: str, *args: str) -> dict[st
     summary = chief_summary(*launch(tmp_path, script, topology, "--model-dir", str(model_dir),
                                     *args))
     expected_strategy = topology.split("_2ps")[0].replace("horovod_tf_keras", "horovod")
+    expected_strategy = expected_strategy.replace("pipeline_hybrid", "pipeline")
     assert summary["strategy"] == expected_strategy
     assert summary["replicas"] == TOPOLOGIES[topology][1]
     assert summary["epochs_run"] == summary["epochs"] and summary["first_epoch"] == 1
@@ -229,3 +233,22 @@ def test_an_unwritable_model_dir_is_a_usage_error_at_start(tmp_path):
     assert f"cannot write to '{blocker / 'model'}'" in out.stderr
     assert "Fix: pass a --model-dir you can create and write" in out.stderr
     assert time.monotonic() - started < 30
+
+
+# ----------------------------------------------------------------------- deep_mlp
+@pytest.mark.parametrize("topology", [
+    pytest.param(t, marks=[] if t in ("default", "pipeline") else [pytest.mark.slow])
+    for t in ("default", "pipeline", "pipeline_hybrid", "multi_worker")
+])
+def test_deep_mlp_runs_unchanged_under_pipeline_and_data_parallel(tmp_path, topology):
+    summary = check_run(tmp_path, "deep_mlp.py", topology, "--epochs", "4")
+    assert summary["test_accuracy"] >= 0.9, summary  # chance: 10%
+    if topology.startswith("pipeline"):
+        stage = summary["stage"]
+        assert stage["stages"] == 2 and stage["stage"] == 0
+        # Stage 0 holds its layers only: about half of the model, within one layer.
+        half = stage["model_param_bytes"] / 2
+        assert abs(stage["param_bytes"] - half) <= stage["largest_layer_bytes"]
+        keras = pytest.importorskip("keras")
+        whole = keras.models.load_model(tmp_path / "model" / "model.keras")
+        assert whole.count_params() * 4 == stage["model_param_bytes"]

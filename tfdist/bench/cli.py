@@ -16,12 +16,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tfdist.bench import allreduce, ps, report, train
+from tfdist.bench import allreduce, pipeline, ps, report, train
 from tfdist.bench.workers.common import THREADS_ENV
 
 __all__ = ["SECTIONS", "parse_args", "configs", "run", "main"]
 
-SECTIONS = {"allreduce": allreduce.run, "train": train.run, "ps": ps.run}
+SECTIONS = {"allreduce": allreduce.run, "train": train.run, "ps": ps.run,
+            "pipeline": pipeline.run}
 
 
 def _env_pair(text: str) -> tuple[str, str]:
@@ -94,6 +95,7 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
             workers=args.np, quick=quick, num_ps=tuple(int(p) for p in args.num_ps.split(",")),
             steps=pick(args.steps, 100, 20), warmup_steps=10 if quick else 20,
             repeats=pick(args.repeats, 3, 1), env=env),
+        "pipeline": pipeline.PipelineConfig(quick=quick, steps=pick(args.steps, 20, 5), env=env),
     }
 
 

@@ -86,6 +86,11 @@ TABLES: dict[str, list[Column]] = {
     "ps": [("mode", "mode", "{}"), ("num_ps", "ps", "{}"), ("workers", "workers", "{}"),
            ("steps_per_execution", "steps/exec", "{}"), ("samples_per_s", "samples/s", "{:.0f}"),
            ("spe_speedup", "speed-up vs spe=1", "{:.2f}")],
+    "pipeline": [("mode", "mode", "{}"), ("processes", "processes", "{}"),
+                 ("micro_batches", "M", "{}"), ("step_s", "step s", "{:.3f}"),
+                 ("ideal_s", "GPipe bound s", "{:.3f}"), ("bubble", "bubble", "{:.2f}"),
+                 ("measured_over_ideal", "measured/bound", "{:.2f}"),
+                 ("speedup_vs_default", "speed-up vs 1 process", "{:.2f}")],
 }
 
 

@@ -35,20 +35,20 @@ from tfdist.pipeline import schedule as schedules
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.transport import (
     ACTIVATION,
+    EVALUATE,
     GRADIENT,
     REDUCE,
+    SHARE,
+    TRAIN,
     Link,
     instance_key,
     stage_group_key,
 )
 
-__all__ = ["StageEngine", "REPLICA_GROUP_BASE", "SHARE"]
+__all__ = ["StageEngine", "REPLICA_GROUP_BASE"]
 
 REPLICA_GROUP_BASE = 1 << 18
 """Group key base of a pipeline replica's K stages (the last stage shares values with them)."""
-
-SHARE = 5
-"""Instance-key kind of values the last stage shares with its replica (see `transport`)."""
 
 LossFn = Callable[[Any, Any], Any]
 
@@ -203,7 +203,7 @@ class StageEngine:
         sends.append(self.previous.send(back, GRADIENT, m))  # type: ignore[union-attr]
         return back
 
-    def forward(self, call: Callable[[Any], Any], x: Any) -> list[Any]:
+    def forward(self, call: Callable[[Any], Any], x: Any, phase: int = EVALUATE) -> list[Any]:
         """Builds a forward-only pass (evaluate, predict); the last stage gets the outputs.
 
         Returns:
@@ -222,12 +222,14 @@ class StageEngine:
                     inp = xs[m]
                 else:
                     inp = self.previous.recv(  # type: ignore[union-attr]
-                        self._shape(rows, self.input_shape), self.input_dtype, ACTIVATION, m)
+                        self._shape(rows, self.input_shape), self.input_dtype, ACTIVATION, m,
+                        phase=phase)
                 out = call(inp)
                 if layout.is_last:
                     outs.append(out)
                 else:
-                    sends.append(self.next.send(out, ACTIVATION, m))  # type: ignore[union-attr]
+                    sends.append(self.next.send(  # type: ignore[union-attr]
+                        out, ACTIVATION, m, phase=phase))
             chain = [out]
         if layout.is_last:
             return outs
@@ -235,7 +237,8 @@ class StageEngine:
             return [tf.no_op()]
 
     # ----------------------------------------------------------------- replicas
-    def average_over_replicas(self, tensors: Sequence[Any], kind: int = REDUCE) -> list[Any]:
+    def average_over_replicas(self, tensors: Sequence[Any], kind: int = REDUCE,
+                              phase: int = TRAIN) -> list[Any]:
         """The mean of each tensor over this stage's D replicas (identity when D = 1)."""
         group = self.layout.stage_group
         if len(group) == 1:
@@ -244,12 +247,13 @@ class StageEngine:
         return [
             collective_ops.all_reduce_v2(
                 t, group_size=size, group_key=stage_group_key(self.layout.stage),
-                instance_key=instance_key(kind, 0, i), merge_op="Add", final_op="Id",
+                instance_key=instance_key(kind, 0, i, phase), merge_op="Add", final_op="Id",
                 timeout=self.timeout) / size
             for i, t in enumerate(tensors)
         ]
 
-    def share(self, values: Any | None, shape: Any, dtype: Any, index: int = 0) -> Any:
+    def share(self, values: Any | None, shape: Any, dtype: Any, index: int = 0,
+              phase: int = TRAIN) -> Any:
         """The last stage's ``values`` on every stage of this replica (a broadcast in K).
 
         Args:
@@ -262,7 +266,7 @@ class StageEngine:
         if stages == 1:
             return values
         key = REPLICA_GROUP_BASE + self.layout.replica
-        instance = instance_key(SHARE, 0, index)
+        instance = instance_key(SHARE, 0, index, phase)
         if self.layout.is_last:
             sent = collective_ops.broadcast_send_v2(
                 values, group_size=stages, group_key=key, instance_key=instance,

@@ -25,6 +25,7 @@ import tensorflow as tf
 from tfdist import compat
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.pipeline.engine import StageEngine
+from tfdist.pipeline.transport import EVALUATE, METRICS, PREDICT, TRAIN
 
 __all__ = ["stage_model_class", "resolve_metric"]
 
@@ -152,7 +153,10 @@ class _StageModelMixin:
     def _loss(self, y: Any, y_pred: Any) -> Any:
         return tf.reduce_mean(self._pipeline_loss_fn(y, y_pred))
 
-    def _unpack(self, data: Any) -> tuple[Any, Any]:
+    def _unpack(self, data: Any, by_replica: bool = True) -> tuple[Any, Any]:
+        """``(x, y)`` of a batch: this replica's rows when training (``by_replica``); every row
+        for evaluate and predict, which each replica runs whole (their results then need no
+        gathering)."""
         if isinstance(data, (tuple, list)):
             if len(data) > 2 and data[2] is not None:
                 raise StrategyConfigError(format_error(
@@ -165,9 +169,12 @@ class _StageModelMixin:
             x, y = data, None
         engine = self._engine
         self._pipeline.check_batch(x)
+        if not by_replica:
+            return x, y
         return engine.replica_rows(x), engine.replica_rows(y)
 
-    def _shared_logs(self, loss: Any | None, y: Any, y_pred: Any) -> dict[str, Any]:
+    def _shared_logs(self, loss: Any | None, y: Any, y_pred: Any,
+                     phase: int = TRAIN) -> dict[str, Any]:
         """Updates the last stage's metrics; shares loss and metric values with every stage."""
         engine = self._engine
         if engine.layout.is_last:
@@ -176,11 +183,11 @@ class _StageModelMixin:
             values = tf.stack([tf.cast(loss, tf.float32),
                                *[tf.cast(m.result(), tf.float32)
                                  for m in self._pipeline_real_metrics]])
-            values = engine.average_over_replicas([values], kind=6)[0]
+            values = engine.average_over_replicas([values], kind=METRICS, phase=phase)[0]
         else:
             values = None
         count = 1 + len(self._pipeline_mirrors)
-        values = engine.share(values, [count], tf.float32, index=0)
+        values = engine.share(values, [count], tf.float32, index=0, phase=phase)
         step_loss = values[0]
         self._pipeline_tracker.update_state(step_loss)
         logs = {"loss": self._pipeline_tracker.result()}
@@ -202,26 +209,26 @@ class _StageModelMixin:
         return self._shared_logs(loss, y, y_pred)
 
     def test_step(self, data: Any) -> dict[str, Any]:
-        x, y = self._unpack(data)
+        x, y = self._unpack(data, by_replica=False)
         engine = self._engine
-        outs = engine.forward(lambda a: self(a, training=False), x)
+        outs = engine.forward(lambda a: self(a, training=False), x, EVALUATE)
         if engine.layout.is_last:
             y_pred = tf.concat(outs, axis=0)
             loss = self._loss(y, y_pred)
-            return self._shared_logs(loss, y, y_pred)
+            return self._shared_logs(loss, y, y_pred, EVALUATE)
         with tf.control_dependencies(outs):  # this stage's sends
-            return self._shared_logs(None, y, None)
+            return self._shared_logs(None, y, None, EVALUATE)
 
     def predict_step(self, data: Any) -> Any:
-        x, _ = self._unpack(data)
+        x, _ = self._unpack(data, by_replica=False)
         engine = self._engine
-        outs = engine.forward(lambda a: self(a, training=False), x)
+        outs = engine.forward(lambda a: self(a, training=False), x, PREDICT)
         spec = self._pipeline.spec
         if engine.layout.is_last:
-            return engine.share(tf.concat(outs, axis=0), None, spec.dtypes[-1], index=1)
+            return engine.share(tf.concat(outs, axis=0), None, spec.dtypes[-1], 1, PREDICT)
         shape = tf.stack([tf.shape(x)[0], *[int(d) for d in spec.shapes[-1]]])
         with tf.control_dependencies(outs):  # this stage's sends
-            return engine.share(None, shape, spec.dtypes[-1], index=1)
+            return engine.share(None, shape, spec.dtypes[-1], 1, PREDICT)
 
     # ------------------------------------------------------------ saving
     def whole_model(self) -> Any | None:

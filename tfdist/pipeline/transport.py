@@ -7,9 +7,12 @@ tensor from one process to the other. Keys:
 * group key of the pair of ranks ``a < b``: ``PAIR_GROUP_BASE + a * MAX_RANKS + b`` (one group
   per pair of neighbouring stages, both directions);
 * group key of stage ``k``'s data-parallel group (its D replicas): ``STAGE_GROUP_BASE + k``;
-* instance key (unique within a group): ``kind << 24 | micro_batch << 12 | index``, ``kind``
-  one of `ACTIVATION`, `GRADIENT`, `WEIGHTS`, `REDUCE`; ``index`` numbers the tensors of one
-  transfer (the variables of a weight transfer or an all-reduce).
+* instance key (unique within a group): ``phase << 27 | kind << 24 | micro_batch << 12 |
+  index``, ``kind`` one of `ACTIVATION`, `GRADIENT`, `WEIGHTS`, `REDUCE`, `SHARE`, `METRICS`;
+  ``index`` numbers the tensors of one transfer (the variables of a weight transfer or an
+  all-reduce); ``phase`` separates training, evaluation and prediction steps (`TRAIN`,
+  `EVALUATE`, `PREDICT`), whose tensors differ in shape: TensorFlow refuses one instance key
+  used with two shapes.
 
 Inside a ``tf.function`` an op whose output nothing uses is pruned: a pruned send leaves its
 receiver waiting forever. Callers tie every send to the step's outputs
@@ -44,7 +47,8 @@ __all__ = [
     "enable_collectives",
 ]
 
-ACTIVATION, GRADIENT, WEIGHTS, REDUCE = 1, 2, 3, 4
+ACTIVATION, GRADIENT, WEIGHTS, REDUCE, SHARE, METRICS = 1, 2, 3, 4, 5, 6
+TRAIN, EVALUATE, PREDICT = 0, 1, 2
 MAX_RANKS = 4096
 PAIR_GROUP_BASE = 1 << 20
 STAGE_GROUP_BASE = 1 << 19
@@ -61,9 +65,9 @@ def stage_group_key(stage: int) -> int:
     return STAGE_GROUP_BASE + stage
 
 
-def instance_key(kind: int, micro_batch: int = 0, index: int = 0) -> int:
+def instance_key(kind: int, micro_batch: int = 0, index: int = 0, phase: int = TRAIN) -> int:
     """The instance key of tensor ``index`` of a ``kind`` transfer for ``micro_batch``."""
-    return kind << 24 | micro_batch << 12 | index
+    return phase << 27 | kind << 24 | micro_batch << 12 | index
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,18 +88,19 @@ class Link:
     def group_key(self) -> int:
         return pair_group_key(self.rank, self.peer)
 
-    def send(self, tensor: Any, kind: int, micro_batch: int = 0, index: int = 0) -> tf.Tensor:
+    def send(self, tensor: Any, kind: int, micro_batch: int = 0, index: int = 0,
+             phase: int = TRAIN) -> tf.Tensor:
         """Sends ``tensor`` to the peer; tie the result to the step's outputs."""
         return collective_ops.broadcast_send_v2(
             tensor, group_size=2, group_key=self.group_key,
-            instance_key=instance_key(kind, micro_batch, index), timeout=self.timeout)
+            instance_key=instance_key(kind, micro_batch, index, phase), timeout=self.timeout)
 
     def recv(self, shape: Any, dtype: tf.DType, kind: int, micro_batch: int = 0,
-             index: int = 0) -> tf.Tensor:
-        """Receives the tensor the peer sends with the same ``kind``, micro-batch and index."""
+             index: int = 0, phase: int = TRAIN) -> tf.Tensor:
+        """Receives the tensor the peer sends with the same kind, micro-batch, index, phase."""
         return collective_ops.broadcast_recv_v2(
             shape, dtype, group_size=2, group_key=self.group_key,
-            instance_key=instance_key(kind, micro_batch, index), timeout=self.timeout)
+            instance_key=instance_key(kind, micro_batch, index, phase), timeout=self.timeout)
 
 
 def all_reduce_mean(tensors: list[Any], group: tuple[int, ...], stage: int,

@@ -162,9 +162,10 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         return self.layout.rank
 
     def input_context(self) -> tf.distribute.InputContext:
-        """Every stage of a replica reads the same data: one input pipeline per replica."""
+        """Every process reads the whole global batch (each step slices its replica's rows), so
+        its one input pipeline batches by the global batch size."""
         return tf.distribute.InputContext(
-            num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=self.num_replicas)
+            num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)
 
     def _distribute_dataset_fn(self, dataset_fn: Any, options: Any) -> Any:
         # Every process reads the whole global batch; each step slices its replica's rows.

@@ -1,0 +1,89 @@
+"""``pipeline``: step time of a K=2 pipeline against the GPipe bound, and against data parallel.
+
+Jobs (one ``workers/pipeline_worker.py`` job each, one TF thread per process so each stage has a
+core): the same deep MLP of equal layers and the same global batch under ``pipeline`` with
+K = 2 stages and M = 1, 2, 4, 8 micro-batches, under ``multi_worker`` on the same 2 processes,
+and under ``default`` on one. Per pipeline row:
+
+* ``ideal_s``: the GPipe bound ``(M + K - 1) * t_stage``, with ``t_stage`` the slowest stage's
+  forward + backward of one micro-batch measured alone in the same job (so the bubble
+  ``(K-1)/(M+K-1)`` is the only idle time the bound allows);
+* ``measured_over_ideal``: measured step time / ``ideal_s`` (1.0: no cost beyond the bubble;
+  the target is <= 1.15 at M >= 4 for a compute-bound stage);
+* ``speedup_vs_default``: one process's step time / this job's.
+
+Example:
+    >>> PipelineConfig(quick=True).micro_batches
+    (1, 4)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from tfdist.bench import jobs
+from tfdist.cluster import ClusterSpec
+from tfdist.pipeline.schedule import bubble_fraction
+
+__all__ = ["PipelineConfig", "run"]
+
+_MODULE = "tfdist.bench.workers.pipeline_worker"
+_SCRIPT = "pipeline_worker.py"
+
+
+@dataclass
+class PipelineConfig:
+    """The model, batch and micro-batch counts. ``env`` goes to every child."""
+
+    quick: bool = False
+    stages: int = 2
+    batch: int = 256
+    width: int = 1024
+    depth: int = 8
+    steps: int = 20
+    micro_batches: tuple[int, ...] = (1, 2, 4, 8)
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.quick:
+            self.micro_batches, self.width, self.steps = (1, 4), 256, 5
+
+    def args(self, mode: str, micro_batches: int = 1) -> list[str]:
+        return ["--mode", mode, "--micro-batches", str(micro_batches), "--batch",
+                str(self.batch), "--width", str(self.width), "--depth", str(self.depth),
+                "--steps", str(self.steps)]
+
+
+def run(config: PipelineConfig, log: IO[str]) -> dict[str, Any]:
+    """Runs every job; returns ``{"rows": [...]}`` (one row per job)."""
+    env = {"TFDIST_BENCH_THREADS": "1,1", **config.env}
+    timeout = 600.0
+    single = jobs.first_report(jobs.run_local(_MODULE, config.args("default"), env=env,
+                                              log=log, timeout=timeout))
+    rows = [{"mode": "default", "processes": 1, "micro_batches": "-",
+             "step_s": single["step_s"], "speedup_vs_default": 1.0}]
+    for micro in config.micro_batches:
+        spec = ClusterSpec.local(workers=config.stages)
+        results = jobs.run_tf(spec, _SCRIPT, config.args("pipeline", micro),
+                              env={**env, "TFDIST_STRATEGY": "pipeline",
+                                   "TFDIST_PIPELINE_STAGES": str(config.stages)},
+                              log=log, timeout=timeout)
+        stage_s = max(r["stage_s"] for r in results.values())
+        ideal = (micro + config.stages - 1) * stage_s
+        step = jobs.first_report(results)["step_s"]
+        rows.append({"mode": "pipeline", "processes": config.stages, "micro_batches": micro,
+                     "step_s": step, "ideal_s": ideal, "measured_over_ideal": step / ideal,
+                     "bubble": bubble_fraction(config.stages, micro),
+                     "speedup_vs_default": single["step_s"] / step})
+    spec = ClusterSpec.local(workers=config.stages)
+    data_parallel = jobs.first_report(jobs.run_tf(
+        spec, _SCRIPT, config.args("multi_worker"), env={**env, "TFDIST_STRATEGY":
+                                                         "multi_worker"}, log=log,
+        timeout=timeout))
+    rows.append({"mode": "multi_worker", "processes": config.stages, "micro_batches": "-",
+                 "step_s": data_parallel["step_s"],
+                 "speedup_vs_default": single["step_s"] / data_parallel["step_s"]})
+    return {"rows": rows, "model": {"width": config.width, "depth": config.depth,
+                                    "batch": config.batch}}
