@@ -79,6 +79,8 @@ class JobOptions:
             only loopback (`tfdist.launcher.netns`); ``host``: on this machine's network.
         startup_timeout: Seconds each task waits for its peers (``TFDIST_STARTUP_TIMEOUT``;
             None: the tasks' default, 600 s).
+        preemption_grace: Seconds tasks get, after the launcher forwards a SIGTERM, to save and
+            exit before they are SIGKILLed (`tfdist.preemption`).
     """
 
     script: str
@@ -96,6 +98,7 @@ class JobOptions:
     hosts: HostOptions | None = None
     network: Literal["private", "host"] = "private"
     startup_timeout: float | None = None
+    preemption_grace: float = 25.0
 
 
 @dataclasses.dataclass(frozen=True)
