@@ -105,6 +105,9 @@ def run_placement(placement: Placement) -> int:
 def _preemption_outcome(group: ProcessGroup) -> int:
     """Reports a job stopped by SIGTERM; its exit status says whether it can resume exactly."""
     main = [t for t in group.tasks.values() if t.kind == "main"]
+    if all(t.popen.returncode == 0 for t in main):
+        _log("job finished: every training task completed within the preemption grace")
+        return 0
     unsaved = [t for t in main if t.popen.returncode != PREEMPTED_EXIT_STATUS]
     if not unsaved:
         _log(f"job preempted: every training task saved a checkpoint at the step it was in and "
