@@ -106,3 +106,39 @@ def skip_at_start(dataset: Any, skip: Any) -> Any:
 
     stream = tf.data.Dataset.range(1).flat_map(skipped)
     return stream.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
+
+
+def preemption_handler(strategy: Any, checkpoint: Any, directory: str) -> Any:
+    """TF's ``PreemptionCheckpointHandler`` for a custom loop under ``strategy`` (see its method).
+
+    Raises:
+        StrategyConfigError: ``strategy`` does not save on SIGTERM (``preemption_saves``).
+    """
+    import tensorflow as tf
+
+    from tfdist.errors import StrategyConfigError, format_error
+
+    if not getattr(strategy, "preemption_saves", False):
+        raise StrategyConfigError(
+            format_error(
+                "This strategy cannot save at the current step on SIGTERM.",
+                received=f"strategy {getattr(strategy, 'name', strategy)!r}",
+                expected="multi_worker (TF's PreemptionCheckpointHandler)",
+                fix="use get_strategy('multi_worker'), or save a checkpoint every N steps with "
+                "strategy.save_checkpoint and restore it with strategy.restore_checkpoint",
+            )
+        )
+    made: list[Any] = []
+
+    def after_save() -> str:
+        return f"step {int(made[0]._checkpointed_runs.numpy())}, in {directory}"
+
+    handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+        strategy.cluster_resolver, checkpoint, directory,
+        termination_config=termination_config(after_save),
+    )
+    made.append(handler)
+    # MultiWorkerMirrored runs one step per handler.run call, so the restored count of calls is
+    # the step the input stream must resume at.
+    strategy._resume_input_at(int(handler._checkpointed_runs.numpy()))
+    return handler

@@ -30,12 +30,12 @@ LAUNCH = [sys.executable, "-m", "tfdist.launcher.cli", "--workers", "2", "--time
           "--preemption-grace", "90"]
 
 
-def _start(tmp_path: Path, name: str, backup: Path, *launcher_args: str,
+def _start(tmp_path: Path, name: str, backup: Path, *launcher_args: str, script: str = str(SCRIPT),
            **env: str) -> subprocess.Popen[str]:
     results = tmp_path / f"{name}-results"
     results.mkdir()
     return subprocess.Popen(
-        [*LAUNCH, *launcher_args, str(SCRIPT), str(backup)],
+        [*LAUNCH, *launcher_args, script, str(backup)],
         env={**os.environ, **env, RESULT_DIR_ENV: str(results), "PYTHONPATH": str(REPO_ROOT)},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
@@ -49,9 +49,10 @@ def _finish(tmp_path: Path, name: str, proc: subprocess.Popen[str]) -> tuple[str
 
 
 def _preempt(tmp_path: Path, name: str, backup: Path, *launcher_args: str,
-             **env: str) -> tuple[str, int]:
+             script: str = str(SCRIPT), **env: str) -> tuple[str, int]:
     """Runs a job, SIGTERMs the launcher once both workers paused after PAUSE_AT steps."""
-    proc = _start(tmp_path, name, backup, *launcher_args, PAUSE_AT_STEP=str(PAUSE_AT), **env)
+    proc = _start(tmp_path, name, backup, *launcher_args, script=script,
+                  PAUSE_AT_STEP=str(PAUSE_AT), **env)
     lines: list[str] = []
     deadline = time.monotonic() + 200
     while sum(f"paused after step {PAUSE_AT}" in line for line in lines) < 2:
@@ -113,3 +114,23 @@ def test_without_saving_on_sigterm_the_job_exits_143_and_the_rerun_repeats_the_e
     _, resumed = _finish(tmp_path, "resumed",
                          _start(tmp_path, "resumed", backup, SAVE_BEFORE_PREEMPTION="0"))
     assert resumed["worker_0"]["ran"][0] == [1, 0]  # back to the start of epoch 2
+
+
+def test_a_custom_loop_with_the_preemption_handler_resumes_at_the_step_it_saved(tmp_path):
+    script = str(Path(__file__).parent / "scripts" / "preempt_custom_loop.py")
+    _, plain = _finish(tmp_path, "plain",
+                       _start(tmp_path, "plain", tmp_path / "plain-ckpt", script=script))
+    assert plain["worker_0"]["ran"] == list(range(1, 25))
+
+    ckpt = tmp_path / "ckpt"
+    log, status = _preempt(tmp_path, "preempted", ckpt, script=script)
+    assert status == 75, log
+    found = re.search(rf"worker:0: saved a checkpoint at step (\d+), in {re.escape(str(ckpt))}\.",
+                      log)
+    assert found, log
+    saved = int(found[1])
+    assert PAUSE_AT < saved <= PAUSE_AT + 3, found[0]
+
+    _, resumed = _finish(tmp_path, "resumed", _start(tmp_path, "resumed", ckpt, script=script))
+    assert resumed["worker_0"]["ran"] == list(range(saved + 1, 25))
+    _assert_same_weights(resumed, plain)

@@ -387,6 +387,32 @@ class TfdistStrategyMixin:
 
         return backup_callback(self, directory, **kwargs)
 
+    def preemption_handler(
+        self, checkpoint: tf.train.Checkpoint, directory: str | os.PathLike[str]
+    ) -> Any:
+        """For a custom loop: saves ``checkpoint`` at the current step on SIGTERM, then exits 75.
+
+        Creating it restores the latest checkpoint in ``directory``, and makes the next iterator
+        over a `distribute_dataset` start where that step left the input; so create it before
+        the iterator. Run each step as ``handler.run(train_step, next(iterator))``
+        (one step per call); track the step in a variable of ``checkpoint``
+        (`tfdist.preemption` says what happens on SIGTERM).
+
+        Raises:
+            StrategyConfigError: this strategy does not save on SIGTERM (`preemption_saves`).
+
+        Example:
+            >>> import tempfile, tfdist.strategies
+            >>> strategy = tfdist.strategies.get_strategy("default")
+            >>> strategy.preemption_handler(tf.train.Checkpoint(), tempfile.mkdtemp())
+            Traceback (most recent call last):
+            ...
+            tfdist.errors.StrategyConfigError: This strategy cannot save ... Received: ...
+        """
+        from tfdist.preemption import preemption_handler
+
+        return preemption_handler(self, checkpoint, os.fspath(directory))
+
     def write_path(self, path: str | os.PathLike[str]) -> str | None:
         """Where this process writes what belongs at ``path``.
 
