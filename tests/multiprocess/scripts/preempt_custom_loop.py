@@ -50,7 +50,7 @@ def train_step(batch):
             error = model(features, training=True) - labels
             loss = tf.reduce_sum(tf.square(error)) / global_batch
         grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
 
     strategy.run(replica_step, args=batch)
 
