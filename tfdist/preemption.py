@@ -24,6 +24,7 @@ the constants.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -51,9 +52,10 @@ def marker_line(where: str) -> str:
 def _exit_preempted(describe: Callable[[], str]) -> None:
     print(marker_line(describe()), flush=True)
     sys.stderr.flush()
-    # SystemExit, not os._exit: the collective runtime shuts down cleanly and every worker
-    # leaves at the same step, so nothing waits on a peer that is gone.
-    sys.exit(PREEMPTED_EXIT_STATUS)
+    # The checkpoint is written (saves are synchronous) and a rerun is a new process, so skip
+    # the interpreter's and TF's teardown: under MultiWorkerMirrored it took 8.5 s of the grace
+    # after the save (2 workers, 2 cores), waiting on a coordination service that was leaving.
+    os._exit(PREEMPTED_EXIT_STATUS)
 
 
 def termination_config(describe: Callable[[], str]) -> Any:
