@@ -71,32 +71,36 @@ def _assert_same_weights(got: dict, want: dict) -> None:
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("per_execution", [1, 2])
 def test_sigterm_saves_at_the_current_step_and_the_rerun_ends_like_an_uninterrupted_run(
-        tmp_path):
-    _, plain = _finish(tmp_path, "plain", _start(tmp_path, "plain", tmp_path / "plain-backup"))
-    assert len(plain["worker_0"]["ran"]) == TOTAL
+        tmp_path, per_execution):
+    spe = {"STEPS_PER_EXECUTION": str(per_execution)}
+    _, plain = _finish(tmp_path, "plain",
+                       _start(tmp_path, "plain", tmp_path / "plain-backup", **spe))
+    assert len(plain["worker_0"]["ran"]) == TOTAL // per_execution
 
     backup = tmp_path / "backup"
-    log, status = _preempt(tmp_path, "preempted", backup)
+    log, status = _preempt(tmp_path, "preempted", backup, **spe)
     assert status == 75, log
     found = re.search(r"job preempted: every training task saved a checkpoint at the step it was "
                       r"in and exited with status 75\. worker:0: saved a checkpoint at epoch "
                       rf"(\d+), after step (\d+), in {re.escape(str(backup))}/chief\.", log)
     assert found, log
     epoch, step = int(found[1]) - 1, int(found[2])  # 0-based epoch, steps done in it
-    assert PAUSE_AT < epoch * STEPS + step <= PAUSE_AT + 3 and 0 < step < STEPS, found[0]
+    assert PAUSE_AT < epoch * STEPS + step <= PAUSE_AT + 3 * per_execution, found[0]
+    assert 0 < step < STEPS, f"not mid-epoch: {found[0]}"
     saved = tmp_path / "saved-backup"
     shutil.copytree(backup, saved)  # for the sabotage below
 
-    _, resumed = _finish(tmp_path, "resumed", _start(tmp_path, "resumed", backup))
+    _, resumed = _finish(tmp_path, "resumed", _start(tmp_path, "resumed", backup, **spe))
     # The rerun starts at the step after the save, mid-epoch, and runs only the steps left.
     assert resumed["worker_0"]["ran"][0] == [epoch, step]
-    assert len(resumed["worker_0"]["ran"]) == TOTAL - (epoch * STEPS + step)
+    assert len(resumed["worker_0"]["ran"]) == (TOTAL - (epoch * STEPS + step)) // per_execution
     _assert_same_weights(resumed, plain)
 
     # Sabotage: the same rerun with its input started at the first batch ends elsewhere.
-    _, sabotaged = _finish(tmp_path, "no-input-resume",
-                           _start(tmp_path, "no-input-resume", saved, NO_INPUT_RESUME="1"))
+    _, sabotaged = _finish(tmp_path, "no-input-resume", _start(
+        tmp_path, "no-input-resume", saved, NO_INPUT_RESUME="1", **spe))
     assert sabotaged["worker_0"]["ran"][0] == [epoch, step]
     with pytest.raises(AssertionError):
         _assert_same_weights(sabotaged, plain)

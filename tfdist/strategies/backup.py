@@ -113,6 +113,12 @@ def _tf_keras_backup(
                 epoch, step = state.maybe_load_initial_counters_from_ckpt(steps, 0, "train")
                 strategy._resume_input_at(epoch * steps + step)
 
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            # tf-keras records the first step of an execution (on_train_batch_begin); with
+            # steps_per_execution > 1 a save would then claim fewer steps than it holds.
+            self._training_state._ckpt_saved_batch.assign(batch)
+            super().on_train_batch_end(batch, logs)
+
         def _implements_train_batch_hooks(self) -> bool:
             return preempt or super()._implements_train_batch_hooks()
 

@@ -7,6 +7,7 @@ Argument: the backup directory. Environment:
   and waits 5 s (the test sends SIGTERM meanwhile). Off when unset.
 * ``SAVE_BEFORE_PREEMPTION=0``: the backup callback does not save on SIGTERM (sabotage).
 * ``NO_INPUT_RESUME=1``: a resumed run starts its input at the first batch (sabotage).
+* ``STEPS_PER_EXECUTION=n``: compile with it (default 1).
 
 Reports the (epoch, step) of every step it ran and the final weights.
 """
@@ -50,8 +51,10 @@ class Steps(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
 
+    def on_train_batch_begin(self, batch, logs=None):
+        self.ran.append([self.epoch, int(batch)])  # the first step of each execution
+
     def on_train_batch_end(self, batch, logs=None):
-        self.ran.append([self.epoch, int(batch)])
         pause_at = int(os.environ.get("PAUSE_AT_STEP", "0"))
         if self.epoch * STEPS + batch + 1 == pause_at:
             print(f"paused after step {pause_at}", flush=True)
@@ -62,7 +65,8 @@ with strategy.scope():
     keras.utils.set_random_seed(3)
     model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(8, activation="tanh"),
                               keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="mse")
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="mse",
+                  steps_per_execution=int(os.environ.get("STEPS_PER_EXECUTION", "1")))
 save = os.environ.get("SAVE_BEFORE_PREEMPTION", "1") == "1"
 steps = Steps()
 model.fit(
