@@ -158,3 +158,10 @@ def test_a_task_that_cannot_start_stops_the_gang(tmp_path):
     assert run_placement(Placement(plan, (sleeper, missing))) == 127
     left = {p.pid for p in psutil.Process().children(recursive=True)} - before
     assert _no_orphans(list(left))
+
+
+def test_a_job_whose_tasks_all_finish_within_the_grace_succeeds(tmp_path):
+    proc = _launch(tmp_path, "finish_on_sigterm", "--workers", "2")
+    out = _sigterm_when_ready(proc, 2)
+    assert proc.returncode == 0, out
+    assert "job finished: every training task completed within the preemption grace" in out
