@@ -29,7 +29,14 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["PREEMPTED_EXIT_STATUS", "PREEMPTED_MARKER", "termination_config", "marker_line"]
+__all__ = [
+    "PREEMPTED_EXIT_STATUS",
+    "PREEMPTED_MARKER",
+    "marker_line",
+    "preemption_handler",
+    "skip_at_start",
+    "termination_config",
+]
 
 PREEMPTED_EXIT_STATUS = 75
 """Exit status of a task, and of ``tfdist-launch``, that saved a checkpoint on SIGTERM and
