@@ -77,8 +77,44 @@ def test_no_task_outlives_the_launcher(tmp_path, sig):
     proc.send_signal(sig)
     proc.communicate(timeout=30)
     assert _no_orphans(pids + children), f"left behind after {sig.name}: {alive(pids + children)}"
-    if sig != signal.SIGKILL:
-        assert proc.returncode == 130
+    if sig != signal.SIGKILL:  # SIGTERM: a preemption the tasks did not save on (143)
+        assert proc.returncode == (130 if sig == signal.SIGINT else 143)
+
+
+def _sigterm_when_ready(proc: subprocess.Popen[str], tasks: int) -> str:
+    """Sends SIGTERM once ``tasks`` tasks said they are ready; returns the launcher's output."""
+    lines: list[str] = []
+    deadline = time.monotonic() + 30
+    while sum(" ready" in line for line in lines) < tasks:
+        assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
+        lines.append(proc.stdout.readline())
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    return "".join(lines) + out
+
+
+def test_sigterm_is_forwarded_and_a_job_whose_tasks_saved_exits_preempted(tmp_path):
+    proc = _launch(tmp_path, "save_on_sigterm", "--workers", "2")
+    out = _sigterm_when_ready(proc, 2)
+    assert proc.returncode == 75, out
+    assert "received SIGTERM: forwarding it to every task; 25 s to save and exit" in out
+    assert ("job preempted: every training task saved a checkpoint at the step it was in and "
+            "exited with status 75. worker:0: saved a checkpoint at step 7 in /ckpt/worker:0. "
+            "Run the same command again to resume from that step.") in out
+    assert "restarting" not in out
+    assert _no_orphans(_task_pids(tmp_path))
+
+
+def test_a_task_that_does_not_save_within_the_grace_is_killed_and_named(tmp_path):
+    proc = _launch(tmp_path, "worker1_ignores_sigterm", "--workers", "2",
+                   "--preemption-grace", "1", "--max-restarts", "2")
+    started = time.monotonic()
+    out = _sigterm_when_ready(proc, 2)
+    assert proc.returncode == 143, out
+    assert time.monotonic() - started < 20, "the task ignoring SIGTERM was not killed in time"
+    assert "Not saved on SIGTERM: worker:1 (exit status -9)" in out
+    assert "restarting" not in out, "a preempted job must not be restarted by the launcher"
+    assert _no_orphans(_task_pids(tmp_path))
 
 
 def test_max_restarts_restarts_the_whole_gang(tmp_path):
@@ -122,3 +158,10 @@ def test_a_task_that_cannot_start_stops_the_gang(tmp_path):
     assert run_placement(Placement(plan, (sleeper, missing))) == 127
     left = {p.pid for p in psutil.Process().children(recursive=True)} - before
     assert _no_orphans(list(left))
+
+
+def test_a_job_whose_tasks_all_finish_within_the_grace_succeeds(tmp_path):
+    proc = _launch(tmp_path, "finish_on_sigterm", "--workers", "2")
+    out = _sigterm_when_ready(proc, 2)
+    assert proc.returncode == 0, out
+    assert "job finished: every training task completed within the preemption grace" in out

@@ -28,6 +28,7 @@ MODULES = [
     "tfdist.launcher.slurm_task",
     "tfdist.launcher.ssh",
     "tfdist.launcher.remote",
+    "tfdist.preemption",
 ]
 
 

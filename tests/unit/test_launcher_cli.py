@@ -48,6 +48,9 @@ def _dry_run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> list[dict]:
         (["--export", "kubeflow", "--image", "", "{script}"], "--image is empty"),
         (["--export", "slurm", "--output", "/tmp", "{script}"], "--output '/tmp' is a directory"),
         (["--startup-timeout", "0", "{script}"], "--startup-timeout must be a positive number"),
+        (["--preemption-grace", "-1", "{script}"],
+         "--preemption-grace must be 0 or more seconds. Received: -1.0"),
+        (["--preemption-grace", "inf", "{script}"], "--preemption-grace must be 0 or more"),
         (["no_such_script.py"], "script not found: 'no_such_script.py'"),
     ],
 )

@@ -178,3 +178,17 @@ def test_default_strategy_fit_matches_plain_fit():
     assert abs(model.get_weights()[0] - start).max() > 1e-2
     for got, want in zip(model.get_weights(), reference.get_weights(), strict=True):
         assert abs(got - want).max() <= 1e-6
+
+
+def test_saving_on_sigterm_is_refused_where_the_strategy_cannot(tmp_path):
+    strategy = tfdist.strategies.get_strategy("default")
+    assert not strategy.preemption_saves
+    with pytest.raises(StrategyConfigError, match=r"(?s)save_before_preemption needs a strategy "
+                       r"that saves on SIGTERM.*Received: strategy 'default' with keras3.*"
+                       r"Fix: leave save_before_preemption unset"):
+        strategy.backup_callback(tmp_path, save_before_preemption=True)
+    # Unset, it is off: a plain BackupAndRestore (resumes from its last backup).
+    assert type(strategy.backup_callback(tmp_path)).__name__ == "BackupAndRestore"
+    with pytest.raises(StrategyConfigError, match=r"Received: strategy 'default'.*Fix: use "
+                       r"get_strategy\('multi_worker'\)"):
+        strategy.preemption_handler(tf.train.Checkpoint(), tmp_path)

@@ -111,6 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
         "this many times; a dead ps stops the job (env TFDIST_LAUNCH_MAX_WORKER_RESTARTS; "
         "default 3)",
     )
+    run.add_argument(
+        "--preemption-grace", type=float, default=_env_default("PREEMPTION_GRACE", "25"),
+        metavar="SECONDS",
+        help="on SIGTERM the launcher forwards it to every task, which saves at its current step "
+        "and exits 75; tasks still running after this many seconds are SIGKILLed. Keep it below "
+        "your scheduler's own (Kubernetes terminationGracePeriodSeconds, Slurm KillWait) "
+        "(env TFDIST_LAUNCH_PREEMPTION_GRACE; default 25)",
+    )
     run.add_argument("--log-dir", help="also write each task's output to LOG_DIR/<task>.log")
     run.add_argument(
         "--network", choices=("private", "host"), default=_env_default("NETWORK", "private"),
@@ -170,6 +178,9 @@ def _validate(args: argparse.Namespace) -> str | None:
         return f"script not found: {args.script!r}. Fix: pass the path of an existing file"
     if args.evaluator_grace < 0:
         return f"--evaluator-grace must be 0 or more seconds. Received: {args.evaluator_grace}"
+    if not math.isfinite(args.preemption_grace) or args.preemption_grace < 0:
+        return (f"--preemption-grace must be 0 or more seconds. Received: "
+                f"{args.preemption_grace}. Fix: e.g. --preemption-grace 25")
     if args.max_restarts < 0:
         return f"--max-restarts must be 0 or more. Received: {args.max_restarts}"
     if args.max_worker_restarts < 0:
@@ -206,7 +217,7 @@ def options_from_args(args: argparse.Namespace) -> JobOptions:
         timeout=args.timeout, evaluator_grace=args.evaluator_grace,
         max_restarts=args.max_restarts, worker_restarts=args.max_worker_restarts,
         log_dir=args.log_dir, hosts=host_options_from_args(args), network=args.network,
-        startup_timeout=args.startup_timeout,
+        startup_timeout=args.startup_timeout, preemption_grace=args.preemption_grace,
         strategy_options={option: str(getattr(args, option))
                           for option in ("stages", "micro_batches", "schedule")
                           if getattr(args, option) is not None},

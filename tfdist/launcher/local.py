@@ -6,6 +6,10 @@ ParameterServer ``worker``) is restarted alone (same TF_CONFIG, same port) up to
 ``fatal_roles`` (a ``ps``: its variables are gone) stops the job with that reason. An evaluator is
 a sidecar: its crash is reported and training goes on; once the training tasks are done it gets up
 to ``--evaluator-grace`` seconds to evaluate the last checkpoint and exit, then it is stopped.
+
+SIGTERM to the launcher is a preemption (`tfdist.preemption`): every task gets SIGTERM and up to
+``--preemption-grace`` seconds to save at its current step; the launcher exits with
+`PREEMPTED_EXIT_STATUS` when every training task did, else with 143, and never restarts the job.
 """
 
 from __future__ import annotations
@@ -18,7 +22,14 @@ from types import FrameType
 from tfdist.errors import TaskFailedError, TaskTimeoutError
 from tfdist.launcher.netns import NetworkIsolationError, PrivateNetwork
 from tfdist.launcher.plan import JobPlan, Placement, place
-from tfdist.launcher.process import ProcessGroup
+from tfdist.launcher.process import ProcessGroup, TaskProcess
+from tfdist.preemption import PREEMPTED_EXIT_STATUS, PREEMPTED_MARKER
+
+_SIGTERM_STATUS = 128 + signal.SIGTERM
+
+
+class _Preempted(Exception):
+    """The launcher received SIGTERM."""
 
 
 def _log(message: str) -> None:
@@ -54,7 +65,7 @@ def run_placement(placement: Placement) -> int:
     network = _private_network(placement)
     group = ProcessGroup(log_dir=plan.options.log_dir, sidecar_grace=plan.options.evaluator_grace,
                          join_network=network.join if network else None)
-    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    previous = signal.signal(signal.SIGTERM, _raise_preempted)
     try:
         for task in placement.tasks:
             started = group.start(task.name, task.command, env=task.environ(), kind=task.kind,
@@ -71,6 +82,12 @@ def run_placement(placement: Placement) -> int:
     except TaskTimeoutError as err:
         _log(str(err))
         return 124
+    except _Preempted:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut this short
+        grace = plan.options.preemption_grace
+        _log(f"received SIGTERM: forwarding it to every task; {grace:g} s to save and exit")
+        group.stop(grace_period=grace)
+        return _preemption_outcome(group)
     except KeyboardInterrupt:
         _log("interrupted; stopping every task")
         return 130
@@ -83,6 +100,35 @@ def run_placement(placement: Placement) -> int:
         placement.release()
         if network:
             network.close()
+
+
+def _preemption_outcome(group: ProcessGroup) -> int:
+    """Reports a job stopped by SIGTERM; its exit status says whether it can resume exactly."""
+    main = [t for t in group.tasks.values() if t.kind == "main"]
+    if all(t.popen.returncode == 0 for t in main):
+        _log("job finished: every training task completed within the preemption grace")
+        return 0
+    unsaved = [t for t in main if t.popen.returncode != PREEMPTED_EXIT_STATUS]
+    if not unsaved:
+        _log(f"job preempted: every training task saved a checkpoint at the step it was in and "
+             f"exited with status {PREEMPTED_EXIT_STATUS}. {_saved_where(main)}Run the same "
+             f"command again to resume from that step. Every task stopped.")
+        return PREEMPTED_EXIT_STATUS
+    statuses = ", ".join(f"{t.name} (exit status {t.popen.returncode})" for t in unsaved)
+    _log(f"job stopped by SIGTERM; every task stopped. Not saved on SIGTERM: {statuses}. A rerun "
+         f"resumes from the last backup, if the script makes one. Fix: give model.fit "
+         f"strategy.backup_callback(dir) (multi_worker, tf-keras), or use "
+         f"strategy.preemption_handler(checkpoint, dir) in a custom loop; raise "
+         f"--preemption-grace if a save was cut short (SIGKILL: exit status -9).")
+    return _SIGTERM_STATUS
+
+
+def _saved_where(tasks: list[TaskProcess]) -> str:
+    for task in tasks:
+        for line in task.tail:
+            if line.startswith(PREEMPTED_MARKER):
+                return f"{task.name}: {line[len(PREEMPTED_MARKER):].strip()}. "
+    return ""
 
 
 def _private_network(placement: Placement) -> PrivateNetwork | None:
@@ -100,7 +146,9 @@ def _private_network(placement: Placement) -> PrivateNetwork | None:
     return network
 
 
-_NOT_RESTARTED = (0, 124, 130)  # success, timeout, interrupted by the user
+# Success, timeout, interrupted by the user, preempted (saved, or not): a rerun is the user's or
+# the scheduler's call.
+_NOT_RESTARTED = (0, 124, 130, PREEMPTED_EXIT_STATUS, _SIGTERM_STATUS)
 
 
 def run_job(plan: JobPlan, placement: Placement | None = None) -> int:
@@ -124,5 +172,5 @@ def run_job(plan: JobPlan, placement: Placement | None = None) -> int:
     return status
 
 
-def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
+def _raise_preempted(signum: int, frame: FrameType | None) -> None:
+    raise _Preempted

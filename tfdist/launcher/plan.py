@@ -82,6 +82,8 @@ class JobOptions:
             None: the tasks' default, 600 s).
         strategy_options: Options of the strategy itself (``{"stages": "2"}``), among its
             ``traits.launch_options``; each reaches the tasks as that variable.
+        preemption_grace: Seconds tasks get, after the launcher forwards a SIGTERM, to save and
+            exit before they are SIGKILLed (`tfdist.preemption`).
     """
 
     script: str
@@ -100,6 +102,7 @@ class JobOptions:
     network: Literal["private", "host"] = "private"
     startup_timeout: float | None = None
     strategy_options: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    preemption_grace: float = 25.0
 
 
 @dataclasses.dataclass(frozen=True)

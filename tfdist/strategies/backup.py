@@ -12,55 +12,159 @@ Keras's own callback is multi-worker aware only in tf-keras, and only for the st
   restores the same state. A rank that died before writing its last backup would resume one
   epoch behind the others: ranks must be restarted together, which is what
   ``tfdist-launch --max-restarts`` does.
+
+Saving on SIGTERM (`tfdist.preemption`), where the strategy's ``preemption_saves`` says so
+(MultiWorkerMirrored, tf-keras): tf-keras can save at the step a worker is in through TF's
+``PreemptionCheckpointHandler`` (``save_before_preemption``), but switches it on only on Google
+Cloud. tfdist switches it on everywhere, with its own termination config (save at the next step
+all workers agree on, exit 75), and on restore makes the input resume at that step as well
+(`tfdist.preemption.skip_at_start`). Keras 3's callback restores only the epoch, so it cannot
+resume within one.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 from typing import Any
 
 from tfdist import compat
+from tfdist.errors import StrategyConfigError, format_error
 
 __all__ = ["backup_callback"]
 
 
-def backup_callback(strategy: Any, directory: str | os.PathLike[str], **kwargs: Any) -> Any:
+def backup_callback(
+    strategy: Any,
+    directory: str | os.PathLike[str],
+    *,
+    save_before_preemption: bool | None = None,
+    **kwargs: Any,
+) -> Any:
     """A ``BackupAndRestore`` callback for this process, of the Keras flavour in use.
 
     Args:
         strategy: A tfdist strategy (its ``per_rank_backups`` decides the layout).
         directory: The job's backup directory (the same on every process).
+        save_before_preemption: Save at the current step on SIGTERM and exit 75 (None: wherever
+            the strategy and this Keras support it).
         **kwargs: Passed to Keras's ``BackupAndRestore`` (e.g. ``save_freq``).
+
+    Raises:
+        StrategyConfigError: ``save_before_preemption=True`` where it cannot work.
     """
     directory = os.fspath(directory)
+    preempt = _preemption_wanted(strategy, save_before_preemption)
     per_rank = bool(getattr(strategy, "per_rank_backups", False))
     if per_rank:
         directory = os.path.join(directory, f"rank-{strategy.task_index}")
     keras = compat.get_keras()
     if compat.keras_flavour() == "keras3":
         return keras.callbacks.BackupAndRestore(directory, **kwargs)
-    return _tf_keras_backup(keras, directory, per_rank, kwargs)
+    return _tf_keras_backup(keras, strategy, directory, per_rank, preempt, kwargs)
 
 
-def _tf_keras_backup(keras: Any, directory: str, per_rank: bool, kwargs: dict[str, Any]) -> Any:
+def _preemption_wanted(strategy: Any, requested: bool | None) -> bool:
+    supported = bool(getattr(strategy, "preemption_saves", False))
+    if supported and compat.keras_flavour() == "tf_keras":
+        return requested is not False
+    if requested:
+        raise StrategyConfigError(
+            format_error(
+                "save_before_preemption needs a strategy that saves on SIGTERM, with tf-keras.",
+                received=f"strategy {getattr(strategy, 'name', strategy)!r} with "
+                f"{compat.keras_flavour()}",
+                expected="multi_worker with tf-keras (TF_USE_LEGACY_KERAS=1)",
+                fix="leave save_before_preemption unset (the job then resumes from its last "
+                "backup), or pass save_freq=N to back up every N steps",
+            )
+        )
+    return False
+
+
+def _tf_keras_backup(
+    keras: Any, strategy: Any, directory: str, per_rank: bool, preempt: bool,
+    kwargs: dict[str, Any],
+) -> Any:
     import tensorflow as tf
 
-    class OneDeviceBackupAndRestore(keras.callbacks.BackupAndRestore):
-        """tf-keras's callback, also accepting one-device strategies (Horovod's is one).
+    class TfdistBackupAndRestore(keras.callbacks.BackupAndRestore):
+        """tf-keras's callback, on one-device strategies too, saving on SIGTERM where asked.
 
-        tf-keras refuses strategies outside its list, though a one-device strategy needs nothing
-        more than no strategy. It deletes the backup at the end only where ``should_checkpoint``
-        (Horovod: rank 0); the other ranks delete their own directory here.
+        tf-keras refuses strategies outside its list, though a one-device strategy (Horovod's)
+        needs nothing more than no strategy. It deletes the backup at the end only where
+        ``should_checkpoint`` (Horovod: rank 0); the other ranks delete their own directory here.
         """
 
         def __init__(self) -> None:
             super().__init__(directory, **kwargs)
             self._supported_strategies += (tf.distribute.OneDeviceStrategy,)
+            self._sigterm_before: Any = None
+
+        def on_train_begin(self, logs: Any = None) -> None:
+            super().on_train_begin(logs)
+            state = self._training_state
+            if preempt:
+                self._sigterm_before = signal.getsignal(signal.SIGTERM)
+                _watch_for_sigterm(state, strategy, self.model)
+            steps = self.params.get("steps") if self.params else None
+            if steps:
+                epoch, step = state.maybe_load_initial_counters_from_ckpt(steps, 0, "train")
+                strategy._resume_input_at(epoch * steps + step)
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            # tf-keras records the first step of an execution (on_train_batch_begin); with
+            # steps_per_execution > 1 a save would then claim fewer steps than it holds.
+            self._training_state._ckpt_saved_batch.assign(batch)
+            super().on_train_batch_end(batch, logs)
+
+        def _implements_train_batch_hooks(self) -> bool:
+            return preempt or super()._implements_train_batch_hooks()
 
         def on_train_end(self, logs: Any = None) -> None:
+            if preempt:
+                _stop_watching(self._training_state, self.model, self._sigterm_before)
             super().on_train_end(logs)
             if self.delete_checkpoint and per_rank:
                 shutil.rmtree(self.backup_dir, ignore_errors=True)
 
-    return OneDeviceBackupAndRestore()
+    return TfdistBackupAndRestore()
+
+
+def _watch_for_sigterm(state: Any, strategy: Any, model: Any) -> None:
+    """Switches on tf-keras's save-before-preemption path (what it does on Google Cloud)."""
+    import tensorflow as tf
+    from tf_keras.src.distribute import distributed_file_utils
+
+    from tfdist.preemption import termination_config
+
+    read, write = state.read_checkpoint_manager, state.write_checkpoint_manager
+
+    def after_save() -> str:
+        if write is not read:
+            distributed_file_utils.remove_temp_dirpath(write.directory, strategy)
+        epoch, batch = int(state._ckpt_saved_epoch.numpy()), int(state._ckpt_saved_batch.numpy())
+        return f"epoch {epoch + 1}, after step {batch + 1}, in {read.directory}"
+
+    handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+        strategy.cluster_resolver, write, termination_config=termination_config(after_save)
+    )
+    handler._read_checkpoint_manager = read
+    # Workers agree on "save after run N" by their own counts. The handler restored the saved
+    # count on the chief only (the others write to a temporary directory), so count this fit's
+    # steps from 0 everywhere.
+    handler._run_counter = 0
+    state._enable_save_before_preemption = True
+    state.preemption_handler = handler
+    model._preemption_handler = handler
+
+
+def _stop_watching(state: Any, model: Any, sigterm_before: Any) -> None:
+    """After ``fit``: SIGTERM ends the process again, and the handler's threads stop."""
+    handler = getattr(state, "preemption_handler", None)
+    if handler is not None:
+        handler._stop_cluster_wise_termination_watcher_thread()
+    if getattr(model, "_preemption_handler", None) is handler:
+        del model._preemption_handler
+    signal.signal(signal.SIGTERM, sigterm_before or signal.SIG_DFL)

@@ -96,6 +96,15 @@ def _sharded(dataset_fn: DatasetFn) -> DatasetFn:
     return sharded_fn
 
 
+def _resumable(dataset_fn: DatasetFn, skip: tf.Variable) -> DatasetFn:
+    def resumable_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        from tfdist.preemption import skip_at_start
+
+        return skip_at_start(dataset_fn(context), skip)
+
+    return resumable_fn
+
+
 def cluster_resolver(
     cluster: ClusterSpec, task: Task
 ) -> tf.distribute.cluster_resolver.SimpleClusterResolver:
@@ -138,6 +147,9 @@ class TfdistStrategyMixin:
 
     every_worker_saves: ClassVar[bool] = False
     """Whether saving is a collective that every worker must join (see module docstring)."""
+
+    preemption_saves: ClassVar[bool] = False
+    """Whether a SIGTERM makes training save at its current step (`tfdist.preemption`)."""
 
     _tfdist_cluster: ClusterSpec
     _tfdist_task: Task | None
@@ -182,6 +194,8 @@ class TfdistStrategyMixin:
         self._tfdist_cluster = cluster
         self._tfdist_task = task
         self._tfdist_managers: dict[str, tf.train.CheckpointManager] = {}
+        if self.preemption_saves:  # batches the next input iterator skips (see _resume_input_at)
+            self._tfdist_input_skip = tf.Variable(0, dtype=tf.int64, trainable=False)
 
     # ------------------------------------------------------ where this process sits
     @property
@@ -353,7 +367,15 @@ class TfdistStrategyMixin:
                 )
             )
         fn = _sharded(dataset_fn) if shard else dataset_fn
+        if self.preemption_saves:
+            fn = _resumable(fn, self._tfdist_input_skip)
         return self._distribute_dataset_fn(fn, options)
+
+    def _resume_input_at(self, global_step: int) -> None:
+        """Makes the next input iterator start where step ``global_step`` left the stream."""
+        if self.preemption_saves:
+            local_replicas = max(1, self.num_replicas // self.num_workers)
+            self._tfdist_input_skip.assign(global_step * local_replicas)
 
     def _distribute_dataset_fn(self, dataset_fn: DatasetFn, options: Any) -> Any:
         distribute = self.distribute_datasets_from_function  # type: ignore[attr-defined]
@@ -386,6 +408,32 @@ class TfdistStrategyMixin:
         from tfdist.strategies.backup import backup_callback
 
         return backup_callback(self, directory, **kwargs)
+
+    def preemption_handler(
+        self, checkpoint: tf.train.Checkpoint, directory: str | os.PathLike[str]
+    ) -> Any:
+        """For a custom loop: saves ``checkpoint`` at the current step on SIGTERM, then exits 75.
+
+        Creating it restores the latest checkpoint in ``directory``, and makes the next iterator
+        over a `distribute_dataset` start where that step left the input; so create it before
+        the iterator. Run each step as ``handler.run(train_step, next(iterator))``
+        (one step per call); track the step in a variable of ``checkpoint``
+        (`tfdist.preemption` says what happens on SIGTERM).
+
+        Raises:
+            StrategyConfigError: this strategy does not save on SIGTERM (`preemption_saves`).
+
+        Example:
+            >>> import tempfile, tfdist.strategies
+            >>> strategy = tfdist.strategies.get_strategy("default")
+            >>> strategy.preemption_handler(tf.train.Checkpoint(), tempfile.mkdtemp())
+            Traceback (most recent call last):
+            ...
+            tfdist.errors.StrategyConfigError: This strategy cannot save ... Received: ...
+        """
+        from tfdist.preemption import preemption_handler
+
+        return preemption_handler(self, checkpoint, os.fspath(directory))
 
     def write_path(self, path: str | os.PathLike[str]) -> str | None:
         """Where this process writes what belongs at ``path``.

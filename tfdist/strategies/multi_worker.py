@@ -82,6 +82,7 @@ class MultiWorkerMirroredStrategy(TfdistStrategyMixin, tf.distribute.MultiWorker
     name = "multi_worker"
     traits = builtin.MULTI_WORKER
     every_worker_saves = True
+    preemption_saves = True
 
     def __init__(
         self,

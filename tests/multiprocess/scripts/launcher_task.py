@@ -3,13 +3,19 @@
 Modes: ``ok`` (print the task and exit 0), ``fail_worker1`` (worker:1 exits 3, the rest sleep),
 ``sleep`` (everyone sleeps), ``fail_once`` (the first attempt of worker:1 fails, later ones pass;
 attempts are counted in the MARKER_DIR directory), ``fail_evaluator`` (the evaluator exits 4 at
-once, the others finish after 2 s).
+once, the others finish after 2 s), ``save_on_sigterm`` (everyone sleeps; on SIGTERM a task
+prints tfdist's preemption line and exits 75, as a training task that saved would),
+``worker1_ignores_sigterm`` (as ``save_on_sigterm``, but worker:1 ignores SIGTERM),
+``finish_on_sigterm`` (on SIGTERM a task finishes its work and exits 0).
 """
 
 import json
 import os
+import signal
 import sys
 import time
+
+from tfdist.preemption import PREEMPTED_EXIT_STATUS, marker_line
 
 tf_config = json.loads(os.environ.get("TF_CONFIG", '{"task": {"type": "chief", "index": 0}}'))
 task = f"{tf_config['task']['type']}:{tf_config['task']['index']}"
@@ -34,5 +40,16 @@ if mode == "fail_evaluator":
         sys.exit(4)
     time.sleep(2)
     print(f"{task} trained", flush=True)
-if mode in ("fail_worker1", "sleep"):
+if mode in ("save_on_sigterm", "worker1_ignores_sigterm", "finish_on_sigterm"):
+    def save_and_exit(signum, frame):
+        if mode == "finish_on_sigterm":
+            sys.exit(0)
+        print(marker_line(f"step 7 in /ckpt/{task}"), flush=True)
+        sys.exit(PREEMPTED_EXIT_STATUS)
+
+    ignore = mode == "worker1_ignores_sigterm" and task == "worker:1"
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if ignore else save_and_exit)
+    print(f"{task} ready", flush=True)
+if mode in ("fail_worker1", "sleep", "save_on_sigterm", "worker1_ignores_sigterm",
+            "finish_on_sigterm"):
     time.sleep(300)
