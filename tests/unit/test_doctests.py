@@ -10,6 +10,7 @@ import pytest
 pytestmark = pytest.mark.unit
 
 MODULES = [
+    "tfdist.compat",
     "tfdist.strategies",
     "tfdist.strategies.base",
     "tfdist.strategies.default",

@@ -1,8 +1,9 @@
-"""MultiWorkerMirrored (tf-keras): train on each worker's shard, save, report weights.
+"""MultiWorkerMirrored: train on each worker's shard, save, evaluate, predict, report.
 
-Usage: ``python multi_worker_parity.py OUT_DIR``, once per worker with its TF_CONFIG (and
-TF_USE_LEGACY_KERAS=1). Worker ``w`` reads batches ``w, w+2, ...`` of ``per_replica`` rows, so
-global batch ``k`` is rows ``[2k*B, (2k+2)*B)``, the ``k``-th batch of the reference.
+Usage: ``python multi_worker_parity.py OUT_DIR``, once per worker with its TF_CONFIG, with
+TF_USE_LEGACY_KERAS=1 (tf-keras) or without (Keras 3). Worker ``w`` reads batches ``w, w+2, ...``
+of ``per_replica`` rows, so global batch ``k`` is rows ``[2k*B, (2k+2)*B)``, the ``k``-th batch of
+the reference. ``evaluate`` and ``predict`` then run on the same sharded input.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ history = model.fit(
     strategy.distribute_dataset(dataset_fn), epochs=1, steps_per_epoch=STEPS, verbose=0
 )
 weights = model.get_weights()
+evaluated = model.evaluate(strategy.distribute_dataset(dataset_fn), steps=STEPS, verbose=0)
+predicted = model.predict(strategy.distribute_dataset(dataset_fn), steps=STEPS, verbose=0)
 local = [
     [np.asarray(v).tolist() for v in strategy.experimental_local_results(var)]
     for var in model.weights
@@ -67,14 +70,21 @@ result = {
     "loss": history.history["loss"],
     "initial": parity_lib.as_lists(initial),
     "weights": parity_lib.as_lists(weights),
+    "evaluate": float(np.asarray(evaluated).reshape(-1)[0]),
+    "predict": np.asarray(predicted).tolist(),
     "local": local,
     "model_path": model_path,
     "ckpt_path": ckpt_path,
 }
 if strategy.is_chief:
     result["reloaded"] = parity_lib.as_lists(keras.models.load_model(model_path).get_weights())
-    result["reference"] = parity_lib.as_lists(
-        parity_lib.reference_weights(keras, initial, x, y, global_batch))
+    reference = parity_lib.reference_weights(keras, initial, x, y, global_batch)
+    result["reference"] = parity_lib.as_lists(reference)
+    trained = parity_lib.build_model(keras)
+    trained.set_weights(reference)
+    result["reference_evaluate"] = float(
+        trained.evaluate(x, y, batch_size=global_batch, verbose=0))
+    result["reference_predict"] = trained.predict(x, batch_size=global_batch, verbose=0).tolist()
     result["half_batch"] = parity_lib.as_lists(
         parity_lib.half_batch_weights(keras, initial, x, y, PER_REPLICA))
 report(result)
