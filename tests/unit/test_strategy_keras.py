@@ -11,8 +11,8 @@ import pytest
 
 import tfdist.strategies
 from tfdist import compat
-from tfdist.strategies import StrategyTraits, strategy_traits
 from tfdist.errors import ClusterConfigError, KerasCompatibilityError, StrategyConfigError
+from tfdist.strategies import StrategyTraits, strategy_traits
 
 pytestmark = pytest.mark.unit
 
