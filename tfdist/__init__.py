@@ -56,6 +56,7 @@ _LAZY = {
     "ParameterServerStrategy": "tfdist.strategies",
     "HorovodStrategy": "tfdist.strategies.horovod",
     "DistributedOptimizer": "tfdist.horovod",
+    "fit": "tfdist.training",
     "is_evaluator": "tfdist.evaluator",
     "run_sidecar_evaluator": "tfdist.evaluator",
 }

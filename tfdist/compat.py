@@ -404,8 +404,64 @@ KERAS3_SHIMS: tuple[KerasShim, ...] = (
         still_broken=lambda: 'reduce("MEAN", v, axis=0)' in _source("reduce_per_replica"),
         install=_install_reduce_mean,
     ),
+    KerasShim(
+        name="parameter_server_fit",
+        issue="keras#18624 (Keras 3 model.fit has no ClusterCoordinator support)",
+        first=(3, 0, 0),
+        fixed_in=None,
+        verified=("3.15.1",),
+        still_broken=lambda: "ClusterCoordinator" not in inspect.getsource(
+            importlib.import_module(_TRAINER)),
+        install=lambda: None,  # nothing to patch: tfdist.fit drives the coordinator itself
+    ),
 )
-"""The Keras 3 shims tfdist knows, all for ``model.fit`` under MultiWorkerMirroredStrategy."""
+"""The Keras 3 shims tfdist knows: two for ``model.fit`` under MultiWorkerMirroredStrategy, and
+the route `tfdist.fit` takes under ParameterServerStrategy (`fit_needs_coordinator`)."""
+
+
+def check_partitioner(partitioner: Any, flavour: KerasFlavour | None = None) -> None:
+    """Raises if variables cannot be sharded (a ParameterServer partitioner) under this Keras.
+
+    Keras 3 keeps a TF variable inside its own; a partitioned one is a ``ShardedVariable``,
+    which ``tf.GradientTape`` cannot differentiate against (it has no ``handle``; measured on
+    Keras 3.15.1 with TF 2.21), so every train step would fail.
+
+    Example:
+        >>> check_partitioner(None, "keras3")
+        >>> check_partitioner(object(), "keras3")
+        Traceback (most recent call last):
+        ...
+        tfdist.errors.KerasCompatibilityError: ...
+    """
+    if partitioner is None or (flavour or keras_flavour()) != "keras3":
+        return
+    raise KerasCompatibilityError(format_error(
+        "ParameterServerStrategy cannot shard variables under Keras 3: tf.GradientTape cannot "
+        "differentiate a Keras 3 variable that holds a ShardedVariable.",
+        received=f"a variable partitioner ({type(partitioner).__name__}) with Keras 3",
+        expected="no num_shards, min_shard_bytes or variable_partitioner under Keras 3",
+        fix="drop the partitioner (whole variables are then placed round-robin over the ps "
+        "tasks), or train with tf-keras (TF_USE_LEGACY_KERAS=1) to shard them"))
+
+
+def fit_needs_coordinator(strategy: Any, model: Any = None) -> bool:
+    """Whether ``model.fit`` cannot drive ``strategy``'s coordinator, so `tfdist.fit` must.
+
+    True for a ParameterServerStrategy under Keras 3 (``model``'s flavour, else this
+    process's) while Keras lacks the support (the ``parameter_server_fit`` shim applies).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> fit_needs_coordinator(tf.distribute.get_strategy())
+        False
+    """
+    import tensorflow as tf
+
+    if not isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+        return False
+    if (flavour_of(model) or keras_flavour()) != "keras3":
+        return False
+    return next(s for s in KERAS3_SHIMS if s.name == "parameter_server_fit").applies()
 
 
 def shims_enabled(environ: Mapping[str, str] | None = None) -> bool:

@@ -11,6 +11,7 @@ pytestmark = pytest.mark.unit
 
 MODULES = [
     "tfdist.compat",
+    "tfdist.training",
     "tfdist.strategies",
     "tfdist.strategies.base",
     "tfdist.strategies.default",

@@ -113,3 +113,31 @@ def test_evaluator_is_sent_to_the_default_strategy(tf_keras):
               "task": {"type": "evaluator", "index": 0}}
     with pytest.raises(StrategyConfigError, match=r"use get_strategy\('default'\)"):
         tfdist.strategies.get_strategy("multi_worker", tf_config=config)
+
+
+def test_keras3_parameter_server_refuses_sharding_with_the_fix(keras3):
+    config = {"cluster": PS_CLUSTER, "task": {"type": "chief", "index": 0}}
+    with pytest.raises(KerasCompatibilityError) as info:
+        tfdist.strategies.get_strategy("parameter_server", num_shards=2, tf_config=config)
+    message = str(info.value)
+    assert "cannot shard variables under Keras 3" in message
+    assert "Received: a variable partitioner (FixedShardsPartitioner) with Keras 3." in message
+    assert "Fix: drop the partitioner" in message
+
+
+def test_fit_refuses_what_the_coordinator_cannot_honour(keras3, monkeypatch):
+    import numpy as np
+
+    from tfdist import training
+
+    monkeypatch.setattr(compat, "fit_needs_coordinator", lambda strategy, model: True)
+    model = compat.get_keras().Sequential([compat.get_keras().layers.Dense(1)])
+    with pytest.raises(StrategyConfigError) as info:
+        training.fit(model, np.ones((4, 2)), validation_data=None, epochs=1)
+    message = str(info.value)
+    assert "Received: x=ndarray, validation_data." in message
+    assert "Fix: batch and weight samples in dataset_fn" in message
+    data = training.PerWorkerInput(lambda ctx: None, lambda ctx: None)
+    with pytest.raises(StrategyConfigError, match="needs steps_per_epoch"):
+        training.fit(model, data, epochs=1)
+    assert "tfdist.fit(model, this, ...)" in repr(data)
