@@ -4,7 +4,10 @@ Keras's own callback is multi-worker aware only in tf-keras, and only for the st
 
 * tf-keras under MultiWorkerMirrored: non-chief workers back up to temporary directories;
   under ParameterServer only the chief runs the script. Both use ``directory`` as it is.
-* Keras 3 knows nothing of workers; tfdist runs Keras 3 multi-process only under Horovod.
+* Keras 3's callback knows nothing of workers: under MultiWorkerMirrored every worker would
+  write, and at the end delete, the same files at once. Every worker restores from
+  ``directory`` (all hold the same weights), but only the chief writes or deletes it. Under
+  ParameterServer only the chief runs the script (`tfdist.fit` calls the callback there).
 * Under Horovod each rank is a one-device strategy that thinks it is alone: every rank would
   write, and at the end delete, the same files at once (and tf-keras refuses a one-device
   strategy outright). So each rank keeps its own ``<directory>/rank-<r>``; siblings, so no rank
@@ -39,8 +42,27 @@ def backup_callback(strategy: Any, directory: str | os.PathLike[str], **kwargs: 
         directory = os.path.join(directory, f"rank-{strategy.task_index}")
     keras = compat.get_keras()
     if compat.keras_flavour() == "keras3":
-        return keras.callbacks.BackupAndRestore(directory, **kwargs)
+        if strategy.is_chief or per_rank:
+            return keras.callbacks.BackupAndRestore(directory, **kwargs)
+        return _keras3_reader_backup(keras, directory, kwargs)
     return _tf_keras_backup(keras, directory, per_rank, kwargs)
+
+
+def _keras3_reader_backup(keras: Any, directory: str, kwargs: dict[str, Any]) -> Any:
+    class RestoreOnlyBackupAndRestore(keras.callbacks.BackupAndRestore):
+        """Keras 3's callback for a non-chief worker: restores from the chief's backup at the
+        start, never writes or deletes it (the chief does, with the same weights)."""
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            pass
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            pass
+
+        def on_train_end(self, logs: Any = None) -> None:
+            pass
+
+    return RestoreOnlyBackupAndRestore(directory, **kwargs)
 
 
 def _tf_keras_backup(keras: Any, directory: str, per_rank: bool, kwargs: dict[str, Any]) -> Any:
