@@ -50,13 +50,25 @@ def test_workers_match_reference_and_save_once(cluster_runner, tmp_path, flavour
     assert chief["model_path"] == str(tmp_path / "model.keras")
     assert chief["ckpt_path"] == str(tmp_path / "ckpt" / "ckpt-1")
     assert other["model_path"] is None and other["ckpt_path"] is None
-    assert sorted(os.listdir(tmp_path)) == ["ckpt", "model.keras"]  # no .tfdist-tmp-* left
+    assert sorted(os.listdir(tmp_path)) == ["ckpt", "fit.weights.h5", "model.keras"]
     assert max_gap(chief["reloaded"], chief["weights"]) <= REFERENCE_ATOL
+    assert max_gap(chief["checkpointed"], chief["weights"]) <= REFERENCE_ATOL  # ModelCheckpoint
 
     for result in (chief, other):  # evaluate and predict: the same answers on every worker
         assert abs(result["evaluate"] - chief["reference_evaluate"]) <= REFERENCE_ATOL
         assert len(result["predict"]) == 2 * PER_REPLICA * STEPS
         assert max_gap(result["predict"], chief["reference_predict"]) <= REFERENCE_ATOL
+
+
+@pytest.mark.parametrize("flavour", ["keras3", "tf_keras"])
+def test_tensorboard_callback_writes_the_chiefs_events(cluster_runner, tmp_path, flavour):
+    pytest.importorskip("tensorboard", reason="the tensorboard package is not installed "
+                        "(TensorFlow 2.21 no longer depends on it)")
+    spec = ClusterSpec.local(workers=2)
+    cluster_runner(spec, SCRIPTS / "multi_worker_parity.py", str(tmp_path), timeout=150,
+                   env={**FLAVOUR_ENV[flavour], "TENSORBOARD": "1"})
+    events = list((tmp_path / "tb").rglob("events.out.tfevents.*"))
+    assert events and all(e.stat().st_size > 0 for e in events), events
 
 
 def test_keras3_fit_fails_without_the_shims(cluster_runner, tmp_path):

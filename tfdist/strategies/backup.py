@@ -25,7 +25,25 @@ from typing import Any
 
 from tfdist import compat
 
-__all__ = ["backup_callback"]
+__all__ = ["backup_callback", "model_checkpoint_callback"]
+
+
+def model_checkpoint_callback(strategy: Any, filepath: str | os.PathLike[str], **kwargs: Any) -> Any:
+    """A Keras ``ModelCheckpoint`` that writes ``filepath`` once, under any strategy and Keras.
+
+    tf-keras's callback is multi-worker aware (every worker must run it: its save is a
+    collective, and non-chief workers write to temporary directories it deletes). Keras 3's is
+    not, and its save is no collective: the chief gets the callback, the others a no-op.
+
+    Args:
+        strategy: A tfdist strategy.
+        filepath: Passed to ``ModelCheckpoint`` (the same on every process).
+        **kwargs: Passed to ``ModelCheckpoint`` (``save_weights_only``, ``monitor``...).
+    """
+    keras = compat.get_keras()
+    if compat.keras_flavour() == "tf_keras" or strategy.is_chief:
+        return keras.callbacks.ModelCheckpoint(os.fspath(filepath), **kwargs)
+    return keras.callbacks.Callback()
 
 
 def backup_callback(strategy: Any, directory: str | os.PathLike[str], **kwargs: Any) -> Any:

@@ -4,6 +4,10 @@ Usage: ``python multi_worker_parity.py OUT_DIR``, once per worker with its TF_CO
 TF_USE_LEGACY_KERAS=1 (tf-keras) or without (Keras 3). Worker ``w`` reads batches ``w, w+2, ...``
 of ``per_replica`` rows, so global batch ``k`` is rows ``[2k*B, (2k+2)*B)``, the ``k``-th batch of
 the reference. ``evaluate`` and ``predict`` then run on the same sharded input.
+
+Callbacks: ``strategy.checkpoint_callback`` (a ``ModelCheckpoint`` of the weights that the chief
+alone writes, under either Keras) and, with ``TENSORBOARD=1``, every worker a
+``TensorBoard`` callback writing to its `write_path` (the chief: ``OUT_DIR/tb``).
 """
 
 from __future__ import annotations
@@ -47,8 +51,13 @@ def my_rows() -> list[int]:
 with strategy.scope():
     model = parity_lib.build_model(keras)
 initial = model.get_weights()
+weights_file = os.path.join(out_dir, "fit.weights.h5")
+callbacks = [strategy.checkpoint_callback(weights_file, save_weights_only=True)]
+if os.environ.get("TENSORBOARD") == "1":
+    callbacks.append(keras.callbacks.TensorBoard(strategy.write_path(os.path.join(out_dir, "tb"))))
 history = model.fit(
-    strategy.distribute_dataset(dataset_fn), epochs=1, steps_per_epoch=STEPS, verbose=0
+    strategy.distribute_dataset(dataset_fn), epochs=1, steps_per_epoch=STEPS, verbose=0,
+    callbacks=callbacks,
 )
 weights = model.get_weights()
 evaluated = model.evaluate(strategy.distribute_dataset(dataset_fn), steps=STEPS, verbose=0)
@@ -77,6 +86,9 @@ result = {
     "ckpt_path": ckpt_path,
 }
 if strategy.is_chief:
+    checkpointed = parity_lib.build_model(keras)
+    checkpointed.load_weights(weights_file)
+    result["checkpointed"] = parity_lib.as_lists(checkpointed.get_weights())
     result["reloaded"] = parity_lib.as_lists(keras.models.load_model(model_path).get_weights())
     reference = parity_lib.reference_weights(keras, initial, x, y, global_batch)
     result["reference"] = parity_lib.as_lists(reference)
