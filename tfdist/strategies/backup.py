@@ -28,7 +28,9 @@ from tfdist import compat
 __all__ = ["backup_callback", "model_checkpoint_callback"]
 
 
-def model_checkpoint_callback(strategy: Any, filepath: str | os.PathLike[str], **kwargs: Any) -> Any:
+def model_checkpoint_callback(
+    strategy: Any, filepath: str | os.PathLike[str], **kwargs: Any
+) -> Any:
     """A Keras ``ModelCheckpoint`` that writes ``filepath`` once, under any strategy and Keras.
 
     tf-keras's callback is multi-worker aware (every worker must run it: its save is a
