@@ -3,8 +3,9 @@
 The chief's ``tfdist.fit`` (tf-keras: ``model.fit``; Keras 3: tfdist's coordinator loop) ends
 with a falling loss; a counter variable on the ps, bumped in each train step at
 ``[worker, batch_id % 2]``, shows both workers ran steps, that the steps add up, and that each
-worker read only its shard (even batches on worker 0, odd on worker 1); variables live on the ps tasks, sharded across both with ``num_shards=2`` (tf-keras) or
-placed whole, round-robin, over both (Keras 3, which cannot shard: refused with the fix).
+worker read only its shard (even batches on worker 0, odd on worker 1); variables live on the
+ps tasks, sharded across both with ``num_shards=2`` (tf-keras) or placed whole, round-robin,
+over both (Keras 3, which cannot shard: refused with the fix).
 """
 
 from __future__ import annotations
