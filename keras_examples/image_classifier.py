@@ -1,6 +1,7 @@
 """Image classifier with model.fit: a small CNN on scikit-learn's bundled 8x8 digits (or your .npz).
 
-Runs unchanged on one process and under every tfdist strategy::
+Runs unchanged on one process and under every tfdist strategy, with Keras 3 or tf-keras
+(``TF_USE_LEGACY_KERAS=1``)::
 
     python keras_examples/image_classifier.py
     tfdist-launch --strategy mirrored keras_examples/image_classifier.py
@@ -16,8 +17,10 @@ trains on your own images instead: a ``.npz`` file (or a directory holding one) 
 Training resumes from ``<model-dir>/backup`` after a crash (``BackupAndRestore``); the chief
 alone writes the final model to ``<model-dir>/model.keras``, prints progress, and ends with one
 JSON line: strategy, replicas, epochs, final loss and held-out accuracy, samples per second, and
-where the model went. Under ParameterServer the chief (coordinator) runs this script: ``fit``
-takes a ``DatasetCreator`` and ``steps_per_epoch``, and the held-out set is evaluated there.
+where the model went. Training goes through ``tfdist.fit``, which is ``model.fit`` except for
+Keras 3 under ParameterServer, where it drives the ClusterCoordinator itself. Under
+ParameterServer the chief (coordinator) runs this script: ``fit`` takes the strategy's per-worker
+input and ``steps_per_epoch``, and the held-out set is evaluated there.
 
 Each epoch also leaves a checkpoint in ``<model-dir>/checkpoints``. With ``tfdist-launch
 --evaluator`` the evaluator task runs this script too, but trains nothing: it reports the held-out
@@ -139,7 +142,8 @@ def main(argv: list[str] | None = None) -> dict:
         model = build_model(keras, x_train.shape[1:], classes,
                             strategy.scale_learning_rate(args.learning_rate))
     started = time.perf_counter()
-    history = model.fit(
+    history = tfdist.fit(  # model.fit, or the coordinator loop for Keras 3 + ParameterServer
+        model,
         strategy.distribute_dataset(dataset_fn),
         epochs=args.epochs,
         steps_per_epoch=steps_per_epoch,

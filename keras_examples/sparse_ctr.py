@@ -15,8 +15,9 @@ reports ``oracle_auc``, the AUC of the true click probabilities, the best any mo
     tfdist-launch --workers 2 keras_examples/sparse_ctr.py             # multi_worker
     tfdist-launch --strategy horovod --workers 2 keras_examples/sparse_ctr.py
 
-Under ParameterServer every variable is cut into ``--num-shards`` pieces along its first axis
-(default: one per ps task), placed round-robin on the ps tasks; the summary's ``embedding_shards``
+Under ParameterServer with tf-keras every variable is cut into ``--num-shards`` pieces along its
+first axis (default: one per ps task), placed round-robin on the ps tasks; with Keras 3, which
+cannot shard variables, whole tables are placed round-robin. The summary's ``embedding_shards``
 lists the device of each shard of the largest table. Backups, the final model and the JSON summary
 work as in ``image_classifier.py``, and so does the evaluator task (``--evaluator``): it reports
 the held-out AUC of each epoch's checkpoint.
@@ -46,8 +47,8 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--test-samples", type=int, default=20_000, help="default 20000")
     parser.add_argument("--embedding-dim", type=int, default=8, help="default 8")
     parser.add_argument("--num-shards", type=int, default=None,
-                        help="ParameterServer only: shards per variable (default: the number of "
-                        "ps tasks in TF_CONFIG)")
+                        help="ParameterServer with tf-keras only: shards per variable (default: "
+                        "the number of ps tasks in TF_CONFIG)")
     return parser.parse_args(argv)
 
 
@@ -126,7 +127,9 @@ def main(argv: list[str] | None = None) -> dict:
         return common.evaluate_checkpoints(
             args, model, lambda m: {"auc": float(roc_auc_score(y_test, predict_logits(m, x_test)))},
             "auc", "sparse_ctr")
-    strategy = common.make_strategy(args.strategy, num_shards=args.num_shards or ps_count() or None)
+    # Keras 3 cannot shard variables (tfdist.compat.check_partitioner): whole tables, round-robin.
+    shards = ps_count() if compat.keras_flavour() == "tf_keras" else None
+    strategy = common.make_strategy(args.strategy, num_shards=args.num_shards or shards or None)
     common.log(strategy, strategy.describe())
     x_train, y_train, _ = generate(args.train_samples, seed=1)
     global_batch = strategy.global_batch_size(args.per_replica_batch_size)
@@ -142,7 +145,8 @@ def main(argv: list[str] | None = None) -> dict:
         model = build_model(keras, args.embedding_dim,
                             strategy.scale_learning_rate(args.learning_rate))
     started = time.perf_counter()
-    history = model.fit(
+    history = tfdist.fit(  # model.fit, or the coordinator loop for Keras 3 + ParameterServer
+        model,
         strategy.distribute_dataset(dataset_fn),
         epochs=args.epochs,
         steps_per_epoch=steps_per_epoch,

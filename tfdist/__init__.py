@@ -57,6 +57,7 @@ _LAZY = {
     "PipelineStrategy": "tfdist.strategies",
     "HorovodStrategy": "tfdist.strategies.horovod",
     "DistributedOptimizer": "tfdist.horovod",
+    "fit": "tfdist.training",
     "is_evaluator": "tfdist.evaluator",
     "run_sidecar_evaluator": "tfdist.evaluator",
 }

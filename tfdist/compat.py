@@ -5,14 +5,24 @@ TensorFlow 2.21 ships Keras 3 as ``keras``; ``tf_keras`` is Keras 2 ("legacy Ker
 Which flavours a strategy's ``model.fit`` trains with is one of its traits (``traits.keras``);
 `check_supported` turns an unsupported pair into a clear error at strategy creation instead of
 Keras's ``PerReplica`` failure deep inside ``fit``.
+
+Keras 3 shims (`KERAS3_SHIMS`): each names the upstream issue, the Keras versions it applies to,
+the versions it was checked against, and a probe of Keras's own code that says whether the bug is
+still there; a Keras release that fixes the bug (or a version outside the range) switches the
+shim off by itself. `install_keras3_shims` applies those that are needed, once per process;
+``TFDIST_KERAS_SHIMS=off`` turns them all off (to see Keras's own behaviour).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
+import inspect
+import logging
 import os
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import Any, Literal
 
@@ -90,8 +100,8 @@ def needs_tf_keras(strategy: str | StrategyTraits) -> bool:
     """Whether ``model.fit`` under ``strategy`` needs tf-keras (its traits' ``keras``).
 
     Example:
-        >>> needs_tf_keras("multi_worker"), needs_tf_keras("horovod")
-        (True, False)
+        >>> needs_tf_keras("multi_worker"), needs_tf_keras("parameter_server")
+        (False, False)
     """
     return _traits(strategy).needs_tf_keras
 
@@ -110,8 +120,8 @@ def check_supported(
         KerasCompatibilityError: The pair is known not to work; the message names the fix.
 
     Example:
-        >>> check_supported("mirrored", "keras3")
         >>> check_supported("parameter_server", "keras3")
+        >>> check_supported("mine", "keras3", traits=StrategyTraits(keras=("tf_keras",)))
         Traceback (most recent call last):
         ...
         tfdist.errors.KerasCompatibilityError: ...
@@ -246,3 +256,246 @@ def track_loss(model: Any, loss: Any, batch: Any) -> Any:
     if flavour_of(model) == "keras3" and tracker is not None:
         tracker.update_state(loss, sample_weight=batch)
     return loss
+
+
+# ---------------------------------------------------------------------------- Keras 3 shims
+SHIMS_ENV = "TFDIST_KERAS_SHIMS"
+"""Set to ``off`` to install no Keras shim (Keras's own behaviour, e.g. to reproduce a bug)."""
+
+_TRAINER = "keras.src.backend.tensorflow.trainer"
+_installed: dict[str, bool] = {}
+_log = logging.getLogger("tfdist")
+
+
+def keras_version(version: str | None = None) -> tuple[int, ...]:
+    """Keras 3's version as numbers (``"3.15.1"`` -> ``(3, 15, 1)``; default: the installed one).
+
+    Example:
+        >>> keras_version("3.15.1.dev2024"), keras_version("3.16.0rc1")
+        ((3, 15, 1), (3, 16, 0))
+    """
+    if version is None:
+        version = get_keras("keras3").__version__
+    return tuple(int(re.match(r"\d+", part).group()) for part in version.split(".")[:3]
+                 if re.match(r"\d+", part))
+
+
+@dataclasses.dataclass(frozen=True)
+class KerasShim:
+    """One adaptation of Keras 3's TensorFlow trainer, applied only while Keras needs it.
+
+    Attributes:
+        name: Short name (logs, `install_keras3_shims`' result).
+        issue: The upstream issue(s) it works around.
+        first: The first Keras version with the bug (inclusive).
+        fixed_in: The first Keras version without it (exclusive bound; None: not fixed yet).
+        verified: The Keras versions the shim was tested with (tfdist's multi-process tests).
+        still_broken: Reads Keras's code; False once a release has fixed the bug.
+        install: Patches Keras (called at most once per process).
+    """
+
+    name: str
+    issue: str
+    first: tuple[int, ...]
+    fixed_in: tuple[int, ...] | None
+    verified: tuple[str, ...]
+    still_broken: Callable[[], bool]
+    install: Callable[[], None]
+
+    def applies(self, version: tuple[int, ...] | None = None) -> bool:
+        """Whether Keras ``version`` (default: the installed one) needs this shim.
+
+        Example:
+            >>> shim = KERAS3_SHIMS[0]
+            >>> shim.applies((2, 15, 0)), shim.applies((3, 15, 1))
+            (False, True)
+        """
+        version = keras_version() if version is None else version
+        if version < self.first or (self.fixed_in is not None and version >= self.fixed_in):
+            return False
+        return self.still_broken()
+
+
+def _source(qualname: str) -> str:
+    module = importlib.import_module(_TRAINER)
+    target: Any = module
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return inspect.getsource(getattr(target, "__wrapped_by_tfdist__", target))
+
+
+def _is_multi_worker(strategy: Any) -> bool:
+    import tensorflow as tf
+
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and bool(
+        strategy.extended._in_multi_worker_mode())
+
+
+def _first_local(value: Any) -> Any:
+    import tensorflow as tf
+
+    if isinstance(value, tf.distribute.DistributedValues):
+        return value.values[0]
+    return value
+
+
+def _install_symbolic_build() -> None:
+    """Keras 3 builds a model before ``fit``/``evaluate`` from one batch, MEAN-reduced across
+    replicas with ``strategy.reduce`` in eager mode; across workers that fails with
+    ``Attempt to convert a value (PerReplica ...)``. Only the batch's shapes matter for the
+    build, so under multi-worker the shim builds from this worker's first local replica."""
+    trainer = importlib.import_module(_TRAINER)
+    cls = trainer.TensorFlowTrainer
+    original = cls._maybe_symbolic_build
+
+    def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> Any:
+        if self._distribute_strategy is None or not _is_multi_worker(self.distribute_strategy):
+            return original(self, iterator=iterator, data_batch=data_batch)
+        if iterator is not None:
+            import tensorflow as tf
+
+            for _, _, it in iterator:
+                data_batch = tf.nest.map_structure(_first_local, next(it))
+                break
+        with self.distribute_strategy.scope():
+            self._symbolic_build(data_batch=data_batch)
+
+    _maybe_symbolic_build.__wrapped_by_tfdist__ = original  # type: ignore[attr-defined]
+    cls._maybe_symbolic_build = _maybe_symbolic_build
+
+
+def _install_reduce_mean() -> None:
+    """Keras 3's ``reduce_per_replica`` reduces ``"mean"``/``"auto"`` outputs (the metrics) across
+    workers with ``strategy.reduce("MEAN", v, axis=0)``, which also reduces over the value's
+    first axis: a scalar loss fails with "Invalid reduction dimension" (tensorflow#72388). The
+    shim reduces across replicas only (``axis=None``), as the single-host branch does."""
+    import tensorflow as tf
+
+    trainer = importlib.import_module(_TRAINER)
+    original = trainer.reduce_per_replica
+
+    def reduce_per_replica(values: Any, strategy: Any, reduction: str) -> Any:
+        if reduction in ("auto", "mean") and _is_multi_worker(strategy):
+            return tf.nest.map_structure(
+                lambda v: strategy.reduce("MEAN", v, axis=None), values)
+        return original(values, strategy, reduction)
+
+    reduce_per_replica.__wrapped_by_tfdist__ = original  # type: ignore[attr-defined]
+    trainer.reduce_per_replica = reduce_per_replica
+
+
+KERAS3_SHIMS: tuple[KerasShim, ...] = (
+    KerasShim(
+        name="multi_worker_symbolic_build",
+        issue="keras#20585 (Keras 3 model.fit under MultiWorkerMirroredStrategy)",
+        first=(3, 0, 0),
+        fixed_in=None,
+        verified=("3.15.1",),
+        still_broken=lambda: "distribute_strategy.reduce(" in _source(
+            "TensorFlowTrainer._maybe_symbolic_build"),
+        install=_install_symbolic_build,
+    ),
+    KerasShim(
+        name="multi_worker_reduce_mean",
+        issue="tensorflow#72388 ('Invalid reduction dimension' in reduce_per_replica)",
+        first=(3, 0, 0),
+        fixed_in=None,
+        verified=("3.15.1",),
+        still_broken=lambda: 'reduce("MEAN", v, axis=0)' in _source("reduce_per_replica"),
+        install=_install_reduce_mean,
+    ),
+    KerasShim(
+        name="parameter_server_fit",
+        issue="keras#18624 (Keras 3 model.fit has no ClusterCoordinator support)",
+        first=(3, 0, 0),
+        fixed_in=None,
+        verified=("3.15.1",),
+        still_broken=lambda: "ClusterCoordinator" not in inspect.getsource(
+            importlib.import_module(_TRAINER)),
+        install=lambda: None,  # nothing to patch: tfdist.fit drives the coordinator itself
+    ),
+)
+"""The Keras 3 shims tfdist knows: two for ``model.fit`` under MultiWorkerMirroredStrategy, and
+the route `tfdist.fit` takes under ParameterServerStrategy (`fit_needs_coordinator`)."""
+
+
+def check_partitioner(partitioner: Any, flavour: KerasFlavour | None = None) -> None:
+    """Raises if variables cannot be sharded (a ParameterServer partitioner) under this Keras.
+
+    Keras 3 keeps a TF variable inside its own; a partitioned one is a ``ShardedVariable``,
+    which ``tf.GradientTape`` cannot differentiate against (it has no ``handle``; measured on
+    Keras 3.15.1 with TF 2.21), so every train step would fail.
+
+    Example:
+        >>> check_partitioner(None, "keras3")
+        >>> check_partitioner(object(), "keras3")
+        Traceback (most recent call last):
+        ...
+        tfdist.errors.KerasCompatibilityError: ...
+    """
+    if partitioner is None or (flavour or keras_flavour()) != "keras3":
+        return
+    raise KerasCompatibilityError(format_error(
+        "ParameterServerStrategy cannot shard variables under Keras 3: tf.GradientTape cannot "
+        "differentiate a Keras 3 variable that holds a ShardedVariable.",
+        received=f"a variable partitioner ({type(partitioner).__name__}) with Keras 3",
+        expected="no num_shards, min_shard_bytes or variable_partitioner under Keras 3",
+        fix="drop the partitioner (whole variables are then placed round-robin over the ps "
+        "tasks), or train with tf-keras (TF_USE_LEGACY_KERAS=1) to shard them"))
+
+
+def fit_needs_coordinator(strategy: Any, model: Any = None) -> bool:
+    """Whether ``model.fit`` cannot drive ``strategy``'s coordinator, so `tfdist.fit` must.
+
+    True for a ParameterServerStrategy under Keras 3 (``model``'s flavour, else this
+    process's) while Keras lacks the support (the ``parameter_server_fit`` shim applies).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> fit_needs_coordinator(tf.distribute.get_strategy())
+        False
+    """
+    import tensorflow as tf
+
+    if not isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+        return False
+    if (flavour_of(model) or keras_flavour()) != "keras3":
+        return False
+    return next(s for s in KERAS3_SHIMS if s.name == "parameter_server_fit").applies()
+
+
+def shims_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """False when `SHIMS_ENV` is ``off`` (or ``0``/``false``/``no``).
+
+    Example:
+        >>> shims_enabled({"TFDIST_KERAS_SHIMS": "off"}), shims_enabled({})
+        (False, True)
+    """
+    env = os.environ if environ is None else environ
+    return env.get(SHIMS_ENV, "").strip().lower() not in ("off", "0", "false", "no")
+
+
+def install_keras3_shims() -> dict[str, bool]:
+    """Installs the Keras 3 shims this Keras needs, once per process; says which are active.
+
+    Called by the strategies whose Keras 3 ``model.fit`` needs them (MultiWorkerMirrored); a
+    no-op under tf-keras, when `SHIMS_ENV` is ``off``, and for a Keras that no longer needs them.
+
+    Example:
+        >>> sorted(install_keras3_shims())  # doctest: +SKIP
+        ['multi_worker_reduce_mean', 'multi_worker_symbolic_build']
+    """
+    if keras_flavour() != "keras3" or not shims_enabled():
+        return {}
+    version = keras_version()
+    for shim in KERAS3_SHIMS:
+        if shim.name in _installed:
+            continue
+        needed = shim.applies(version)
+        if needed:
+            shim.install()
+            if ".".join(map(str, version)) not in shim.verified:
+                _log.info("tfdist: Keras shim %s (%s) installed on Keras %s; verified on %s.",
+                          shim.name, shim.issue, version, ", ".join(shim.verified))
+        _installed[shim.name] = needed
+    return dict(_installed)

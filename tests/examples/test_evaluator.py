@@ -115,16 +115,18 @@ def test_is_evaluator_reads_tf_config():
     assert not is_evaluator({"TF_CONFIG": "not json"})
 
 
-def test_parameter_server_job_with_an_evaluator(tmp_path):
+@pytest.mark.parametrize("topology", ["parameter_server", "parameter_server_tf_keras"])
+def test_parameter_server_job_with_an_evaluator(tmp_path, topology):
     model_dir = tmp_path / "model"
     status, output, results = launch(
-        tmp_path, "image_classifier.py", "parameter_server", "--model-dir", str(model_dir),
+        tmp_path, "image_classifier.py", topology, "--model-dir", str(model_dir),
         "--epochs", "3", launcher_args=("--evaluator",), timeout=180)
     summary = chief_summary(status, output, results)
     assert_one_model(model_dir, summary)  # the evaluator saved no model
     evaluator = results["evaluator:0"]
     print(json.dumps(evaluator))
-    assert evaluator["role"] == "evaluator" and evaluator["keras"] == "tf_keras"
+    flavour = "tf_keras" if topology.endswith("_tf_keras") else "keras3"
+    assert evaluator["role"] == "evaluator" and evaluator["keras"] == flavour
     assert evaluator["evaluations"] >= 1 and evaluator["final_epoch"] == 3, evaluator
     # The final checkpoint holds the final weights: the same accuracy as the chief's model.
     assert evaluator["final_metric"] == pytest.approx(summary["test_accuracy"], abs=1e-6)

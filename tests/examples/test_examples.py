@@ -40,11 +40,14 @@ TOPOLOGIES: dict[str, tuple[list[str], int]] = {
     "parameter_server": (["--strategy", "parameter_server", "--ps", "1", "--workers", "2"], 1),
     "parameter_server_2ps": (["--strategy", "parameter_server", "--ps", "2", "--workers", "2"], 1),
     "horovod": (["--strategy", "horovod", "--workers", "2"], 2),
-    "horovod_tf_keras": (["--strategy", "horovod", "--workers", "2"], 2),
     "pipeline": (["--strategy", "pipeline", "--stages", "2", "--workers", "2",
                   "--micro-batches", "4"], 1),
     "pipeline_hybrid": (["--stages", "2", "--workers", "4", "--micro-batches", "2"], 2),
 }
+TF_KERAS = "_tf_keras"
+"""A topology name ending in this runs with tf-keras (TF_USE_LEGACY_KERAS=1); others Keras 3."""
+TOPOLOGIES.update({name + TF_KERAS: value for name, value in list(TOPOLOGIES.items())
+                   if name != "default"})
 
 
 def launch(tmp_path: Path, script: str, topology: str, *script_args: str,
@@ -56,7 +59,7 @@ def launch(tmp_path: Path, script: str, topology: str, *script_args: str,
     child_env = {**os.environ, "PYTHONPATH": str(REPO), "TFDIST_RESULT_DIR": str(results),
                  "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
     child_env.pop("TF_USE_LEGACY_KERAS", None)
-    if topology == "horovod_tf_keras":
+    if topology.endswith(TF_KERAS):
         child_env["TF_USE_LEGACY_KERAS"] = "1"
     argv, _ = TOPOLOGIES[topology]
     command = [sys.executable, "-m", "tfdist.launcher.cli", "--timeout", str(timeout), *argv,
@@ -97,7 +100,7 @@ def check_run(tmp_path: Path, script: str, topology: str, *args: str) -> dict[st
     model_dir = tmp_path / "model"
     summary = chief_summary(*launch(tmp_path, script, topology, "--model-dir", str(model_dir),
                                     *args))
-    expected_strategy = topology.split("_2ps")[0].replace("horovod_tf_keras", "horovod")
+    expected_strategy = topology.removesuffix(TF_KERAS).split("_2ps")[0]
     expected_strategy = expected_strategy.replace("pipeline_hybrid", "pipeline")
     assert summary["strategy"] == expected_strategy
     assert summary["replicas"] == TOPOLOGIES[topology][1]
@@ -108,20 +111,21 @@ def check_run(tmp_path: Path, script: str, topology: str, *args: str) -> dict[st
 
 
 # ----------------------------------------------------------------------- image_classifier
-FAST_IMAGE = ("default", "parameter_server")
+FAST_IMAGE = ("default", "parameter_server", "multi_worker")
 
 
 @pytest.mark.parametrize("topology", [
     pytest.param(t, marks=[] if t in FAST_IMAGE else [pytest.mark.slow])
     for t in ("default", "mirrored", "multi_worker", "parameter_server", "horovod",
+              "mirrored_tf_keras", "multi_worker_tf_keras", "parameter_server_tf_keras",
               "horovod_tf_keras")
 ])
 def test_image_classifier_reaches_95_percent(tmp_path, topology):
-    # Default epochs (8): the accuracy the example promises, under every strategy. Chance: 10%.
+    # Default epochs (8): the accuracy the example promises, under every strategy and both
+    # Kerases. Chance: 10%.
     summary = check_run(tmp_path, "image_classifier.py", topology)
     assert summary["test_accuracy"] >= 0.95, summary
-    assert summary["keras"] == ("tf_keras" if topology in (
-        "multi_worker", "parameter_server", "horovod_tf_keras") else "keras3")
+    assert summary["keras"] == ("tf_keras" if topology.endswith(TF_KERAS) else "keras3")
 
 
 @pytest.mark.slow
@@ -155,15 +159,24 @@ CTR_ARGS = ("--train-samples", "20000", "--test-samples", "5000", "--epochs", "2
 
 
 def test_sparse_ctr_shards_embeddings_over_two_ps(tmp_path):
-    summary = check_run(tmp_path, "sparse_ctr.py", "parameter_server_2ps", *CTR_ARGS)
+    summary = check_run(tmp_path, "sparse_ctr.py", "parameter_server_2ps_tf_keras", *CTR_ARGS)
     assert summary["embedding_shards"] == [
         "/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"]
     assert summary["test_auc"] >= 0.6, summary  # chance: 0.5
     assert summary["test_auc"] <= summary["oracle_auc"] + 0.01
 
 
+def test_sparse_ctr_keras3_places_whole_tables_on_the_ps(tmp_path):
+    summary = check_run(tmp_path, "sparse_ctr.py", "parameter_server_2ps", *CTR_ARGS)
+    (device,) = summary["embedding_shards"]  # Keras 3 cannot shard: the table is whole
+    assert device.startswith("/job:ps/replica:0/task:"), summary
+    assert summary["test_auc"] >= 0.6, summary  # chance: 0.5
+    assert summary["keras"] == "keras3"
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("topology", ["default", "multi_worker", "horovod"])
+@pytest.mark.parametrize("topology", ["default", "multi_worker", "multi_worker_tf_keras",
+                                      "horovod"])
 def test_sparse_ctr_sync_strategies(tmp_path, topology):
     summary = check_run(tmp_path, "sparse_ctr.py", topology, *CTR_ARGS)
     assert len(summary["embedding_shards"]) == 1  # whole tables: no ps to shard them over
@@ -173,7 +186,8 @@ def test_sparse_ctr_sync_strategies(tmp_path, topology):
 # ---------------------------------------------------------------------------- custom_loop
 @pytest.mark.parametrize("topology", [
     pytest.param(t, marks=[] if t in ("multi_worker", "horovod") else [pytest.mark.slow])
-    for t in ("default", "mirrored", "multi_worker", "horovod", "horovod_tf_keras")
+    for t in ("default", "mirrored", "multi_worker", "horovod", "multi_worker_tf_keras",
+              "horovod_tf_keras")
 ])
 def test_custom_loop(tmp_path, topology):
     summary = check_run(tmp_path, "custom_loop.py", topology, "--epochs", "3")
@@ -204,10 +218,12 @@ def test_custom_loop_resumes_its_epoch_counter_after_a_crash(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("topology", ["multi_worker", "horovod"])
+@pytest.mark.parametrize("topology", ["multi_worker", "multi_worker_tf_keras",
+                                      "parameter_server", "horovod"])
 def test_fit_resumes_from_backup_after_a_gang_restart(tmp_path, topology):
     # Every process exits after epoch 2's backup; the launcher restarts the job once, and fit
-    # continues at epoch 3 (tf-keras's multi-worker backup; Horovod: one backup per rank).
+    # continues at epoch 3 (tf-keras's multi-worker backup; Keras 3's, written by the chief only
+    # and read by every worker; under ParameterServer tfdist.fit's; Horovod: one per rank).
     model_dir = tmp_path / "model"
     status, output, results = launch(
         tmp_path, "image_classifier.py", topology, "--model-dir", str(model_dir),

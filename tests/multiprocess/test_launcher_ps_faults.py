@@ -1,6 +1,7 @@
 """Fault handling of a real ParameterServer job under tfdist-launch (chief + 2 workers + 1 ps).
 
-A SIGKILLed worker is restarted alone and the chief's fit still runs every epoch; a SIGKILLed ps
+A SIGKILLed worker is restarted alone and the chief's fit still runs every epoch (Keras 3 and
+tf-keras); a SIGKILLed ps
 stops the job within seconds, naming ps:0 as fatal, and leaves no process behind. The task pids
 come from the launcher's ``started <task> (pid N)`` lines.
 """
@@ -70,13 +71,14 @@ def _wait_for(path: Path, launch: Launch, timeout: float = 60) -> None:
         time.sleep(0.1)
 
 
-def _job(tmp_path: Path) -> Launch:
+def _job(tmp_path: Path, legacy: str = "1") -> Launch:
     return Launch(tmp_path, "--ps", "1", "--workers", "2", "--timeout", "120",
-                  str(SCRIPT), str(EPOCHS), str(STEPS))
+                  str(SCRIPT), str(EPOCHS), str(STEPS), TF_USE_LEGACY_KERAS=legacy)
 
 
-def test_killed_worker_is_restarted_alone_and_fit_completes(tmp_path):
-    launch = _job(tmp_path)
+@pytest.mark.parametrize("legacy", ["0", "1"], ids=["keras3", "tf_keras"])
+def test_killed_worker_is_restarted_alone_and_fit_completes(tmp_path, legacy):
+    launch = _job(tmp_path, legacy)
     try:
         _wait_for(tmp_path / "epoch.0", launch)
         pids = launch.pids()

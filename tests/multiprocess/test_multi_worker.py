@@ -1,6 +1,8 @@
-"""MultiWorkerMirrored (tf-keras), 2 processes: each worker reads a known half of every global
-batch, and both end with identical weights equal to the single-process reference; the chief's
-save is the only one left on disk. Also: a missing peer ends startup with a named error."""
+"""MultiWorkerMirrored, 2 processes, Keras 3 and tf-keras: each worker reads a known half of every
+global batch, and both end with identical weights equal to the single-process reference;
+``evaluate`` and ``predict`` agree with the reference too; the chief's save is the only one left on
+disk. Keras 3 needs tfdist's shims: without them (``TFDIST_KERAS_SHIMS=off``) its ``fit`` fails
+as released. Also: a missing peer ends startup with a named error."""
 
 from __future__ import annotations
 
@@ -21,13 +23,15 @@ pytestmark = pytest.mark.multiprocess
 SCRIPTS = Path(__file__).parent / "scripts"
 REPO = Path(__file__).resolve().parents[2]
 LEGACY = {"TF_USE_LEGACY_KERAS": "1"}
+FLAVOUR_ENV = {"keras3": {"TF_USE_LEGACY_KERAS": "0"}, "tf_keras": LEGACY}
 PER_REPLICA, STEPS = 4, 5
 
 
-def test_workers_match_reference_and_save_once(cluster_runner, tmp_path):
+@pytest.mark.parametrize("flavour", ["keras3", "tf_keras"])
+def test_workers_match_reference_and_save_once(cluster_runner, tmp_path, flavour):
     spec = ClusterSpec.local(workers=2)
     results = cluster_runner(spec, SCRIPTS / "multi_worker_parity.py", str(tmp_path),
-                             timeout=120, env=LEGACY)
+                             timeout=150, env=FLAVOUR_ENV[flavour])
     chief, other = results["worker:0"], results["worker:1"]
     assert (chief["is_chief"], other["is_chief"]) == (True, False)
     assert chief["num_workers"] == other["num_workers"] == chief["num_replicas"] == 2
@@ -46,8 +50,35 @@ def test_workers_match_reference_and_save_once(cluster_runner, tmp_path):
     assert chief["model_path"] == str(tmp_path / "model.keras")
     assert chief["ckpt_path"] == str(tmp_path / "ckpt" / "ckpt-1")
     assert other["model_path"] is None and other["ckpt_path"] is None
-    assert sorted(os.listdir(tmp_path)) == ["ckpt", "model.keras"]  # no .tfdist-tmp-* left
+    assert sorted(os.listdir(tmp_path)) == ["ckpt", "fit.weights.h5", "model.keras"]
     assert max_gap(chief["reloaded"], chief["weights"]) <= REFERENCE_ATOL
+    assert max_gap(chief["checkpointed"], chief["weights"]) <= REFERENCE_ATOL  # ModelCheckpoint
+
+    for result in (chief, other):  # evaluate and predict: the same answers on every worker
+        assert abs(result["evaluate"] - chief["reference_evaluate"]) <= REFERENCE_ATOL
+        assert len(result["predict"]) == 2 * PER_REPLICA * STEPS
+        assert max_gap(result["predict"], chief["reference_predict"]) <= REFERENCE_ATOL
+
+
+@pytest.mark.parametrize("flavour", ["keras3", "tf_keras"])
+def test_tensorboard_callback_writes_the_chiefs_events(cluster_runner, tmp_path, flavour):
+    pytest.importorskip("tensorboard", reason="the tensorboard package is not installed "
+                        "(TensorFlow 2.21 no longer depends on it)")
+    spec = ClusterSpec.local(workers=2)
+    cluster_runner(spec, SCRIPTS / "multi_worker_parity.py", str(tmp_path), timeout=150,
+                   env={**FLAVOUR_ENV[flavour], "TENSORBOARD": "1"})
+    events = list((tmp_path / "tb").rglob("events.out.tfevents.*"))
+    assert events and all(e.stat().st_size > 0 for e in events), events
+
+
+def test_keras3_fit_fails_without_the_shims(cluster_runner, tmp_path):
+    """Sabotage: the same job with the shims off fails as Keras 3 does on its own."""
+    spec = ClusterSpec.local(workers=2)
+    env = {**FLAVOUR_ENV["keras3"], "TFDIST_KERAS_SHIMS": "off"}
+    with pytest.raises(TaskFailedError) as info:
+        cluster_runner(spec, SCRIPTS / "multi_worker_parity.py", str(tmp_path), timeout=150,
+                       env=env)
+    assert "Attempt to convert a value (PerReplica" in info.value.output_tail
 
 
 def test_missing_peer_ends_startup_with_named_error():

@@ -1,9 +1,11 @@
-"""ParameterServer (tf-keras): chief + 2 workers + 1 or 2 ps, one process each.
+"""ParameterServer, tf-keras and Keras 3: chief + 2 workers + 1 or 2 ps, one process each.
 
-The chief's ``model.fit`` finishes with a falling loss; a counter variable on the ps, bumped in
-each train step at ``[worker, batch_id % 2]``, shows both workers ran steps, that the steps add
-up, and that each worker read only its shard (even batches on worker 0, odd on worker 1);
-variables live on the ps tasks, sharded across both with ``num_shards=2``.
+The chief's ``tfdist.fit`` (tf-keras: ``model.fit``; Keras 3: tfdist's coordinator loop) ends
+with a falling loss; a counter variable on the ps, bumped in each train step at
+``[worker, batch_id % 2]``, shows both workers ran steps, that the steps add up, and that each
+worker read only its shard (even batches on worker 0, odd on worker 1); variables live on the
+ps tasks, sharded across both with ``num_shards=2`` (tf-keras) or placed whole, round-robin,
+over both (Keras 3, which cannot shard: refused with the fix).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ pytestmark = pytest.mark.multiprocess
 SCRIPT = Path(__file__).parent / "scripts" / "ps_train.py"
 REPO = Path(__file__).resolve().parents[2]
 LEGACY = {"TF_USE_LEGACY_KERAS": "1"}
+KERAS3 = {"TF_USE_LEGACY_KERAS": "0"}
 TOTAL_STEPS = 30  # EPOCHS * STEPS_PER_EPOCH in the script
 
 
@@ -61,6 +64,32 @@ def test_two_ps_shard_variables(cluster_runner):
     tasks = sorted(d[0].split("/device:")[0] for d in kernel)
     assert tasks == ["/job:ps/replica:0/task:0", "/job:ps/replica:0/task:1"]
     assert all("/job:ps/" in d for shards in result["devices"].values() for d in shards)
+
+
+KERAS3_VARIABLES = {"counting_model/dense/kernel", "counting_model/dense/bias",
+                    "counting_model/dense_1/kernel", "counting_model/dense_1/bias", "seen:0"}
+
+
+@pytest.mark.slow
+def test_keras3_one_ps_holds_every_variable(cluster_runner):
+    spec = ClusterSpec.local(workers=2, ps=1, chief=True)
+    result = cluster_runner(spec, SCRIPT, "0", timeout=150, env=KERAS3)["chief:0"]
+    _check_training(result)
+    assert set(result["devices"]) == KERAS3_VARIABLES
+    for name, shards in result["devices"].items():
+        assert len(shards) == 1 and "/job:ps/replica:0/task:0" in shards[0], (name, shards)
+    optimizer = result["optimizer_devices"]  # SGD: iteration and learning rate
+    assert len(optimizer) == 2 and all("/job:ps/replica:0/task:0" in d for d in optimizer)
+    assert result["kernel_shapes"] == []
+
+
+@pytest.mark.slow
+def test_keras3_two_ps_share_the_variables(cluster_runner):
+    spec = ClusterSpec.local(workers=2, ps=2, chief=True)
+    result = cluster_runner(spec, SCRIPT, "0", timeout=150, env=KERAS3)["chief:0"]
+    _check_training(result)
+    tasks = {d[0].split("/device:")[0] for d in result["devices"].values()}
+    assert tasks == {"/job:ps/replica:0/task:0", "/job:ps/replica:0/task:1"}
 
 
 def test_server_exits_zero_on_sigterm():

@@ -10,6 +10,8 @@ import pytest
 pytestmark = pytest.mark.unit
 
 MODULES = [
+    "tfdist.compat",
+    "tfdist.training",
     "tfdist.strategies",
     "tfdist.strategies.base",
     "tfdist.strategies.default",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -59,7 +60,7 @@ def test_tfjob_parses_and_has_the_local_replica_counts(options):
         assert env["TFDIST_STRATEGY"] == ("parameter_server" if is_ps else
                                           "mirrored" if options.strategy == "mirrored" else
                                           "multi_worker")
-        assert ("TF_USE_LEGACY_KERAS" in env) == (options.strategy != "mirrored")
+        assert ("TF_USE_LEGACY_KERAS" in env) == ("TF_USE_LEGACY_KERAS" in os.environ)
         server = is_ps and kind in ("Worker", "PS")
         expected = (["python", "-u", "-m", "tfdist.server"] if server
                     else ["python", "-u", "train.py", *options.script_args])

@@ -1,14 +1,18 @@
-"""Keras flavour x strategy: unsupported pairs fail at creation with the documented fix, and
+"""Keras flavour x strategy: every built-in trains with both; an unsupported pair (a strategy's
+own traits) fails with the documented fix; the Keras 3 shims are version-guarded; and
 TF_CONFIG is checked before TensorFlow could wait for a peer."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 import tfdist.strategies
+from tfdist import compat
 from tfdist.errors import ClusterConfigError, KerasCompatibilityError, StrategyConfigError
+from tfdist.strategies import StrategyTraits, strategy_traits
 
 pytestmark = pytest.mark.unit
 
@@ -26,20 +30,40 @@ def tf_keras(monkeypatch):
     monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
 
 
-@pytest.mark.parametrize(
-    ("name", "why"),
-    [
-        ("multi_worker", "Keras 3's model.fit fails under MultiWorkerMirroredStrategy on TF 2.21"),
-        ("parameter_server", "Keras 3 has no ParameterServerStrategy support at all"),
-    ],
-)
-def test_keras3_refuses_multi_process_tf_strategies(keras3, name, why):
+def test_keras3_refused_where_traits_say_so(keras3):
+    traits = StrategyTraits(keras=("tf_keras",), keras_unsupported="my reason")
     with pytest.raises(KerasCompatibilityError) as info:
-        tfdist.strategies.get_strategy(name)
+        compat.check_supported("mine", traits=traits)
     message = str(info.value)
-    assert message.startswith(f"Strategy {name!r} cannot train with Keras 3: {why}")
+    assert message.startswith("Strategy 'mine' cannot train with Keras 3: my reason")
     assert "Fix: set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported" in message
-    assert "or use strategy='horovod', which works with Keras 3" in message
+
+
+@pytest.mark.parametrize("name", ["default", "mirrored", "multi_worker", "parameter_server",
+                                  "horovod"])
+def test_every_builtin_strategy_trains_with_both_kerases(name):
+    for flavour in ("keras3", "tf_keras"):
+        compat.check_supported(name, flavour)
+    assert not strategy_traits(name).needs_tf_keras
+
+
+def test_shims_apply_only_to_keras_versions_with_the_bug():
+    installed = compat.keras_version()
+    for shim in compat.KERAS3_SHIMS:
+        assert shim.issue and shim.verified
+        assert not shim.applies((2, 15, 0))  # tf-keras's line never
+        assert shim.applies(installed) == (
+            shim.fixed_in is None or installed < shim.fixed_in)  # still broken in 3.15
+        fixed = dataclasses.replace(shim, fixed_in=installed)
+        assert not fixed.applies(installed)  # a release that fixes it switches the shim off
+        probe_says_fixed = dataclasses.replace(shim, still_broken=lambda: False)
+        assert not probe_says_fixed.applies(installed)
+
+
+def test_shims_off_switch(keras3, monkeypatch):
+    monkeypatch.setenv(compat.SHIMS_ENV, "off")
+    assert compat.install_keras3_shims() == {}
+    assert compat.shims_enabled({compat.SHIMS_ENV: "on"})
 
 
 @pytest.mark.parametrize("name", ["default", "mirrored"])
@@ -89,3 +113,31 @@ def test_evaluator_is_sent_to_the_default_strategy(tf_keras):
               "task": {"type": "evaluator", "index": 0}}
     with pytest.raises(StrategyConfigError, match=r"use get_strategy\('default'\)"):
         tfdist.strategies.get_strategy("multi_worker", tf_config=config)
+
+
+def test_keras3_parameter_server_refuses_sharding_with_the_fix(keras3):
+    config = {"cluster": PS_CLUSTER, "task": {"type": "chief", "index": 0}}
+    with pytest.raises(KerasCompatibilityError) as info:
+        tfdist.strategies.get_strategy("parameter_server", num_shards=2, tf_config=config)
+    message = str(info.value)
+    assert "cannot shard variables under Keras 3" in message
+    assert "Received: a variable partitioner (FixedShardsPartitioner) with Keras 3." in message
+    assert "Fix: drop the partitioner" in message
+
+
+def test_fit_refuses_what_the_coordinator_cannot_honour(keras3, monkeypatch):
+    import numpy as np
+
+    from tfdist import training
+
+    monkeypatch.setattr(compat, "fit_needs_coordinator", lambda strategy, model: True)
+    model = compat.get_keras().Sequential([compat.get_keras().layers.Dense(1)])
+    with pytest.raises(StrategyConfigError) as info:
+        training.fit(model, np.ones((4, 2)), validation_data=None, epochs=1)
+    message = str(info.value)
+    assert "Received: x=ndarray, validation_data." in message
+    assert "Fix: batch and weight samples in dataset_fn" in message
+    data = training.PerWorkerInput(lambda ctx: None, lambda ctx: None)
+    with pytest.raises(StrategyConfigError, match="needs steps_per_epoch"):
+        training.fit(model, data, epochs=1)
+    assert "tfdist.fit(model, this, ...)" in repr(data)

@@ -1,7 +1,7 @@
 """Starting benchmark workers: a TF cluster (`run_cluster`) or a ``horovodrun`` job (`run_tasks`).
 
 Every job's children get ``PYTHONPATH`` pointing at this tfdist, quiet TF logs, tf-keras
-(``TF_USE_LEGACY_KERAS=1``: multi-worker and parameter-server training need it on TF 2.21) and
+(``TF_USE_LEGACY_KERAS=1``: the README's numbers were measured with it) and
 the extra environment the caller passes (thread pools, Horovod knobs). Their output goes to the
 log file, prefixed by task, so the terminal shows only tables.
 """

@@ -4,7 +4,10 @@ Keras's own callback is multi-worker aware only in tf-keras, and only for the st
 
 * tf-keras under MultiWorkerMirrored: non-chief workers back up to temporary directories;
   under ParameterServer only the chief runs the script. Both use ``directory`` as it is.
-* Keras 3 knows nothing of workers; tfdist runs Keras 3 multi-process only under Horovod.
+* Keras 3's callback knows nothing of workers: under MultiWorkerMirrored every worker would
+  write, and at the end delete, the same files at once. Every worker restores from
+  ``directory`` (all hold the same weights), but only the chief writes or deletes it. Under
+  ParameterServer only the chief runs the script (`tfdist.fit` calls the callback there).
 * Under Horovod each rank is a one-device strategy that thinks it is alone: every rank would
   write, and at the end delete, the same files at once (and tf-keras refuses a one-device
   strategy outright). So each rank keeps its own ``<directory>/rank-<r>``; siblings, so no rank
@@ -32,7 +35,27 @@ from typing import Any
 from tfdist import compat
 from tfdist.errors import StrategyConfigError, format_error
 
-__all__ = ["backup_callback"]
+__all__ = ["backup_callback", "model_checkpoint_callback"]
+
+
+def model_checkpoint_callback(
+    strategy: Any, filepath: str | os.PathLike[str], **kwargs: Any
+) -> Any:
+    """A Keras ``ModelCheckpoint`` that writes ``filepath`` once, under any strategy and Keras.
+
+    tf-keras's callback is multi-worker aware (every worker must run it: its save is a
+    collective, and non-chief workers write to temporary directories it deletes). Keras 3's is
+    not, and its save is no collective: the chief gets the callback, the others a no-op.
+
+    Args:
+        strategy: A tfdist strategy.
+        filepath: Passed to ``ModelCheckpoint`` (the same on every process).
+        **kwargs: Passed to ``ModelCheckpoint`` (``save_weights_only``, ``monitor``...).
+    """
+    keras = compat.get_keras()
+    if compat.keras_flavour() == "tf_keras" or strategy.is_chief:
+        return keras.callbacks.ModelCheckpoint(os.fspath(filepath), **kwargs)
+    return keras.callbacks.Callback()
 
 
 def backup_callback(
@@ -61,8 +84,27 @@ def backup_callback(
         directory = os.path.join(directory, f"rank-{strategy.task_index}")
     keras = compat.get_keras()
     if compat.keras_flavour() == "keras3":
-        return keras.callbacks.BackupAndRestore(directory, **kwargs)
+        if strategy.is_chief or per_rank:
+            return keras.callbacks.BackupAndRestore(directory, **kwargs)
+        return _keras3_reader_backup(keras, directory, kwargs)
     return _tf_keras_backup(keras, strategy, directory, per_rank, preempt, kwargs)
+
+
+def _keras3_reader_backup(keras: Any, directory: str, kwargs: dict[str, Any]) -> Any:
+    class RestoreOnlyBackupAndRestore(keras.callbacks.BackupAndRestore):
+        """Keras 3's callback for a non-chief worker: restores from the chief's backup at the
+        start, never writes or deletes it (the chief does, with the same weights)."""
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            pass
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            pass
+
+        def on_train_end(self, logs: Any = None) -> None:
+            pass
+
+    return RestoreOnlyBackupAndRestore(directory, **kwargs)
 
 
 def _preemption_wanted(strategy: Any, requested: bool | None) -> bool:

@@ -7,7 +7,7 @@ answers the questions a training script asks the same way for every backend:
 * where am I: `cluster`, `task_type`, `task_index`, `worker_index`, `is_chief`, `num_workers`;
 * how big is a step: `num_replicas`, `global_batch_size`, `scale_learning_rate`;
 * how do I feed it: `input_context`, `distribute_dataset` (each worker gets its own shard);
-* what does ``fit`` need: `callbacks`;
+* what does ``fit`` need: `callbacks`, `backup_callback`, `checkpoint_callback`;
 * how do I save once: `write_path`, `save_model`, `save_checkpoint`, `restore_checkpoint`.
 
 A backend changes behaviour by overriding a few primitives, never by checking names:
@@ -434,6 +434,23 @@ class TfdistStrategyMixin:
         from tfdist.preemption import preemption_handler
 
         return preemption_handler(self, checkpoint, os.fspath(directory))
+
+    def checkpoint_callback(self, filepath: str | os.PathLike[str], **kwargs: Any) -> Any:
+        """A Keras ``ModelCheckpoint`` that writes ``filepath`` once, from the chief.
+
+        Pass it on every process (see `tfdist.strategies.backup.model_checkpoint_callback`).
+
+        Example:
+            >>> import tempfile, tfdist.strategies
+            >>> strategy = tfdist.strategies.get_strategy("default")
+            >>> callback = strategy.checkpoint_callback(tempfile.mkdtemp() + "/w.weights.h5",
+            ...                                         save_weights_only=True)
+            >>> type(callback).__name__
+            'ModelCheckpoint'
+        """
+        from tfdist.strategies.backup import model_checkpoint_callback
+
+        return model_checkpoint_callback(self, filepath, **kwargs)
 
     def write_path(self, path: str | os.PathLike[str]) -> str | None:
         """Where this process writes what belongs at ``path``.

@@ -1,4 +1,4 @@
-"""``"multi_worker"``: synchronous training across processes (tf-keras only on TF 2.21).
+"""``"multi_worker"``: synchronous training across processes (Keras 3 or tf-keras).
 
 A tfdist `tf.distribute.MultiWorkerMirroredStrategy`. Every worker (chief included) runs the same
 script; gradients are all-reduced with collective ops each step. Saving is a collective: every
@@ -11,6 +11,11 @@ has no deadline for this. tfdist sets one, ``startup_timeout_seconds`` (default 
 do not answer and is killed. Once training runs,
 ``timeout_seconds`` bounds each collective (``CommunicationOptions``): a peer that stops mid-step
 makes the others fail with ``DeadlineExceededError`` instead of hanging.
+
+Keras 3: its ``model.fit`` cannot run under this strategy as released (keras#20585,
+tensorflow#72388); creating the strategy installs tfdist's version-guarded shims
+(`tfdist.compat.install_keras3_shims`), after which it trains as tf-keras does: identical
+weights on every worker, equal to one process on the global batches.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfdist import compat
 from tfdist.options import check_choice, check_positive_int, check_positive_number
 from tfdist.strategies import traits as builtin
 from tfdist.strategies.base import TfdistStrategyMixin, cluster_resolver
@@ -67,7 +73,6 @@ class MultiWorkerMirroredStrategy(TfdistStrategyMixin, tf.distribute.MultiWorker
         tf_config: The TF_CONFIG to use instead of the environment's (JSON text or a mapping).
 
     Raises:
-        KerasCompatibilityError: Keras 3 is in use (set ``TF_USE_LEGACY_KERAS=1``).
         ClusterConfigError: TF_CONFIG is missing or invalid (raised before any waiting).
 
     Example:
@@ -97,6 +102,7 @@ class MultiWorkerMirroredStrategy(TfdistStrategyMixin, tf.distribute.MultiWorker
             "startup_timeout_seconds", resolve_startup_timeout(startup_timeout_seconds)
         )
         self._check_keras()
+        compat.install_keras3_shims()
         cluster, task = self._read_cluster(tf_config)
         with startup_deadline(deadline, cluster, task, f"MultiWorkerMirroredStrategy on {task}"):
             super().__init__(

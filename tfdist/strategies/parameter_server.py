@@ -1,11 +1,17 @@
-"""``"parameter_server"``: asynchronous training with variables on ps tasks (tf-keras only).
+"""``"parameter_server"``: asynchronous training with variables on ps tasks (either Keras).
 
 A tfdist `tf.distribute.experimental.ParameterServerStrategy`. Only the **chief** runs the
 training script: it is the coordinator, which places variables on the ``ps`` tasks and sends
 steps to the ``worker`` tasks. ``worker`` and ``ps`` tasks run ``python -m tfdist.server``
 (`tfdist.server.serve`) and do nothing else.
 
-Input: `distribute_dataset` returns a tf-keras ``DatasetCreator``; ``model.fit`` runs its
+Keras: tf-keras's ``model.fit`` drives the coordinator itself. Keras 3's cannot (keras#18624):
+train with `tfdist.fit` (``tfdist.fit(model, strategy.distribute_dataset(fn), epochs=...,
+steps_per_epoch=...)``), which calls ``model.fit`` where that works and runs Keras 3's steps
+through the `coordinator` here; see `tfdist.training`.
+
+Input: `distribute_dataset` returns a tf-keras ``DatasetCreator`` (Keras 3: a
+`tfdist.training.PerWorkerInput` for `tfdist.fit`); ``fit`` runs its
 ``dataset_fn`` on each worker with ``input_context.num_input_pipelines`` = the number of workers and
 ``input_pipeline_id`` = that worker's index (a scalar tensor: TF traces ``dataset_fn`` once), so
 each worker reads its own shard (TF's own context would give every worker the whole dataset).
@@ -19,7 +25,8 @@ Sharding variables: pass ``num_shards`` (``FixedShardsPartitioner``: every varia
 pieces along its first axis, placed round-robin on the ps tasks), ``min_shard_bytes``
 (``MinSizePartitioner``: pieces of at least that size, at most one per ps), or any
 ``variable_partitioner``. By default variables are not partitioned; whole variables are placed
-round-robin on the ps tasks.
+round-robin on the ps tasks. Sharding needs tf-keras: under Keras 3 a partitioner is refused
+(`tfdist.compat.check_partitioner`).
 """
 
 from __future__ import annotations
@@ -96,7 +103,7 @@ class ParameterServerStrategy(
         tf_config: The TF_CONFIG to use instead of the environment's (JSON text or a mapping).
 
     Raises:
-        KerasCompatibilityError: Keras 3 is in use (set ``TF_USE_LEGACY_KERAS=1``).
+        KerasCompatibilityError: a partitioner under Keras 3 (see `compat.check_partitioner`).
         ClusterConfigError: TF_CONFIG is missing, invalid, or lacks a chief or ps.
         StrategyConfigError: this process is not the chief, or an option is invalid.
 
@@ -126,6 +133,7 @@ class ParameterServerStrategy(
         partitioner = make_partitioner(
             len(cluster.ps), num_shards, min_shard_bytes, variable_partitioner
         )
+        compat.check_partitioner(partitioner)
         with startup_deadline(deadline, cluster, task, f"ParameterServerStrategy on {task}"):
             super().__init__(cluster_resolver(cluster, task), variable_partitioner=partitioner)
         self._init_tfdist(cluster, task)
@@ -148,10 +156,13 @@ class ParameterServerStrategy(
         return tf.distribute.experimental.coordinator.ClusterCoordinator(self)
 
     def _distribute_dataset_fn(self, dataset_fn: DatasetFn, options: Any) -> Any:
+        worker_fn = _per_worker(dataset_fn, self.num_workers)
+        if compat.keras_flavour() == "keras3":
+            from tfdist.training import PerWorkerInput
+
+            return PerWorkerInput(dataset_fn, worker_fn, options)
         keras = compat.get_keras("tf_keras")
-        return keras.utils.experimental.DatasetCreator(
-            _per_worker(dataset_fn, self.num_workers), input_options=options
-        )
+        return keras.utils.experimental.DatasetCreator(worker_fn, input_options=options)
 
 
 def _per_worker(dataset_fn: DatasetFn, num_workers: int) -> DatasetFn:

@@ -92,8 +92,8 @@ class StrategyTraits:
     Example:
         >>> PARAMETER_SERVER.task_kind("ps"), PARAMETER_SERVER.task_kind("chief")
         ('service', 'main')
-        >>> MULTI_WORKER.needs_tf_keras, HOROVOD.needs_tf_keras
-        (True, False)
+        >>> MULTI_WORKER.needs_tf_keras, StrategyTraits(keras=("tf_keras",)).needs_tf_keras
+        (False, True)
     """
 
     launch: Launch = "tasks"
@@ -161,11 +161,11 @@ class StrategyTraits:
 
         Example:
             >>> MULTI_WORKER.task_env("multi_worker", {})
+            {'TFDIST_STRATEGY': 'multi_worker'}
+            >>> MULTI_WORKER.task_env("multi_worker", {"TF_USE_LEGACY_KERAS": "1"})
             {'TFDIST_STRATEGY': 'multi_worker', 'TF_USE_LEGACY_KERAS': '1'}
-            >>> MULTI_WORKER.task_env("multi_worker", {"TF_USE_LEGACY_KERAS": "0"})
-            {'TFDIST_STRATEGY': 'multi_worker', 'TF_USE_LEGACY_KERAS': '0'}
-            >>> HOROVOD.task_env("horovod", {})
-            {'TFDIST_STRATEGY': 'horovod'}
+            >>> StrategyTraits(keras=("tf_keras",)).task_env("mine", {})
+            {'TFDIST_STRATEGY': 'mine', 'TF_USE_LEGACY_KERAS': '1'}
         """
         env = {STRATEGY_ENV: strategy, **self.env}
         if LEGACY_KERAS_ENV in environ:
@@ -178,11 +178,8 @@ class StrategyTraits:
 DEFAULT = StrategyTraits(launch="single_process", roles=("chief",))
 MIRRORED = DEFAULT
 
-MULTI_WORKER = StrategyTraits(
-    keras=("tf_keras",),
-    keras_unsupported="Keras 3's model.fit fails under MultiWorkerMirroredStrategy on TF 2.21 "
-    "(it cannot reduce PerReplica values across workers)",
-)
+MULTI_WORKER = StrategyTraits()
+"""Both Kerases: Keras 3's ``model.fit`` with tfdist's shims (`tfdist.compat.KERAS3_SHIMS`)."""
 
 PARAMETER_SERVER = StrategyTraits(
     roles=("chief", "worker", "ps", "evaluator"),
@@ -193,9 +190,9 @@ PARAMETER_SERVER = StrategyTraits(
     server_roles=("worker", "ps"),
     restarted_alone=("worker",),
     fatal_roles=MappingProxyType({"ps": "parameter-server loss is fatal; its variables are gone"}),
-    keras=("tf_keras",),
-    keras_unsupported="Keras 3 has no ParameterServerStrategy support at all",
 )
+"""Both Kerases: tf-keras's ``model.fit`` drives the coordinator; Keras 3's cannot (keras#18624),
+so `tfdist.fit` runs its steps through a ``ClusterCoordinator`` (`tfdist.training`)."""
 
 HOROVOD = StrategyTraits(launch="ranks", roles=("worker",))
 

@@ -1,8 +1,13 @@
-"""MultiWorkerMirrored (tf-keras): train on each worker's shard, save, report weights.
+"""MultiWorkerMirrored: train on each worker's shard, save, evaluate, predict, report.
 
-Usage: ``python multi_worker_parity.py OUT_DIR``, once per worker with its TF_CONFIG (and
-TF_USE_LEGACY_KERAS=1). Worker ``w`` reads batches ``w, w+2, ...`` of ``per_replica`` rows, so
-global batch ``k`` is rows ``[2k*B, (2k+2)*B)``, the ``k``-th batch of the reference.
+Usage: ``python multi_worker_parity.py OUT_DIR``, once per worker with its TF_CONFIG, with
+TF_USE_LEGACY_KERAS=1 (tf-keras) or without (Keras 3). Worker ``w`` reads batches ``w, w+2, ...``
+of ``per_replica`` rows, so global batch ``k`` is rows ``[2k*B, (2k+2)*B)``, the ``k``-th batch of
+the reference. ``evaluate`` and ``predict`` then run on the same sharded input.
+
+Callbacks: ``strategy.checkpoint_callback`` (a ``ModelCheckpoint`` of the weights that the chief
+alone writes, under either Keras) and, with ``TENSORBOARD=1``, every worker a
+``TensorBoard`` callback writing to its `write_path` (the chief: ``OUT_DIR/tb``).
 """
 
 from __future__ import annotations
@@ -46,10 +51,17 @@ def my_rows() -> list[int]:
 with strategy.scope():
     model = parity_lib.build_model(keras)
 initial = model.get_weights()
+weights_file = os.path.join(out_dir, "fit.weights.h5")
+callbacks = [strategy.checkpoint_callback(weights_file, save_weights_only=True)]
+if os.environ.get("TENSORBOARD") == "1":
+    callbacks.append(keras.callbacks.TensorBoard(strategy.write_path(os.path.join(out_dir, "tb"))))
 history = model.fit(
-    strategy.distribute_dataset(dataset_fn), epochs=1, steps_per_epoch=STEPS, verbose=0
+    strategy.distribute_dataset(dataset_fn), epochs=1, steps_per_epoch=STEPS, verbose=0,
+    callbacks=callbacks,
 )
 weights = model.get_weights()
+evaluated = model.evaluate(strategy.distribute_dataset(dataset_fn), steps=STEPS, verbose=0)
+predicted = model.predict(strategy.distribute_dataset(dataset_fn), steps=STEPS, verbose=0)
 local = [
     [np.asarray(v).tolist() for v in strategy.experimental_local_results(var)]
     for var in model.weights
@@ -67,14 +79,24 @@ result = {
     "loss": history.history["loss"],
     "initial": parity_lib.as_lists(initial),
     "weights": parity_lib.as_lists(weights),
+    "evaluate": float(np.asarray(evaluated).reshape(-1)[0]),
+    "predict": np.asarray(predicted).tolist(),
     "local": local,
     "model_path": model_path,
     "ckpt_path": ckpt_path,
 }
 if strategy.is_chief:
+    checkpointed = parity_lib.build_model(keras)
+    checkpointed.load_weights(weights_file)
+    result["checkpointed"] = parity_lib.as_lists(checkpointed.get_weights())
     result["reloaded"] = parity_lib.as_lists(keras.models.load_model(model_path).get_weights())
-    result["reference"] = parity_lib.as_lists(
-        parity_lib.reference_weights(keras, initial, x, y, global_batch))
+    reference = parity_lib.reference_weights(keras, initial, x, y, global_batch)
+    result["reference"] = parity_lib.as_lists(reference)
+    trained = parity_lib.build_model(keras)
+    trained.set_weights(reference)
+    result["reference_evaluate"] = float(
+        trained.evaluate(x, y, batch_size=global_batch, verbose=0))
+    result["reference_predict"] = trained.predict(x, batch_size=global_batch, verbose=0).tolist()
     result["half_batch"] = parity_lib.as_lists(
         parity_lib.half_batch_weights(keras, initial, x, y, PER_REPLICA))
 report(result)

@@ -1,9 +1,12 @@
-"""ParameterServer chief for the launcher fault tests: a long tf-keras fit with progress markers.
+"""ParameterServer chief for the launcher fault tests: a long fit with progress markers.
 
 Usage: ``python ps_fault_train.py EPOCHS STEPS_PER_EPOCH``. After each epoch it writes
 ``$MARKER_DIR/epoch.<n>``; at the end ``$MARKER_DIR/result.json`` with the epochs the fit ran, the
 losses, and the steps each worker ran, per epoch (a variable on the ps, bumped at
 ``[worker]`` in each train step by the worker that ran it).
+
+It trains with ``tfdist.fit``: tf-keras's ``model.fit`` under TF_USE_LEGACY_KERAS=1, tfdist's
+ClusterCoordinator loop under Keras 3.
 
 Rejoin mode (``UNTIL_REJOINED=1``): EPOCHS is an upper bound. Once the test has killed worker:1
 and written ``$MARKER_DIR/killed``, the next epoch end records worker:1's count as the baseline,
@@ -21,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+import tfdist
 import tfdist.strategies
 from tfdist import compat
 
@@ -72,8 +76,8 @@ with strategy.scope():
     model = StepCounter()
     model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
     model.build((None, 4))
-history = model.fit(strategy.distribute_dataset(dataset_fn), epochs=EPOCHS,
-                    steps_per_epoch=STEPS_PER_EPOCH, callbacks=[Markers()], verbose=0)
+history = tfdist.fit(model, strategy.distribute_dataset(dataset_fn), epochs=EPOCHS,
+                     steps_per_epoch=STEPS_PER_EPOCH, callbacks=[Markers()], verbose=0)
 result = {"epochs": len(history.history["loss"]), "loss": history.history["loss"],
           "steps": Markers.steps, "baseline": Markers.baseline}
 (MARKERS / "result.json").write_text(json.dumps(result))

@@ -1,4 +1,7 @@
-"""ParameterServer (tf-keras), run on the chief: fit, then report losses, steps and placements.
+"""ParameterServer, run on the chief: fit, then report losses, steps and placements.
+
+With tf-keras (TF_USE_LEGACY_KERAS=1) ``tfdist.fit`` is tf-keras's ``model.fit``; with Keras 3 it
+runs the steps through tfdist's ClusterCoordinator loop (`tfdist.training`).
 
 Usage: ``python ps_train.py NUM_SHARDS`` (0: no partitioner). Each train step adds 1 to
 ``seen[0, 2 * worker + batch_id % 2]``, where ``worker`` is the worker that ran the step (TF's
@@ -15,6 +18,7 @@ import numpy as np
 import parity_lib
 import tensorflow as tf
 
+import tfdist
 import tfdist.strategies
 from tfdist import compat
 from tfdist.testing import report
@@ -23,6 +27,7 @@ NUM_SHARDS = int(sys.argv[1])
 BATCH, BATCHES, STEPS_PER_EPOCH, EPOCHS = 8, 8, 10, 3
 
 keras = compat.get_keras()
+KERAS3 = compat.keras_flavour() == "keras3"
 options = {"num_shards": NUM_SHARDS} if NUM_SHARDS else {}
 strategy = tfdist.strategies.get_strategy("parameter_server", startup_timeout_seconds=60, **options)
 x, y = parity_lib.make_data(BATCH * BATCHES)
@@ -43,7 +48,12 @@ class CountingModel(keras.Model):
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
         self.seen.assign_add(tf.one_hot([2 * worker + batch_id[0] % 2], 4))
         with tf.GradientTape() as tape:
-            loss = self.compiled_loss(target, self(features, training=True))
+            prediction = self(features, training=True)
+            if KERAS3:
+                loss = compat.track_loss(self, self.compute_loss(
+                    x=features, y=target, y_pred=prediction), tf.shape(features)[0])
+            else:
+                loss = self.compiled_loss(target, prediction)
         grads = tape.gradient(loss, self.trainable_variables)
         self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
         return {m.name: m.result() for m in self.metrics}
@@ -58,13 +68,23 @@ with strategy.scope():
     model = CountingModel()
     model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
     model.build((None, parity_lib.FEATURES))
-history = model.fit(
-    strategy.distribute_dataset(dataset_fn), epochs=EPOCHS, steps_per_epoch=STEPS_PER_EPOCH,
-    verbose=0,
+history = tfdist.fit(
+    model, strategy.distribute_dataset(dataset_fn), epochs=EPOCHS,
+    steps_per_epoch=STEPS_PER_EPOCH, verbose=0,
 )
 
 
+def tf_var(var):
+    """The tf.Variable (or ShardedVariable) behind a variable of either Keras."""
+    return var if isinstance(var, tf.Variable) or not hasattr(var, "path") else var._value
+
+
+def name(var) -> str:
+    return getattr(var, "path", None) or var.name  # Keras 3: "dense/kernel"
+
+
 def shard_devices(var) -> list[str]:
+    var = tf_var(var)
     return [v.device for v in getattr(var, "variables", [var])]
 
 
@@ -73,6 +93,9 @@ report({
     "is_chief": strategy.is_chief,
     "loss": history.history["loss"],
     "seen": model.seen.numpy().reshape(2, 2).tolist(),
-    "devices": {v.name: shard_devices(v) for v in model.trainable_variables + [model.seen]},
-    "kernel_shapes": [list(s.shape) for s in getattr(model.hidden.kernel, "variables", [])],
+    "devices": {name(v): shard_devices(v) for v in model.trainable_variables + [model.seen]},
+    "kernel_shapes": [list(s.shape) for s in getattr(tf_var(model.hidden.kernel), "variables",
+                                                     [])],
+    "optimizer_devices": [d for v in compat.optimizer_variables(model.optimizer)
+                          for d in shard_devices(v)],
 })
