@@ -83,6 +83,16 @@ def test_hybrid_two_replicas_of_two_stages_match_one_process(cluster_runner):
         np.testing.assert_allclose(result["loss"], chief["reference_loss"], rtol=1e-5)
 
 
+def test_the_custom_loop_path_matches_one_process(cluster_runner):
+    results = run_pipeline(cluster_runner, processes=2, stages=2,
+                           args=["3", "2", "1f1b", "--custom-loop"])
+    chief = results["worker:0"]
+    assert max_gap(chief["trained"], chief["initial"]) > 0.02
+    assert max_gap(chief["trained"], chief["reference"]) <= PARITY_ATOL
+    for result in results.values():  # fit's epoch loss is the mean of the step losses too
+        np.testing.assert_allclose(result["loss"], chief["reference_loss"], rtol=1e-5)
+
+
 def test_zeroed_gradient_transfers_break_parity(cluster_runner):
     # The same check as above must fail when the mechanism is broken.
     results = run_pipeline(cluster_runner, processes=2, stages=2,

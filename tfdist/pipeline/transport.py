@@ -10,9 +10,9 @@ tensor from one process to the other. Keys:
 * instance key (unique within a group): ``phase << 27 | kind << 24 | micro_batch << 12 |
   index``, ``kind`` one of `ACTIVATION`, `GRADIENT`, `WEIGHTS`, `REDUCE`, `SHARE`, `METRICS`;
   ``index`` numbers the tensors of one transfer (the variables of a weight transfer or an
-  all-reduce); ``phase`` separates training, evaluation and prediction steps (`TRAIN`,
-  `EVALUATE`, `PREDICT`), whose tensors differ in shape: TensorFlow refuses one instance key
-  used with two shapes.
+  all-reduce); ``phase`` separates training, evaluation, prediction and custom-loop steps
+  (`TRAIN`, `EVALUATE`, `PREDICT`, `CUSTOM`), whose tensors differ in shape: TensorFlow refuses
+  one instance key used with two shapes.
 
 Inside a ``tf.function`` an op whose output nothing uses is pruned: a pruned send leaves its
 receiver waiting forever. Callers tie every send to the step's outputs
@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 ACTIVATION, GRADIENT, WEIGHTS, REDUCE, SHARE, METRICS = 1, 2, 3, 4, 5, 6
-TRAIN, EVALUATE, PREDICT = 0, 1, 2
+TRAIN, EVALUATE, PREDICT, CUSTOM = 0, 1, 2, 3
 MAX_RANKS = 4096
 PAIR_GROUP_BASE = 1 << 20
 STAGE_GROUP_BASE = 1 << 19

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tfdist import compat
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.options import check_positive_number
 from tfdist.pipeline import partition, stage, transport
@@ -227,6 +228,52 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
                   spec.total_param_bytes / 1e6,
                   100.0 * held / max(1, spec.total_param_bytes))
         return model
+
+    def train_step(self, model: Any, loss: Any, optimizer: Any) -> Any:
+        """The custom-loop path: a ``tf.function`` ``step(x, y) -> loss`` of one pipelined step.
+
+        Every process calls ``step`` with the same global batch; stage 0 reads ``x``, the last
+        stage ``y``; each stage applies its own gradients with ``optimizer``; the returned loss
+        (the whole model's mean over the global batch) is the same on every process.
+
+        Args:
+            model: This process's stage, from `build_model`.
+            loss: A Keras loss (name, function or object), applied as ``mean(loss(y, y_pred))``.
+            optimizer: A Keras optimizer for this stage's variables.
+
+        Example:
+            >>> import numpy as np
+            >>> keras = compat.get_keras()
+            >>> strategy = PipelineStrategy(micro_batches=2)
+            >>> model = strategy.build_model(lambda: keras.Sequential(
+            ...     [keras.Input((2,)), keras.layers.Dense(1, name="a")]))
+            >>> step = strategy.train_step(model, "mse", keras.optimizers.SGD(0.1))
+            >>> float(step(np.ones((4, 2), "float32"), np.zeros((4, 1), "float32"))) >= 0
+            True
+        """
+        keras = compat.get_keras(compat.flavour_of(model))
+        loss_fn = keras.losses.get(loss)
+        engine: StageEngine = model._engine  # noqa: SLF001
+
+        def mean_loss(y: Any, y_pred: Any) -> Any:
+            return tf.reduce_mean(loss_fn(y, y_pred))
+
+        @tf.function
+        def step(x: Any, y: Any) -> Any:
+            self.check_batch(x)
+            rows_x, rows_y = engine.replica_rows(x), engine.replica_rows(y)
+            variables = list(model.trainable_variables)
+            total, grads, _ = engine.train(
+                lambda a: model(a, training=True), variables, rows_x, rows_y, mean_loss)
+            grads = engine.average_over_replicas(grads)
+            optimizer.apply_gradients(zip(grads, variables, strict=True))
+            value = None
+            if engine.layout.is_last:
+                value = engine.average_over_replicas(
+                    [tf.cast(total, tf.float32)], transport.METRICS, transport.CUSTOM)[0]
+            return engine.share(value, [], tf.float32, 0, transport.CUSTOM)
+
+        return step
 
     def stage_report(self) -> dict[str, Any]:
         """What this stage holds: layers and parameter bytes, against the whole model."""

@@ -1,14 +1,14 @@
 """One process of a pipeline job (D replicas x K stages): trains a deep MLP split into stages with
 ``model.fit`` and reports the reassembled weights, and the single-process reference.
 
-Args: ``steps micro_batches schedule [--sabotage] [--save DIR]``. Every process builds the whole
-model once with a fixed seed (so the stages start from the reference's weights), takes its stage
-with ``strategy.build_model(model)``, and fits ``steps`` global batches of ``GLOBAL`` rows. The
-chief then computes, in one process: the reference (the whole model fitted on the same global
-batches) and a control that trains on the first half of each global batch only (a pipeline that
-lost micro-batches or replicas would look like it). ``--sabotage`` zeroes every gradient sent
-back between stages: the
-parity check must then fail.
+Args: ``steps micro_batches schedule [--sabotage] [--save DIR] [--custom-loop]``. Every process
+builds the whole model once with a fixed seed (so the stages start from the reference's weights),
+takes its stage with ``strategy.build_model(model)``, and fits ``steps`` global batches of
+``GLOBAL`` rows (or runs ``strategy.train_step`` on them: ``--custom-loop``). The chief then
+computes, in one process: the reference (the whole model fitted on the same global batches) and a
+control that trains on the first half of each global batch only (a pipeline that lost
+micro-batches or replicas would look like it). ``--sabotage`` zeroes every gradient sent back
+between stages: the parity check must then fail.
 """
 
 from __future__ import annotations
@@ -77,10 +77,16 @@ def main(argv):
     del whole
     model.compile(optimizer=keras.optimizers.SGD(LR), loss="mse")
     x, y = data(steps)
-    history = model.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False, verbose=0)
+    if "--custom-loop" in argv:  # strategy.train_step instead of fit; the mean loss per epoch
+        step = strategy.train_step(model, "mse", keras.optimizers.SGD(LR))
+        losses = [float(step(x[i:i + GLOBAL], y[i:i + GLOBAL])) for i in range(0, len(x), GLOBAL)]
+        loss = [float(np.mean(losses))]
+    else:
+        loss = model.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False,
+                         verbose=0).history["loss"]
     result = {
         "strategy": strategy.name, "stage": strategy.stage_report(),
-        "loss": history.history["loss"], "flavour": compat.flavour_of(model),
+        "loss": loss, "flavour": compat.flavour_of(model),
         "replicas": strategy.num_replicas, "own_weights": len(model.get_weights()),
         "evaluate": model.evaluate(x, y, batch_size=GLOBAL, verbose=0),
         "predict": model.predict(x[:GLOBAL], batch_size=GLOBAL, verbose=0).tolist(),
