@@ -36,7 +36,9 @@ def _start(tmp_path: Path, name: str, backup: Path, *launcher_args: str, script:
     results.mkdir()
     return subprocess.Popen(
         [*LAUNCH, *launcher_args, script, str(backup)],
-        env={**os.environ, **env, RESULT_DIR_ENV: str(results), "PYTHONPATH": str(REPO_ROOT)},
+        # Saving at the step on SIGTERM is tf-keras's (Keras 3's BackupAndRestore keeps epochs).
+        env={**os.environ, "TF_USE_LEGACY_KERAS": "1", **env, RESULT_DIR_ENV: str(results),
+             "PYTHONPATH": str(REPO_ROOT)},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
 
