@@ -146,6 +146,7 @@ def _build(model: Any, strategy: Any, data: PerWorkerInput) -> None:
     runs: a scheduled function may not create variables. Only the input's shapes are needed."""
     spec = data.dataset_fn(tf.distribute.InputContext()).element_spec
     with strategy.scope():
+        # Keras 3's own pre-fit build (private; what its fit calls), from TensorSpecs.
         model._symbolic_build(data_batch=spec)
         if model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)

@@ -83,7 +83,8 @@ class StrategyTraits:
         server_roles: Roles whose tasks run ``python -m tfdist.server`` instead of the script.
         restarted_alone: Roles whose dead task is restarted alone while the job goes on.
         fatal_roles: Roles whose loss ends the job, each with the reason the launcher prints.
-        keras: Keras flavours ``model.fit`` trains correctly with under this strategy.
+        keras: Keras flavours that train correctly under this strategy (``model.fit``, or
+            `tfdist.fit` where Keras's own ``fit`` cannot drive it).
         keras_unsupported: Why the other flavour cannot train (shown in the error).
         env: Variables every task of the job needs (beside `STRATEGY_ENV` and TF_CONFIG).
         launch_options: Launcher options the strategy takes (``--stages``), each with the
