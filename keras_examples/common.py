@@ -87,6 +87,20 @@ def make_strategy(requested: str, **ps_options: Any) -> Any:
     return tfdist.get_strategy(name, **options)
 
 
+def shuffled_batches(x: Any, y: Any, global_batch: int, seed: int) -> Any:
+    """A ``dataset_fn`` for `distribute_dataset`: ``(x, y)`` shuffled once with ``seed``, repeated,
+    in whole batches of each replica's share of ``global_batch``."""
+
+    def dataset_fn(context: Any) -> Any:
+        import tensorflow as tf
+
+        batch = context.get_per_replica_batch_size(global_batch)
+        data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=seed).repeat()
+        return data.batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
 def log(strategy: Any, message: str) -> None:
     """Prints ``message`` on the chief only."""
     if strategy.is_chief:

@@ -10,7 +10,7 @@ The same digits classifier as ``image_classifier.py``, trained without ``model.f
 What a distributed custom loop needs, and where it is below:
 
 * the input: ``strategy.distribute_dataset(dataset_fn)`` gives each replica its per-replica
-  batch (`make_dataset`);
+  batch (`common.shuffled_batches`);
 * the loss: each replica averages its per-example losses over the **global** batch
   (``tf.nn.compute_average_loss(..., global_batch_size=...)``), so that summing the replicas'
   gradients (what the optimizer does under a strategy) gives the global-batch gradient
@@ -32,7 +32,6 @@ import os
 import time
 
 import common
-import numpy as np
 from image_classifier import SEED, build_model, held_out_accuracy, load_digits
 
 import tfdist.evaluator
@@ -56,15 +55,6 @@ def refuse_parameter_server(name: str) -> None:
             "loop must dispatch every step with ClusterCoordinator.schedule. Fix: use "
             "keras_examples/image_classifier.py or sparse_ctr.py (model.fit) for ParameterServer, "
             "or run this script with --strategy default, mirrored, multi_worker or horovod")
-
-
-def make_dataset(strategy, tf, x: np.ndarray, y: np.ndarray, global_batch: int):
-    def dataset_fn(context):
-        batch = context.get_per_replica_batch_size(global_batch)
-        data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=SEED).repeat()
-        return data.batch(batch, drop_remainder=True)
-
-    return strategy.distribute_dataset(dataset_fn)
 
 
 def make_train_step(strategy, tf, model, optimizer, global_batch: int):
@@ -121,7 +111,8 @@ def main(argv: list[str] | None = None) -> dict:
     common.log(strategy, f"restored {restored}: resuming after epoch {first_epoch}"
                if restored else "no checkpoint: starting at epoch 1")
 
-    iterator = iter(make_dataset(strategy, tf, x_train, y_train, global_batch))
+    iterator = iter(strategy.distribute_dataset(
+        common.shuffled_batches(x_train, y_train, global_batch, SEED)))
     train_step = make_train_step(strategy, tf, model, optimizer, global_batch)
     losses: list[float] = []
     started = time.perf_counter()

@@ -28,10 +28,9 @@ import time
 
 import common
 import numpy as np
+from image_classifier import SEED, load_digits
 
 from tfdist import compat
-
-SEED = 1234
 
 
 def parse_args(argv: list[str] | None = None):
@@ -42,17 +41,10 @@ def parse_args(argv: list[str] | None = None):
     return parser.parse_args(argv)
 
 
-def load_digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(x_train, y_train, x_test, y_test): 64 float32 features in [0, 1], int labels."""
-    from sklearn.datasets import load_digits as sklearn_digits
-
-    digits = sklearn_digits()
-    features = (digits.data / 16.0).astype("float32")
-    labels = digits.target.astype("int64")
-    order = np.random.default_rng(SEED).permutation(len(labels))
-    split = int(0.8 * len(labels))
-    train, test = order[:split], order[split:]
-    return features[train], labels[train], features[test], labels[test]
+def load_flat_digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """image_classifier's digits split, each 8x8 image flattened to 64 features in [0, 1]."""
+    x_train, y_train, x_test, y_test = load_digits()
+    return x_train.reshape(len(x_train), -1), y_train, x_test.reshape(len(x_test), -1), y_test
 
 
 def build_model(keras, features: int, classes: int, width: int, depth: int):
@@ -74,22 +66,16 @@ def held_out_accuracy(model, x_test: np.ndarray, y_test: np.ndarray, batch: int)
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    import tensorflow as tf
-
     keras = compat.get_keras()
     keras.utils.set_random_seed(SEED)
-    x_train, y_train, x_test, y_test = load_digits()
+    x_train, y_train, x_test, y_test = load_flat_digits()
     classes = int(y_train.max()) + 1
     strategy = common.make_strategy(args.strategy)
     common.log(strategy, strategy.describe())
     global_batch = strategy.global_batch_size(args.per_replica_batch_size)
     steps_per_epoch = max(1, len(x_train) // global_batch)
 
-    def dataset_fn(context):
-        batch = context.get_per_replica_batch_size(global_batch)
-        data = tf.data.Dataset.from_tensor_slices((x_train, y_train))
-        return data.shuffle(len(x_train), seed=SEED).repeat().batch(batch, drop_remainder=True)
-
+    dataset_fn = common.shuffled_batches(x_train, y_train, global_batch, SEED)
     model = strategy.build_model(
         lambda: build_model(keras, x_train.shape[1], classes, args.width, args.depth))
     with strategy.scope():

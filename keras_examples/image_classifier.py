@@ -116,8 +116,6 @@ def held_out_accuracy(model, x_test: np.ndarray, y_test: np.ndarray) -> float:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    import tensorflow as tf
-
     keras = compat.get_keras()
     keras.utils.set_random_seed(SEED)
     data = load_npz(args.data_dir) if args.data_dir else load_digits()
@@ -133,11 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
     global_batch = strategy.global_batch_size(args.per_replica_batch_size)
     steps_per_epoch = max(1, len(x_train) // global_batch)
 
-    def dataset_fn(context):
-        batch = context.get_per_replica_batch_size(global_batch)
-        data = tf.data.Dataset.from_tensor_slices((x_train, y_train))
-        return data.shuffle(len(x_train), seed=SEED).repeat().batch(batch, drop_remainder=True)
-
+    dataset_fn = common.shuffled_batches(x_train, y_train, global_batch, SEED)
     with strategy.scope():
         model = build_model(keras, x_train.shape[1:], classes,
                             strategy.scale_learning_rate(args.learning_rate))

@@ -29,9 +29,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.ops import collective_ops
 
 from tfdist.pipeline import schedule as schedules
+from tfdist.pipeline import transport
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.transport import (
     ACTIVATION,
@@ -42,13 +42,9 @@ from tfdist.pipeline.transport import (
     TRAIN,
     Link,
     instance_key,
-    stage_group_key,
 )
 
-__all__ = ["StageEngine", "REPLICA_GROUP_BASE"]
-
-REPLICA_GROUP_BASE = 1 << 18
-"""Group key base of a pipeline replica's K stages (the last stage shares values with them)."""
+__all__ = ["StageEngine"]
 
 LossFn = Callable[[Any, Any], Any]
 
@@ -240,17 +236,10 @@ class StageEngine:
     def average_over_replicas(self, tensors: Sequence[Any], kind: int = REDUCE,
                               phase: int = TRAIN) -> list[Any]:
         """The mean of each tensor over this stage's D replicas (identity when D = 1)."""
-        group = self.layout.stage_group
-        if len(group) == 1:
-            return list(tensors)
-        size = len(group)
-        return [
-            collective_ops.all_reduce_v2(
-                t, group_size=size, group_key=stage_group_key(self.layout.stage),
-                instance_key=instance_key(kind, 0, i, phase), merge_op="Add", final_op="Id",
-                timeout=self.timeout) / size
-            for i, t in enumerate(tensors)
-        ]
+        return transport.all_reduce_mean(
+            tensors, group_size=self.layout.replicas,
+            group_key=transport.stage_group_key(self.layout.stage), kind=kind, phase=phase,
+            timeout=self.timeout)
 
     def share(self, values: Any | None, shape: Any, dtype: Any, index: int = 0,
               phase: int = TRAIN) -> Any:
@@ -262,19 +251,13 @@ class StageEngine:
             dtype: Its dtype.
             index: Distinguishes several shares in one step.
         """
-        stages = self.layout.stages
-        if stages == 1:
+        if self.layout.stages == 1:
             return values
-        key = REPLICA_GROUP_BASE + self.layout.replica
-        instance = instance_key(SHARE, 0, index, phase)
-        if self.layout.is_last:
-            sent = collective_ops.broadcast_send_v2(
-                values, group_size=stages, group_key=key, instance_key=instance,
-                timeout=self.timeout)
-            return sent
-        return collective_ops.broadcast_recv_v2(
-            shape, dtype, group_size=stages, group_key=key, instance_key=instance,
-            timeout=self.timeout)
+        return transport.group_broadcast(
+            values if self.layout.is_last else None, shape, dtype,
+            group_size=self.layout.stages,
+            group_key=transport.replica_group_key(self.layout.replica),
+            instance=instance_key(SHARE, 0, index, phase), timeout=self.timeout)
 
     @staticmethod
     def _shape(rows: Any, shape: Sequence[int | None]) -> Any:

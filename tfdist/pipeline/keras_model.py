@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
 from tfdist import compat
@@ -27,7 +26,7 @@ from tfdist.errors import StrategyConfigError, format_error
 from tfdist.pipeline.engine import StageEngine
 from tfdist.pipeline.transport import EVALUATE, METRICS, PREDICT, TRAIN
 
-__all__ = ["stage_model_class", "resolve_metric"]
+__all__ = ["stage_model_class", "resolve_metric", "mean_loss", "apply_step"]
 
 _ACCURACY_BY_LOSS = {
     "sparse_categorical_crossentropy": "SparseCategoricalAccuracy",
@@ -63,6 +62,23 @@ def resolve_metric(keras: Any, metric: Any, loss: Any) -> Any:
     return metric
 
 
+def mean_loss(loss_fn: Any) -> Any:
+    """``loss_fn`` reduced to one mean over the batch (what ``compile``'s loss reports)."""
+    return lambda y, y_pred: tf.reduce_mean(loss_fn(y, y_pred))
+
+
+def apply_step(model: Any, engine: StageEngine, optimizer: Any, x: Any, y: Any,
+               loss: Any) -> tuple[Any, list[Any]]:
+    """One training step of a stage on its replica's rows ``x``, ``y`` (inside a tf.function):
+    the schedule, the gradients averaged over replicas, one update. Returns the engine's
+    ``(loss, outputs)`` (both only on the last stage)."""
+    variables = list(model.trainable_variables)
+    total, grads, outs = engine.train(
+        lambda a: model(a, training=True), variables, x, y, loss)
+    optimizer.apply_gradients(zip(engine.average_over_replicas(grads), variables, strict=True))
+    return total, outs
+
+
 class _StageModelMixin:
     """The pipeline's ``train_step``/``test_step``/``predict_step``; mixed into a Sequential."""
 
@@ -72,7 +88,7 @@ class _StageModelMixin:
     def _init_pipeline(self, engine: StageEngine, strategy: Any) -> None:
         self._engine = engine
         self._pipeline = strategy
-        self._pipeline_loss_fn = None
+        self._pipeline_loss = None
         self._pipeline_real_metrics: list[Any] = []
         self._pipeline_mirrors: list[Any] = []
         self._pipeline_tracker = None
@@ -92,8 +108,7 @@ class _StageModelMixin:
                 "Per-output metrics do not apply: a pipeline model has one output.",
                 received=f"metrics={metrics!r}", expected="a list of metrics",
                 fix="pass metrics=[...]"))
-        loss_fn = keras.losses.get(loss)
-        self._pipeline_loss_fn = loss_fn
+        self._pipeline_loss = mean_loss(keras.losses.get(loss))
         names, real = [], []
         for metric in metrics or []:
             obj = resolve_metric(keras, metric, loss)
@@ -126,14 +141,14 @@ class _StageModelMixin:
             spec = x.element_spec[0] if isinstance(x.element_spec, tuple) else x.element_spec
             rows = spec.shape[0] if hasattr(spec, "shape") and spec.shape.rank else None
             if rows is not None:
-                self._pipeline.check_batch(tf.TensorSpec([rows]))
+                self._pipeline.check_rows(rows)
             return
         rows = len(x) if hasattr(x, "__len__") else None
         if rows is None:
             return
         batch = batch_size or 32  # Keras's default
         for size in {min(batch, rows), rows % batch or min(batch, rows)}:
-            self._pipeline.check_batch(tf.TensorSpec([size]))
+            self._pipeline.check_rows(size)
 
     def fit(self, x: Any = None, y: Any = None, batch_size: Any = None, *args: Any,
             **kwargs: Any) -> Any:
@@ -150,9 +165,6 @@ class _StageModelMixin:
         return super().predict(x, batch_size, *args, **kwargs)  # type: ignore[misc]
 
     # ------------------------------------------------------------ steps
-    def _loss(self, y: Any, y_pred: Any) -> Any:
-        return tf.reduce_mean(self._pipeline_loss_fn(y, y_pred))
-
     def _unpack(self, data: Any, by_replica: bool = True) -> tuple[Any, Any]:
         """``(x, y)`` of a batch: this replica's rows when training (``by_replica``); every row
         for evaluate and predict, which each replica runs whole (their results then need no
@@ -199,12 +211,7 @@ class _StageModelMixin:
 
     def train_step(self, data: Any) -> dict[str, Any]:
         x, y = self._unpack(data)
-        engine = self._engine
-        variables = list(self.trainable_variables)
-        loss, grads, outs = engine.train(
-            lambda a: self(a, training=True), variables, x, y, self._loss)
-        grads = engine.average_over_replicas(grads)
-        self.optimizer.apply_gradients(zip(grads, variables, strict=True))
+        loss, outs = apply_step(self, self._engine, self.optimizer, x, y, self._pipeline_loss)
         y_pred = tf.concat(outs, axis=0) if outs else None
         return self._shared_logs(loss, y, y_pred)
 
@@ -214,7 +221,7 @@ class _StageModelMixin:
         outs = engine.forward(lambda a: self(a, training=False), x, EVALUATE)
         if engine.layout.is_last:
             y_pred = tf.concat(outs, axis=0)
-            loss = self._loss(y, y_pred)
+            loss = self._pipeline_loss(y, y_pred)
             return self._shared_logs(loss, y, y_pred, EVALUATE)
         with tf.control_dependencies(outs):  # this stage's sends
             return self._shared_logs(None, y, None, EVALUATE)
@@ -250,9 +257,3 @@ def stage_model_class(flavour: str) -> type:
     """The stage model class for Keras ``flavour``: ``_StageModelMixin`` over its Sequential."""
     keras = compat.get_keras(flavour)  # type: ignore[arg-type]
     return type("PipelineStageModel", (_StageModelMixin, keras.Sequential), {})
-
-
-def weights_nbytes(weights: list[Any]) -> int:
-    """Bytes held by a list of weights (variables or arrays)."""
-    return int(sum(np.prod(w.shape) * np.dtype(getattr(w.dtype, "name", w.dtype)).itemsize
-                   for w in weights))

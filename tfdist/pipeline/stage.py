@@ -34,7 +34,7 @@ from tfdist.errors import StrategyConfigError, format_error
 from tfdist.pipeline import partition
 
 __all__ = ["ModelSpec", "describe_model", "split_model", "build_stage", "assemble",
-           "stage_weights"]
+           "stage_weights", "weights_nbytes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +82,17 @@ def _dtype(tensor: Any) -> str:
     return getattr(dtype, "name", None) or str(dtype)
 
 
+def weights_nbytes(weights: Sequence[Any]) -> int:
+    """Bytes held by weights (variables or arrays, either Keras).
+
+    Example:
+        >>> import numpy as np
+        >>> weights_nbytes([np.zeros((2, 3), "float32"), np.zeros(4, "float64")])
+        56
+    """
+    return sum(int(np.prod(w.shape)) * np.dtype(_dtype(w)).itemsize for w in weights)
+
+
 def _producers(layer: Any, index: dict[int, int]) -> list[int]:
     inputs = layer.input if isinstance(layer.input, (list, tuple)) else [layer.input]
     return [index.get(id(t._keras_history[0]), -1) for t in inputs]
@@ -117,9 +128,7 @@ def describe_model(model_or_fn: Any | Callable[[], Any]) -> ModelSpec:
         shapes=(_shape(inputs[0]), *(_shape(layer.output) for layer in layers)),
         dtypes=(_dtype(inputs[0]), *(_dtype(layer.output) for layer in layers)),
         params=tuple(int(layer.count_params()) for layer in layers),
-        param_bytes=tuple(
-            sum(int(np.prod(w.shape)) * np.dtype(_dtype(w)).itemsize for w in layer.weights)
-            for layer in layers),
+        param_bytes=tuple(weights_nbytes(layer.weights) for layer in layers),
         weights=tuple(tuple((tuple(int(d) for d in w.shape), _dtype(w)) for w in layer.weights)
                       for layer in layers),
         edges=edges,

@@ -7,6 +7,8 @@ tensor from one process to the other. Keys:
 * group key of the pair of ranks ``a < b``: ``PAIR_GROUP_BASE + a * MAX_RANKS + b`` (one group
   per pair of neighbouring stages, both directions);
 * group key of stage ``k``'s data-parallel group (its D replicas): ``STAGE_GROUP_BASE + k``;
+* group key of replica ``d``'s K stages (the last stage shares loss, metrics and predictions):
+  ``REPLICA_GROUP_BASE + d``;
 * instance key (unique within a group): ``phase << 27 | kind << 24 | micro_batch << 12 |
   index``, ``kind`` one of `ACTIVATION`, `GRADIENT`, `WEIGHTS`, `REDUCE`, `SHARE`, `METRICS`;
   ``index`` numbers the tensors of one transfer (the variables of a weight transfer or an
@@ -26,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -41,8 +44,10 @@ __all__ = [
     "MAX_RANKS",
     "pair_group_key",
     "stage_group_key",
+    "replica_group_key",
     "instance_key",
     "Link",
+    "group_broadcast",
     "all_reduce_mean",
     "enable_collectives",
 ]
@@ -52,6 +57,7 @@ TRAIN, EVALUATE, PREDICT, CUSTOM = 0, 1, 2, 3
 MAX_RANKS = 4096
 PAIR_GROUP_BASE = 1 << 20
 STAGE_GROUP_BASE = 1 << 19
+REPLICA_GROUP_BASE = 1 << 18
 
 
 def pair_group_key(a: int, b: int) -> int:
@@ -63,6 +69,11 @@ def pair_group_key(a: int, b: int) -> int:
 def stage_group_key(stage: int) -> int:
     """The collective group of stage ``stage`` across the pipeline replicas."""
     return STAGE_GROUP_BASE + stage
+
+
+def replica_group_key(replica: int) -> int:
+    """The collective group of the K stages of pipeline replica ``replica``."""
+    return REPLICA_GROUP_BASE + replica
 
 
 def instance_key(kind: int, micro_batch: int = 0, index: int = 0, phase: int = TRAIN) -> int:
@@ -91,29 +102,45 @@ class Link:
     def send(self, tensor: Any, kind: int, micro_batch: int = 0, index: int = 0,
              phase: int = TRAIN) -> tf.Tensor:
         """Sends ``tensor`` to the peer; tie the result to the step's outputs."""
-        return collective_ops.broadcast_send_v2(
-            tensor, group_size=2, group_key=self.group_key,
-            instance_key=instance_key(kind, micro_batch, index, phase), timeout=self.timeout)
+        return group_broadcast(tensor, None, tensor.dtype, group_size=2,
+                               group_key=self.group_key,
+                               instance=instance_key(kind, micro_batch, index, phase),
+                               timeout=self.timeout)
 
     def recv(self, shape: Any, dtype: tf.DType, kind: int, micro_batch: int = 0,
              index: int = 0, phase: int = TRAIN) -> tf.Tensor:
         """Receives the tensor the peer sends with the same kind, micro-batch, index, phase."""
-        return collective_ops.broadcast_recv_v2(
-            shape, dtype, group_size=2, group_key=self.group_key,
-            instance_key=instance_key(kind, micro_batch, index, phase), timeout=self.timeout)
+        return group_broadcast(None, shape, dtype, group_size=2, group_key=self.group_key,
+                               instance=instance_key(kind, micro_batch, index, phase),
+                               timeout=self.timeout)
 
 
-def all_reduce_mean(tensors: list[Any], group: tuple[int, ...], stage: int,
-                    timeout: float = 0.0) -> list[Any]:
-    """The element-wise mean of each tensor over the ranks of ``group`` (a stage's replicas)."""
-    if len(group) == 1:
+def group_broadcast(value: Any | None, shape: Any, dtype: Any, *, group_size: int,
+                    group_key: int, instance: int, timeout: float = 0.0) -> tf.Tensor:
+    """``value`` from the one member that passes it to every member of the group.
+
+    The source passes ``value`` (and gets it back); the others pass None, with the ``shape``
+    (a tensor is fine) and ``dtype`` they expect.
+    """
+    if value is not None:
+        return collective_ops.broadcast_send_v2(
+            value, group_size=group_size, group_key=group_key, instance_key=instance,
+            timeout=timeout)
+    return collective_ops.broadcast_recv_v2(
+        shape, dtype, group_size=group_size, group_key=group_key, instance_key=instance,
+        timeout=timeout)
+
+
+def all_reduce_mean(tensors: Sequence[Any], *, group_size: int, group_key: int,
+                    kind: int = REDUCE, phase: int = TRAIN, timeout: float = 0.0) -> list[Any]:
+    """The element-wise mean of each tensor over the ``group_size`` members of the group."""
+    if group_size == 1:
         return list(tensors)
-    size = len(group)
     return [
         collective_ops.all_reduce_v2(
-            t, group_size=size, group_key=stage_group_key(stage),
-            instance_key=instance_key(REDUCE, 0, i), merge_op="Add", final_op="Id",
-            timeout=timeout) / size
+            t, group_size=group_size, group_key=group_key,
+            instance_key=instance_key(kind, 0, i, phase), merge_op="Add", final_op="Id",
+            timeout=timeout) / group_size
         for i, t in enumerate(tensors)
     ]
 

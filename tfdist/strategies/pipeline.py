@@ -39,7 +39,7 @@ from tfdist.options import check_positive_number
 from tfdist.pipeline import partition, stage, transport
 from tfdist.pipeline import schedule as schedules
 from tfdist.pipeline.engine import StageEngine
-from tfdist.pipeline.keras_model import stage_model_class, weights_nbytes
+from tfdist.pipeline.keras_model import apply_step, mean_loss, stage_model_class
 from tfdist.pipeline.layout import PipelineLayout, check_processes
 from tfdist.strategies import traits as builtin
 from tfdist.strategies.base import TfdistStrategyMixin
@@ -222,7 +222,7 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
             model.set_weights(stage.stage_weights(model_or_fn, spec, bounds, k))
         elif self.layout.replicas > 1:
             self._broadcast_from_first_replica(model)
-        held = weights_nbytes(model.weights)
+        held = stage.weights_nbytes(model.weights)
         _log.info("pipeline %s: layers %s..%s, %.2f MB of %.2f MB parameters (%.0f%%)",
                   self.describe(), spec.names[start], spec.names[stop - 1], held / 1e6,
                   spec.total_param_bytes / 1e6,
@@ -252,21 +252,14 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
             True
         """
         keras = compat.get_keras(compat.flavour_of(model))
-        loss_fn = keras.losses.get(loss)
+        loss_fn = mean_loss(keras.losses.get(loss))
         engine: StageEngine = model._engine  # noqa: SLF001
-
-        def mean_loss(y: Any, y_pred: Any) -> Any:
-            return tf.reduce_mean(loss_fn(y, y_pred))
 
         @tf.function
         def step(x: Any, y: Any) -> Any:
             self.check_batch(x)
-            rows_x, rows_y = engine.replica_rows(x), engine.replica_rows(y)
-            variables = list(model.trainable_variables)
-            total, grads, _ = engine.train(
-                lambda a: model(a, training=True), variables, rows_x, rows_y, mean_loss)
-            grads = engine.average_over_replicas(grads)
-            optimizer.apply_gradients(zip(grads, variables, strict=True))
+            total, _ = apply_step(model, engine, optimizer, engine.replica_rows(x),
+                                  engine.replica_rows(y), loss_fn)
             value = None
             if engine.layout.is_last:
                 value = engine.average_over_replicas(
@@ -292,18 +285,25 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
             "bounds": list(self.bounds),
         }
 
-    def check_batch(self, x: Any) -> None:
-        """Raises unless the batch's rows divide into D replicas x M micro-batches."""
+    def check_rows(self, rows: int) -> None:
+        """Raises unless a batch of ``rows`` rows divides into D replicas x M micro-batches."""
         parts = self.layout.replicas * self.micro_batches
-        rows = x.shape[0]
-        if rows is not None and int(rows) % parts:
+        if int(rows) % parts:
             raise StrategyConfigError(format_error(
                 f"A global batch of {int(rows)} rows cannot be cut into {self.layout.replicas} "
                 f"replica(s) x {self.micro_batches} micro-batch(es).",
                 received=f"batch={int(rows)}", expected=f"a multiple of {parts}",
                 fix=f"use a batch size that is a multiple of {parts} (and drop_remainder=True "
                 "in Dataset.batch, or a row count that is a multiple of the batch size)"))
-        if rows is None:
+
+    def check_batch(self, x: Any) -> None:
+        """`check_rows` for a batch tensor: at trace time if its row count is static, else a
+        runtime assertion."""
+        rows = x.shape[0]
+        if rows is not None:
+            self.check_rows(rows)
+        else:
+            parts = self.layout.replicas * self.micro_batches
             tf.debugging.assert_equal(
                 tf.shape(x)[0] % parts, 0,
                 message=f"tfdist pipeline: every batch must be a multiple of {parts} rows "
@@ -312,20 +312,15 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
     # ----------------------------------------------------------------- weights
     def _broadcast_from_first_replica(self, model: Any) -> None:
         """Gives every replica of this stage replica 0's initial weights."""
-        from tensorflow.python.ops import collective_ops
-
-        group = self.layout.stage_group
-        key = transport.stage_group_key(self.layout.stage)
+        first = self.layout.replica == 0
         for i, variable in enumerate(model.weights):
-            instance = transport.instance_key(transport.WEIGHTS, 0, i)
-            value = tf.convert_to_tensor(variable)
-            if self.layout.replica == 0:
-                collective_ops.broadcast_send_v2(
-                    value, group_size=len(group), group_key=key, instance_key=instance)
-            else:
-                variable.assign(collective_ops.broadcast_recv_v2(
-                    value.shape, value.dtype, group_size=len(group), group_key=key,
-                    instance_key=instance))
+            value = transport.group_broadcast(
+                tf.convert_to_tensor(variable) if first else None, variable.shape,
+                tf.as_dtype(variable.dtype), group_size=self.layout.replicas,
+                group_key=transport.stage_group_key(self.layout.stage),
+                instance=transport.instance_key(transport.WEIGHTS, 0, i), timeout=self.timeout)
+            if not first:
+                variable.assign(value)
 
     def gather_weights(self, model: Any) -> list[np.ndarray] | None:
         """All stages' weights (replica 0) on the chief, in the whole model's order; None

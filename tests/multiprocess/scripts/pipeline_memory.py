@@ -15,7 +15,7 @@ import numpy as np
 
 import tfdist
 from tfdist import compat
-from tfdist.pipeline.keras_model import weights_nbytes
+from tfdist.pipeline.stage import weights_nbytes
 from tfdist.testing import report
 
 WIDTH, FEATURES = 4096, 8

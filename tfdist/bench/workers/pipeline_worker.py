@@ -10,13 +10,12 @@ times ``fit`` over ``--steps`` global batches (after a warm-up fit) and reports 
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from tfdist.bench.workers.common import apply_threads, median
+from tfdist.bench.workers.common import apply_threads, median, time_call
 from tfdist.testing import report
 
 FEATURES = 256
@@ -44,12 +43,7 @@ def stage_seconds(model: Any, rows: int, repeats: int = 20) -> float:
         return tape.gradient(total, model.trainable_variables + [x])
 
     step()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return median(times)
+    return median([time_call(step) for _ in range(repeats)])
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -87,9 +81,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         batch = args.batch
     y = x[:, :FEATURES] * 0.5
     model.fit(x[: batch * 3], y[: batch * 3], batch_size=batch, epochs=1, verbose=0)  # warm-up
-    start = time.perf_counter()
-    model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False)
-    result["step_s"] = (time.perf_counter() - start) / args.steps
+    seconds = time_call(lambda: model.fit(x, y, batch_size=batch, epochs=1, verbose=0,
+                                          shuffle=False))
+    result["step_s"] = seconds / args.steps
     report(result)
 
 
