@@ -158,13 +158,16 @@ class StageEngine:
         ordered = [outputs[m] for m in range(micro)] if layout.is_last else []
         return loss, grads, ordered
 
+    def _input(self, m: int, rows: Any, xs: list[Any] | None, phase: int) -> Any:
+        """Micro-batch ``m``'s input: stage 0's slice of the data, else the previous stage's."""
+        if self.layout.is_first:
+            return xs[m]  # type: ignore[index]
+        return self.previous.recv(self._shape(rows, self.input_shape),  # type: ignore[union-attr]
+                                  self.input_dtype, ACTIVATION, m, phase=phase)
+
     def _forward_op(self, call, m, rows, xs, ys, loss_fn, tapes, inputs, outputs, losses, sends):
         layout = self.layout
-        if layout.is_first:
-            inp = xs[m]
-        else:
-            inp = self.previous.recv(self._shape(rows, self.input_shape),  # type: ignore[union-attr]
-                                     self.input_dtype, ACTIVATION, m)
+        inp = self._input(m, rows, xs, TRAIN)
         tape = tf.GradientTape(persistent=False)
         with tape:
             if not layout.is_first:
@@ -214,13 +217,7 @@ class StageEngine:
         outs = []
         for m in range(self.micro_batches):
             with tf.control_dependencies(chain):
-                if layout.is_first:
-                    inp = xs[m]
-                else:
-                    inp = self.previous.recv(  # type: ignore[union-attr]
-                        self._shape(rows, self.input_shape), self.input_dtype, ACTIVATION, m,
-                        phase=phase)
-                out = call(inp)
+                out = call(self._input(m, rows, xs, phase))
                 if layout.is_last:
                     outs.append(out)
                 else:
