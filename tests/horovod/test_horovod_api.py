@@ -2,10 +2,11 @@
 
 Horovod 0.28.1 as released does not synchronise a Keras 3 ``DistributedOptimizer`` (its hooks
 are never called by Keras 3's ``fit``), fails on Keras 3 variables (``.ref()``),
-``SyncBatchNormalization`` (``fused``), the elastic state (``optimizer.variables()``) and, under tf-keras, the learning-rate
-callbacks (Keras 3's backend). tfdist builds it with ``launch/horovod-patches``; this checks the
-result with numbers. The control (a plain optimizer) must miss the reference by far more than
-`ATOL`, which shows the parity assertions can fail.
+``SyncBatchNormalization`` (``fused``), the elastic state (``optimizer.variables()``) and, under
+tf-keras, the learning-rate callbacks (Keras 3's backend). tfdist builds it with
+``launch/horovod-patches``; this checks the result with numbers. The control (a plain
+optimizer) must miss the reference by far more than `ATOL`, which shows the parity assertions
+can fail.
 """
 
 from __future__ import annotations
