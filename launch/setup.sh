@@ -2,7 +2,7 @@
 # Set up (or refresh) the development environment in .venv/ at the repository root.
 #
 # Installs TensorFlow, tf-keras, the test tools and tfdist (editable), then Horovod 0.28.1
-# compiled from source with TensorFlow and Gloo. Re-running is a quick no-op: every step checks
+# compiled from source with TensorFlow, Gloo and (where OpenMPI installs) MPI. Re-running is a quick no-op: every step checks
 # whether its result is already in place. The Horovod wheel is cached outside the repository
 # (TFDIST_CACHE_DIR, default ~/.cache/tfdist) so fresh clones on this machine skip the build.
 #
@@ -70,6 +70,20 @@ ensure_system_tools() {
   fi
 }
 
+# OpenMPI, for Horovod's MPI controller (tfdist-launch --mpi). Optional: without it Horovod is
+# built with Gloo alone and the MPI tests skip.
+ensure_mpi() {
+  local missing
+  if ! missing="$(apt_install_missing mpicxx:libopenmpi-dev mpirun:openmpi-bin)"; then
+    log "could not install ${missing//$'\n'/ } (needs root and apt-get): Horovod is built without MPI"
+  fi
+}
+
+# The controllers Horovod is built with: Gloo always, MPI where OpenMPI's compiler wrapper is.
+horovod_controllers() {
+  if command -v mpicxx >/dev/null 2>&1; then echo "gloo-mpi"; else echo "gloo"; fi
+}
+
 # What the multi-host tests use: ssh, sshd and ip (network namespaces). Optional: without them
 # (not root) those tests skip and say why.
 ensure_test_tools() {
@@ -103,12 +117,13 @@ install_python_deps() {
 
 horovod_installed() {
   [[ "$(cat "$VENV/.tfdist-horovod-build" 2>/dev/null)" == "$(horovod_build_key)" ]] || return 1
-  "$VENV/bin/python" - "$HOROVOD_VERSION" <<'PY' >/dev/null 2>&1
+  "$VENV/bin/python" - "$HOROVOD_VERSION" "$(horovod_controllers)" <<'PY' >/dev/null 2>&1
 import sys
 import horovod
 import horovod.tensorflow  # loads the compiled op library
-from horovod.common.util import gloo_built
-sys.exit(0 if horovod.__version__ == sys.argv[1] and gloo_built() else 1)
+from horovod.common.util import gloo_built, mpi_built
+want_mpi = sys.argv[2].endswith("-mpi")
+sys.exit(0 if horovod.__version__ == sys.argv[1] and gloo_built() and mpi_built() == want_mpi else 1)
 PY
 }
 
@@ -130,7 +145,7 @@ horovod_patches_hash() {
 
 horovod_build_key() {
   local pyver; pyver="$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
-  echo "horovod-$HOROVOD_VERSION-p$(horovod_patches_hash)-tf$TF_VERSION-$pyver-$(uname -m)-gloo"
+  echo "horovod-$HOROVOD_VERSION-p$(horovod_patches_hash)-tf$TF_VERSION-$pyver-$(uname -m)-$(horovod_controllers)"
 }
 
 # Prints a progress line every 20 s while PID runs: elapsed time and CMake's last "[ NN%]" step.
@@ -154,9 +169,11 @@ build_horovod_wheel() {
   [[ -f "$sdist" ]] || pip_quiet download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$(dirname "$sdist")"
   tar -xzf "$sdist" -C "$work"
   patch_horovod_source "$work/horovod-$HOROVOD_VERSION"
-  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-  HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_GPU_OPERATIONS= \
-  MAKEFLAGS="-j${TFDIST_BUILD_JOBS:-$(nproc)}" \
+  local mpi=HOROVOD_WITHOUT_MPI
+  [[ "$(horovod_controllers)" == *-mpi ]] && mpi=HOROVOD_WITH_MPI
+  env HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+      "$mpi=1" HOROVOD_WITH_GLOO=1 HOROVOD_GPU_OPERATIONS= \
+      MAKEFLAGS="-j${TFDIST_BUILD_JOBS:-$(nproc)}" \
     "$VENV/bin/python" -m pip wheel -v --no-deps --no-build-isolation \
       -w "$work/dist" "$work/horovod-$HOROVOD_VERSION" > "$build_log" 2>&1 &
   local pid=$!
@@ -172,6 +189,7 @@ build_horovod_wheel() {
 
 install_horovod() {
   if [[ "${TFDIST_SKIP_HOROVOD:-0}" == "1" ]]; then log "TFDIST_SKIP_HOROVOD=1: not installing Horovod"; return; fi
+  ensure_mpi
   if horovod_installed; then return; fi
   ensure_system_tools
   # A wheel is only valid for the TF, Python and patches it was compiled with.

@@ -22,9 +22,12 @@ ATOL = 1e-5
 """float32 tolerance against the one-process reference."""
 
 
-@pytest.mark.parametrize("flavour", ["keras3", "tf_keras"])
-def test_horovods_own_keras_api_trains_in_sync(horovod_run, flavour: str) -> None:
-    rank0, rank1 = horovod_run("horovod_api.py", flavour=flavour, timeout=150)
+@pytest.mark.parametrize(("flavour", "controller"), [
+    ("keras3", "gloo"), ("tf_keras", "gloo"),
+    pytest.param("keras3", "mpi", marks=pytest.mark.slow)])
+def test_horovods_own_keras_api_trains_in_sync(horovod_run, flavour: str, controller: str) -> None:
+    rank0, rank1 = horovod_run("horovod_api.py", flavour=flavour, controller=controller,
+                               timeout=150)
     assert rank0["model_flavour"] == rank1["model_flavour"] == flavour
     reference = rank0["reference"]
 
