@@ -80,6 +80,13 @@ def test_mpijob_runs_horovodrun_over_the_operator_hostfile():
                                    "--gloo", "python", "-u", "train.py", "--lr", "0.1"]
 
 
+def test_mpijob_with_mpi_runs_horovodrun_over_mpi():
+    options = JobOptions("train.py", strategy="horovod", workers=2, mpi=True)
+    job = yaml.safe_load(export_job(options, "mpijob"))
+    (launcher,) = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
+    assert "--mpi" in launcher["command"] and "--gloo" not in launcher["command"]
+
+
 @pytest.mark.parametrize(
     ("fmt", "options", "message"),
     [

@@ -140,7 +140,8 @@ def tfjob(plan: JobPlan, export: ExportOptions) -> dict[str, Any]:
 
 
 def mpijob(plan: JobPlan, export: ExportOptions) -> dict[str, Any]:
-    """A Kubeflow ``MPIJob`` (v2beta1): ``horovodrun --gloo`` over the operator's hostfile."""
+    """A Kubeflow ``MPIJob`` (v2beta1): ``horovodrun --gloo`` (``--mpi`` with ``--mpi``) over the
+    operator's hostfile."""
     _check_format(plan, "mpijob")
     ranks, slots = plan.roles["worker"], export.slots_per_worker
     if slots < 1 or ranks % slots:
@@ -150,7 +151,8 @@ def mpijob(plan: JobPlan, export: ExportOptions) -> dict[str, Any]:
             expected="--slots-per-worker >= 1 dividing --workers",
             fix=f"use --slots-per-worker 1, or a divisor of {ranks}"))
     env = dict(plan.env)
-    launcher = ["horovodrun", "-np", str(ranks), "--hostfile", MPI_HOSTFILE, "--gloo",
+    controller = "--mpi" if plan.options.mpi else "--gloo"
+    launcher = ["horovodrun", "-np", str(ranks), "--hostfile", MPI_HOSTFILE, controller,
                 *plan.task_argv("worker", export.python)]
     worker = ["/usr/sbin/sshd", "-De"]  # the launcher reaches workers over ssh
 

@@ -305,11 +305,16 @@ def _mpi_problem(options: JobOptions, strategy: str, traits: StrategyTraits) -> 
     if traits.launch != "ranks":
         return (f"--mpi was given with --strategy {strategy}, whose tasks are not Horovod ranks. "
                 "Fix: drop --mpi, or use --strategy horovod")
-    if shutil.which("mpirun") is None:
-        return ("--mpi needs OpenMPI's mpirun, which is not on PATH. Fix: apt-get install "
-                "openmpi-bin libopenmpi-dev, then bash launch/setup.sh (Horovod is rebuilt with "
-                "MPI), or drop --mpi to use Gloo")
     return None
+
+
+def _check_mpirun() -> None:
+    """``horovodrun --mpi`` starts ranks with OpenMPI's mpirun (not needed to export a job)."""
+    if shutil.which("mpirun") is None:
+        raise StrategyConfigError(
+            "--mpi needs OpenMPI's mpirun, which is not on PATH. Fix: apt-get install "
+            "openmpi-bin libopenmpi-dev, then bash launch/setup.sh (Horovod is rebuilt with "
+            "MPI), or drop --mpi to use Gloo")
 
 
 def _flag(option: str) -> str:
@@ -406,6 +411,8 @@ def _horovodrun(plan: JobPlan) -> Placement:
         host_args += horovodrun_host_args(hosts)
         if has_remote_host(hosts):
             rank_command = (sys.executable, "-m", "tfdist.launcher.remote", "--", *rank_command)
+    if plan.options.mpi:
+        _check_mpirun()
     controller = "--mpi" if plan.options.mpi else "--gloo"
     runner = (horovodrun_path(), *host_args, controller, *rank_command)
     unset = ("TF_CONFIG",)
