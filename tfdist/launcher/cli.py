@@ -119,7 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
         "your scheduler's own (Kubernetes terminationGracePeriodSeconds, Slurm KillWait) "
         "(env TFDIST_LAUNCH_PREEMPTION_GRACE; default 25)",
     )
-    run.add_argument("--log-dir", help="also write each task's output to LOG_DIR/<task>.log")
+    run.add_argument("--log-dir", help="also write each task's whole output to LOG_DIR/<task>.log")
+    run.add_argument(
+        "-v", "--verbose", action="store_true",
+        default=_env_default("VERBOSE", "0") not in ("", "0"),
+        help="print every line of every task (TensorFlow's start-up chatter included) and each "
+        "task's plan; default: the chief's output, and a failed task's last lines "
+        "(env TFDIST_LAUNCH_VERBOSE=1)")
     run.add_argument(
         "--network", choices=("private", "host"), default=_env_default("NETWORK", "private"),
         help="private (default): a job on this machine alone runs its tasks in a network "
@@ -218,6 +224,7 @@ def options_from_args(args: argparse.Namespace) -> JobOptions:
         max_restarts=args.max_restarts, worker_restarts=args.max_worker_restarts,
         log_dir=args.log_dir, hosts=host_options_from_args(args), network=args.network,
         startup_timeout=args.startup_timeout, preemption_grace=args.preemption_grace,
+        verbose=args.verbose,
         strategy_options={option: str(getattr(args, option))
                           for option in ("stages", "micro_batches", "schedule")
                           if getattr(args, option) is not None},

@@ -84,6 +84,8 @@ class JobOptions:
             ``traits.launch_options``; each reaches the tasks as that variable.
         preemption_grace: Seconds tasks get, after the launcher forwards a SIGTERM, to save and
             exit before they are SIGKILLed (`tfdist.preemption`).
+        verbose: Print every line of every task, and each task's plan, as they come (default:
+            the chief's output less TensorFlow's start-up chatter; `tfdist.launcher.output`).
     """
 
     script: str
@@ -103,6 +105,7 @@ class JobOptions:
     startup_timeout: float | None = None
     strategy_options: Mapping[str, str] = dataclasses.field(default_factory=dict)
     preemption_grace: float = 25.0
+    verbose: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
