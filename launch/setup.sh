@@ -22,6 +22,7 @@ HOROVOD_VERSION="0.28.1"
 HOROVOD_PATCH_LEVEL="2"
 TF_VERSION="2.21.0"
 TF_KERAS_VERSION="2.21.0"  # tf-keras releases follow TensorFlow's
+TENSORBOARD_VERSION="2.21.0"  # so do tensorboard's; TF 2.21 no longer installs it
 
 # Runs pip with its output kept in a log, shown only if pip fails.
 pip_quiet() {
@@ -94,7 +95,7 @@ create_venv() {
 # with are pinned here.
 install_python_deps() {
   local stamp="$VENV/.tfdist-deps.sha"
-  local pins=("tensorflow==$TF_VERSION" "tf-keras==$TF_KERAS_VERSION")
+  local pins=("tensorflow==$TF_VERSION" "tf-keras==$TF_KERAS_VERSION" "tensorboard==$TENSORBOARD_VERSION")
   local want
   want="$({ cat "$ROOT/pyproject.toml"; printf '%s\n' "${pins[@]}"; } | sha256sum | cut -d' ' -f1)"
   if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then return; fi
