@@ -76,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--evaluator", action="store_true",
                      help="add a sidecar evaluator task (its crash does not stop training)")
     job.add_argument(
+        "--script-on-all-tasks", action="store_true",
+        help="parameter_server: run the script on worker and ps tasks too, instead of tfdist's "
+        "own server, for a script written from TensorFlow's guide (its worker/ps branch starts "
+        "tf.distribute.Server and joins it, after setting e.g. GRPC_FAIL_FAST)")
+    job.add_argument(
         "--evaluator-grace", type=float, default=_env_default("EVALUATOR_GRACE", "60"),
         help="seconds the evaluator may run on after training is done, to evaluate the last "
         "checkpoint, before it is stopped (env TFDIST_LAUNCH_EVALUATOR_GRACE; default 60)",
@@ -224,7 +229,7 @@ def options_from_args(args: argparse.Namespace) -> JobOptions:
         max_restarts=args.max_restarts, worker_restarts=args.max_worker_restarts,
         log_dir=args.log_dir, hosts=host_options_from_args(args), network=args.network,
         startup_timeout=args.startup_timeout, preemption_grace=args.preemption_grace,
-        verbose=args.verbose,
+        verbose=args.verbose, script_on_all_tasks=args.script_on_all_tasks,
         strategy_options={option: str(getattr(args, option))
                           for option in ("stages", "micro_batches", "schedule")
                           if getattr(args, option) is not None},
