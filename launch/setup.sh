@@ -11,6 +11,7 @@
 #   TFDIST_CACHE_DIR    where built wheels are kept (default: ~/.cache/tfdist)
 #   TFDIST_SKIP_HOROVOD=1   do not install Horovod (its tests then skip with a reason)
 #   TFDIST_BUILD_JOBS   parallel compile jobs for Horovod (default: number of cores)
+#   TFDIST_PROGRESS_SECONDS  how often a long step (the Horovod build) says how far it is (default 30)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -36,6 +37,25 @@ pip_quiet() {
 }
 
 log() { printf '[setup] %s\n' "$*" >&2; }
+
+# Runs "$@" with its output in LOG; every TFDIST_PROGRESS_SECONDS prints LABEL, the time so far
+# and the command's latest CMake step ("[ 45%]"), so a build of minutes is not silent. Returns
+# the command's exit status.
+run_with_progress() {
+  local label="$1" log="$2" every="${TFDIST_PROGRESS_SECONDS:-30}" pid step waited=0
+  shift 2
+  "$@" >"$log" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    waited=$((waited + 1))
+    if (( waited % every == 0 )); then
+      step="$(grep -o '\[ *[0-9]*%\]' "$log" | tail -1 || true)"
+      log "$label: $((waited / 60))m$((waited % 60))s${step:+, at $step}"
+    fi
+  done
+  wait "$pid"
+}
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 pick_python() {
@@ -148,8 +168,9 @@ build_horovod_wheel() {
   HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
   HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_GPU_OPERATIONS= \
   MAKEFLAGS="-j${TFDIST_BUILD_JOBS:-$(nproc)}" \
-    "$VENV/bin/python" -m pip wheel -q --no-deps --no-build-isolation \
-      -w "$work/dist" "$work/horovod-$HOROVOD_VERSION" > "$work/build.log" 2>&1 \
+    run_with_progress "building Horovod" "$work/build.log" \
+      "$VENV/bin/python" -m pip wheel -v --no-deps --no-build-isolation \
+        -w "$work/dist" "$work/horovod-$HOROVOD_VERSION" \
     || { tail -40 "$work/build.log" >&2; die "Horovod build failed (log above)"; }
   mkdir -p "$out_dir"
   cp "$work"/dist/horovod-*.whl "$out_dir/"
