@@ -11,6 +11,7 @@
 #   TFDIST_CACHE_DIR    where built wheels are kept (default: ~/.cache/tfdist)
 #   TFDIST_SKIP_HOROVOD=1   do not install Horovod (its tests then skip with a reason)
 #   TFDIST_BUILD_JOBS   parallel compile jobs for Horovod (default: number of cores)
+#   TFDIST_PROGRESS_SECONDS  how often a long step (the Horovod build) says how far it is (default 30)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,6 +21,7 @@ HOROVOD_VERSION="0.28.1"
 HOROVOD_PATCHES="$ROOT/launch/horovod-patches"
 TF_VERSION="2.21.0"
 TF_KERAS_VERSION="2.21.0"  # tf-keras releases follow TensorFlow's
+TENSORBOARD_VERSION="2.21.0"  # so do tensorboard's; TF 2.21 no longer installs it
 
 # Runs pip with its output kept in a log, shown only if pip fails.
 pip_quiet() {
@@ -33,6 +35,25 @@ pip_quiet() {
 }
 
 log() { printf '[setup] %s\n' "$*" >&2; }
+
+# Runs "$@" with its output in LOG; every TFDIST_PROGRESS_SECONDS prints LABEL, the time so far
+# and the command's latest CMake step ("[ 45%]"), so a build of minutes is not silent. Returns
+# the command's exit status.
+run_with_progress() {
+  local label="$1" log="$2" every="${TFDIST_PROGRESS_SECONDS:-30}" pid step waited=0
+  shift 2
+  "$@" >"$log" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    waited=$((waited + 1))
+    if (( waited % every == 0 )); then
+      step="$(grep -o '\[ *[0-9]*%\]' "$log" | tail -1 || true)"
+      log "$label: $((waited / 60))m$((waited % 60))s${step:+, at $step}"
+    fi
+  done
+  wait "$pid"
+}
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 pick_python() {
@@ -106,7 +127,7 @@ create_venv() {
 # with are pinned here.
 install_python_deps() {
   local stamp="$VENV/.tfdist-deps.sha"
-  local pins=("tensorflow==$TF_VERSION" "tf-keras==$TF_KERAS_VERSION")
+  local pins=("tensorflow==$TF_VERSION" "tf-keras==$TF_KERAS_VERSION" "tensorboard==$TENSORBOARD_VERSION")
   local want
   want="$({ cat "$ROOT/pyproject.toml"; printf '%s\n' "${pins[@]}"; } | sha256sum | cut -d' ' -f1)"
   if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then return; fi
@@ -148,18 +169,6 @@ horovod_build_key() {
   echo "horovod-$HOROVOD_VERSION-p$(horovod_patches_hash)-tf$TF_VERSION-$pyver-$(uname -m)-$(horovod_controllers)"
 }
 
-# Prints a progress line every 20 s while PID runs: elapsed time and CMake's last "[ NN%]" step.
-show_build_progress() {
-  local pid="$1" build_log="$2" started=$SECONDS step
-  while kill -0 "$pid" 2>/dev/null; do
-    sleep 20
-    kill -0 "$pid" 2>/dev/null || break
-    step="$(grep -oE '\[ *[0-9]+%\] Building [A-Z]+ object [^ ]+' "$build_log" 2>/dev/null | tail -1 \
-            | sed -E 's#^\[ *([0-9]+%)\].*/([^/]+)\.o$#\1, compiling \2#')"
-    log "building Horovod: $(( (SECONDS - started) / 60 ))m$(( (SECONDS - started) % 60 ))s ${step:-(configuring)}"
-  done
-}
-
 build_horovod_wheel() {
   local out_dir="$1" work build_log="$CACHE_DIR/logs/horovod-build.log"
   work="$(mktemp -d)"
@@ -171,14 +180,12 @@ build_horovod_wheel() {
   patch_horovod_source "$work/horovod-$HOROVOD_VERSION"
   local mpi=HOROVOD_WITHOUT_MPI
   [[ "$(horovod_controllers)" == *-mpi ]] && mpi=HOROVOD_WITH_MPI
-  env HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-      "$mpi=1" HOROVOD_WITH_GLOO=1 HOROVOD_GPU_OPERATIONS= \
-      MAKEFLAGS="-j${TFDIST_BUILD_JOBS:-$(nproc)}" \
-    "$VENV/bin/python" -m pip wheel -v --no-deps --no-build-isolation \
-      -w "$work/dist" "$work/horovod-$HOROVOD_VERSION" > "$build_log" 2>&1 &
-  local pid=$!
-  show_build_progress "$pid" "$build_log"
-  if ! wait "$pid"; then
+  if ! ( export "$mpi=1"
+         HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+         HOROVOD_WITH_GLOO=1 HOROVOD_GPU_OPERATIONS= MAKEFLAGS="-j${TFDIST_BUILD_JOBS:-$(nproc)}" \
+           run_with_progress "building Horovod" "$build_log" \
+             "$VENV/bin/python" -m pip wheel -v --no-deps --no-build-isolation \
+               -w "$work/dist" "$work/horovod-$HOROVOD_VERSION" ); then
     grep -E 'error|Error|ERROR' "$build_log" | grep -v '^ *-' | head -5 >&2 || true
     die "Horovod build failed. Full log: $build_log (first errors above). Set TFDIST_SKIP_HOROVOD=1 to set up without Horovod."
   fi

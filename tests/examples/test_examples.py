@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -99,6 +100,35 @@ def assert_one_model(model_dir: Path, summary: dict[str, Any]) -> None:
     assert not backups, f"a finished fit leaves no backup: {backups}"
 
 
+def tensorboard_scalars(events: Path) -> dict[str, list[float]]:
+    """The scalars of one TFRecord event file, by tag, in step order (no TensorFlow needed)."""
+    from tensorboard.compat.proto import event_pb2
+    from tensorboard.util import tensor_util
+
+    scalars: dict[str, list[float]] = {}
+    data, at = events.read_bytes(), 0
+    while at < len(data):  # record: length (8), its crc (4), the Event, its crc (4)
+        (length,) = struct.unpack("<Q", data[at:at + 8])
+        event = event_pb2.Event.FromString(data[at + 12:at + 12 + length])
+        at += 16 + length
+        for value in event.summary.value:
+            if value.HasField("simple_value"):
+                scalars.setdefault(value.tag, []).append(value.simple_value)
+            elif value.metadata.plugin_data.plugin_name == "scalars":
+                number = tensor_util.make_ndarray(value.tensor).item()
+                scalars.setdefault(value.tag, []).append(float(number))
+    return scalars
+
+
+def assert_chief_tensorboard(model_dir: Path, summary: dict[str, Any]) -> None:
+    """One event file, the chief's, whose epoch_loss curve is the run's (to float32 precision)."""
+    files = sorted(p for p in (model_dir / "tensorboard").rglob("*") if p.is_file())
+    assert [p.parent.name for p in files] == ["train"], f"one writer, the chief: {files}"
+    losses = tensorboard_scalars(files[0])["epoch_loss"]
+    assert len(losses) == summary["epochs_run"], losses
+    assert losses[-1] == pytest.approx(summary["final_loss"], rel=1e-6), losses
+
+
 def check_run(tmp_path: Path, script: str, topology: str, *args: str) -> dict[str, Any]:
     model_dir = tmp_path / "model"
     summary = chief_summary(*launch(tmp_path, script, topology, "--model-dir", str(model_dir),
@@ -110,6 +140,8 @@ def check_run(tmp_path: Path, script: str, topology: str, *args: str) -> dict[st
     assert summary["epochs_run"] == summary["epochs"] and summary["first_epoch"] == 1
     assert summary["samples_per_second"] > 0
     assert_one_model(model_dir, summary)
+    if script != "custom_loop.py":  # the model.fit examples write the chief's TensorBoard
+        assert_chief_tensorboard(model_dir, summary)
     return summary
 
 

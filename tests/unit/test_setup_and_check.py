@@ -37,7 +37,8 @@ def test_setup_pins_tensorflow_and_reinstalls_only_when_pyproject_changes(tmp_pa
     python.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
     python.chmod(0o755)
     install = f"source {tmp_path}/launch/setup.sh && install_python_deps"
-    want = f"-m pip install -q -e {tmp_path}[test] tensorflow==2.21.0 tf-keras==2.21.0"
+    want = (f"-m pip install -q -e {tmp_path}[test] tensorflow==2.21.0 tf-keras==2.21.0 "
+            "tensorboard==2.21.0")
 
     assert _bash(install).returncode == 0
     assert calls.read_text().splitlines() == [want]
@@ -102,3 +103,16 @@ def test_check_reports_versions_keras_resolution_and_horovod(capsys):
         pytest.skip("Horovod not installed; checked the report says how to install it")
     assert "version: 0.28.1" in report
     assert "gloo: True" in report
+
+
+def test_a_long_step_reports_its_progress_and_keeps_its_exit_status(tmp_path):
+    # A stand-in for the Horovod build: CMake-style progress lines, 3 s, then exit 7.
+    build = "for p in 10 55; do echo \"[ $p%] Building CXX object x.o\"; sleep 1.2; done; exit 7"
+    result = _bash(f"source {SETUP} && TFDIST_PROGRESS_SECONDS=1 run_with_progress "
+                   f"'building X' {tmp_path}/build.log bash -c '{build}' || echo status $?")
+    progress = [line for line in result.stderr.splitlines() if "building X" in line]
+    assert len(progress) >= 2, result.stderr
+    assert progress[0].startswith("[setup] building X: 0m1s") and "at [ 10%]" in progress[0]
+    assert "at [ 55%]" in progress[-1]
+    assert result.stdout.strip() == "status 7"
+    assert "Building CXX object" in (tmp_path / "build.log").read_text()

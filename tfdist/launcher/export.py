@@ -188,6 +188,7 @@ def sbatch_script(plan: JobPlan, export: ExportOptions) -> str:
             "--ps", str(roles.get("ps", 0))]
     if not plan.traits.single_process:
         shim += ["--chief"] * ("chief" in roles) + ["--evaluator"] * ("evaluator" in roles)
+        shim += ["--script-on-all-tasks"] * plan.options.script_on_all_tasks
     done = ""
     if plan.traits.server_roles:  # servers serve forever: the chief's end tells them to stop
         done = ' --done-file "${SLURM_SUBMIT_DIR:-.}/.tfdist-${SLURM_JOB_ID:-0}.done"'

@@ -86,6 +86,11 @@ class JobOptions:
             one host) instead of Gloo.
         preemption_grace: Seconds tasks get, after the launcher forwards a SIGTERM, to save and
             exit before they are SIGKILLed (`tfdist.preemption`).
+        verbose: Print every line of every task, and each task's plan, as they come (default:
+            the chief's output less TensorFlow's start-up chatter; `tfdist.launcher.output`).
+        script_on_all_tasks: Run the script on the strategy's server roles too (ParameterServer
+            ``worker`` and ``ps``), instead of ``python -m tfdist.server``: for a script that
+            serves them itself, as TensorFlow's guide writes it.
     """
 
     script: str
@@ -106,6 +111,8 @@ class JobOptions:
     strategy_options: Mapping[str, str] = dataclasses.field(default_factory=dict)
     preemption_grace: float = 25.0
     mpi: bool = False
+    verbose: bool = False
+    script_on_all_tasks: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +142,8 @@ class JobPlan:
 
     def task_argv(self, role: str, python: str = sys.executable) -> tuple[str, ...]:
         """What a ``role`` task runs: the script, or ``python -m tfdist.server`` (traits)."""
-        return self.traits.task_argv(role, self.script_argv, python)
+        return self.traits.task_argv(role, self.script_argv, python,
+                                     script_serves=self.options.script_on_all_tasks)
 
     def task_kind(self, role: str) -> TaskKind:
         return self.traits.task_kind(role)
@@ -285,6 +293,10 @@ def layout_problem(options: JobOptions, strategy: str, traits: StrategyTraits) -
     if options.chief is False and traits.chief_required:
         why = traits.required_roles.get("chief", "the job needs one")
         return f"--no-chief with {strategy}: {why}. Fix: drop --no-chief"
+    if options.script_on_all_tasks and not traits.server_roles:
+        return (f"--script-on-all-tasks was given with --strategy {strategy}, whose every task "
+                "already runs the script. Fix: drop --script-on-all-tasks (it is for "
+                "parameter_server scripts that serve their own worker and ps tasks)")
     problem = (_strategy_options_problem(options, strategy, traits)
                or _mpi_problem(options, strategy, traits))
     if problem:

@@ -68,6 +68,7 @@ def plan_slurm_task(
     chief: bool = False,
     evaluator: bool = False,
     base_port: int = 2222,
+    script_on_all_tasks: bool = False,
 ) -> SlurmTaskPlan:
     """The plan of the Slurm task whose variables are in ``env`` (default ``os.environ``).
 
@@ -86,7 +87,7 @@ def plan_slurm_task(
     spec = ClusterSpec.from_slurm(env, strategy=strategy, **layout)
     task = slurm_task(env, **layout)
     argv = tuple(command)
-    if task.type in traits.server_roles:  # COMMAND is the script; this role runs the server
+    if task.type in traits.server_roles and not script_on_all_tasks:  # this role: the server
         argv = traits.task_argv(task.type, ())
     return SlurmTaskPlan(task, spec.tf_config(task.type, task.index), argv,
                          traits.task_kind(task.type))
@@ -110,6 +111,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     layout.add_argument("--chief", action="store_true", help="the first task is the chief")
     layout.add_argument("--evaluator", action="store_true", help="the last task is an evaluator")
     layout.add_argument("--base-port", type=int, default=2222, help="first port on each node")
+    layout.add_argument("--script-on-all-tasks", action="store_true",
+                        help="worker and ps tasks run COMMAND too (it serves them itself)")
     parser.add_argument("--done-file", help="ParameterServer: chief writes it; servers stop on it")
     parser.add_argument("--dry-run", action="store_true",
                         help="print this task's plan as JSON and exit")
@@ -158,7 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         plan = plan_slurm_task(args.command, strategy=args.strategy, ps=args.ps,
                                chief=args.chief, evaluator=args.evaluator,
-                               base_port=args.base_port)
+                               base_port=args.base_port,
+                               script_on_all_tasks=args.script_on_all_tasks)
     except TfdistError as err:
         print(f"tfdist.launcher.slurm_task: {err}", file=sys.stderr)
         return 2
