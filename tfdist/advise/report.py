@@ -14,7 +14,7 @@ from typing import Any
 
 from tfdist.advise.advisor import Advice
 
-__all__ = ["rows", "markdown", "to_json", "render"]
+__all__ = ["rows", "markdown", "layer_costs", "to_json", "render"]
 
 _COLUMNS = (("rank", "#", "{}"), ("candidate", "candidate", "{}"),
             ("step_ms", "step ms", "{:.2f}"), ("samples_per_s", "samples/s", "{:.0f}"),
@@ -42,11 +42,23 @@ def markdown(table: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def layer_costs(advice: Advice) -> list[float]:
+    """Per-layer seconds at the micro-batch of the best pipeline candidate (else the batch):
+    what ``PipelineStrategy(layer_costs=...)`` balances its stages by."""
+    for p in advice.predictions:
+        c = p.candidate
+        if c.stages > 1:
+            return advice.profile.layer_costs(advice.batch / (c.processes // c.stages
+                                                              * c.micro_batches))
+    return advice.profile.layer_costs(advice.batch)
+
+
 def to_json(advice: Advice) -> dict[str, Any]:
     """Everything: the table, the profile, the constants, the cluster."""
     return {"batch": advice.batch, "cluster": vars(advice.cluster) | {
                 "host_names": list(advice.cluster.host_names)},
-            "rows": rows(advice), "profile": advice.profile.to_json(),
+            "rows": rows(advice), "layer_costs": layer_costs(advice),
+            "profile": advice.profile.to_json(),
             "constants": advice.constants.to_json()}
 
 
