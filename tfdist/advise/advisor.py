@@ -68,7 +68,8 @@ class Advice:
         for p in self.predictions:
             if p.candidate.label == label:
                 return p
-        raise KeyError(f"no candidate {label!r}; have {[p.candidate.label for p in self.predictions]}")
+        labels = [p.candidate.label for p in self.predictions]
+        raise KeyError(f"no candidate {label!r}; have {labels}")
 
 
 def build(model_or_fn: Any) -> Any:
@@ -173,7 +174,7 @@ def advise(model: Any, cluster: Any, *, batch: int, data: Any = None,
         least = min(ranked, key=lambda p: p.memory_bytes) if ranked else None
         raise AdviseError(format_error(
             "The model fits no layout of this cluster.",
-            received=f"device_memory={device_memory:g} bytes, {shape.processes} processes",
+            received=f"device_memory={shape.device_memory:g} bytes, {shape.processes} processes",
             expected=(f"at least {least.memory_bytes:.3g} bytes per device (the smallest need, "
                       f"{least.candidate.label})" if least else "a layout to consider"),
             fix="add processes (more pipeline stages or ps shards), a smaller batch, or "

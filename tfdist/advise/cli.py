@@ -135,7 +135,8 @@ def _run(args: argparse.Namespace) -> int:
                        args.device_memory)
     if args.probe_only:
         measured = network.probe(backends=args.backends)
-        print(f"[tfdist-advise] wrote {network.save(measured, args.constants or network.default_path())}")
+        path = network.save(measured, args.constants or network.default_path())
+        print(f"[tfdist-advise] wrote {path}")
         return 0
     constants = get_constants(shape, args.constants, args.backends)
     advice = advise(load_target(args.target, args.kwargs), shape, batch=args.batch,

@@ -131,7 +131,8 @@ def pipeline_step_s(slowest_stage_s: float, stages: int, micro_batches: int,
     return slots * (slowest_stage_s + transfer), slots * transfer
 
 
-def data_parallel_memory(param_bytes: float, optimizer_slots: int, activation_bytes: float) -> float:
+def data_parallel_memory(param_bytes: float, optimizer_slots: int,
+                         activation_bytes: float) -> float:
     """One replica's bytes: weights, gradients, optimizer slots, activations of its batch.
 
     Example:

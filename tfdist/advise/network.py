@@ -81,7 +81,7 @@ def fit_ring(sizes: Sequence[float], seconds: Sequence[float], p: int, gamma: fl
     """A backend's link from its ring all-reduce times at ``p`` processes (least squares).
 
     Example:
-        >>> fit_ring([0, 1e6], [4e-4, 4e-4 + 1e-3], p=2, gamma=0.0).alpha
+        >>> round(fit_ring([0, 1e6], [4e-4, 4e-4 + 1e-3], p=2, gamma=0.0).alpha, 9)
         0.0002
     """
     line = fit_line(sizes, seconds)

@@ -53,8 +53,9 @@ def fit_line(x: Sequence[float], y: Sequence[float]) -> Line:
     """Least-squares line through ``(x, y)``; one point gives a line through the origin.
 
     Example:
-        >>> fit_line([1, 3], [2, 4])
-        Line(c0=1.0, c1=1.0)
+        >>> line = fit_line([1, 3], [2, 4])
+        >>> round(line.c0, 6), round(line.c1, 6)
+        (1.0, 1.0)
     """
     if len(set(x)) < 2:
         return Line(0.0, float(np.mean(y)) / float(np.mean(x)))
@@ -208,7 +209,9 @@ def _inputs_for(model: Any, batch: int, data: Any) -> Any:
     import tensorflow as tf
 
     if data is not None:
-        pick = (lambda a: tf.constant(np.asarray(a)[:batch]))
+        def pick(a: Any) -> Any:
+            return tf.constant(np.asarray(a)[:batch])
+
         return {k: pick(v) for k, v in data.items()} if isinstance(data, Mapping) else (
             [pick(v) for v in data] if isinstance(data, (list, tuple)) else pick(data))
     made = [_random_input(t, batch, 2) for t in model.inputs]
@@ -309,6 +312,7 @@ def profile_model(model: Any, batch: int, data: Any = None, repeats: int = 5,
         activation_bytes=tuple(per_sample(layer) for layer in layers),
         forward=tuple(fit_line(sizes, [fwd[b][i] for b in sizes]) for i in range(len(layers))),
         backward=tuple(fit_line(sizes, [both[b][i] for b in sizes]) for i in range(len(layers))),
-        step=fit_line(sizes, step_s), optimizer_slots=_slots(optimizer, len(model.trainable_weights)),
+        step=fit_line(sizes, step_s),
+        optimizer_slots=_slots(optimizer, len(model.trainable_weights)),
         embeddings=_embeddings(model, data, batch),
         threads=tf.config.threading.get_intra_op_parallelism_threads(), batch=batch)
