@@ -23,6 +23,8 @@ __all__ = ["SECTIONS", "parse_args", "configs", "run", "main"]
 
 SECTIONS = {"allreduce": allreduce.run, "train": train.run, "ps": ps.run,
             "pipeline": pipeline.run, "advise": advise.run}
+STANDALONE = frozenset({"advise"})
+"""Sections ``all`` leaves out: ``advise`` re-runs the others' kinds of jobs (minutes)."""
 
 
 def _env_pair(text: str) -> tuple[str, str]:
@@ -66,7 +68,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     training.add_argument("--constants", help="advise section: network constants JSON to reuse "
                           "(tfdist-advise --probe-only) instead of probing")
     args = parser.parse_args(argv)
-    args.sections = list(SECTIONS) if args.section == "all" else [args.section]
+    args.sections = ([s for s in SECTIONS if s not in STANDALONE] if args.section == "all"
+                     else [args.section])
     return args
 
 
