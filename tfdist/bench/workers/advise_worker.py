@@ -92,8 +92,7 @@ def train(args: argparse.Namespace, keras: Any) -> dict[str, Any]:
     build, x, y, optimizer, loss = EXAMPLES[args.example](keras)
     strategy = tfdist.get_strategy("auto")
     model = strategy.build_model(build)
-    with strategy.scope():
-        model.compile(optimizer=optimizer(), loss=loss)
+    model.compile(optimizer=optimizer(), loss=loss)  # Keras enters the model's strategy scope
     data = strategy.distribute_dataset(lambda _ctx: _dataset(x, y, args.batch))
     run = lambda steps: time_call(lambda: tfdist.fit(  # noqa: E731
         model, data, epochs=1, steps_per_epoch=steps, verbose=0))
