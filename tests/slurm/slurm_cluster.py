@@ -24,8 +24,7 @@ from pathlib import Path
 from fake_hosts import FakeHosts
 from fake_hosts import missing_requirement as missing_namespace_requirement
 
-DAEMONS = {"munged": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd",
-           "sbatch": "slurm-client", "squeue": "slurm-client", "scancel": "slurm-client"}
+TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "sinfo", "scancel")
 CPUS_PER_NODE = 4  # more than this machine's cores (config_overrides): tasks just share them
 
 _SLURM_CONF = """\
@@ -68,7 +67,7 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=30 State=UP
 
 def missing_requirement() -> str | None:
     """Why a Slurm cluster cannot be started here (None if it can)."""
-    for tool, package in DAEMONS.items():
+    for tool in TOOLS:
         if shutil.which(tool) is None and not os.access(f"/usr/sbin/{tool}", os.X_OK):
             return f"'{tool}' is not installed (make slurm, or apt-get install slurm-wlm munge)"
     return missing_namespace_requirement()
