@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import doctest
 import json
 import os
 import shlex
@@ -151,6 +152,7 @@ def test_shim_dry_run_prints_the_rank_s_tf_config(tmp_path):
 
 
 def test_horovod_sbatch_serves_the_rendezvous_beside_srun_and_ranks_get_horovod_variables():
+    pytest.importorskip("horovod.runner", reason="Horovod is not installed")
     script = export_job(JobOptions("train.py", strategy="horovod", workers=4), "slurm", nodes=2)
     (line,) = [line for line in script.splitlines() if "srun" in line]
     assert line.startswith("python -m tfdist.launcher.slurm_horovod -- srun --kill-on-bad-exit=1 ")
@@ -223,3 +225,18 @@ def test_yaml_export_without_pyyaml_names_the_extra_and_slurm_still_works(monkey
     assert "PyYAML is not installed" in err and "pip install 'tfdist[export]'" in err
     assert cli.main(["--export", "slurm", "--nodes", "2", "--workers", "2", "train.py"]) == 0
     assert "#SBATCH" in capsys.readouterr().out
+
+
+def test_slurm_horovod_doctests_and_dry_run(capsys):
+    """Its examples start a real rendezvous on loopback (so they need Horovod)."""
+    pytest.importorskip("horovod.runner", reason="Horovod is not installed")
+    from tfdist.launcher import slurm_horovod
+
+    assert doctest.testmod(slurm_horovod).failed == 0
+    env = {**SLURM_ENV, "SLURMD_NODENAME": "localhost"}
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)
+        assert slurm_horovod.main(["--dry-run", "--", "srun", "x"]) == 0
+    assert capsys.readouterr().out == (
+        "rendezvous on 127.0.0.1:<free port> for 4 rank(s); then: srun x\n")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -155,13 +156,20 @@ def run_srun(command: Sequence[str], env: Mapping[str, str] | None = None) -> in
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tfdist.launcher.slurm_horovod [--dry-run] -- srun ...``; srun's status."""
     args = list(sys.argv[1:] if argv is None else argv)
+    dry_run = args[:1] == ["--dry-run"]
+    args = args[dry_run:]
     if args[:1] == ["--"]:
         args = args[1:]
     if not args:
-        print("usage: python -m tfdist.launcher.slurm_horovod -- srun ... (the ranks' step)",
-              file=sys.stderr)
+        print("usage: python -m tfdist.launcher.slurm_horovod [--dry-run] -- srun ... (the "
+              "ranks' step; --dry-run prints where the rendezvous would listen)", file=sys.stderr)
         return 2
+    if dry_run:
+        print(f"rendezvous on {_node_address(os.environ)}:<free port> for "
+              f"{len(_slot_plan(os.environ))} rank(s); then: {shlex.join(args)}")
+        return 0
     return run_srun(args)
 
 
