@@ -104,3 +104,12 @@ def test_check_reports_versions_keras_resolution_and_horovod(capsys):
         pytest.skip("Horovod not installed; checked the report says how to install it")
     assert "version: 0.28.1" in report
     assert "gloo: True" in report
+
+
+def test_setup_refuses_an_unknown_option_before_doing_anything(tmp_path):
+    (tmp_path / "launch").mkdir()
+    shutil.copy(SETUP, tmp_path / "launch" / "setup.sh")
+    result = _bash(f"bash {tmp_path}/launch/setup.sh --with-slrum")
+    assert result.returncode == 1
+    assert "unknown option --with-slrum (known: --with-slurm)" in result.stderr
+    assert not (tmp_path / ".venv").exists()
