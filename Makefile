@@ -2,7 +2,7 @@
 VENV_BIN := .venv/bin
 MAIN_JOB := keras_examples/image_classifier.py
 
-.PHONY: setup slurm main test test-fast check lint wheel
+.PHONY: setup slurm main test test-fast check lint wheel horovod-conformance
 
 setup:
 	bash launch/setup.sh
@@ -28,3 +28,7 @@ check: setup
 wheel:  ## dist/tfdist-<version>-py3-none-any.whl, what `pip install .` installs (needs no .venv)
 	python3 -m pip wheel -q --no-deps --wheel-dir dist .
 	rm -rf build tfdist.egg-info
+
+horovod-conformance: setup  ## Horovod's own TF tests on our build, both Keras; HOROVOD_SRC=<horovod checkout at v0.28.1>
+	@test -n "$(HOROVOD_SRC)" || { echo "set HOROVOD_SRC to a checkout of horovod/horovod at tag v0.28.1 (the sdist has no tests)"; exit 2; }
+	PATH="$(CURDIR)/$(VENV_BIN):$$PATH" $(VENV_BIN)/python launch/horovod_conformance.py --horovod-src "$(HOROVOD_SRC)"

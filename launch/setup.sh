@@ -2,7 +2,7 @@
 # Set up (or refresh) the development environment in .venv/ at the repository root.
 #
 # Installs TensorFlow, tf-keras, the test tools and tfdist (editable), then Horovod 0.28.1
-# compiled from source with TensorFlow and Gloo. Re-running is a quick no-op: every step checks
+# compiled from source with TensorFlow, Gloo and (where OpenMPI installs) MPI. Re-running is a quick no-op: every step checks
 # whether its result is already in place. The Horovod wheel is cached outside the repository
 # (TFDIST_CACHE_DIR, default ~/.cache/tfdist) so fresh clones on this machine skip the build.
 #
@@ -21,9 +21,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 CACHE_DIR="${TFDIST_CACHE_DIR:-$HOME/.cache/tfdist}"
 HOROVOD_VERSION="0.28.1"
-# Bump when patch_horovod_source changes: cached wheels and installed builds of another level
-# are rebuilt.
-HOROVOD_PATCH_LEVEL="2"
+HOROVOD_PATCHES="$ROOT/launch/horovod-patches"
 TF_VERSION="2.21.0"
 TF_KERAS_VERSION="2.21.0"  # tf-keras releases follow TensorFlow's
 
@@ -76,6 +74,20 @@ ensure_system_tools() {
   fi
 }
 
+# OpenMPI, for Horovod's MPI controller (tfdist-launch --mpi). Optional: without it Horovod is
+# built with Gloo alone and the MPI tests skip.
+ensure_mpi() {
+  local missing
+  if ! missing="$(apt_install_missing mpicxx:libopenmpi-dev mpirun:openmpi-bin)"; then
+    log "could not install ${missing//$'\n'/ } (needs root and apt-get): Horovod is built without MPI"
+  fi
+}
+
+# The controllers Horovod is built with: Gloo always, MPI where OpenMPI's compiler wrapper is.
+horovod_controllers() {
+  if command -v mpicxx >/dev/null 2>&1; then echo "gloo-mpi"; else echo "gloo"; fi
+}
+
 # What the multi-host tests use: ssh, sshd and ip (network namespaces). Optional: without them
 # (not root) those tests skip and say why.
 ensure_test_tools() {
@@ -118,51 +130,71 @@ install_python_deps() {
 
 horovod_installed() {
   [[ "$(cat "$VENV/.tfdist-horovod-build" 2>/dev/null)" == "$(horovod_build_key)" ]] || return 1
-  "$VENV/bin/python" - "$HOROVOD_VERSION" <<'PY' >/dev/null 2>&1
+  "$VENV/bin/python" - "$HOROVOD_VERSION" "$(horovod_controllers)" <<'PY' >/dev/null 2>&1
 import sys
 import horovod
 import horovod.tensorflow  # loads the compiled op library
-from horovod.common.util import gloo_built
-sys.exit(0 if horovod.__version__ == sys.argv[1] and gloo_built() else 1)
+from horovod.common.util import gloo_built, mpi_built
+want_mpi = sys.argv[2].endswith("-mpi")
+sys.exit(0 if horovod.__version__ == sys.argv[1] and gloo_built() and mpi_built() == want_mpi else 1)
 PY
 }
 
-# Two patches to Horovod 0.28.1's sdist:
-# 1. horovod/tensorflow/xla_mpi_ops.cc includes tensorflow/compiler/xla/... headers that TF >= 2.16
-#    wheels no longer ship. Its code is GPU-only (XLA ops, opt-in via HOROVOD_ENABLE_XLA_OPS), so
-#    it is dropped from the build.
-# 2. GlooContext::InitializeForProcessSet creates its Gloo device without the network interface
-#    the global context was given (HOROVOD_GLOO_IFACE / horovodrun --network-interfaces), so it
-#    binds to whatever the hostname resolves to; on hosts whose name maps to 127.0.1.1 (Debian's
-#    default) multi-host jobs then fail with "Connection refused". It now inherits the interface.
+# Applies launch/horovod-patches/*.patch (each says what it fixes) to the unpacked sdist.
 patch_horovod_source() {
-  local src="$1"
-  local cmake="$src/horovod/tensorflow/CMakeLists.txt" gloo="$src/horovod/common/gloo/gloo_context.cc"
-  sed -i '/xla_mpi_ops\.cc/d' "$cmake"
-  grep -q xla_mpi_ops "$cmake" && die "patching $cmake failed"
-  sed -i 's/^\(  assert(global_context.IsEnabled());\)$/\1\n  gloo_iface_ = global_context.gloo_iface_;  \/\/ tfdist patch/' "$gloo"
-  grep -q "gloo_iface_ = global_context.gloo_iface_;" "$gloo" || die "patching $gloo failed"
-  return 0
+  local src="$1" patch_file
+  command -v patch >/dev/null 2>&1 || apt_install_missing patch:patch >/dev/null \
+    || die "the 'patch' tool is missing. Install it (apt-get install patch) or set TFDIST_SKIP_HOROVOD=1."
+  for patch_file in "$HOROVOD_PATCHES"/*.patch; do
+    patch -d "$src" -p1 --forward --quiet < "$patch_file" >/dev/null \
+      || die "applying $(basename "$patch_file") to Horovod $HOROVOD_VERSION failed"
+  done
+}
+
+# Identifies the patch set: any edit to a patch gives a new build key and so a rebuild.
+horovod_patches_hash() {
+  cat "$HOROVOD_PATCHES"/*.patch | sha256sum | cut -c1-12
 }
 
 horovod_build_key() {
   local pyver; pyver="$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
-  echo "horovod-$HOROVOD_VERSION-p$HOROVOD_PATCH_LEVEL-tf$TF_VERSION-$pyver-$(uname -m)-gloo"
+  echo "horovod-$HOROVOD_VERSION-p$(horovod_patches_hash)-tf$TF_VERSION-$pyver-$(uname -m)-$(horovod_controllers)"
+}
+
+# Prints a progress line every 20 s while PID runs: elapsed time and CMake's last "[ NN%]" step.
+show_build_progress() {
+  local pid="$1" build_log="$2" started=$SECONDS step
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 20
+    kill -0 "$pid" 2>/dev/null || break
+    step="$(grep -oE '\[ *[0-9]+%\] Building [A-Z]+ object [^ ]+' "$build_log" 2>/dev/null | tail -1 \
+            | sed -E 's#^\[ *([0-9]+%)\].*/([^/]+)\.o$#\1, compiling \2#')"
+    log "building Horovod: $(( (SECONDS - started) / 60 ))m$(( (SECONDS - started) % 60 ))s ${step:-(configuring)}"
+  done
 }
 
 build_horovod_wheel() {
-  local out_dir="$1" work
+  local out_dir="$1" work build_log="$CACHE_DIR/logs/horovod-build.log"
   work="$(mktemp -d)"
-  log "building Horovod $HOROVOD_VERSION from source (a few minutes on 2 cores)"
-  pip_quiet download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work"
-  tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
+  mkdir -p "$(dirname "$build_log")"
+  log "building Horovod $HOROVOD_VERSION from source (about 5 minutes on 2 cores); log: $build_log"
+  local sdist="$CACHE_DIR/sdist/horovod-$HOROVOD_VERSION.tar.gz"
+  [[ -f "$sdist" ]] || pip_quiet download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$(dirname "$sdist")"
+  tar -xzf "$sdist" -C "$work"
   patch_horovod_source "$work/horovod-$HOROVOD_VERSION"
-  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-  HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_GPU_OPERATIONS= \
-  MAKEFLAGS="-j${TFDIST_BUILD_JOBS:-$(nproc)}" \
-    "$VENV/bin/python" -m pip wheel -q --no-deps --no-build-isolation \
-      -w "$work/dist" "$work/horovod-$HOROVOD_VERSION" > "$work/build.log" 2>&1 \
-    || { tail -40 "$work/build.log" >&2; die "Horovod build failed (log above)"; }
+  local mpi=HOROVOD_WITHOUT_MPI
+  [[ "$(horovod_controllers)" == *-mpi ]] && mpi=HOROVOD_WITH_MPI
+  env HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+      "$mpi=1" HOROVOD_WITH_GLOO=1 HOROVOD_GPU_OPERATIONS= \
+      MAKEFLAGS="-j${TFDIST_BUILD_JOBS:-$(nproc)}" \
+    "$VENV/bin/python" -m pip wheel -v --no-deps --no-build-isolation \
+      -w "$work/dist" "$work/horovod-$HOROVOD_VERSION" > "$build_log" 2>&1 &
+  local pid=$!
+  show_build_progress "$pid" "$build_log"
+  if ! wait "$pid"; then
+    grep -E 'error|Error|ERROR' "$build_log" | grep -v '^ *-' | head -5 >&2 || true
+    die "Horovod build failed. Full log: $build_log (first errors above). Set TFDIST_SKIP_HOROVOD=1 to set up without Horovod."
+  fi
   mkdir -p "$out_dir"
   cp "$work"/dist/horovod-*.whl "$out_dir/"
   rm -rf "$work"
@@ -170,6 +202,7 @@ build_horovod_wheel() {
 
 install_horovod() {
   if [[ "${TFDIST_SKIP_HOROVOD:-0}" == "1" ]]; then log "TFDIST_SKIP_HOROVOD=1: not installing Horovod"; return; fi
+  ensure_mpi
   if horovod_installed; then return; fi
   ensure_system_tools
   # A wheel is only valid for the TF, Python and patches it was compiled with.

@@ -126,9 +126,10 @@ def test_every_kubeflow_export_is_a_valid_tfjob(options: JobOptions) -> None:
     check_tfjob(_export("kubeflow", options))
 
 
-@pytest.mark.parametrize(("workers", "slots"), [(2, 1), (4, 2), (1, 1)])
-def test_every_mpijob_export_is_a_valid_v2beta1_mpijob(workers: int, slots: int) -> None:
-    options = JobOptions("train.py", ("--lr", "0.1"), strategy="horovod", workers=workers)
+@pytest.mark.parametrize(("workers", "slots", "mpi"), [(2, 1, False), (4, 2, False), (1, 1, False),
+                                                      (2, 1, True)])
+def test_every_mpijob_export_is_a_valid_v2beta1_mpijob(workers: int, slots: int, mpi: bool) -> None:
+    options = JobOptions("train.py", ("--lr", "0.1"), strategy="horovod", workers=workers, mpi=mpi)
     document = _export("mpijob", options, slots_per_worker=slots)
     check_mpijob(document)
     assert document["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == workers // slots

@@ -81,6 +81,13 @@ def test_mpijob_runs_horovodrun_over_the_operator_hostfile():
                                    "--gloo", "python", "-u", "train.py", "--lr", "0.1"]
 
 
+def test_mpijob_with_mpi_runs_horovodrun_over_mpi():
+    options = JobOptions("train.py", strategy="horovod", workers=2, mpi=True)
+    job = yaml.safe_load(export_job(options, "mpijob"))
+    (launcher,) = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
+    assert "--mpi" in launcher["command"] and "--gloo" not in launcher["command"]
+
+
 @pytest.mark.parametrize(
     ("fmt", "options", "message"),
     [
@@ -89,6 +96,8 @@ def test_mpijob_runs_horovodrun_over_the_operator_hostfile():
         ("mpijob", JobOptions("t.py", workers=2, ps=1), "add --strategy horovod"),
         ("mpijob", JobOptions("t.py", strategy="horovod", workers=3), "Received: --workers 3"),
         ("slurm", JobOptions("t.py", workers=2), "Received: --nodes 5 for 2 task(s)"),
+        ("slurm", JobOptions("t.py", strategy="horovod", workers=2, mpi=True),
+         "Received: --export slurm with --mpi"),
     ],
 )
 def test_impossible_exports_say_why_and_how_to_fix(fmt, options, message):

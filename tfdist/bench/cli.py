@@ -53,7 +53,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     comm = parser.add_argument_group("collectives")
     comm.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")],
                       help="allreduce message sizes in bytes (default 4 KiB..64 MiB, x4)")
-    comm.add_argument("--backends", default="tf,horovod", help="allreduce backends")
+    comm.add_argument("--backends", default="tf,horovod,horovod-mpi",
+                      help="allreduce backends (tf, horovod = Gloo, horovod-mpi)")
     comm.add_argument("--implementation", default="ring", choices=("ring", "auto"),
                       help="TF collective implementation")
     comm.add_argument("--bytes-per-pack", type=int, default=0, help="TF gradient pack size")

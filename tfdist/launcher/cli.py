@@ -119,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
         "your scheduler's own (Kubernetes terminationGracePeriodSeconds, Slurm KillWait) "
         "(env TFDIST_LAUNCH_PREEMPTION_GRACE; default 25)",
     )
+    run.add_argument(
+        "--mpi", action="store_true",
+        help="horovod: ranks talk over MPI (horovodrun --mpi; shared memory between ranks on one "
+        "host) instead of Gloo. Needs OpenMPI and Horovod built with it (bash launch/setup.sh "
+        "does both as root)",
+    )
     run.add_argument("--log-dir", help="also write each task's output to LOG_DIR/<task>.log")
     run.add_argument(
         "--network", choices=("private", "host"), default=_env_default("NETWORK", "private"),
@@ -218,6 +224,7 @@ def options_from_args(args: argparse.Namespace) -> JobOptions:
         max_restarts=args.max_restarts, worker_restarts=args.max_worker_restarts,
         log_dir=args.log_dir, hosts=host_options_from_args(args), network=args.network,
         startup_timeout=args.startup_timeout, preemption_grace=args.preemption_grace,
+        mpi=args.mpi,
         strategy_options={option: str(getattr(args, option))
                           for option in ("stages", "micro_batches", "schedule")
                           if getattr(args, option) is not None},

@@ -146,7 +146,8 @@ def tfjob(plan: JobPlan, export: ExportOptions) -> dict[str, Any]:
 
 
 def mpijob(plan: JobPlan, export: ExportOptions) -> dict[str, Any]:
-    """A Kubeflow ``MPIJob`` (v2beta1): ``horovodrun --gloo`` over the operator's hostfile."""
+    """A Kubeflow ``MPIJob`` (v2beta1): ``horovodrun --gloo`` (``--mpi`` with ``--mpi``) over the
+    operator's hostfile."""
     _check_format(plan, "mpijob")
     ranks, slots = plan.roles["worker"], export.slots_per_worker
     if slots < 1 or ranks % slots:
@@ -156,7 +157,8 @@ def mpijob(plan: JobPlan, export: ExportOptions) -> dict[str, Any]:
             expected="--slots-per-worker >= 1 dividing --workers",
             fix=f"use --slots-per-worker 1, or a divisor of {ranks}"))
     env = dict(plan.env)
-    launcher = ["horovodrun", "-np", str(ranks), "--hostfile", MPI_HOSTFILE, "--gloo",
+    controller = "--mpi" if plan.options.mpi else "--gloo"
+    launcher = ["horovodrun", "-np", str(ranks), "--hostfile", MPI_HOSTFILE, controller,
                 *plan.task_argv("worker", export.python)]
     worker = ["/usr/sbin/sshd", "-De"]  # the launcher reaches workers over ssh
 
@@ -181,6 +183,11 @@ def mpijob(plan: JobPlan, export: ExportOptions) -> dict[str, Any]:
 def sbatch_script(plan: JobPlan, export: ExportOptions) -> str:
     """A Slurm batch script: one ``srun`` task per TensorFlow task, through the tfdist shim."""
     _check_format(plan, "slurm")
+    if plan.options.mpi:
+        raise StrategyConfigError(format_error(
+            "Horovod ranks under srun talk over Gloo; the Slurm export cannot start them with MPI.",
+            received="--export slurm with --mpi", expected="--export slurm without --mpi",
+            fix="drop --mpi (the ranks use Gloo), or use --export mpijob --mpi"))
     strategy, roles = plan.strategy, plan.roles
     ntasks, nodes = sum(roles.values()), export.nodes
     if not 1 <= nodes <= ntasks:
