@@ -2,10 +2,10 @@
 
 ``srun`` starts this shim once per Slurm task (see ``tfdist-launch --export slurm``). It lays the
 job out on the allocation with `ClusterSpec.from_slurm` (every node's tasks, host-major: chief,
-workers, ps, evaluator), finds its own task at ``SLURM_PROCID`` with `slurm_task`, sets
-TF_CONFIG, and runs:
+workers, ps, evaluator), finds its own task with `slurm_task` (by node and local id, so any
+``srun --distribution`` works), sets TF_CONFIG, and runs:
 
-* tasks that train (a multi-worker job's chief and workers): COMMAND, in place (``exec``);
+* tasks that train (a multi-worker job's chief and workers): COMMAND;
 * the strategy's server roles (ParameterServer ``worker``/``ps``): ``python -m tfdist.server``
   instead of COMMAND;
 * the evaluator: COMMAND as a sidecar: its failure is reported and this task exits 0;
@@ -13,9 +13,8 @@ TF_CONFIG, and runs:
 * Horovod ranks: COMMAND without TF_CONFIG, with the rank's Horovod variables
   (`tfdist.launcher.slurm_horovod.rank_env`; the batch script serves the rendezvous).
 
-The task is found on its node (``SLURMD_NODENAME``, ``SLURM_LOCALID``), so any
-``srun --distribution`` works. COMMAND runs as a child: when it fails, the shim names the task,
-its Slurm rank and node before exiting with its status, and signals reach it through the shim.
+COMMAND runs as a child of the shim: when it fails, the shim names the task, its Slurm rank and
+node before exiting with its status (128 + N for signal N); SIGTERM and SIGINT are passed on.
 
 What each role runs comes from the strategy's traits, as for every other runner.
 
