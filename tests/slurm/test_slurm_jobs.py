@@ -62,8 +62,9 @@ def local_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     results = tmp_path_factory.mktemp("local")
     env = {**os.environ, **_job_env(results)}
     env.pop("TFDIST_STRATEGY", None)
-    subprocess.run([sys.executable, str(SCRIPT), "2"], env=env, cwd=results, check=True,
-                   capture_output=True, timeout=JOB_TIMEOUT)
+    done = subprocess.run([sys.executable, str(SCRIPT), "2"], env=env, cwd=results,
+                          capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    assert done.returncode == 0, done.stdout + done.stderr
     return _collect(results)["chief:0"]
 
 
