@@ -2,15 +2,18 @@
 VENV_BIN := .venv/bin
 MAIN_JOB := keras_examples/image_classifier.py
 
-.PHONY: setup main test test-fast check lint wheel horovod-conformance
+.PHONY: setup slurm main test test-fast check lint wheel horovod-conformance
 
 setup:
 	bash launch/setup.sh
 
+slurm:  ## setup, plus Slurm and munge (apt, as root) for tests/slurm
+	bash launch/setup.sh --with-slurm
+
 main: setup  ## a real 2-worker training on this machine
 	$(VENV_BIN)/tfdist-launch --strategy multi_worker --workers 2 --timeout 900 $(MAIN_JOB) --model-dir runs/main_job
 
-test: setup  ## the whole test suite (what CI runs)
+test: slurm  ## the whole test suite (what CI runs), Slurm jobs included
 	PATH="$(CURDIR)/$(VENV_BIN):$$PATH" $(VENV_BIN)/python -m pytest
 
 test-fast: setup  ## unit tests only: no cluster, well under a minute

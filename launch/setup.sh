@@ -6,6 +6,10 @@
 # whether its result is already in place. The Horovod wheel is cached outside the repository
 # (TFDIST_CACHE_DIR, default ~/.cache/tfdist) so fresh clones on this machine skip the build.
 #
+# Options:
+#   --with-slurm        also install Slurm (slurmctld, slurmd, slurm-client) and munge with apt,
+#                       for the tests that submit jobs to a private Slurm cluster (make slurm)
+#
 # Environment:
 #   TFDIST_PYTHON       interpreter to build the venv from (default: python3.11, then python3)
 #   TFDIST_CACHE_DIR    where built wheels are kept (default: ~/.cache/tfdist)
@@ -114,6 +118,15 @@ ensure_test_tools() {
   fi
 }
 
+# Slurm and munge, for tests/slurm (optional: without them, or without root, those tests skip).
+ensure_slurm_tools() {
+  local missing
+  if ! missing="$(apt_install_missing /usr/sbin/munged:munge /usr/sbin/slurmctld:slurmctld \
+                    /usr/sbin/slurmd:slurmd sbatch:slurm-client)"; then
+    log "could not install ${missing//$'\n'/ } (needs root and apt-get): the Slurm tests will skip"
+  fi
+}
+
 create_venv() {
   if [[ -x "$VENV/bin/python" ]]; then return; fi
   local py; py="$(pick_python)"
@@ -215,10 +228,18 @@ install_horovod() {
 }
 
 main() {
+  local with_slurm=0 arg
+  for arg in "$@"; do
+    case "$arg" in
+      --with-slurm) with_slurm=1 ;;
+      *) die "unknown option $arg (known: --with-slurm)" ;;
+    esac
+  done
   create_venv
   install_python_deps
   install_horovod
   ensure_test_tools
+  if [[ "$with_slurm" == "1" ]]; then ensure_slurm_tools; fi
   log "ready: $VENV ($("$VENV/bin/python" -c 'import tensorflow as tf; print("tensorflow", tf.__version__)' 2>/dev/null))"
 }
 

@@ -116,3 +116,12 @@ def test_a_long_step_reports_its_progress_and_keeps_its_exit_status(tmp_path):
     assert "at [ 55%]" in progress[-1]
     assert result.stdout.strip() == "status 7"
     assert "Building CXX object" in (tmp_path / "build.log").read_text()
+
+
+def test_setup_refuses_an_unknown_option_before_doing_anything(tmp_path):
+    (tmp_path / "launch").mkdir()
+    shutil.copy(SETUP, tmp_path / "launch" / "setup.sh")
+    result = _bash(f"bash {tmp_path}/launch/setup.sh --with-slrum")
+    assert result.returncode == 1
+    assert "unknown option --with-slrum (known: --with-slurm)" in result.stderr
+    assert not (tmp_path / ".venv").exists()
