@@ -94,7 +94,8 @@ def train(args: argparse.Namespace, keras: Any) -> dict[str, Any]:
     build, x, y, optimizer, loss = EXAMPLES[args.example](keras)
     strategy = tfdist.get_strategy("auto")
     model = strategy.build_model(build)
-    model.compile(optimizer=optimizer(), loss=loss)  # Keras enters the model's strategy scope
+    with strategy.scope():  # the optimizer's variables belong to the strategy too
+        model.compile(optimizer=optimizer(), loss=loss)
     data = strategy.distribute_dataset(lambda _ctx: _dataset(x, y, args.batch))
     if args.timing == "difference":
         step_s, raw = _difference(model, data, args)
