@@ -240,6 +240,26 @@ def _step_fn(model: Any) -> tuple[Callable[[Any], Any], Any]:
     return step, optimizer
 
 
+def _fit_step_s(model: Any, x: Any, y: Any, batch: int, steps: int) -> float:
+    """Median interval between step ends of ``model.fit`` (the compiled model, its own loss and
+    optimizer, Keras's loop): what a user's training step costs, fit's start-up left out."""
+    import tensorflow as tf
+
+    def rows(a: Any) -> Any:
+        return np.resize(np.asarray(a), (max(len(a), batch), *np.shape(a)[1:]))
+
+    xs = {k: rows(v) for k, v in x.items()} if isinstance(x, Mapping) else (
+        [rows(v) for v in x] if isinstance(x, (list, tuple)) else rows(x))
+    data = tf.data.Dataset.from_tensor_slices((xs, rows(y))).repeat().batch(
+        batch, drop_remainder=True)
+    ends: list[float] = []
+    clock = compat.get_keras().callbacks.LambdaCallback(
+        on_train_batch_end=lambda *_: ends.append(time.perf_counter()))
+    model.fit(data, epochs=1, steps_per_epoch=3, verbose=0)
+    model.fit(data, epochs=1, steps_per_epoch=steps + 1, verbose=0, callbacks=[clock])
+    return statistics.median(b - a for a, b in zip(ends, ends[1:], strict=False))
+
+
 def _slots(optimizer: Any, weights: int) -> int:
     """Optimizer variables per weight (its step counter and learning rate left out)."""
     made = optimizer.variables() if callable(optimizer.variables) else optimizer.variables
@@ -266,7 +286,7 @@ def _embeddings(model: Any, data: Any, batch: int) -> tuple[EmbeddingUse, ...]:
 
 
 def profile_model(model: Any, batch: int, data: Any = None, repeats: int = 5,
-                  small_batch: int | None = None) -> ModelProfile:
+                  small_batch: int | None = None, labels: Any = None) -> ModelProfile:
     """Measures ``model`` (a built Keras model) at ``batch`` and a smaller batch.
 
     Args:
@@ -277,6 +297,9 @@ def profile_model(model: Any, batch: int, data: Any = None, repeats: int = 5,
             for the step and to count the embedding rows a batch touches.
         repeats: Timed calls per measurement (median taken).
         small_batch: The second batch size (default ``batch // 8``, at least 1).
+        labels: Targets for ``data``: with them, a compiled model's step is timed in its own
+            ``fit`` (its loss, optimizer and Keras's loop), else in a ``tf.function`` step with a
+            squared loss and a fresh copy of its optimizer.
 
     Raises:
         AdviseError: ``batch`` is not a positive int, or the model has no layers.
@@ -300,8 +323,11 @@ def profile_model(model: Any, batch: int, data: Any = None, repeats: int = 5,
             fwd[b].append(max(f - overhead, 0.0))
             both[b].append(max(fb - f, 0.0))
     step, optimizer = _step_fn(model)
-    step_s = [_median_seconds(lambda b=b: step(_inputs_for(model, b, data)), repeats)
-              for b in sizes]
+    if labels is not None and data is not None and getattr(model, "optimizer", None) is not None:
+        step_s = [_fit_step_s(model, data, labels, b, 4 * repeats) for b in sizes]
+    else:
+        step_s = [_median_seconds(lambda b=b: step(_inputs_for(model, b, data)), repeats)
+                  for b in sizes]
     per_sample = lambda layer: int(np.prod([int(d) for d in tuple(  # noqa: E731
         _as_list(layer.output)[0].shape)[1:]] or [1])) * 4
     return ModelProfile(

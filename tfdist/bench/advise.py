@@ -65,19 +65,22 @@ class AdviseBenchConfig:
 
     def __post_init__(self) -> None:
         if self.quick:
-            self.steps, self.repeats = min(self.steps, 10), min(self.repeats, 2)
+            self.steps, self.repeats = min(self.steps, 20), min(self.repeats, 3)
 
     def child_env(self) -> dict[str, str]:
         return {THREADS_ENV: "1,1", **self.env}
 
 
-def _args(example: Example, batch: int, config: AdviseBenchConfig) -> list[str]:
-    return ["--example", example.name, "--train", "--batch", str(batch), "--steps",
-            str(config.steps), "--repeats", str(config.repeats)]
+def _args(example: Example, batch: int, config: AdviseBenchConfig, c: Candidate) -> list[str]:
+    # Asynchronous workers: fit schedules steps ahead, so time whole fits instead of steps.
+    timing = ["--timing", "difference", "--steps", str(3 * config.steps)] if c.ps else [
+        "--steps", str(config.steps)]
+    return ["--example", example.name, "--train", "--batch", str(batch), "--repeats",
+            str(config.repeats), *timing]
 
 
 def _local(c: Candidate, ex: Example, config: AdviseBenchConfig, log: IO[str]) -> Any:
-    return jobs.run_local(_MODULE, _args(ex, ex.batch, config), env=config.child_env(),
+    return jobs.run_local(_MODULE, _args(ex, ex.batch, config, c), env=config.child_env(),
                           log=log, timeout=config.timeout)
 
 
@@ -89,12 +92,12 @@ def _tf(c: Candidate, ex: Example, config: AdviseBenchConfig, log: IO[str]) -> A
                 "TFDIST_PIPELINE_MICRO_BATCHES": str(c.micro_batches)}
         batch = ex.batch
     spec = ClusterSpec.local(workers=c.processes, ps=c.ps, chief=bool(c.ps), host="127.0.0.1")
-    return jobs.run_tf(spec, _SCRIPT, _args(ex, batch, config), env=env, log=log,
+    return jobs.run_tf(spec, _SCRIPT, _args(ex, batch, config, c), env=env, log=log,
                        timeout=config.timeout)
 
 
 def _horovod(c: Candidate, ex: Example, config: AdviseBenchConfig, log: IO[str]) -> Any:
-    return jobs.run_horovod(c.processes, _MODULE, _args(ex, ex.batch // c.processes, config),
+    return jobs.run_horovod(c.processes, _MODULE, _args(ex, ex.batch // c.processes, config, c),
                             env=config.child_env(), log=log, timeout=config.timeout)
 
 

@@ -102,8 +102,8 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
             steps=pick(args.steps, 100, 20), warmup_steps=10 if quick else 20,
             repeats=pick(args.repeats, 3, 1), env=env),
         "pipeline": pipeline.PipelineConfig(quick=quick, steps=pick(args.steps, 20, 5), env=env),
-        "advise": advise.AdviseBenchConfig(np=args.np, quick=quick, steps=pick(args.steps, 20, 10),
-                                           repeats=pick(args.repeats, 3, 2),
+        "advise": advise.AdviseBenchConfig(np=args.np, quick=quick, steps=pick(args.steps, 40, 20),
+                                           repeats=pick(args.repeats, 5, 3),
                                            constants=args.constants, env=env),
     }
 

@@ -4,10 +4,10 @@ Usage: ``python -m tfdist.bench.workers.advise_worker --example image|ctr|deep -
 (one process: `tfdist.advise.profile_model` on the example's model and data), or ``--train``
 under any launcher (``TFDIST_STRATEGY`` and the pipeline variables say the layout): the model is
 built with ``strategy.build_model``, compiled with the example's optimizer and loss, trained for
-``--warmup-steps``, then ``--repeats`` pairs of timed ``fit`` calls of ``--steps`` and twice as
-many steps, each process reading ``--batch`` rows per step (a replica's share, a worker's batch,
-or the global batch of a pipeline). Reports seconds per step: the median over pairs of the
-difference divided by ``--steps`` (fit's start-up cancels out).
+``--warmup-steps``, then timed, each process reading ``--batch`` rows per step (a replica's
+share, a worker's batch, or the global batch of a pipeline). Reports seconds per step: the median
+interval between step ends over ``--repeats`` fits of ``--steps`` (``--timing intervals``), or
+for asynchronous workers the median of ``(t(2S) - t(S)) / S`` (``--timing difference``).
 
 The examples are the repository's ``keras_examples`` (dense CNN on digits, sparse CTR, deep MLP).
 """
@@ -15,7 +15,9 @@ The examples are the repository's ``keras_examples`` (dense CNN on digits, spars
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -79,11 +81,11 @@ def _dataset(x: Any, y: Any, batch: int) -> Any:
 def profile(args: argparse.Namespace, keras: Any) -> dict[str, Any]:
     from tfdist.advise import profile_model
 
-    build, x, _, optimizer, loss = EXAMPLES[args.example](keras)
+    build, x, y, optimizer, loss = EXAMPLES[args.example](keras)
     model = build()
     model.compile(optimizer=optimizer(), loss=loss)
-    return profile_model(model, args.batch, data=_rows(x, args.batch), repeats=args.repeats
-                         ).to_json()
+    return profile_model(model, args.batch, data=_rows(x, args.batch * 4),
+                         labels=_rows(y, args.batch * 4), repeats=args.repeats).to_json()
 
 
 def train(args: argparse.Namespace, keras: Any) -> dict[str, Any]:
@@ -92,18 +94,45 @@ def train(args: argparse.Namespace, keras: Any) -> dict[str, Any]:
     build, x, y, optimizer, loss = EXAMPLES[args.example](keras)
     strategy = tfdist.get_strategy("auto")
     model = strategy.build_model(build)
-    model.compile(optimizer=optimizer(), loss=loss)  # Keras enters the model's strategy scope
+    with strategy.scope():  # the optimizer's variables belong to the strategy too
+        model.compile(optimizer=optimizer(), loss=loss)
     data = strategy.distribute_dataset(lambda _ctx: _dataset(x, y, args.batch))
+    if args.timing == "difference":
+        step_s, raw = _difference(model, data, args)
+    else:
+        step_s, raw = _intervals(model, data, args, keras)
+    return {"strategy": strategy.name, "raw": raw, "step_s": step_s,
+            "samples_per_step": args.batch, "steps": args.steps}
+
+
+def _intervals(model: Any, data: Any, args: argparse.Namespace, keras: Any) -> tuple[float, Any]:
+    """Median time between consecutive ends of training steps (fit's start-up left out, and
+    robust to the load spikes of a shared machine)."""
+    import tfdist
+
+    ends: list[float] = []
+    clock = keras.callbacks.LambdaCallback(on_train_batch_end=lambda *_: ends.append(
+        time.perf_counter()))
+    tfdist.fit(model, data, epochs=1, steps_per_epoch=args.warmup_steps, verbose=0)
+    gaps: list[float] = []
+    for _ in range(args.repeats):
+        ends.clear()
+        tfdist.fit(model, data, epochs=1, steps_per_epoch=args.steps, verbose=0,
+                   callbacks=[clock])
+        gaps += [b - a for a, b in itertools.pairwise(ends)]
+    return median(gaps), gaps
+
+
+def _difference(model: Any, data: Any, args: argparse.Namespace) -> tuple[float, Any]:
+    """For asynchronous workers (fit schedules steps ahead, so step ends are not step times):
+    the median over pairs of ``(t(2 S steps) - t(S steps)) / S``; fit's start-up cancels."""
+    import tfdist
+
     run = lambda steps: time_call(lambda: tfdist.fit(  # noqa: E731
         model, data, epochs=1, steps_per_epoch=steps, verbose=0))
     run(args.warmup_steps)
-    run(args.steps)
-    # fit's own start-up (iterators, callbacks) costs as much as many steps: the difference of
-    # a long and a short fit is the steps alone.
     pairs = [(run(args.steps), run(2 * args.steps)) for _ in range(args.repeats)]
-    step_s = median([(long - short) / args.steps for short, long in pairs])
-    return {"strategy": strategy.name, "pairs": pairs, "step_s": step_s,
-            "samples_per_step": args.batch, "steps": args.steps}
+    return median([(long - short) / args.steps for short, long in pairs]), pairs
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -116,6 +145,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup-steps", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--timing", choices=("intervals", "difference"), default="intervals",
+                        help="per-step intervals (synchronous) or long-minus-short fits (async)")
     return parser.parse_args(argv)
 
 
