@@ -1,0 +1,248 @@
+"""tfdist-launch --ray on a real local Ray cluster (``ray start --head``), one actor per task.
+
+The cluster (4 logical CPUs) and every launcher run live in one network namespace with only
+loopback (`tfdist.launcher.netns`), so nothing Ray or the tasks listen on can be reached from
+outside; Ray's own servers listen on every interface of the namespace they are in. The session
+fixture stops the head (``ray start --block`` stops what it started when it gets SIGTERM) and
+then kills, by pid, any process of that cluster still alive.
+
+Checked with numbers: multi-worker training ends with the same per-epoch loss as the local
+launcher's run of the same script (and identical weights on both workers); a parameter-server
+job (chief, worker, ps) trains and its loss falls; Horovod ranks (no ``horovodrun``: the
+runner serves the Gloo rendezvous) stay identical and equal to the one-process reference; a
+task killed with SIGKILL ends the job naming it; ``--max-restarts`` reruns the gang; a gang
+larger than the cluster fails at once naming what was asked and what the cluster has. After
+each run no task process is left.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from tfdist.launcher.netns import NetworkIsolationError, PrivateNetwork
+from tfdist.testing import RESULT_DIR_ENV, _collect, wait_gone
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.multiprocess]
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).parent / "scripts"
+LAUNCH = [sys.executable, "-m", "tfdist.launcher.cli"]
+CLUSTER_CPUS = 4
+LOSS_ATOL = 1e-6
+"""Ray run against the local run of the same job: the same float32 computation, so equal up to
+rounding (measured gap: 0)."""
+
+
+@dataclass
+class LocalRay:
+    """A running one-node Ray cluster: its head's address and the namespace it lives in."""
+
+    address: str
+    network: PrivateNetwork
+
+    def launch(self, results: Path, *argv: str, **env: str) -> subprocess.Popen[str]:
+        """``tfdist-launch --ray ADDRESS ARGV`` in the cluster's namespace."""
+        environ = {**os.environ, "PYTHONPATH": str(REPO), RESULT_DIR_ENV: str(results), **env}
+        return subprocess.Popen(
+            [*LAUNCH, "--ray", self.address, "--timeout", "150", *argv], env=environ, cwd=REPO,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=self.network.join)
+
+
+def _head_address(head: subprocess.Popen[str], timeout: float) -> str:
+    """Reads ``ray start``'s output (on a thread, to the end) until it names its address."""
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in head.stdout or []],
+                     daemon=True).start()
+    deadline, seen = time.monotonic() + timeout, []
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=1)
+        except queue.Empty:
+            assert head.poll() is None, f"ray start exited: {''.join(seen)}"
+            continue
+        seen.append(line)
+        if "--address='" in line:
+            return line.split("--address='", 1)[1].split("'", 1)[0]
+    raise AssertionError(f"ray start named no address within {timeout} s: {''.join(seen)}")
+
+
+def _stop_head(head: subprocess.Popen[str]) -> None:
+    """SIGTERM to ``ray start --block`` (it stops its processes), then SIGKILL, by pid, to
+    anything of the cluster still alive."""
+    try:
+        cluster = [p.pid for p in psutil.Process(head.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        cluster = []
+    head.send_signal(signal.SIGTERM)
+    try:
+        head.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        head.kill()
+        head.wait()
+    for pid in wait_gone(cluster, timeout=10):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    wait_gone(cluster, timeout=10)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[LocalRay]:
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("ray is not installed: pip install 'tfdist[ray]' (launch/setup.sh does)")
+    try:
+        network = PrivateNetwork().start()
+    except NetworkIsolationError as err:
+        pytest.skip(f"the Ray tests keep the cluster on loopback in a network namespace: {err}")
+    temp_dir = tempfile.mkdtemp(prefix="tfdray", dir="/tmp")  # short: Ray's socket paths
+    head = subprocess.Popen(
+        [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--port", "0",
+         "--num-cpus", str(CLUSTER_CPUS), "--temp-dir", temp_dir, "--include-dashboard",
+         "false", "--disable-usage-stats"],
+        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, preexec_fn=network.join, start_new_session=True)
+    try:
+        yield LocalRay(_head_address(head, timeout=120), network)
+    finally:
+        _stop_head(head)
+        network.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _running(script: Path) -> list[int]:
+    """Processes whose command line names ``script`` (the job's tasks)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if str(script) in (proc.info["cmdline"] or []):
+            found.append(proc.info["pid"])
+    return found
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float = 200) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    return out
+
+
+def test_multi_worker_trains_to_the_local_runs_loss(ray_cluster, tmp_path):
+    script = SCRIPTS / "ray_parity_train.py"
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "local").mkdir()
+    proc = ray_cluster.launch(tmp_path / "ray", "--workers", "2", str(script))
+    out = _finish(proc)
+    assert proc.returncode == 0, out
+    assert "gang of 2 task(s) placed (SPREAD, 1 CPU each)" in out
+    assert "task worker:1 on 127.0.0.1 (port " in out
+    assert _running(script) == []
+    env = {**os.environ, "PYTHONPATH": str(REPO), RESULT_DIR_ENV: str(tmp_path / "local")}
+    local = subprocess.run([*LAUNCH, "--workers", "2", "--timeout", "150", str(script)],
+                           env=env, cwd=REPO, capture_output=True, text=True, timeout=200)
+    assert local.returncode == 0, local.stdout + local.stderr
+
+    on_ray, here = _collect(tmp_path / "ray"), _collect(tmp_path / "local")
+    assert on_ray["worker:0"]["num_workers"] == 2
+    loss, local_loss = on_ray["worker:0"]["loss"], here["worker:0"]["loss"]
+    assert len(loss) == 2 and loss[-1] < loss[0], loss
+    np.testing.assert_allclose(loss, local_loss, rtol=0, atol=LOSS_ATOL)
+    for a, b in zip(on_ray["worker:0"]["weights"], on_ray["worker:1"]["weights"], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_parameter_server_with_chief_and_ps_trains(ray_cluster, tmp_path):
+    proc = ray_cluster.launch(tmp_path, "--ps", "1", "--workers", "1",
+                              str(SCRIPTS / "ps_train.py"), "0")
+    out = _finish(proc)
+    assert proc.returncode == 0, out
+    for task in ("chief:0", "worker:0", "ps:0"):
+        assert f"task {task} on 127.0.0.1" in out
+    chief = _collect(tmp_path)["chief:0"]
+    assert chief["num_workers"] == 1
+    assert chief["loss"][-1] < 0.8 * chief["loss"][0], chief["loss"]
+    assert sum(map(sum, chief["seen"])) == 30, "every step ran on the worker"
+    assert _running(SCRIPTS / "ps_train.py") == []
+
+
+@pytest.mark.horovod
+def test_horovod_ranks_stay_identical_and_match_the_reference(ray_cluster, tmp_path):
+    pytest.importorskip("horovod.tensorflow")
+    script = SCRIPTS / "multihost_horovod_train.py"
+    proc = ray_cluster.launch(tmp_path, "--strategy", "horovod", "--workers", "2", str(script))
+    out = _finish(proc)
+    assert proc.returncode == 0, out
+    results = _collect(tmp_path)
+    assert set(results) == {"rank:0", "rank:1"}, out
+    r0, r1 = results["rank:0"], results["rank:1"]
+    assert r0["size"] == r1["size"] == 2
+    assert r0["tf_config"] is None and r1["tf_config"] is None
+    for i0, i1, a, b, ref in zip(r0["initial"], r1["initial"], r0["weights"], r1["weights"],
+                                 r0["reference"], strict=True):
+        np.testing.assert_array_equal(i0, i1)  # different seeds, equal after the broadcast
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(a, ref, rtol=0, atol=1e-5)  # = one process, global batch
+        assert not np.allclose(a, i0), "training did not change the weights"
+    assert _running(script) == []
+
+
+def _task_pids(marker_dir: Path, task: str) -> list[int]:
+    return [int(p.name.rsplit(".", 1)[1]) for p in marker_dir.glob(f"{task}.pid.*")]
+
+
+def test_a_killed_task_ends_the_job_naming_it(ray_cluster, tmp_path):
+    script = SCRIPTS / "launcher_task.py"
+    proc = ray_cluster.launch(tmp_path, "--workers", "2", "--chief", str(script),
+                              LAUNCHER_TEST_MODE="sleep", MARKER_DIR=str(tmp_path))
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("*.pid.*"))) < 3:
+        assert time.monotonic() < deadline and proc.poll() is None, "tasks did not start"
+        time.sleep(0.1)
+    started = time.monotonic()
+    os.kill(_task_pids(tmp_path, "worker:1")[0], signal.SIGKILL)
+    out = _finish(proc, timeout=60)
+    assert proc.returncode == 137, out
+    assert "task worker:1 failed first (exit status -9); every task stopped" in out
+    assert time.monotonic() - started < 20, "the job did not end soon after the kill"
+    pids = [int(p.name.rsplit(".", 1)[1]) for p in tmp_path.glob("*.pid.*")]
+    assert wait_gone(pids, timeout=10) == [] and _running(script) == []
+
+
+def test_max_restarts_reruns_the_gang(ray_cluster, tmp_path):
+    proc = ray_cluster.launch(tmp_path, "--workers", "2", "--max-restarts", "1",
+                              str(SCRIPTS / "launcher_task.py"),
+                              LAUNCHER_TEST_MODE="fail_once", MARKER_DIR=str(tmp_path))
+    out = _finish(proc, timeout=120)
+    assert proc.returncode == 0, out
+    assert "task worker:1 failed first (exit status 5)" in out
+    assert "restarting the whole job (1/1) after exit status 5" in out
+    assert len(_task_pids(tmp_path, "worker:1")) == 2
+
+
+def test_a_gang_larger_than_the_cluster_fails_at_once_naming_the_resources(ray_cluster,
+                                                                           tmp_path):
+    started = time.monotonic()
+    proc = ray_cluster.launch(tmp_path, "--workers", str(CLUSTER_CPUS + 1),
+                              str(SCRIPTS / "launcher_task.py"), MARKER_DIR=str(tmp_path))
+    out = _finish(proc, timeout=60)
+    assert proc.returncode == 1, out
+    assert "cannot hold the job's 5 task(s) at once (the whole cluster has fewer CPUs)" in out
+    assert "Asked: 5 bundle(s) of {CPU: 1} = 5 CPU, placement SPREAD" in out
+    assert "Cluster: 4 CPU on 1 node(s) (largest node 4 CPU), 4 CPU free now" in out
+    assert "Fix: fewer tasks (--workers, --ps)" in out
+    assert list(tmp_path.glob("*.pid.*")) == [], "no task may start"
+    assert time.monotonic() - started < 30
