@@ -60,7 +60,8 @@ class LocalRay:
         """``tfdist-launch --ray ADDRESS ARGV`` in the cluster's namespace."""
         environ = {**os.environ, "PYTHONPATH": str(REPO), RESULT_DIR_ENV: str(results), **env}
         return subprocess.Popen(
-            [*LAUNCH, "--ray", self.address, "--timeout", "150", *argv], env=environ, cwd=REPO,
+            [*LAUNCH, "--ray", self.address, "--timeout", "150",
+             *[arg for name in env for arg in ("--env", name)], *argv], env=environ, cwd=REPO,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             preexec_fn=self.network.join)
 
@@ -159,6 +160,7 @@ def test_multi_worker_trains_to_the_local_runs_loss(ray_cluster, tmp_path):
     on_ray, here = _collect(tmp_path / "ray"), _collect(tmp_path / "local")
     assert on_ray["worker:0"]["num_workers"] == 2
     loss, local_loss = on_ray["worker:0"]["loss"], here["worker:0"]["loss"]
+    print(f"per-epoch loss on Ray {loss}, local launcher {local_loss}")
     assert len(loss) == 2 and loss[-1] < loss[0], loss
     np.testing.assert_allclose(loss, local_loss, rtol=0, atol=LOSS_ATOL)
     for a, b in zip(on_ray["worker:0"]["weights"], on_ray["worker:1"]["weights"], strict=True):

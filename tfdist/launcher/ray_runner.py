@@ -91,6 +91,7 @@ class RayOptions:
         cpus_per_task: CPUs each task's bundle holds (fractions allowed).
         placement: ``"SPREAD"`` (default) or ``"PACK"``; see the module docstring.
         gang_timeout: Seconds to wait for the gang's resources and for every actor to start.
+        env_names: Variables of this environment the tasks get too (``--env NAME``).
 
     Example:
         >>> RayOptions(address="10.0.0.1:6379", cpus_per_task=2).placement
@@ -101,6 +102,7 @@ class RayOptions:
     cpus_per_task: float = 1.0
     placement: Placement = "SPREAD"
     gang_timeout: float = 60.0
+    env_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.cpus_per_task > 0:
@@ -152,7 +154,8 @@ def check_ray_arguments(args: argparse.Namespace) -> str | None:
 
 def ray_options_from_args(args: argparse.Namespace) -> RayOptions:
     return RayOptions(address=args.ray, cpus_per_task=args.ray_cpus_per_task,
-                      placement=args.ray_placement, gang_timeout=args.ray_gang_timeout)
+                      placement=args.ray_placement, gang_timeout=args.ray_gang_timeout,
+                      env_names=tuple(args.env_names))
 
 
 def _ray() -> ModuleType:
@@ -243,7 +246,7 @@ class _Gang:
                 self.group, placement_group_bundle_index=index)
             actor = actor_class.options(
                 num_cpus=self.options.cpus_per_task, max_restarts=0, scheduling_strategy=strategy,
-                runtime_env={"env_vars": forwarded_env()}).remote()
+                runtime_env={"env_vars": forwarded_env()}).remote()  # where tfdist is
             self.tasks.append(_Running(spec, actor))
         return self._get([t.actor.locate.remote() for t in self.tasks],
                          self.options.gang_timeout, "start its Ray actor")
@@ -322,7 +325,7 @@ def _environments(ray: ModuleType, plan: JobPlan, gang: _Gang, located: list[dic
                   ) -> tuple[list[dict[str, str]], Any, tuple[str, ...]]:
     """Each task's variables from where the actors are (phase 2), the Horovod rendezvous (or
     None), and the variables no task may inherit from its node."""
-    base = {**forwarded_env(), **plan.env}
+    base = {**forwarded_env(names=gang.options.env_names), **plan.env}
     if plan.traits.launch == "ranks":
         return (*_rank_environments(ray, gang, located, base), ("TF_CONFIG",))
     if plan.traits.single_process:
