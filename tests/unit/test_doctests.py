@@ -30,6 +30,9 @@ MODULES = [
     "tfdist.launcher.slurm_task",
     "tfdist.launcher.ssh",
     "tfdist.launcher.remote",
+    "tfdist.launcher.ray_runner",
+    "tfdist.launcher.ray_actor",
+    "tfdist.horovod.rendezvous",
     "tfdist.preemption",
 ]
 

@@ -154,8 +154,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.check:
         return args
-    problem = (check_export_arguments(args) or _resolve_strategy(args) or _validate(args)
-               or check_host_arguments(args) or check_ray_arguments(args))
+    problem = (check_export_arguments(args) or check_ray_arguments(args)
+               or _resolve_strategy(args) or _validate(args) or check_host_arguments(args))
     if problem:
         parser.error(problem)
     return args

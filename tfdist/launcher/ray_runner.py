@@ -141,6 +141,9 @@ def check_ray_arguments(args: argparse.Namespace) -> str | None:
     """What is wrong with the ``--ray`` options, as a one-line message, or None."""
     if args.ray is None:
         return None
+    if args.script is None and (args.ray.endswith(".py") or os.path.isfile(args.ray)):
+        return (f"--ray took {args.ray!r} as the cluster's ADDRESS, and no SCRIPT is left. Fix: "
+                f"name the address before the script (--ray auto {args.ray})")
     if args.hosts or args.hostfile or args.export:
         flag = "--export" if args.export else "--hosts/--hostfile"
         return (f"--ray was given with {flag}: Ray places the tasks itself. Fix: drop one of "
