@@ -219,6 +219,7 @@ def test_a_killed_task_ends_the_job_naming_it(ray_cluster, tmp_path):
     out = _finish(proc, timeout=60)
     assert proc.returncode == 137, out
     assert "task worker:1 failed first (exit status -9); every task stopped" in out
+    assert "[chief:0] task chief:0 mode sleep" in out  # each task's output, prefixed
     assert time.monotonic() - started < 20, "the job did not end soon after the kill"
     pids = [int(p.name.rsplit(".", 1)[1]) for p in tmp_path.glob("*.pid.*")]
     assert wait_gone(pids, timeout=10) == [] and _running(script) == []
@@ -248,3 +249,49 @@ def test_a_gang_larger_than_the_cluster_fails_at_once_naming_the_resources(ray_c
     assert "Fix: fewer tasks (--workers, --ps)" in out
     assert list(tmp_path.glob("*.pid.*")) == [], "no task may start"
     assert time.monotonic() - started < 30
+
+
+def test_a_gang_that_finds_its_resources_taken_waits_then_fails(ray_cluster, tmp_path):
+    """3 of the 4 CPUs held by a running job: a 2-task gang waits --ray-gang-timeout, then
+    fails naming what is free, and the running job is not disturbed."""
+    script = SCRIPTS / "launcher_task.py"
+    busy = ray_cluster.launch(tmp_path, "--workers", "3", str(script),
+                              LAUNCHER_TEST_MODE="sleep", MARKER_DIR=str(tmp_path))
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("*.pid.*"))) < 3:
+            assert time.monotonic() < deadline and busy.poll() is None, "tasks did not start"
+            time.sleep(0.1)
+        started = time.monotonic()
+        proc = ray_cluster.launch(tmp_path / "second", "--workers", "2", "--ray-gang-timeout",
+                                  "3", str(script))
+        out = _finish(proc, timeout=60)
+        assert proc.returncode == 1, out
+        assert "(its resources were not free within 3 s)" in out
+        assert "Cluster: 4 CPU on 1 node(s) (largest node 4 CPU), 1 CPU free now" in out
+        assert time.monotonic() - started < 30
+        assert busy.poll() is None, "the running job was disturbed"
+    finally:
+        busy.send_signal(signal.SIGINT)
+        _finish(busy, timeout=60)
+    pids = [int(p.name.rsplit(".", 1)[1]) for p in tmp_path.glob("*.pid.*")]
+    assert wait_gone(pids, timeout=10) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_no_task_outlives_the_launcher(ray_cluster, tmp_path, sig):
+    """SIGTERM: forwarded to the tasks, which did not save (143); SIGKILL: Ray kills the dead
+    driver's actors, and each task dies with its actor."""
+    proc = ray_cluster.launch(tmp_path, "--workers", "2", str(SCRIPTS / "launcher_task.py"),
+                              LAUNCHER_TEST_MODE="sleep", MARKER_DIR=str(tmp_path))
+    deadline = time.monotonic() + 60
+    while len(pids := [int(p.name.rsplit(".", 1)[1]) for p in tmp_path.glob("*.pid.*")]) < 2:
+        assert time.monotonic() < deadline and proc.poll() is None, "tasks did not start"
+        time.sleep(0.1)
+    proc.send_signal(sig)
+    out = _finish(proc, timeout=60)
+    assert wait_gone(pids, timeout=30) == [], f"left behind after {sig.name}: {out}"
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 143, out
+        assert "job stopped by SIGTERM" in out
+        assert "[worker:1] task worker:1 mode sleep" in out  # output until the very end

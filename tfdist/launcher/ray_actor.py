@@ -93,11 +93,13 @@ class TaskActor:
             pass
         return self.poll()
 
-    def stop(self, grace: float) -> int | None:
-        """Stops its task (SIGTERM, SIGKILL after ``grace``); returns its exit status."""
+    def stop(self, grace: float) -> tuple[int | None, str]:
+        """Stops its task (SIGTERM, SIGKILL after ``grace``); `poll` after (None: never
+        started)."""
         from tfdist.cluster.ports import held_ports, release_ports
 
-        if self._group is not None:
-            self._group.stop(grace_period=grace)
         release_ports(held_ports())
-        return None if self._group is None else self._group.tasks[self._name].popen.returncode
+        if self._group is None:
+            return None, ""
+        self._group.stop(grace_period=grace)
+        return self.poll()

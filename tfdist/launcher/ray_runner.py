@@ -279,9 +279,11 @@ class _Gang:
         codes: dict[str, int | None] = {}
         for name, ref in refs.items():
             try:
-                codes[name] = self.ray.get(ref, timeout=0) if ref in ready else None
+                codes[name], lines = self.ray.get(ref, timeout=0) if ref in ready else (None, "")
             except self.ray.exceptions.RayError:
-                codes[name] = None
+                codes[name], lines = None, ""
+            sys.stdout.write(lines)  # what it printed since the last poll
+        sys.stdout.flush()
         return codes
 
     def close(self) -> None:
