@@ -30,6 +30,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -142,29 +143,38 @@ def _finish(proc: subprocess.Popen[str], timeout: float = 200) -> str:
     return out
 
 
-def test_multi_worker_trains_to_the_local_runs_loss(ray_cluster, tmp_path):
-    script = SCRIPTS / "ray_parity_train.py"
-    (tmp_path / "ray").mkdir()
-    (tmp_path / "local").mkdir()
-    proc = ray_cluster.launch(tmp_path / "ray", "--workers", "2", str(script))
-    out = _finish(proc)
-    assert proc.returncode == 0, out
-    assert "gang of 2 task(s) placed (SPREAD, 1 CPU each)" in out
-    assert "task worker:1 on 127.0.0.1 (port " in out
-    assert _running(script) == []
-    env = {**os.environ, "PYTHONPATH": str(REPO), RESULT_DIR_ENV: str(tmp_path / "local")}
-    local = subprocess.run([*LAUNCH, "--workers", "2", "--timeout", "150", str(script)],
+PARITY_SCRIPT = SCRIPTS / "ray_parity_train.py"
+
+
+@pytest.fixture(scope="session")
+def local_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The parity script's results under the local launcher (2 workers, this machine)."""
+    results = tmp_path_factory.mktemp("local_run")
+    env = {**os.environ, "PYTHONPATH": str(REPO), RESULT_DIR_ENV: str(results)}
+    local = subprocess.run([*LAUNCH, "--workers", "2", "--timeout", "150", str(PARITY_SCRIPT)],
                            env=env, cwd=REPO, capture_output=True, text=True, timeout=200)
     assert local.returncode == 0, local.stdout + local.stderr
+    return _collect(results)
 
-    on_ray, here = _collect(tmp_path / "ray"), _collect(tmp_path / "local")
+
+def _assert_same_training(on_ray: dict[str, Any], local: dict[str, Any]) -> None:
     assert on_ray["worker:0"]["num_workers"] == 2
-    loss, local_loss = on_ray["worker:0"]["loss"], here["worker:0"]["loss"]
+    loss, local_loss = on_ray["worker:0"]["loss"], local["worker:0"]["loss"]
     print(f"per-epoch loss on Ray {loss}, local launcher {local_loss}")
     assert len(loss) == 2 and loss[-1] < loss[0], loss
     np.testing.assert_allclose(loss, local_loss, rtol=0, atol=LOSS_ATOL)
     for a, b in zip(on_ray["worker:0"]["weights"], on_ray["worker:1"]["weights"], strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_multi_worker_trains_to_the_local_runs_loss(ray_cluster, local_run, tmp_path):
+    proc = ray_cluster.launch(tmp_path, "--workers", "2", str(PARITY_SCRIPT))
+    out = _finish(proc)
+    assert proc.returncode == 0, out
+    assert "gang of 2 task(s) placed (SPREAD, 1 CPU each)" in out
+    assert "task worker:1 on 127.0.0.1 (port " in out
+    assert _running(PARITY_SCRIPT) == []
+    _assert_same_training(_collect(tmp_path), local_run)
 
 
 def test_parameter_server_with_chief_and_ps_trains(ray_cluster, tmp_path):
@@ -295,3 +305,65 @@ def test_no_task_outlives_the_launcher(ray_cluster, tmp_path, sig):
         assert proc.returncode == 143, out
         assert "job stopped by SIGTERM" in out
         assert "[worker:1] task worker:1 mode sleep" in out  # output until the very end
+
+
+def _wait_for_nodes(python: list[str], address: str, count: int, env: dict[str, str]) -> None:
+    """Waits (bounded) until ``count`` nodes have joined the cluster at ``address``."""
+    probe = (f"import ray, time\nray.init(address={address!r}, logging_level='ERROR')\n"
+             "deadline = time.monotonic() + 60\n"
+             f"while len([n for n in ray.nodes() if n['Alive']]) < {count}:\n"
+             "    assert time.monotonic() < deadline, ray.nodes()\n    time.sleep(0.5)\n")
+    subprocess.run([*python, "-c", probe], env=env, check=True, capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
+    """A Ray head and a second Ray node, each in its own fake host (network namespace on a
+    private bridge, `fake_hosts`); yields the head's address and the hosts."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fake_hosts import FakeHosts, missing_requirement
+
+    reason = missing_requirement()
+    if reason or importlib.util.find_spec("ray") is None:
+        pytest.skip(f"two-node Ray test: {reason or 'ray is not installed'}")
+    tmp = Path(tempfile.mkdtemp(prefix="tfdray2", dir="/tmp"))
+    hosts = FakeHosts.start(tmp, count=2, sshd_on=(), label="ray")
+    ray_bin, nodes = str(Path(sys.executable).parent / "ray"), []
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    common = ["--block", "--num-cpus", "2", "--disable-usage-stats"]
+    try:
+        nodes.append(subprocess.Popen(hosts.exec_argv(0, [
+            ray_bin, "start", "--head", "--port", "0", "--node-ip-address", hosts.addresses[0],
+            "--temp-dir", str(tmp / "ray"), "--include-dashboard", "false", *common]), env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True))
+        address = _head_address(nodes[0], timeout=120)
+        nodes.append(subprocess.Popen(hosts.exec_argv(1, [
+            ray_bin, "start", "--address", address, "--node-ip-address", hosts.addresses[1],
+            *common]), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True))
+        _wait_for_nodes(hosts.exec_argv(0, [sys.executable]), address, 2, env)
+        yield address, hosts
+    finally:
+        for node in reversed(nodes):
+            _stop_head(node)
+        hosts.close()  # also kills anything left in the namespaces
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_multi_worker_across_two_ray_nodes_trains_to_the_local_runs_loss(
+        two_nodes, local_run, tmp_path):
+    address, hosts = two_nodes
+    env = {**os.environ, "PYTHONPATH": str(REPO), RESULT_DIR_ENV: str(tmp_path)}
+    # 2 CPUs per task on nodes of 2 CPUs: one task on each node.
+    proc = subprocess.run(hosts.exec_argv(0, [
+        *LAUNCH, "--ray", address, "--timeout", "150", "--workers", "2", "--ray-cpus-per-task",
+        "2", str(PARITY_SCRIPT)]), env=env, cwd=REPO, capture_output=True, text=True,
+        timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    for node in hosts.addresses:
+        assert f" on {node} (port " in out, out
+    on_ray = _collect(tmp_path)
+    namespaces = {on_ray[t]["netns"] for t in ("worker:0", "worker:1")}
+    assert namespaces == {os.stat(f"/run/netns/{ns}").st_ino for ns in hosts.namespaces}
+    _assert_same_training(on_ray, local_run)

@@ -2,10 +2,13 @@
 
 Run by ``tfdist-launch --workers 2`` on this machine and by ``tfdist-launch --ray`` (one Ray
 actor per worker): same script, same data, same seed, so both runs must end with the same loss.
-Each worker reports as ``worker:<i>``; the test compares the two runs.
+Each worker reports as ``worker:<i>`` (with the inode of its network namespace, which tells the
+fake hosts of the two-node test apart); the test compares the runs.
 """
 
 from __future__ import annotations
+
+import os
 
 import parity_lib
 import tensorflow as tf
@@ -35,4 +38,5 @@ with strategy.scope():
 history = model.fit(strategy.distribute_dataset(dataset_fn), epochs=EPOCHS,
                     steps_per_epoch=STEPS, verbose=0)
 report({"num_workers": strategy.num_workers, "loss": history.history["loss"],
-        "weights": parity_lib.as_lists(model.get_weights())})
+        "weights": parity_lib.as_lists(model.get_weights()),
+        "netns": os.stat("/proc/self/ns/net").st_ino})
