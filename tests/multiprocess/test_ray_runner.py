@@ -367,3 +367,48 @@ def test_multi_worker_across_two_ray_nodes_trains_to_the_local_runs_loss(
     namespaces = {on_ray[t]["netns"] for t in ("worker:0", "worker:1")}
     assert namespaces == {os.stat(f"/run/netns/{ns}").st_ino for ns in hosts.namespaces}
     _assert_same_training(on_ray, local_run)
+
+
+def _server_of(role: str, results: Path) -> list[int]:
+    """The ``tfdist.server`` processes of this job's ``role`` tasks (told apart by the
+    TFDIST_RESULT_DIR the launcher forwards)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if "tfdist.server" not in (proc.info["cmdline"] or []):
+            continue
+        try:
+            env = proc.environ()
+        except psutil.Error:
+            continue
+        if (env.get(RESULT_DIR_ENV) == str(results)
+                and f'"type": "{role}"' in env.get("TF_CONFIG", "")):
+            found.append(proc.info["pid"])
+    return found
+
+
+def test_a_dead_parameter_server_worker_is_restarted_alone(ray_cluster, tmp_path):
+    proc = ray_cluster.launch(tmp_path, "--ps", "1", "--workers", "1",
+                              str(SCRIPTS / "launcher_task.py"),
+                              LAUNCHER_TEST_MODE="sleep", MARKER_DIR=str(tmp_path))
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout or []],
+                     daemon=True).start()
+    try:
+        deadline = time.monotonic() + 60
+        while not (workers := _server_of("worker", tmp_path)):
+            assert time.monotonic() < deadline and proc.poll() is None, "no worker server"
+            time.sleep(0.2)
+        os.kill(workers[0], signal.SIGKILL)
+        seen = ""
+        while "worker:0 restarted (pid" not in seen:
+            assert time.monotonic() < deadline + 30 and proc.poll() is None, seen
+            try:
+                seen += lines.get(timeout=1)
+            except queue.Empty:
+                pass
+        assert "[tfdist] worker:0 exited with status -9; restarting it alone (1/3)" in seen
+        assert proc.poll() is None, "the job must go on"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    assert _server_of("worker", tmp_path) == _server_of("ps", tmp_path) == []

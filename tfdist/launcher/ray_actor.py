@@ -59,14 +59,18 @@ class TaskActor:
                 "interface": interface_towards(address) or "lo", "hostname": socket.gethostname()}
 
     def start(self, name: str, command: Sequence[str], env: Mapping[str, str], cwd: str,
-              kind: TaskKind, log_dir: str | None, unset: Sequence[str]) -> int:
+              kind: TaskKind, log_dir: str | None, unset: Sequence[str],
+              max_restarts: int = 0) -> int:
+        """Runs ``command`` (its environment: this node's, less ``unset``, plus ``env``);
+        ``max_restarts``: the runner's budget for `restart`, shown when it restarts."""
         from tfdist.launcher.process import ProcessGroup
 
         self._name = name
         self._group = ProcessGroup(stream=self, log_dir=log_dir)  # type: ignore[arg-type]
         environ = {k: v for k, v in os.environ.items() if k not in unset}
         started = self._group.start(name, command, env={**environ, **env}, kind=kind,
-                                    cwd=cwd if os.path.isdir(cwd) else None)
+                                    cwd=cwd if os.path.isdir(cwd) else None,
+                                    max_restarts=max_restarts)
         return started.pid
 
     def poll(self) -> tuple[int | None, str]:

@@ -266,7 +266,8 @@ class _Gang:
         """Phase 2: every actor starts its task with its environment."""
         cwd, log_dir = os.getcwd(), plan.options.log_dir
         refs = [t.actor.start.remote(t.spec.name, t.spec.command, env, cwd, t.spec.kind, log_dir,
-                                     unset) for t, env in zip(self.tasks, envs, strict=True)]
+                                     unset, t.spec.max_restarts)
+                for t, env in zip(self.tasks, envs, strict=True)]
         pids = self._get(refs, _CALL_TIMEOUT, "start its process")
         for task, pid in zip(self.tasks, pids, strict=True):
             _log(f"started {task.spec.name} (pid {pid} on its node)")
