@@ -32,6 +32,7 @@ MODULES = [
     "tfdist.launcher.remote",
     "tfdist.launcher.ray_runner",
     "tfdist.launcher.ray_actor",
+    "tfdist.launcher.ray_options",
     "tfdist.horovod.rendezvous",
     "tfdist.preemption",
 ]

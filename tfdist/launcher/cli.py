@@ -32,7 +32,7 @@ from tfdist.errors import (
 from tfdist.launcher.export import add_export_arguments, check_export_arguments, run_export
 from tfdist.launcher.hosts import add_host_arguments, check_host_arguments, host_options_from_args
 from tfdist.launcher.plan import JobOptions, JobPlan, layout_problem, place, plan_job
-from tfdist.launcher.ray_runner import (
+from tfdist.launcher.ray_options import (
     add_ray_arguments,
     check_ray_arguments,
     ray_options_from_args,

@@ -37,7 +37,6 @@ Example:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import signal
@@ -46,7 +45,7 @@ import threading
 import time
 from collections.abc import Sequence
 from types import FrameType, ModuleType
-from typing import Any, Literal
+from typing import Any
 
 from tfdist.cluster import ClusterSpec, Task
 from tfdist.cluster.address import join_address
@@ -60,105 +59,20 @@ from tfdist.errors import (
 from tfdist.launcher.local import _NOT_RESTARTED, _exit_status, _failure_message
 from tfdist.launcher.plan import JobPlan
 from tfdist.launcher.ray_actor import TaskActor
+from tfdist.launcher.ray_options import RayOptions
 from tfdist.launcher.ssh import forwarded_env
 from tfdist.preemption import PREEMPTED_EXIT_STATUS
 from tfdist.strategies.traits import TaskKind
 
-__all__ = [
-    "RayOptions",
-    "GangUnschedulableError",
-    "run_on_ray",
-    "describe",
-    "add_ray_arguments",
-    "check_ray_arguments",
-    "ray_options_from_args",
-]
+__all__ = ["RayOptions", "GangUnschedulableError", "run_on_ray", "describe"]
 
-Placement = Literal["SPREAD", "PACK"]
 _POLL_SECONDS = 0.2
 _CALL_TIMEOUT = 60.0  # one call to an actor that is up; they answer in milliseconds
 _SIGTERM_STATUS = 128 + signal.SIGTERM
 
 
-@dataclasses.dataclass(frozen=True)
-class RayOptions:
-    """Where and how a job runs on Ray.
-
-    Attributes:
-        address: The cluster: ``"HOST:PORT"`` of its head, ``"auto"`` (``RAY_ADDRESS``, else the
-            cluster ``ray start`` began on this machine), or ``"local"`` (a new one-node cluster
-            for this job alone).
-        cpus_per_task: CPUs each task's bundle holds (fractions allowed).
-        placement: ``"SPREAD"`` (default) or ``"PACK"``; see the module docstring.
-        gang_timeout: Seconds to wait for the gang's resources and for every actor to start.
-        env_names: Variables of this environment the tasks get too (``--env NAME``).
-
-    Example:
-        >>> RayOptions(address="10.0.0.1:6379", cpus_per_task=2).placement
-        'SPREAD'
-    """
-
-    address: str = "auto"
-    cpus_per_task: float = 1.0
-    placement: Placement = "SPREAD"
-    gang_timeout: float = 60.0
-    env_names: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.cpus_per_task > 0:
-            raise ValueError(f"--ray-cpus-per-task must be more than 0. Received: "
-                             f"{self.cpus_per_task}. Fix: e.g. --ray-cpus-per-task 1")
-        if self.placement not in ("SPREAD", "PACK"):
-            raise ValueError(f"placement must be SPREAD or PACK. Received: {self.placement!r}")
-        if not self.gang_timeout > 0:
-            raise ValueError(f"--ray-gang-timeout must be more than 0 seconds. Received: "
-                             f"{self.gang_timeout}. Fix: e.g. --ray-gang-timeout 60")
-
-
 class GangUnschedulableError(LaunchError):
     """The Ray cluster cannot hold every task of the job at once; nothing was started."""
-
-
-def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``ray`` argument group of ``tfdist-launch``."""
-    group = parser.add_argument_group("ray (run the job on a Ray cluster)")
-    group.add_argument(
-        "--ray", nargs="?", const="auto", default=os.environ.get("TFDIST_LAUNCH_RAY"),
-        metavar="ADDRESS",
-        help="run every task as a Ray actor of one placement group (all start or none): "
-        "ADDRESS is HOST:PORT of the head, 'auto' (the default when --ray has no value: "
-        "RAY_ADDRESS, else the cluster `ray start` began here) or 'local' (env TFDIST_LAUNCH_RAY)")
-    group.add_argument("--ray-cpus-per-task", type=float, default=1.0, metavar="CPUS",
-                       help="CPUs each task's bundle holds (default 1)")
-    group.add_argument("--ray-placement", choices=("SPREAD", "PACK"), default="SPREAD",
-                       help="SPREAD (default): tasks over as many nodes as have room; PACK: "
-                       "fill a node first")
-    group.add_argument("--ray-gang-timeout", type=float, default=60.0, metavar="SECONDS",
-                       help="seconds to wait for the gang's resources and actors (default 60)")
-
-
-def check_ray_arguments(args: argparse.Namespace) -> str | None:
-    """What is wrong with the ``--ray`` options, as a one-line message, or None."""
-    if args.ray is None:
-        return None
-    if args.script is None and (args.ray.endswith(".py") or os.path.isfile(args.ray)):
-        return (f"--ray took {args.ray!r} as the cluster's ADDRESS, and no SCRIPT is left. Fix: "
-                f"name the address before the script (--ray auto {args.ray})")
-    if args.hosts or args.hostfile or args.export:
-        flag = "--export" if args.export else "--hosts/--hostfile"
-        return (f"--ray was given with {flag}: Ray places the tasks itself. Fix: drop one of "
-                "them")
-    try:
-        ray_options_from_args(args)
-    except ValueError as err:
-        return str(err)
-    return None
-
-
-def ray_options_from_args(args: argparse.Namespace) -> RayOptions:
-    return RayOptions(address=args.ray, cpus_per_task=args.ray_cpus_per_task,
-                      placement=args.ray_placement, gang_timeout=args.ray_gang_timeout,
-                      env_names=tuple(args.env_names))
 
 
 def _ray() -> ModuleType:
