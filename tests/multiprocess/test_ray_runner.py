@@ -6,13 +6,15 @@ outside; Ray's own servers listen on every interface of the namespace they are i
 fixture stops the head (``ray start --block`` stops what it started when it gets SIGTERM) and
 then kills, by pid, any process of that cluster still alive.
 
-Checked with numbers: multi-worker training ends with the same per-epoch loss as the local
-launcher's run of the same script (and identical weights on both workers); a parameter-server
-job (chief, worker, ps) trains and its loss falls; Horovod ranks (no ``horovodrun``: the
-runner serves the Gloo rendezvous) stay identical and equal to the one-process reference; a
-task killed with SIGKILL ends the job naming it; ``--max-restarts`` reruns the gang; a gang
-larger than the cluster fails at once naming what was asked and what the cluster has. After
-each run no task process is left.
+Checked with numbers: multi-worker training, on one node and across two (a second Ray node in a
+fake host), ends with the same per-epoch loss as the local launcher's run of the same script
+(and identical weights on both workers); a parameter-server job (chief, worker, ps) trains and
+its loss falls; Horovod ranks (no ``horovodrun``: the runner serves the Gloo rendezvous) stay
+identical and equal to the one-process reference; a task killed with SIGKILL ends the job
+naming it; a dead ps worker is restarted alone; an evaluator is a sidecar; ``--max-restarts``
+reruns the gang; a gang larger than the cluster fails at once, and one whose CPUs are taken
+after ``--ray-gang-timeout``, naming what was asked and what the cluster has. After each run no
+task process is left.
 """
 
 from __future__ import annotations
@@ -412,3 +414,14 @@ def test_a_dead_parameter_server_worker_is_restarted_alone(ray_cluster, tmp_path
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
     assert _server_of("worker", tmp_path) == _server_of("ps", tmp_path) == []
+
+
+def test_an_evaluator_is_a_sidecar(ray_cluster, tmp_path):
+    proc = ray_cluster.launch(tmp_path, "--workers", "2", "--evaluator",
+                              str(SCRIPTS / "launcher_task.py"),
+                              LAUNCHER_TEST_MODE="fail_evaluator", MARKER_DIR=str(tmp_path))
+    out = _finish(proc, timeout=120)
+    assert proc.returncode == 0, out
+    assert "[tfdist] sidecar evaluator:0 exited with status 4; job goes on" in out
+    assert "[worker:1] worker:1 trained" in out
+    assert "job finished: 3 task(s) succeeded" in out
