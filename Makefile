@@ -2,15 +2,18 @@
 VENV_BIN := .venv/bin
 MAIN_JOB := keras_examples/image_classifier.py
 
-.PHONY: setup main test test-fast check lint wheel
+.PHONY: setup slurm main test test-fast check lint wheel horovod-conformance
 
 setup:
 	bash launch/setup.sh
 
+slurm:  ## setup, plus Slurm and munge (apt, as root) for tests/slurm
+	bash launch/setup.sh --with-slurm
+
 main: setup  ## a real 2-worker training on this machine
 	$(VENV_BIN)/tfdist-launch --strategy multi_worker --workers 2 --timeout 900 $(MAIN_JOB) --model-dir runs/main_job
 
-test: setup  ## the whole test suite (what CI runs)
+test: slurm  ## the whole test suite (what CI runs), Slurm jobs included
 	PATH="$(CURDIR)/$(VENV_BIN):$$PATH" $(VENV_BIN)/python -m pytest
 
 test-fast: setup  ## unit tests only: no cluster, well under a minute
@@ -25,3 +28,7 @@ check: setup
 wheel:  ## dist/tfdist-<version>-py3-none-any.whl, what `pip install .` installs (needs no .venv)
 	python3 -m pip wheel -q --no-deps --wheel-dir dist .
 	rm -rf build tfdist.egg-info
+
+horovod-conformance: setup  ## Horovod's own TF tests on our build, both Keras; HOROVOD_SRC=<horovod checkout at v0.28.1>
+	@test -n "$(HOROVOD_SRC)" || { echo "set HOROVOD_SRC to a checkout of horovod/horovod at tag v0.28.1 (the sdist has no tests)"; exit 2; }
+	PATH="$(CURDIR)/$(VENV_BIN):$$PATH" $(VENV_BIN)/python launch/horovod_conformance.py --horovod-src "$(HOROVOD_SRC)"

@@ -33,6 +33,7 @@ CRASH_ENV = "TFDIST_EXAMPLE_CRASH_AFTER_EPOCH"
 CRASH_EXIT_STATUS = 42
 MODEL_FILE = "model.keras"
 CHECKPOINT_DIR = "checkpoints"
+TENSORBOARD_DIR = "tensorboard"
 EVAL_RESULTS = os.path.join("eval", "results.jsonl")
 
 
@@ -155,8 +156,10 @@ def checkpoint_callback(keras: Any, strategy: Any, model_dir: str) -> Any:
 
 
 def fit_callbacks(keras: Any, strategy: Any, model_dir: str) -> list[Any]:
-    """The strategy's callbacks, the backup, the per-epoch checkpoint, the crash hook (in order)."""
-    return [*strategy.callbacks(), strategy.backup_callback(os.path.join(model_dir, "backup")),
+    """The strategy's callbacks with the chief's TensorBoard writer (``<model_dir>/tensorboard``),
+    the backup, the per-epoch checkpoint, the crash hook (in order)."""
+    return [*strategy.callbacks(tensorboard=os.path.join(model_dir, TENSORBOARD_DIR)),
+            strategy.backup_callback(os.path.join(model_dir, "backup")),
             checkpoint_callback(keras, strategy, model_dir), crash_callback(keras)]
 
 

@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> dict:
     history = model.fit(
         strategy.distribute_dataset(dataset_fn), epochs=args.epochs,
         steps_per_epoch=steps_per_epoch,
-        callbacks=[*strategy.callbacks(),
+        callbacks=[*strategy.callbacks(
+                       tensorboard=os.path.join(args.model_dir, common.TENSORBOARD_DIR)),
                    strategy.backup_callback(os.path.join(args.model_dir, "backup"))],
         verbose=2 if strategy.is_chief else 0,
     )

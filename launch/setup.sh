@@ -2,26 +2,30 @@
 # Set up (or refresh) the development environment in .venv/ at the repository root.
 #
 # Installs TensorFlow, tf-keras, the test tools and tfdist (editable), then Horovod 0.28.1
-# compiled from source with TensorFlow and Gloo. Re-running is a quick no-op: every step checks
+# compiled from source with TensorFlow, Gloo and (where OpenMPI installs) MPI. Re-running is a quick no-op: every step checks
 # whether its result is already in place. The Horovod wheel is cached outside the repository
 # (TFDIST_CACHE_DIR, default ~/.cache/tfdist) so fresh clones on this machine skip the build.
+#
+# Options:
+#   --with-slurm        also install Slurm (slurmctld, slurmd, slurm-client) and munge with apt,
+#                       for the tests that submit jobs to a private Slurm cluster (make slurm)
 #
 # Environment:
 #   TFDIST_PYTHON       interpreter to build the venv from (default: python3.11, then python3)
 #   TFDIST_CACHE_DIR    where built wheels are kept (default: ~/.cache/tfdist)
 #   TFDIST_SKIP_HOROVOD=1   do not install Horovod (its tests then skip with a reason)
 #   TFDIST_BUILD_JOBS   parallel compile jobs for Horovod (default: number of cores)
+#   TFDIST_PROGRESS_SECONDS  how often a long step (the Horovod build) says how far it is (default 30)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 CACHE_DIR="${TFDIST_CACHE_DIR:-$HOME/.cache/tfdist}"
 HOROVOD_VERSION="0.28.1"
-# Bump when patch_horovod_source changes: cached wheels and installed builds of another level
-# are rebuilt.
-HOROVOD_PATCH_LEVEL="2"
+HOROVOD_PATCHES="$ROOT/launch/horovod-patches"
 TF_VERSION="2.21.0"
 TF_KERAS_VERSION="2.21.0"  # tf-keras releases follow TensorFlow's
+TENSORBOARD_VERSION="2.21.0"  # so do tensorboard's; TF 2.21 no longer installs it
 
 # Runs pip with its output kept in a log, shown only if pip fails.
 pip_quiet() {
@@ -35,6 +39,25 @@ pip_quiet() {
 }
 
 log() { printf '[setup] %s\n' "$*" >&2; }
+
+# Runs "$@" with its output in LOG; every TFDIST_PROGRESS_SECONDS prints LABEL, the time so far
+# and the command's latest CMake step ("[ 45%]"), so a build of minutes is not silent. Returns
+# the command's exit status.
+run_with_progress() {
+  local label="$1" log="$2" every="${TFDIST_PROGRESS_SECONDS:-30}" pid step waited=0
+  shift 2
+  "$@" >"$log" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    waited=$((waited + 1))
+    if (( waited % every == 0 )); then
+      step="$(grep -o '\[ *[0-9]*%\]' "$log" | tail -1 || true)"
+      log "$label: $((waited / 60))m$((waited % 60))s${step:+, at $step}"
+    fi
+  done
+  wait "$pid"
+}
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 pick_python() {
@@ -72,12 +95,35 @@ ensure_system_tools() {
   fi
 }
 
+# OpenMPI, for Horovod's MPI controller (tfdist-launch --mpi). Optional: without it Horovod is
+# built with Gloo alone and the MPI tests skip.
+ensure_mpi() {
+  local missing
+  if ! missing="$(apt_install_missing mpicxx:libopenmpi-dev mpirun:openmpi-bin)"; then
+    log "could not install ${missing//$'\n'/ } (needs root and apt-get): Horovod is built without MPI"
+  fi
+}
+
+# The controllers Horovod is built with: Gloo always, MPI where OpenMPI's compiler wrapper is.
+horovod_controllers() {
+  if command -v mpicxx >/dev/null 2>&1; then echo "gloo-mpi"; else echo "gloo"; fi
+}
+
 # What the multi-host tests use: ssh, sshd and ip (network namespaces). Optional: without them
 # (not root) those tests skip and say why.
 ensure_test_tools() {
   local missing
   if ! missing="$(apt_install_missing ssh:openssh-client ssh-keygen:openssh-client /usr/sbin/sshd:openssh-server ip:iproute2)"; then
     log "could not install ${missing//$'\n'/ } (needs root and apt-get): the multi-host tests will skip"
+  fi
+}
+
+# Slurm and munge, for tests/slurm (optional: without them, or without root, those tests skip).
+ensure_slurm_tools() {
+  local missing
+  if ! missing="$(apt_install_missing /usr/sbin/munged:munge /usr/sbin/slurmctld:slurmctld \
+                    /usr/sbin/slurmd:slurmd sbatch:slurm-client)"; then
+    log "could not install ${missing//$'\n'/ } (needs root and apt-get): the Slurm tests will skip"
   fi
 }
 
@@ -94,7 +140,7 @@ create_venv() {
 # with are pinned here.
 install_python_deps() {
   local stamp="$VENV/.tfdist-deps.sha"
-  local pins=("tensorflow==$TF_VERSION" "tf-keras==$TF_KERAS_VERSION")
+  local pins=("tensorflow==$TF_VERSION" "tf-keras==$TF_KERAS_VERSION" "tensorboard==$TENSORBOARD_VERSION")
   local want
   want="$({ cat "$ROOT/pyproject.toml"; printf '%s\n' "${pins[@]}"; } | sha256sum | cut -d' ' -f1)"
   if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then return; fi
@@ -105,51 +151,57 @@ install_python_deps() {
 
 horovod_installed() {
   [[ "$(cat "$VENV/.tfdist-horovod-build" 2>/dev/null)" == "$(horovod_build_key)" ]] || return 1
-  "$VENV/bin/python" - "$HOROVOD_VERSION" <<'PY' >/dev/null 2>&1
+  "$VENV/bin/python" - "$HOROVOD_VERSION" "$(horovod_controllers)" <<'PY' >/dev/null 2>&1
 import sys
 import horovod
 import horovod.tensorflow  # loads the compiled op library
-from horovod.common.util import gloo_built
-sys.exit(0 if horovod.__version__ == sys.argv[1] and gloo_built() else 1)
+from horovod.common.util import gloo_built, mpi_built
+want_mpi = sys.argv[2].endswith("-mpi")
+sys.exit(0 if horovod.__version__ == sys.argv[1] and gloo_built() and mpi_built() == want_mpi else 1)
 PY
 }
 
-# Two patches to Horovod 0.28.1's sdist:
-# 1. horovod/tensorflow/xla_mpi_ops.cc includes tensorflow/compiler/xla/... headers that TF >= 2.16
-#    wheels no longer ship. Its code is GPU-only (XLA ops, opt-in via HOROVOD_ENABLE_XLA_OPS), so
-#    it is dropped from the build.
-# 2. GlooContext::InitializeForProcessSet creates its Gloo device without the network interface
-#    the global context was given (HOROVOD_GLOO_IFACE / horovodrun --network-interfaces), so it
-#    binds to whatever the hostname resolves to; on hosts whose name maps to 127.0.1.1 (Debian's
-#    default) multi-host jobs then fail with "Connection refused". It now inherits the interface.
+# Applies launch/horovod-patches/*.patch (each says what it fixes) to the unpacked sdist.
 patch_horovod_source() {
-  local src="$1"
-  local cmake="$src/horovod/tensorflow/CMakeLists.txt" gloo="$src/horovod/common/gloo/gloo_context.cc"
-  sed -i '/xla_mpi_ops\.cc/d' "$cmake"
-  grep -q xla_mpi_ops "$cmake" && die "patching $cmake failed"
-  sed -i 's/^\(  assert(global_context.IsEnabled());\)$/\1\n  gloo_iface_ = global_context.gloo_iface_;  \/\/ tfdist patch/' "$gloo"
-  grep -q "gloo_iface_ = global_context.gloo_iface_;" "$gloo" || die "patching $gloo failed"
-  return 0
+  local src="$1" patch_file
+  command -v patch >/dev/null 2>&1 || apt_install_missing patch:patch >/dev/null \
+    || die "the 'patch' tool is missing. Install it (apt-get install patch) or set TFDIST_SKIP_HOROVOD=1."
+  for patch_file in "$HOROVOD_PATCHES"/*.patch; do
+    patch -d "$src" -p1 --forward --quiet < "$patch_file" >/dev/null \
+      || die "applying $(basename "$patch_file") to Horovod $HOROVOD_VERSION failed"
+  done
+}
+
+# Identifies the patch set: any edit to a patch gives a new build key and so a rebuild.
+horovod_patches_hash() {
+  cat "$HOROVOD_PATCHES"/*.patch | sha256sum | cut -c1-12
 }
 
 horovod_build_key() {
   local pyver; pyver="$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
-  echo "horovod-$HOROVOD_VERSION-p$HOROVOD_PATCH_LEVEL-tf$TF_VERSION-$pyver-$(uname -m)-gloo"
+  echo "horovod-$HOROVOD_VERSION-p$(horovod_patches_hash)-tf$TF_VERSION-$pyver-$(uname -m)-$(horovod_controllers)"
 }
 
 build_horovod_wheel() {
-  local out_dir="$1" work
+  local out_dir="$1" work build_log="$CACHE_DIR/logs/horovod-build.log"
   work="$(mktemp -d)"
-  log "building Horovod $HOROVOD_VERSION from source (a few minutes on 2 cores)"
-  pip_quiet download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work"
-  tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
+  mkdir -p "$(dirname "$build_log")"
+  log "building Horovod $HOROVOD_VERSION from source (about 5 minutes on 2 cores); log: $build_log"
+  local sdist="$CACHE_DIR/sdist/horovod-$HOROVOD_VERSION.tar.gz"
+  [[ -f "$sdist" ]] || pip_quiet download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$(dirname "$sdist")"
+  tar -xzf "$sdist" -C "$work"
   patch_horovod_source "$work/horovod-$HOROVOD_VERSION"
-  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-  HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_GPU_OPERATIONS= \
-  MAKEFLAGS="-j${TFDIST_BUILD_JOBS:-$(nproc)}" \
-    "$VENV/bin/python" -m pip wheel -q --no-deps --no-build-isolation \
-      -w "$work/dist" "$work/horovod-$HOROVOD_VERSION" > "$work/build.log" 2>&1 \
-    || { tail -40 "$work/build.log" >&2; die "Horovod build failed (log above)"; }
+  local mpi=HOROVOD_WITHOUT_MPI
+  [[ "$(horovod_controllers)" == *-mpi ]] && mpi=HOROVOD_WITH_MPI
+  if ! ( export "$mpi=1"
+         HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+         HOROVOD_WITH_GLOO=1 HOROVOD_GPU_OPERATIONS= MAKEFLAGS="-j${TFDIST_BUILD_JOBS:-$(nproc)}" \
+           run_with_progress "building Horovod" "$build_log" \
+             "$VENV/bin/python" -m pip wheel -v --no-deps --no-build-isolation \
+               -w "$work/dist" "$work/horovod-$HOROVOD_VERSION" ); then
+    grep -E 'error|Error|ERROR' "$build_log" | grep -v '^ *-' | head -5 >&2 || true
+    die "Horovod build failed. Full log: $build_log (first errors above). Set TFDIST_SKIP_HOROVOD=1 to set up without Horovod."
+  fi
   mkdir -p "$out_dir"
   cp "$work"/dist/horovod-*.whl "$out_dir/"
   rm -rf "$work"
@@ -157,6 +209,7 @@ build_horovod_wheel() {
 
 install_horovod() {
   if [[ "${TFDIST_SKIP_HOROVOD:-0}" == "1" ]]; then log "TFDIST_SKIP_HOROVOD=1: not installing Horovod"; return; fi
+  ensure_mpi
   if horovod_installed; then return; fi
   ensure_system_tools
   # A wheel is only valid for the TF, Python and patches it was compiled with.
@@ -175,10 +228,18 @@ install_horovod() {
 }
 
 main() {
+  local with_slurm=0 arg
+  for arg in "$@"; do
+    case "$arg" in
+      --with-slurm) with_slurm=1 ;;
+      *) die "unknown option $arg (known: --with-slurm)" ;;
+    esac
+  done
   create_venv
   install_python_deps
   install_horovod
   ensure_test_tools
+  if [[ "$with_slurm" == "1" ]]; then ensure_slurm_tools; fi
   log "ready: $VENV ($("$VENV/bin/python" -c 'import tensorflow as tf; print("tensorflow", tf.__version__)' 2>/dev/null))"
 }
 

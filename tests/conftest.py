@@ -20,6 +20,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # Child processes must find the venv's tools (horovodrun) and import this checkout's tfdist.
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Tests read every task's output (tfdist-launch --verbose); the tests of the launcher's default
+# view (tests/multiprocess/test_launcher_output.py) unset it.
+os.environ.setdefault("TFDIST_LAUNCH_VERBOSE", "1")
 
 
 def _horovod_available() -> bool:

@@ -16,6 +16,7 @@ __all__ = [
     "TaskTimeoutError",
     "EvaluatorTimeoutError",
     "MissingDependencyError",
+    "AdviseError",
     "format_error",
 ]
 
@@ -48,6 +49,11 @@ class KerasCompatibilityError(TfdistError, ValueError):
 
 class MissingDependencyError(TfdistError, ImportError):
     """An optional dependency (such as Horovod) is not installed."""
+
+
+class AdviseError(TfdistError, ValueError):
+    """The advisor cannot predict: a model that does not build, a cluster no layout fits, a
+    network probe that cannot run or reach a host."""
 
 
 class LaunchError(TfdistError, RuntimeError):

@@ -87,6 +87,8 @@ def fit(model: Any, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
     """
     strategy = model.distribute_strategy
     if not compat.fit_needs_coordinator(strategy, model):
+        if isinstance(x, (tf.data.Dataset, tf.distribute.DistributedDataset)):
+            kwargs.setdefault("shuffle", False)  # fit ignores it for datasets; Keras 3 warns
         return model.fit(x, y, **kwargs)
     unsupported = sorted(set(kwargs) - set(_COORDINATOR_FIT_ARGS))
     if y is not None or unsupported or not isinstance(x, PerWorkerInput):

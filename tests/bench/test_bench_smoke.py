@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -36,13 +37,15 @@ def test_quick_run_writes_complete_results(tmp_path: Path) -> None:
     result = json.loads(path.read_text())
     assert result["machine"]["cores"] >= 1 and result["machine"]["versions"]["tensorflow"]
     backends = {"tf", "horovod"} if HAVE_HOROVOD else {"tf"}
+    if HAVE_HOROVOD and shutil.which("mpirun"):
+        backends.add("horovod-mpi")
 
     rows = result["allreduce"]["rows"]
     assert {r["backend"] for r in rows} == backends
     assert len(rows) == len(backends) * 3
     for row in rows:
         _positive_finite(row, ("bytes", "time_ms", "algbw_GBps", "busbw_GBps", "limit_GBps",
-                               "busbw_over_limit"))
+                               "busbw_over_limit", "copy_GBps"))
         assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"])  # N = 2: factor 2(N-1)/N = 1
 
     rows = result["train"]["rows"]

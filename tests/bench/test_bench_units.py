@@ -10,7 +10,8 @@ from tfdist.bench import allreduce, cli, ps, report, train
 def test_allreduce_summary_takes_slowest_rank_then_median_and_nccl_busbw() -> None:
     mib = 1 << 20
     ranks = {f"worker:{r}": {"sizes": {str(mib): {
-        "allreduce_s": [0.001 * (1 + r), 0.002, 0.004], "tcp_s": [0.0005, 0.0005 + r * 1e-4, 1]}}}
+        "allreduce_s": [0.001 * (1 + r), 0.002, 0.004], "tcp_s": [0.0005, 0.0005 + r * 1e-4, 1],
+        "copy_s": [1e-4, 1e-4, 2e-4 * (1 + r)]}}}
         for r in range(4)}
     [row] = allreduce.summarize("tf", ranks, n=4)
     assert row["time_ms"] == pytest.approx(4.0)  # slowest per repeat: 4, 2, 4 ms -> median 4
@@ -18,6 +19,7 @@ def test_allreduce_summary_takes_slowest_rank_then_median_and_nccl_busbw() -> No
     assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * 2 * 3 / 4)
     assert row["limit_GBps"] == pytest.approx(mib / 0.0008 / 1e9)
     assert row["busbw_over_limit"] == pytest.approx(row["busbw_GBps"] / row["limit_GBps"])
+    assert row["copy_GBps"] == pytest.approx(mib / 1e-4 / 1e9)
 
 
 def test_allreduce_summary_names_missing_ranks() -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -40,6 +42,7 @@ TOPOLOGIES: dict[str, tuple[list[str], int]] = {
     "parameter_server": (["--strategy", "parameter_server", "--ps", "1", "--workers", "2"], 1),
     "parameter_server_2ps": (["--strategy", "parameter_server", "--ps", "2", "--workers", "2"], 1),
     "horovod": (["--strategy", "horovod", "--workers", "2"], 2),
+    "horovod_mpi": (["--strategy", "horovod", "--workers", "2", "--mpi"], 2),
     "pipeline": (["--strategy", "pipeline", "--stages", "2", "--workers", "2",
                   "--micro-batches", "4"], 1),
     "pipeline_hybrid": (["--stages", "2", "--workers", "4", "--micro-batches", "2"], 2),
@@ -82,7 +85,8 @@ def chief_summary(status: int, output: str, results: dict[str, Any]) -> dict[str
     assert len(printed) == 1, f"the chief alone prints the summary; got {printed}"
     summary = chiefs[0]
     print(json.dumps(summary))  # shown with -s, or on failure
-    assert json.loads(printed[0][printed[0].index("{"):]) == summary
+    # raw_decode: mpirun's output forwarding may append another rank's text to the line.
+    assert json.JSONDecoder().raw_decode(printed[0][printed[0].index("{"):])[0] == summary
     return summary
 
 
@@ -96,17 +100,48 @@ def assert_one_model(model_dir: Path, summary: dict[str, Any]) -> None:
     assert not backups, f"a finished fit leaves no backup: {backups}"
 
 
+def tensorboard_scalars(events: Path) -> dict[str, list[float]]:
+    """The scalars of one TFRecord event file, by tag, in step order (no TensorFlow needed)."""
+    from tensorboard.compat.proto import event_pb2
+    from tensorboard.util import tensor_util
+
+    scalars: dict[str, list[float]] = {}
+    data, at = events.read_bytes(), 0
+    while at < len(data):  # record: length (8), its crc (4), the Event, its crc (4)
+        (length,) = struct.unpack("<Q", data[at:at + 8])
+        event = event_pb2.Event.FromString(data[at + 12:at + 12 + length])
+        at += 16 + length
+        for value in event.summary.value:
+            if value.HasField("simple_value"):
+                scalars.setdefault(value.tag, []).append(value.simple_value)
+            elif value.metadata.plugin_data.plugin_name == "scalars":
+                number = tensor_util.make_ndarray(value.tensor).item()
+                scalars.setdefault(value.tag, []).append(float(number))
+    return scalars
+
+
+def assert_chief_tensorboard(model_dir: Path, summary: dict[str, Any]) -> None:
+    """One event file, the chief's, whose epoch_loss curve is the run's (to float32 precision)."""
+    files = sorted(p for p in (model_dir / "tensorboard").rglob("*") if p.is_file())
+    assert [p.parent.name for p in files] == ["train"], f"one writer, the chief: {files}"
+    losses = tensorboard_scalars(files[0])["epoch_loss"]
+    assert len(losses) == summary["epochs_run"], losses
+    assert losses[-1] == pytest.approx(summary["final_loss"], rel=1e-6), losses
+
+
 def check_run(tmp_path: Path, script: str, topology: str, *args: str) -> dict[str, Any]:
     model_dir = tmp_path / "model"
     summary = chief_summary(*launch(tmp_path, script, topology, "--model-dir", str(model_dir),
                                     *args))
-    expected_strategy = topology.removesuffix(TF_KERAS).split("_2ps")[0]
+    expected_strategy = topology.removesuffix(TF_KERAS).split("_2ps")[0].removesuffix("_mpi")
     expected_strategy = expected_strategy.replace("pipeline_hybrid", "pipeline")
     assert summary["strategy"] == expected_strategy
     assert summary["replicas"] == TOPOLOGIES[topology][1]
     assert summary["epochs_run"] == summary["epochs"] and summary["first_epoch"] == 1
     assert summary["samples_per_second"] > 0
     assert_one_model(model_dir, summary)
+    if script != "custom_loop.py":  # the model.fit examples write the chief's TensorBoard
+        assert_chief_tensorboard(model_dir, summary)
     return summary
 
 
@@ -193,6 +228,14 @@ def test_custom_loop(tmp_path, topology):
     summary = check_run(tmp_path, "custom_loop.py", topology, "--epochs", "3")
     assert summary["test_accuracy"] >= 0.8, summary  # 3 epochs; chance: 10%
     assert summary["checkpoint"] is None  # a fresh start
+
+
+@pytest.mark.horovod
+def test_custom_loop_over_mpi(tmp_path):
+    if shutil.which("mpirun") is None:
+        pytest.skip("OpenMPI's mpirun is not installed (bash launch/setup.sh installs it as root)")
+    summary = check_run(tmp_path, "custom_loop.py", "horovod_mpi", "--epochs", "3")
+    assert summary["test_accuracy"] >= 0.8, summary
 
 
 def test_custom_loop_refuses_parameter_server(tmp_path):

@@ -47,10 +47,12 @@ def horovod_run() -> Callable[..., tuple[dict[str, Any], dict[str, Any]]]:
     """Runs ``scripts/<script>`` on 2 Horovod ranks; returns (rank 0's, rank 1's) reports."""
     from tfdist.testing import run_tasks
 
-    def run(script: str, *args: str, flavour: str = "keras3",
+    def run(script: str, *args: str, flavour: str = "keras3", controller: str = "gloo",
             timeout: float = 90) -> tuple[dict[str, Any], dict[str, Any]]:
-        argv = ["horovodrun", "-np", str(RANKS), "--gloo", sys.executable, str(SCRIPTS / script),
-                *args]
+        if controller == "mpi" and shutil.which("mpirun") is None:
+            pytest.skip("OpenMPI's mpirun is not installed (bash launch/setup.sh installs it)")
+        argv = ["horovodrun", "-np", str(RANKS), f"--{controller}", sys.executable,
+                str(SCRIPTS / script), *args]
         env = {"PYTHONPATH": str(REPO_ROOT), "TF_CPP_MIN_LOG_LEVEL": "2",
                "TF_USE_LEGACY_KERAS": "1" if flavour == "tf_keras" else "0"}
         results = run_tasks({"horovodrun": argv}, env={"horovodrun": env}, timeout=timeout)

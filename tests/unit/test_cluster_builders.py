@@ -379,40 +379,53 @@ def test_pai_table_adds_different_task_groups_of_one_role() -> None:
 
 # ------------------------------------------------------------------------------- Slurm distribution
 
-BLOCK_FIX = "Fix: Start the tasks with srun --distribution=block"
+BLOCK_FIX = "Fix: Start the tasks with srun (it sets SLURMD_NODENAME and SLURM_LOCALID"
 
 
-def test_slurm_task_refuses_ranks_that_are_not_laid_out_block_wise() -> None:
-    # Block layout of SLURM_ENV: ranks 0-1 on gpu01, 2-3 on gpu02, 4 on cpu7. Under
-    # --distribution=cyclic, rank 1 runs on gpu02 instead.
-    env = {**SLURM_ENV, "SLURM_PROCID": "1", "SLURMD_NODENAME": "gpu02"}
-    match = (r"Invalid Slurm environment: the ranks are not laid out block-wise \(e\.g\. srun "
-             r"--distribution=cyclic\): the block layout puts rank 1 on node 'gpu01', but this "
-             r"task runs on 'gpu02'\. Received: SLURM_PROCID=1, SLURMD_NODENAME='gpu02'.*"
-             + re.escape(BLOCK_FIX))
-    with pytest.raises(ClusterConfigError, match=match):
-        slurm_task(env, ps=1, chief=True)
-    assert slurm_task({**env, "SLURMD_NODENAME": "gpu01"}, ps=1, chief=True) == Task("worker", 0)
-    assert slurm_task({**env, "SLURM_PROCID": "4", "SLURMD_NODENAME": "cpu7"}, ps=1,
-                      chief=True) == Task("ps", 0)
+@pytest.mark.parametrize(("procid", "node", "local", "task"), [
+    # srun --distribution=cyclic on SLURM_ENV (gpu01: 2, gpu02: 2, cpu7: 1): ranks go round the
+    # nodes, so rank 1 is gpu02's first task; the slot, not the rank, decides the task.
+    ("0", "gpu01", "0", Task("chief", 0)), ("1", "gpu02", "0", Task("worker", 1)),
+    ("2", "cpu7", "0", Task("ps", 0)), ("3", "gpu01", "1", Task("worker", 0)),
+    ("4", "GPU02", "1", Task("worker", 2)),
+])
+def test_slurm_task_is_found_from_its_node_and_local_id_under_any_distribution(
+    procid: str, node: str, local: str, task: Task
+) -> None:
+    env = {**SLURM_ENV, "SLURM_PROCID": procid, "SLURMD_NODENAME": node, "SLURM_LOCALID": local,
+           "SLURM_DISTRIBUTION": "cyclic"}
+    assert slurm_task(env, ps=1, chief=True) == task
+
+
+def test_slurm_task_on_a_node_outside_the_list_or_past_its_count_is_refused() -> None:
+    env = {**SLURM_ENV, "SLURMD_NODENAME": "gpu09", "SLURM_LOCALID": "0"}
+    with pytest.raises(ClusterConfigError, match=r"this task's node 'gpu09' is not in the "
+                       r"allocation's node list\. Received: SLURMD_NODENAME='gpu09'.*Expected: one"
+                       r" of \['gpu01', 'gpu02', 'cpu7'\].*Fix: Read SLURM_JOB_NODELIST"):
+        slurm_task(env)
+    env = {**SLURM_ENV, "SLURMD_NODENAME": "cpu7", "SLURM_LOCALID": "1"}
+    with pytest.raises(ClusterConfigError, match=r"SLURM_LOCALID 1 is beyond the 1 task\(s\) of "
+                       r"node 'cpu7'.*Expected: 0\.\.0"):
+        slurm_task(env)
 
 
 @pytest.mark.parametrize("value", ["cyclic", "cyclic:block", "plane=2", "arbitrary",
                                    "Cyclic,Pack"])
-def test_slurm_distribution_that_is_not_block_is_refused(value: str) -> None:
+def test_without_node_and_local_id_a_distribution_that_is_not_block_is_refused(
+    value: str
+) -> None:
     env = {**SLURM_ENV, "SLURM_PROCID": "0", "SLURM_DISTRIBUTION": value}
     match = (rf"SLURM_DISTRIBUTION '{re.escape(value)}' does not lay ranks out block-wise.*"
              rf"Received: SLURM_DISTRIBUTION='{re.escape(value)}'.*" + re.escape(BLOCK_FIX))
     with pytest.raises(ClusterConfigError, match=match):
-        ClusterSpec.from_slurm(env)
-    with pytest.raises(ClusterConfigError, match=match):
         slurm_task(env)
+    # The layout itself does not depend on the distribution.
+    assert ClusterSpec.from_slurm(env) == ClusterSpec.from_slurm(SLURM_ENV)
 
 
 @pytest.mark.parametrize("value", ["block", "block:cyclic", "block:block,NoPack", "*:cyclic", ""])
 def test_slurm_distribution_that_is_block_is_accepted(value: str) -> None:
-    env = {**SLURM_ENV, "SLURM_PROCID": "2", "SLURMD_NODENAME": "gpu02",
-           "SLURM_DISTRIBUTION": value}
+    env = {**SLURM_ENV, "SLURM_PROCID": "2", "SLURM_DISTRIBUTION": value}
     assert slurm_task(env, chief=True) == Task("worker", 1)
 
 

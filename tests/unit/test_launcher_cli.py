@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -103,6 +104,29 @@ def test_dry_run_horovod_lists_ranks_without_tf_config(script, capsys):
     ]
     assert all(line["tf_config"] is None for line in lines)
     assert lines[0]["env"]["TFDIST_STRATEGY"] == "horovod"
+
+
+def test_mpi_starts_horovodrun_with_its_mpi_controller(script):
+    from tfdist.launcher.plan import JobOptions, place, plan_job
+
+    def runner(mpi: bool) -> tuple[str, ...]:
+        placement = place(plan_job(JobOptions(script, strategy="horovod", mpi=mpi)))
+        return placement.tasks[0].command
+
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun is not installed: --mpi is refused (see the next test)")
+    assert "--mpi" in runner(True) and "--gloo" not in runner(True)
+    assert "--gloo" in runner(False) and "--mpi" not in runner(False)
+
+
+def test_mpi_is_refused_for_other_strategies_and_without_mpirun(script, capsys, monkeypatch):
+    with pytest.raises(SystemExit, match="2"):
+        cli.main(["--dry-run", "--strategy", "multi_worker", "--mpi", script])
+    assert "--mpi was given with --strategy multi_worker" in capsys.readouterr().err
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert cli.main(["--dry-run", "--strategy", "horovod", "--mpi", script]) == 2
+    err = capsys.readouterr().err
+    assert "--mpi needs OpenMPI's mpirun" in err and "apt-get install openmpi-bin" in err
 
 
 def test_auto_strategy_follows_the_counts(script, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import doctest
 import json
 import os
 import shlex
@@ -80,13 +81,23 @@ def test_mpijob_runs_horovodrun_over_the_operator_hostfile():
                                    "--gloo", "python", "-u", "train.py", "--lr", "0.1"]
 
 
+def test_mpijob_with_mpi_runs_horovodrun_over_mpi():
+    options = JobOptions("train.py", strategy="horovod", workers=2, mpi=True)
+    job = yaml.safe_load(export_job(options, "mpijob"))
+    (launcher,) = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
+    assert "--mpi" in launcher["command"] and "--gloo" not in launcher["command"]
+
+
 @pytest.mark.parametrize(
     ("fmt", "options", "message"),
     [
-        ("kubeflow", JobOptions("t.py", strategy="horovod"), "use --export mpijob for Horovod"),
+        ("kubeflow", JobOptions("t.py", strategy="horovod"),
+         "use --export mpijob or slurm for Horovod"),
         ("mpijob", JobOptions("t.py", workers=2, ps=1), "add --strategy horovod"),
         ("mpijob", JobOptions("t.py", strategy="horovod", workers=3), "Received: --workers 3"),
         ("slurm", JobOptions("t.py", workers=2), "Received: --nodes 5 for 2 task(s)"),
+        ("slurm", JobOptions("t.py", strategy="horovod", workers=2, mpi=True),
+         "Received: --export slurm with --mpi"),
     ],
 )
 def test_impossible_exports_say_why_and_how_to_fix(fmt, options, message):
@@ -119,7 +130,7 @@ def test_sbatch_is_valid_bash_and_each_rank_gets_the_tf_config_of_the_same_clust
     path.write_text(script)
     subprocess.run(["bash", "-n", str(path)], check=True)
     assert "#SBATCH --nodes=2\n#SBATCH --ntasks=4\n#SBATCH --ntasks-per-node=2\n" in script
-    assert "srun --kill-on-bad-exit=1 --label --distribution=block " in script
+    assert "\nsrun --kill-on-bad-exit=1 --label python -m tfdist.launcher.slurm_task " in script
     args = slurm_task.parse_args(_srun_shim_args(script))
     assert args.command == ["python", "-u", "train.py", *options.script_args]
     strategy = "parameter_server" if options.ps else "multi_worker"
@@ -147,6 +158,39 @@ def test_shim_dry_run_prints_the_rank_s_tf_config(tmp_path):
     spec = ClusterSpec.from_hosts("node1:2,node2:2", ps=1, chief=True)
     assert plan["task"] == "ps:0" and plan["kind"] == "service"
     assert plan["tf_config"] == spec.tf_config("ps", 0)
+
+
+def test_horovod_sbatch_serves_the_rendezvous_beside_srun_and_ranks_get_horovod_variables():
+    pytest.importorskip("horovod.runner", reason="Horovod is not installed")
+    script = export_job(JobOptions("train.py", strategy="horovod", workers=4), "slurm", nodes=2)
+    (line,) = [line for line in script.splitlines() if "srun" in line]
+    assert line.startswith("python -m tfdist.launcher.slurm_horovod -- srun --kill-on-bad-exit=1 ")
+    args = slurm_task.parse_args(line.split(" tfdist.launcher.slurm_task ")[1].split())
+    env = {**SLURM_ENV, "SLURM_PROCID": "1", "SLURMD_NODENAME": "node2", "SLURM_LOCALID": "0",
+           "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": "9"}
+    plan = slurm_task.plan_slurm_task(args.command, env, strategy=args.strategy)
+    assert plan.tf_config is None and plan.command == ("python", "-u", "train.py")
+    # Slurm rank 1 under --distribution=cyclic runs on node2 first: Horovod rank 2, host-major.
+    assert {k: plan.env[k] for k in ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK",
+                                     "HOROVOD_CROSS_RANK", "HOROVOD_HOSTNAME")} == {
+        "HOROVOD_RANK": "2", "HOROVOD_SIZE": "4", "HOROVOD_LOCAL_RANK": "0",
+        "HOROVOD_CROSS_RANK": "1", "HOROVOD_HOSTNAME": "node2"}
+    assert plan.env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == "9"
+    del env["HOROVOD_GLOO_RENDEZVOUS_PORT"]
+    with pytest.raises(StrategyConfigError, match=r"need a rendezvous.*Fix: start srun through "
+                       r"`python -m tfdist.launcher.slurm_horovod -- srun"):
+        slurm_task.plan_slurm_task(args.command, env, strategy=args.strategy)
+
+
+def test_shim_names_the_task_its_rank_and_node_when_its_command_is_killed(monkeypatch, capfd):
+    monkeypatch.setenv("SLURM_PROCID", "2")
+    monkeypatch.setenv("SLURMD_NODENAME", "node2")
+    plan = slurm_task.SlurmTaskPlan(
+        slurm_task.Task("worker", 1), {"cluster": {}, "task": {}},
+        (sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"), "main")
+    assert slurm_task.run(plan) == 128 + 9
+    assert ("[tfdist] task worker:1 (Slurm rank 2 on node node2) was killed by SIGKILL; the job "
+            "step ends") in capfd.readouterr().err
 
 
 def test_shim_runs_a_sidecar_evaluator_failure_as_success():
@@ -179,7 +223,7 @@ def test_cli_export_prints_or_writes(tmp_path, capsys):
     assert cli.main([*argv[:-1], "--output", str(out), "remote/train.py"]) == 0
     assert yaml.safe_load(out.read_text()) == printed
     assert cli.main(["--export", "kubeflow", "--strategy", "horovod", "t.py"]) == 2
-    assert "use --export mpijob for Horovod" in capsys.readouterr().err
+    assert "use --export mpijob or slurm for Horovod" in capsys.readouterr().err
 
 
 def test_yaml_export_without_pyyaml_names_the_extra_and_slurm_still_works(monkeypatch, capsys):
@@ -190,3 +234,18 @@ def test_yaml_export_without_pyyaml_names_the_extra_and_slurm_still_works(monkey
     assert "PyYAML is not installed" in err and "pip install 'tfdist[export]'" in err
     assert cli.main(["--export", "slurm", "--nodes", "2", "--workers", "2", "train.py"]) == 0
     assert "#SBATCH" in capsys.readouterr().out
+
+
+def test_slurm_horovod_doctests_and_dry_run(capsys):
+    """Its examples start a real rendezvous on loopback (so they need Horovod)."""
+    pytest.importorskip("horovod.runner", reason="Horovod is not installed")
+    from tfdist.launcher import slurm_horovod
+
+    assert doctest.testmod(slurm_horovod).failed == 0
+    env = {**SLURM_ENV, "SLURMD_NODENAME": "localhost"}
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)
+        assert slurm_horovod.main(["--dry-run", "--", "srun", "x"]) == 0
+    assert capsys.readouterr().out == (
+        "rendezvous on 127.0.0.1:<free port> for 4 rank(s); then: srun x\n")

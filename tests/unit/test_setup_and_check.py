@@ -1,10 +1,11 @@
-"""The set-up script (pinned installs, the Horovod patch), and `tfdist-launch --check`."""
+"""The set-up script (pinned installs, the Horovod patches), and `tfdist-launch --check`."""
 
 from __future__ import annotations
 
 import importlib.util
 import shutil
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -13,23 +14,6 @@ from tfdist.launcher import cli
 
 REPO = Path(__file__).resolve().parents[2]
 SETUP = REPO / "launch" / "setup.sh"
-
-CMAKE_LISTS = """\
-list(APPEND TF_SOURCES "${PROJECT_SOURCE_DIR}/horovod/tensorflow/mpi_ops.cc")
-list(APPEND TF_SOURCES "${PROJECT_SOURCE_DIR}/horovod/tensorflow/xla_mpi_ops.cc")
-set(CMAKE_CXX_FLAGS "${Tensorflow_COMPILE_FLAGS} ${CMAKE_CXX_FLAGS}")
-"""
-
-
-GLOO_CONTEXT = """\
-void GlooContext::InitializeForProcessSet(const GlooContext& global_context,
-                                          const std::vector<int>& registered_ranks) {
-  assert(global_context.IsEnabled());
-
-  attr device_attr;
-  device_attr.iface = gloo_iface_;
-"""
-
 
 def _bash(script: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
@@ -53,7 +37,8 @@ def test_setup_pins_tensorflow_and_reinstalls_only_when_pyproject_changes(tmp_pa
     python.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
     python.chmod(0o755)
     install = f"source {tmp_path}/launch/setup.sh && install_python_deps"
-    want = f"-m pip install -q -e {tmp_path}[test] tensorflow==2.21.0 tf-keras==2.21.0"
+    want = (f"-m pip install -q -e {tmp_path}[test] tensorflow==2.21.0 tf-keras==2.21.0 "
+            "tensorboard==2.21.0")
 
     assert _bash(install).returncode == 0
     assert calls.read_text().splitlines() == [want]
@@ -64,32 +49,46 @@ def test_setup_pins_tensorflow_and_reinstalls_only_when_pyproject_changes(tmp_pa
     assert calls.read_text().splitlines() == [want, want]
 
 
-def test_horovod_patches_drop_the_xla_source_and_pass_the_gloo_interface(tmp_path):
-    cmake = tmp_path / "horovod" / "tensorflow" / "CMakeLists.txt"
-    gloo = tmp_path / "horovod" / "common" / "gloo" / "gloo_context.cc"
-    for path, text in ((cmake, CMAKE_LISTS), (gloo, GLOO_CONTEXT)):
-        path.parent.mkdir(parents=True)
-        path.write_text(text)
-    result = _bash(f"source {SETUP} && patch_horovod_source {tmp_path}")
+PATCHES = REPO / "launch" / "horovod-patches"
+SDIST = Path.home() / ".cache" / "tfdist" / "sdist" / "horovod-0.28.1.tar.gz"
+
+
+def test_every_horovod_patch_says_what_it_fixes():
+    patches = sorted(PATCHES.glob("*.patch"))
+    assert len(patches) >= 8
+    for patch in patches:
+        head = patch.read_text().split("\n--- a/", 1)[0]
+        comment = [line for line in head.splitlines() if line.startswith("# ")]
+        assert len(comment) >= 2, f"{patch.name} needs a comment saying what it fixes and why"
+
+
+def test_the_patches_apply_to_horovods_sdist(tmp_path):
+    if not SDIST.exists():
+        pytest.skip(f"{SDIST} is not cached (launch/setup.sh keeps it when it builds Horovod)")
+    with tarfile.open(SDIST) as sdist:
+        sdist.extractall(tmp_path, filter="data")
+    src = tmp_path / "horovod-0.28.1"
+    result = _bash(f"source {SETUP} && patch_horovod_source {src}")
     assert result.returncode == 0, result.stderr
-    patched = cmake.read_text()
-    assert "xla_mpi_ops.cc" not in patched
-    assert "mpi_ops.cc" in patched and "CMAKE_CXX_FLAGS" in patched
-    lines = gloo.read_text().splitlines()
-    at = lines.index("  assert(global_context.IsEnabled());")
-    assert lines[at + 1].startswith("  gloo_iface_ = global_context.gloo_iface_;")
-    assert lines.index("  device_attr.iface = gloo_iface_;") > at + 1
+    assert "xla_mpi_ops.cc" not in (src / "horovod/tensorflow/CMakeLists.txt").read_text()
+    assert "gloo_iface_ = global_context.gloo_iface_;" in (
+        src / "horovod/common/gloo/gloo_context.cc").read_text()
+    assert "def _keras3_apply(" in (src / "horovod/_keras/__init__.py").read_text()
+    gloo_cmake = (src / "third_party/gloo/CMakeLists.txt").read_text()
+    assert "cmake_minimum_required(VERSION 3.5" in gloo_cmake
 
 
 def test_a_horovod_source_the_patch_does_not_fit_stops_the_build(tmp_path):
-    cmake = tmp_path / "horovod" / "tensorflow" / "CMakeLists.txt"
-    gloo = tmp_path / "horovod" / "common" / "gloo" / "gloo_context.cc"
-    for path, text in ((cmake, CMAKE_LISTS), (gloo, "// moved elsewhere in a new release\n")):
-        path.parent.mkdir(parents=True)
-        path.write_text(text)
-    result = _bash(f"source {SETUP} && patch_horovod_source {tmp_path}")
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    shutil.copy(PATCHES / "02-gloo-process-set-interface.patch", patches)
+    gloo = tmp_path / "src" / "horovod" / "common" / "gloo" / "gloo_context.cc"
+    gloo.parent.mkdir(parents=True)
+    gloo.write_text("// moved elsewhere in a new release\n")
+    src = tmp_path / "src"
+    result = _bash(f"source {SETUP} && HOROVOD_PATCHES={patches} patch_horovod_source {src}")
     assert result.returncode != 0
-    assert f"patching {gloo} failed" in result.stderr
+    assert "applying 02-gloo-process-set-interface.patch to Horovod 0.28.1 failed" in result.stderr
 
 
 def test_check_reports_versions_keras_resolution_and_horovod(capsys):
@@ -104,3 +103,25 @@ def test_check_reports_versions_keras_resolution_and_horovod(capsys):
         pytest.skip("Horovod not installed; checked the report says how to install it")
     assert "version: 0.28.1" in report
     assert "gloo: True" in report
+
+
+def test_a_long_step_reports_its_progress_and_keeps_its_exit_status(tmp_path):
+    # A stand-in for the Horovod build: CMake-style progress lines, 3 s, then exit 7.
+    build = "for p in 10 55; do echo \"[ $p%] Building CXX object x.o\"; sleep 1.2; done; exit 7"
+    result = _bash(f"source {SETUP} && TFDIST_PROGRESS_SECONDS=1 run_with_progress "
+                   f"'building X' {tmp_path}/build.log bash -c '{build}' || echo status $?")
+    progress = [line for line in result.stderr.splitlines() if "building X" in line]
+    assert len(progress) >= 2, result.stderr
+    assert progress[0].startswith("[setup] building X: 0m1s") and "at [ 10%]" in progress[0]
+    assert "at [ 55%]" in progress[-1]
+    assert result.stdout.strip() == "status 7"
+    assert "Building CXX object" in (tmp_path / "build.log").read_text()
+
+
+def test_setup_refuses_an_unknown_option_before_doing_anything(tmp_path):
+    (tmp_path / "launch").mkdir()
+    shutil.copy(SETUP, tmp_path / "launch" / "setup.sh")
+    result = _bash(f"bash {tmp_path}/launch/setup.sh --with-slrum")
+    assert result.returncode == 1
+    assert "unknown option --with-slrum (known: --with-slurm)" in result.stderr
+    assert not (tmp_path / ".venv").exists()

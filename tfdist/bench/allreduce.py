@@ -1,4 +1,4 @@
-"""``allreduce``: bus bandwidth of TF's collective ring and Horovod/Gloo against loopback TCP.
+"""``allreduce``: bus bandwidth of TF's collective ring and Horovod (Gloo, MPI) against limits.
 
 For each message size ``S`` (float32 tensors) and each backend, on ``N`` processes:
 
@@ -8,6 +8,9 @@ For each message size ``S`` (float32 tensors) and each backend, on ``N`` process
 * ``limit``: ``S / t_tcp`` of a `workers.common.TcpRing` exchange of ``S`` bytes, timed in the
   same processes, interleaved with the all-reduce (A B A B ...), so drift on a shared machine
   hits both alike. ``busbw / limit`` is how close the backend comes to what the sockets carry.
+* ``copy``: ``S / t_copy`` of one in-memory copy of ``S`` bytes in each process, the ceiling for
+  a transport that moves data through shared memory (MPI between ranks on one host), which can
+  beat the TCP limit.
 
 Example:
     >>> [size_label(s) for s in default_sizes(quick=True)]
@@ -16,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -26,7 +30,9 @@ from tfdist.cluster import ClusterSpec
 
 __all__ = ["AllreduceConfig", "default_sizes", "size_label", "run", "summarize"]
 
-BACKENDS = ("tf", "horovod")
+BACKENDS = ("tf", "horovod", "horovod-mpi")
+"""``horovod-mpi`` is Horovod over ``horovodrun --mpi`` (skipped with a note where OpenMPI is not
+installed)."""
 
 
 def default_sizes(quick: bool = False) -> list[int]:
@@ -75,8 +81,10 @@ def _run_backend(config: AllreduceConfig, backend: str, log: IO[str]) -> dict[st
             spec = ClusterSpec.local(workers=config.np, host="127.0.0.1")
             return jobs.run_tf(spec, "allreduce_worker.py", args, env=env, log=log,
                                timeout=config.timeout)
-        return jobs.run_horovod(config.np, "tfdist.bench.workers.allreduce_worker", args,
-                                env=env, log=log, timeout=config.timeout)
+        controller = "mpi" if backend == "horovod-mpi" else "gloo"
+        worker_args = [*args[:1], "horovod", *args[2:]]  # the worker code is the same
+        return jobs.run_horovod(config.np, "tfdist.bench.workers.allreduce_worker", worker_args,
+                                env=env, log=log, timeout=config.timeout, controller=controller)
 
 
 def summarize(backend: str, ranks: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
@@ -88,20 +96,28 @@ def summarize(backend: str, ranks: Mapping[str, Any], n: int) -> list[dict[str, 
         per_rank = [r["sizes"][size_key] for r in ranks.values()]
         t = median([max(v) for v in zip(*(r["allreduce_s"] for r in per_rank), strict=True)])
         t_tcp = median([max(v) for v in zip(*(r["tcp_s"] for r in per_rank), strict=True)])
+        t_copy = median([max(v) for v in zip(*(r["copy_s"] for r in per_rank), strict=True)])
         nbytes = int(size_key)
         busbw = nbytes / t * 2 * (n - 1) / n / 1e9
         limit = nbytes / t_tcp / 1e9
         rows.append({"backend": backend, "bytes": nbytes, "size": size_label(nbytes),
                      "time_ms": t * 1e3, "algbw_GBps": nbytes / t / 1e9, "busbw_GBps": busbw,
-                     "limit_GBps": limit, "busbw_over_limit": busbw / limit})
+                     "limit_GBps": limit, "busbw_over_limit": busbw / limit,
+                     "copy_GBps": nbytes / t_copy / 1e9})
     return rows
 
 
 def run(config: AllreduceConfig, log: IO[str]) -> dict[str, Any]:
     """Measures every backend in turn; returns the section's JSON."""
     rows: list[dict[str, Any]] = []
+    skipped = {}
     for backend in config.backends:
+        if backend == "horovod-mpi" and shutil.which("mpirun") is None:
+            skipped[backend] = "OpenMPI's mpirun is not installed (bash launch/setup.sh as root)"
+            log.write(f"allreduce: skipping {backend}: {skipped[backend]}\n")
+            continue
         rows += summarize(backend, _run_backend(config, backend, log), config.np)
     return {"np": config.np, "warmup": config.warmup, "repeats": config.repeats,
             "implementation": config.implementation, "bytes_per_pack": config.bytes_per_pack,
-            "compression": config.compression, "env": dict(config.env), "rows": rows}
+            "compression": config.compression, "env": dict(config.env), "rows": rows,
+            "skipped": skipped}

@@ -16,13 +16,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tfdist.bench import allreduce, pipeline, ps, report, train
+from tfdist.bench import advise, allreduce, pipeline, ps, report, train
 from tfdist.bench.workers.common import THREADS_ENV
 
 __all__ = ["SECTIONS", "parse_args", "configs", "run", "main"]
 
 SECTIONS = {"allreduce": allreduce.run, "train": train.run, "ps": ps.run,
-            "pipeline": pipeline.run}
+            "pipeline": pipeline.run, "advise": advise.run}
+STANDALONE = frozenset({"advise"})
+"""Sections ``all`` leaves out: ``advise`` re-runs the others' kinds of jobs (minutes)."""
 
 
 def _env_pair(text: str) -> tuple[str, str]:
@@ -53,7 +55,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     comm = parser.add_argument_group("collectives")
     comm.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")],
                       help="allreduce message sizes in bytes (default 4 KiB..64 MiB, x4)")
-    comm.add_argument("--backends", default="tf,horovod", help="allreduce backends")
+    comm.add_argument("--backends", default="tf,horovod,horovod-mpi",
+                      help="allreduce backends (tf, horovod = Gloo, horovod-mpi)")
     comm.add_argument("--implementation", default="ring", choices=("ring", "auto"),
                       help="TF collective implementation")
     comm.add_argument("--bytes-per-pack", type=int, default=0, help="TF gradient pack size")
@@ -63,8 +66,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     training.add_argument("--steps", type=int, help="steps per timed fit (section default)")
     training.add_argument("--strategies", default="default,multi_worker,horovod")
     training.add_argument("--num-ps", default="1,2", help="ps section: ps counts")
+    training.add_argument("--constants", help="advise section: network constants JSON to reuse "
+                          "(tfdist-advise --probe-only) instead of probing")
     args = parser.parse_args(argv)
-    args.sections = list(SECTIONS) if args.section == "all" else [args.section]
+    args.sections = ([s for s in SECTIONS if s not in STANDALONE] if args.section == "all"
+                     else [args.section])
     return args
 
 
@@ -96,6 +102,9 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
             steps=pick(args.steps, 100, 20), warmup_steps=10 if quick else 20,
             repeats=pick(args.repeats, 3, 1), env=env),
         "pipeline": pipeline.PipelineConfig(quick=quick, steps=pick(args.steps, 20, 5), env=env),
+        "advise": advise.AdviseBenchConfig(np=args.np, quick=quick, steps=pick(args.steps, 20, 10),
+                                           repeats=pick(args.repeats, 3, 2),
+                                           constants=args.constants, env=env),
     }
 
 

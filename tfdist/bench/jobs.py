@@ -59,9 +59,11 @@ def run_tf(spec: ClusterSpec, script: str, args: Sequence[str], *, env: Mapping[
 
 
 def run_horovod(np_: int, module: str, args: Sequence[str], *, env: Mapping[str, str],
-                log: IO[str], timeout: float) -> dict[str, Any]:
-    """Runs ``python -m <module>`` on ``np_`` Horovod ranks over Gloo; results by ``rank:<r>``."""
-    argv = [horovodrun_path(), "-np", str(np_), "--gloo", sys.executable, "-m", module, *args]
+                log: IO[str], timeout: float, controller: str = "gloo") -> dict[str, Any]:
+    """Runs ``python -m <module>`` on ``np_`` Horovod ranks over ``controller`` (gloo or mpi);
+    results by ``rank:<r>``."""
+    argv = [horovodrun_path(), "-np", str(np_), f"--{controller}", sys.executable, "-m", module,
+            *args]
     return run_tasks({"horovodrun": argv}, env={"horovodrun": base_env(env)}, stream=log,
                      timeout=timeout)
 

@@ -78,7 +78,8 @@ TABLES: dict[str, list[Column]] = {
                   ("time_ms", "time ms", "{:.2f}"), ("algbw_GBps", "algbw GB/s", "{:.3f}"),
                   ("busbw_GBps", "busbw GB/s", "{:.3f}"),
                   ("limit_GBps", "TCP limit GB/s", "{:.3f}"),
-                  ("busbw_over_limit", "busbw/limit", "{:.2f}")],
+                  ("busbw_over_limit", "busbw/limit", "{:.2f}"),
+                  ("copy_GBps", "memory copy GB/s", "{:.2f}")],
     "train": [("strategy", "strategy", "{}"), ("replicas", "N", "{}"), ("variant", "variant", "{}"),
               ("samples_per_s", "samples/s", "{:.0f}"), ("overhead", "overhead vs raw", "{:+.1%}"),
               ("scaling", "scaling eff.", "{:.2f}"), ("scaling_vs_default", "eff. vs default",
@@ -91,6 +92,10 @@ TABLES: dict[str, list[Column]] = {
                  ("ideal_s", "GPipe bound s", "{:.3f}"), ("bubble", "bubble", "{:.2f}"),
                  ("measured_over_ideal", "measured/bound", "{:.2f}"),
                  ("speedup_vs_default", "speed-up vs 1 process", "{:.2f}")],
+    "advise": [("example", "example", "{}"), ("candidate", "candidate", "{}"),
+               ("predicted_rank", "predicted rank", "{}"), ("measured_rank", "measured rank", "{}"),
+               ("predicted_ms", "predicted ms", "{:.1f}"), ("measured_ms", "measured ms", "{:.1f}"),
+               ("error", "error", "{:+.0%}"), ("why", "dominating term (predicted)", "{}")],
 }
 
 
@@ -100,6 +105,8 @@ def tables(result: Mapping[str, Any]) -> str:
     for section, columns in TABLES.items():
         if section in result:
             parts.append(f"\n### {section}\n\n{markdown_table(result[section]['rows'], columns)}")
+            if result[section].get("note"):
+                parts.append(f"\n{result[section]['note']}")
     return "\n".join(parts)
 
 

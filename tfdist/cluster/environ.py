@@ -10,7 +10,7 @@ from typing import Any
 
 from tfdist.cluster.hosts import DEFAULT_BASE_PORT
 from tfdist.cluster.roles import Task
-from tfdist.cluster.slurm import check_rank_node, slurm_rank
+from tfdist.cluster.slurm import slurm_host_slots, slurm_slot
 from tfdist.cluster.spec import ClusterSpec
 from tfdist.cluster.tf_config import TF_CONFIG, parse_tf_config
 from tfdist.cluster.validate import check_strategy
@@ -104,25 +104,23 @@ def slurm_task(
     evaluator: bool = False,
     base_port: int = DEFAULT_BASE_PORT,
 ) -> Task:
-    """The task of this Slurm process: the one at rank ``SLURM_PROCID`` of `ClusterSpec.from_slurm`.
+    """The task of this Slurm process in `ClusterSpec.from_slurm`'s layout.
 
-    Pass the same layout arguments as to `ClusterSpec.from_slurm`. The layout is block-wise; when
-    ``SLURMD_NODENAME`` is set, it must be the node this rank has in that layout (see
-    `tfdist.cluster.slurm`), else the ranks were distributed otherwise (``--distribution=cyclic``).
+    Pass the same layout arguments as to `ClusterSpec.from_slurm`. The task is the one on this
+    process's slot (`tfdist.cluster.slurm.slurm_slot`): found from ``SLURMD_NODENAME`` and
+    ``SLURM_LOCALID`` under any srun distribution, else from ``SLURM_PROCID`` (block only).
 
     Raises:
-        ClusterConfigError: a missing or invalid variable, a rank out of range, or ranks that are
-            not laid out block-wise.
+        ClusterConfigError: a missing or invalid variable, a slot out of range, or, without
+            ``SLURMD_NODENAME``/``SLURM_LOCALID``, a distribution that is not block.
 
     Example:
         >>> env = {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)"}
-        >>> env["SLURM_PROCID"] = "3"
-        >>> slurm_task(env, chief=True)
+        >>> slurm_task({**env, "SLURM_PROCID": "3"}, chief=True)
         Task(type='worker', index=2)
+        >>> slurm_task({**env, "SLURMD_NODENAME": "n2", "SLURM_LOCALID": "0"}, chief=True)
+        Task(type='worker', index=1)
     """
     env = os.environ if env is None else env
     spec = ClusterSpec.from_slurm(env, ps=ps, chief=chief, evaluator=evaluator, base_port=base_port)
-    rank = slurm_rank(env)
-    task = spec.task_at_rank(rank)
-    check_rank_node(env, spec.host(task), rank)
-    return task
+    return spec.task_at_rank(slurm_slot(env, slurm_host_slots(env)))

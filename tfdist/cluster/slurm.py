@@ -6,17 +6,13 @@ counts per node as ``2(x3),1`` (2 tasks on each of 3 nodes, then 1). This module
 of more than `tfdist.cluster.counts.MAX_TASKS` nodes, and task counts above it, are refused before
 anything is expanded.
 
-Ranks must be laid out block-wise: `ClusterSpec.from_slurm` and `tfdist.cluster.slurm_task` put
-rank ``r`` (``SLURM_PROCID``) on the node that holds slot ``r`` when the slots are counted
-host-major, which is what ``srun --distribution=block`` (Slurm's default) does. Under
-``--distribution=cyclic`` (or ``plane``, ``arbitrary``) ranks go round the nodes instead, and every
-task would be given another node's address. Two checks catch this:
-
-* `check_block_distribution`: ``SLURM_DISTRIBUTION``, when set, must be block at the node level
-  (the part before the first ``:``; ``block``, ``block:cyclic`` and ``*`` pass, ``cyclic`` and
-  ``cyclic:block`` do not). A numeric value (srun's internal form) or ``unknown`` is not judged.
-* `check_rank_node`: when ``SLURMD_NODENAME`` (the node this task really runs on) is set, it must be
-  the node the block layout gives ``SLURM_PROCID``.
+Which slot a task holds does not depend on srun's ``--distribution``: every task lays the same
+slots out host-major (the node list's order, ``SLURM_TASKS_PER_NODE`` slots each), and
+`slurm_slot` finds its own from the node it really runs on (``SLURMD_NODENAME``) and its index
+there (``SLURM_LOCALID``), both of which srun sets on every task. So block, cyclic, plane and
+arbitrary distributions all give each task its own node's address. Only where those two
+variables are missing is ``SLURM_PROCID`` used as the slot, which is right for block only:
+`check_block_distribution` then refuses any other ``SLURM_DISTRIBUTION``.
 """
 
 from __future__ import annotations
@@ -36,8 +32,8 @@ __all__ = [
     "parse_tasks_per_node",
     "slurm_host_slots",
     "slurm_rank",
+    "slurm_slot",
     "check_block_distribution",
-    "check_rank_node",
 ]
 
 NODELIST_VARS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
@@ -48,8 +44,8 @@ _TASKS_ITEM = re.compile(r"([0-9]+)(?:\(x([0-9]+)\))?")
 _MAX_RANKS = len(ROLES) * MAX_TASKS  # At most MAX_TASKS tasks of each role.
 _MAX_DIGITS = 18  # Longer is no node number (and int() refuses over 4300 digits).
 _BLOCK_FIX = (
-    "Start the tasks with srun --distribution=block (Slurm's default): remove --distribution "
-    "cyclic/plane/arbitrary from srun and sbatch, and SLURM_DISTRIBUTION from the environment."
+    "Start the tasks with srun (it sets SLURMD_NODENAME and SLURM_LOCALID, which place a task "
+    "under any distribution), or with srun --distribution=block (Slurm's default)."
 )
 
 
@@ -215,7 +211,6 @@ def slurm_host_slots(env: Mapping[str, str] | None = None) -> HostSlots:
         [('n1', 2), ('n2', 2)]
     """
     env = os.environ if env is None else env
-    check_block_distribution(env)
     name = next((var for var in NODELIST_VARS if var in env), None)
     if name is None:
         raise _missing("SLURM_JOB_NODELIST (or SLURM_NODELIST)")
@@ -260,27 +255,41 @@ def check_block_distribution(env: Mapping[str, str] | None = None) -> None:
     )
 
 
-def check_rank_node(env: Mapping[str, str] | None, node: str, rank: int) -> None:
-    """Refuses a task whose ``SLURMD_NODENAME`` is not ``node``, its node in the block layout.
-
-    Does nothing when ``SLURMD_NODENAME`` is unset.
+def slurm_slot(env: Mapping[str, str] | None, slots: HostSlots) -> int:
+    """This task's slot among ``slots`` counted host-major (see the module docstring).
 
     Args:
         env: Environment variables; defaults to ``os.environ``.
-        node: The node that the block layout gives ``rank``.
-        rank: This task's ``SLURM_PROCID``.
+        slots: The allocation's nodes and task counts (`slurm_host_slots`).
+
+    Raises:
+        ClusterConfigError: ``SLURMD_NODENAME`` is not a node of the list, ``SLURM_LOCALID`` is
+            beyond its node's count, or (without them) ranks that are not laid out block-wise.
 
     Example:
-        >>> check_rank_node({"SLURMD_NODENAME": "n1"}, "n1", 0)
+        Under ``--distribution=cyclic`` rank 1 runs on the second node, as its first task:
+
+        >>> slots = [("n1", 2), ("n2", 2)]
+        >>> slurm_slot({"SLURMD_NODENAME": "n2", "SLURM_LOCALID": "0", "SLURM_PROCID": "1"}, slots)
+        2
     """
     env = os.environ if env is None else env
-    actual = env.get("SLURMD_NODENAME", "").strip()
-    if not actual or actual.lower() == node.lower():
-        return
-    raise config_error(
-        _WHERE, f"the ranks are not laid out block-wise (e.g. srun --distribution=cyclic): the "
-        f"block layout puts rank {rank} on node {node!r}, but this task runs on {actual!r}.",
-        received=f"SLURM_PROCID={rank}, SLURMD_NODENAME={actual!r}",
-        expected=f"SLURMD_NODENAME={node!r} (rank r on the node holding slot r, host-major)",
-        fix=_BLOCK_FIX,
-    )
+    node = env.get("SLURMD_NODENAME", "").strip()
+    if not node or "SLURM_LOCALID" not in env:
+        check_block_distribution(env)
+        return slurm_rank(env)
+    names = [name.lower() for name, _ in slots]
+    if node.lower() not in names:
+        raise config_error(
+            _WHERE, f"this task's node {node!r} is not in the allocation's node list.",
+            received=f"SLURMD_NODENAME={node!r}", expected=f"one of {[n for n, _ in slots]}",
+            fix="Read SLURM_JOB_NODELIST and SLURMD_NODENAME in the same job step.")
+    where = names.index(node.lower())
+    count = slots[where][1]
+    local = _whole(env, "SLURM_LOCALID", 0, _MAX_RANKS - 1)
+    if local >= count:
+        raise config_error(
+            _WHERE, f"SLURM_LOCALID {local} is beyond the {count} task(s) of node {node!r}.",
+            received=f"SLURM_LOCALID={local}, node {node!r} holding {count} slot(s)",
+            expected=f"0..{count - 1}", fix=_CHECK)
+    return sum(n for _, n in slots[:where]) + local

@@ -169,8 +169,8 @@ class ClusterSpec:
 
         Reads ``SLURM_JOB_NODELIST`` and ``SLURM_TASKS_PER_NODE`` (or ``SLURM_NTASKS_PER_NODE``,
         or ``SLURM_NTASKS`` split evenly) from ``env`` (default ``os.environ``). Rank ``r`` is the
-        task on slot ``r``, host-major: srun's block distribution. A ``SLURM_DISTRIBUTION`` that
-        is not block is refused (see `tfdist.cluster.slurm`).
+        task on slot ``r``, host-major; `slurm_task` finds which slot a process holds under any
+        srun distribution (see `tfdist.cluster.slurm`).
 
         Example:
             >>> env = {"SLURM_JOB_NODELIST": "n[01-02]", "SLURM_TASKS_PER_NODE": "2(x2)"}

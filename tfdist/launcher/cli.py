@@ -82,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--evaluator", action="store_true",
                      help="add a sidecar evaluator task (its crash does not stop training)")
     job.add_argument(
+        "--script-on-all-tasks", action="store_true",
+        help="parameter_server: run the script on worker and ps tasks too, instead of tfdist's "
+        "own server, for a script written from TensorFlow's guide (its worker/ps branch starts "
+        "tf.distribute.Server and joins it, after setting e.g. GRPC_FAIL_FAST)")
+    job.add_argument(
         "--evaluator-grace", type=float, default=_env_default("EVALUATOR_GRACE", "60"),
         help="seconds the evaluator may run on after training is done, to evaluate the last "
         "checkpoint, before it is stopped (env TFDIST_LAUNCH_EVALUATOR_GRACE; default 60)",
@@ -125,7 +130,19 @@ def build_parser() -> argparse.ArgumentParser:
         "your scheduler's own (Kubernetes terminationGracePeriodSeconds, Slurm KillWait) "
         "(env TFDIST_LAUNCH_PREEMPTION_GRACE; default 25)",
     )
-    run.add_argument("--log-dir", help="also write each task's output to LOG_DIR/<task>.log")
+    run.add_argument(
+        "--mpi", action="store_true",
+        help="horovod: ranks talk over MPI (horovodrun --mpi; shared memory between ranks on one "
+        "host) instead of Gloo. Needs OpenMPI and Horovod built with it (bash launch/setup.sh "
+        "does both as root)",
+    )
+    run.add_argument("--log-dir", help="also write each task's whole output to LOG_DIR/<task>.log")
+    run.add_argument(
+        "-v", "--verbose", action="store_true",
+        default=_env_default("VERBOSE", "0") not in ("", "0"),
+        help="print every line of every task (TensorFlow's start-up chatter included) and each "
+        "task's plan; default: the chief's output, and a failed task's last lines "
+        "(env TFDIST_LAUNCH_VERBOSE=1)")
     run.add_argument(
         "--network", choices=("private", "host"), default=_env_default("NETWORK", "private"),
         help="private (default): a job on this machine alone runs its tasks in a network "
@@ -225,6 +242,8 @@ def options_from_args(args: argparse.Namespace) -> JobOptions:
         max_restarts=args.max_restarts, worker_restarts=args.max_worker_restarts,
         log_dir=args.log_dir, hosts=host_options_from_args(args), network=args.network,
         startup_timeout=args.startup_timeout, preemption_grace=args.preemption_grace,
+        mpi=args.mpi,
+        verbose=args.verbose, script_on_all_tasks=args.script_on_all_tasks,
         strategy_options={option: str(getattr(args, option))
                           for option in ("stages", "micro_batches", "schedule")
                           if getattr(args, option) is not None},

@@ -8,8 +8,14 @@ places (same roles, same counts, same commands, same environment):
   ``python -m tfdist.server``.
 * ``mpijob``: a Kubeflow ``MPIJob`` (``kubeflow.org/v2beta1``) for Horovod: a launcher pod runs
   ``horovodrun --gloo`` over the operator's hostfile; worker pods run sshd.
-* ``slurm``: a batch script. ``srun`` starts one Slurm task per TensorFlow task, each through
-  ``python -m tfdist.launcher.slurm_task``, which builds its TF_CONFIG from Slurm's variables.
+* ``slurm``: a batch script. ``srun`` starts one Slurm task per TensorFlow task (or Horovod
+  rank), each through ``python -m tfdist.launcher.slurm_task``, which builds its TF_CONFIG (or
+  its Horovod variables) from Slurm's. For Horovod the ``srun`` line runs inside
+  ``python -m tfdist.launcher.slurm_horovod``, which serves Gloo's rendezvous beside it.
+
+The Slurm script is run by a real ``slurmctld``/``slurmd`` in ``tests/slurm``; the Kubernetes
+documents are validated against the Kubeflow TFJob and MPIJob schemas
+(``tests/unit/test_export_schemas.py``), not run.
 
 Example:
     >>> from tfdist.launcher.plan import JobOptions, plan_job
@@ -140,7 +146,8 @@ def tfjob(plan: JobPlan, export: ExportOptions) -> dict[str, Any]:
 
 
 def mpijob(plan: JobPlan, export: ExportOptions) -> dict[str, Any]:
-    """A Kubeflow ``MPIJob`` (v2beta1): ``horovodrun --gloo`` over the operator's hostfile."""
+    """A Kubeflow ``MPIJob`` (v2beta1): ``horovodrun --gloo`` (``--mpi`` with ``--mpi``) over the
+    operator's hostfile."""
     _check_format(plan, "mpijob")
     ranks, slots = plan.roles["worker"], export.slots_per_worker
     if slots < 1 or ranks % slots:
@@ -150,7 +157,8 @@ def mpijob(plan: JobPlan, export: ExportOptions) -> dict[str, Any]:
             expected="--slots-per-worker >= 1 dividing --workers",
             fix=f"use --slots-per-worker 1, or a divisor of {ranks}"))
     env = dict(plan.env)
-    launcher = ["horovodrun", "-np", str(ranks), "--hostfile", MPI_HOSTFILE, "--gloo",
+    controller = "--mpi" if plan.options.mpi else "--gloo"
+    launcher = ["horovodrun", "-np", str(ranks), "--hostfile", MPI_HOSTFILE, controller,
                 *plan.task_argv("worker", export.python)]
     worker = ["/usr/sbin/sshd", "-De"]  # the launcher reaches workers over ssh
 
@@ -175,6 +183,11 @@ def mpijob(plan: JobPlan, export: ExportOptions) -> dict[str, Any]:
 def sbatch_script(plan: JobPlan, export: ExportOptions) -> str:
     """A Slurm batch script: one ``srun`` task per TensorFlow task, through the tfdist shim."""
     _check_format(plan, "slurm")
+    if plan.options.mpi:
+        raise StrategyConfigError(format_error(
+            "Horovod ranks under srun talk over Gloo; the Slurm export cannot start them with MPI.",
+            received="--export slurm with --mpi", expected="--export slurm without --mpi",
+            fix="drop --mpi (the ranks use Gloo), or use --export mpijob --mpi"))
     strategy, roles = plan.strategy, plan.roles
     ntasks, nodes = sum(roles.values()), export.nodes
     if not 1 <= nodes <= ntasks:
@@ -186,10 +199,14 @@ def sbatch_script(plan: JobPlan, export: ExportOptions) -> str:
             "--ps", str(roles.get("ps", 0))]
     if not plan.traits.single_process:
         shim += ["--chief"] * ("chief" in roles) + ["--evaluator"] * ("evaluator" in roles)
+        shim += ["--script-on-all-tasks"] * plan.options.script_on_all_tasks
     done = ""
     if plan.traits.server_roles:  # servers serve forever: the chief's end tells them to stop
         done = ' --done-file "${SLURM_SUBMIT_DIR:-.}/.tfdist-${SLURM_JOB_ID:-0}.done"'
     command = shlex.join(shim) + done + " -- " + shlex.join(plan.task_argv("chief", export.python))
+    srun = f"srun --kill-on-bad-exit=1 --label {command}"
+    if plan.traits.launch == "ranks":  # Gloo's rendezvous, served on this node beside srun
+        srun = f"{export.python} -m tfdist.launcher.slurm_horovod -- {srun}"
     per_node = f"#SBATCH --ntasks-per-node={ntasks // nodes}\n" if ntasks % nodes == 0 else ""
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in plan.env.items())
     summary = ", ".join(f"{role}={count}" for role, count in roles.items())
@@ -202,24 +219,24 @@ def sbatch_script(plan: JobPlan, export: ExportOptions) -> str:
         f"{per_node}"
         "set -euo pipefail\n"
         f"{exports}"
-        "# Each task's TF_CONFIG comes from SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE and\n"
-        "# SLURM_PROCID (tfdist.cluster.ClusterSpec.from_slurm); a failing task stops the step.\n"
-        "# Ranks fill the nodes in order (block); the shim refuses any other distribution.\n"
-        f"srun --kill-on-bad-exit=1 --label --distribution=block {command}\n"
+        "# Each task's place comes from SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE, SLURMD_NODENAME\n"
+        "# and SLURM_LOCALID (any --distribution works); a failing task stops the step.\n"
+        f"{srun}\n"
     )
 
 
 def _check_format(plan: JobPlan, fmt: str) -> None:
-    """MPIJob runs ranks (``horovodrun``); TFJob and Slurm run TF tasks or one process."""
+    """MPIJob runs Horovod ranks; TFJob runs TF tasks or one process; Slurm runs either."""
     ranks = plan.traits.launch == "ranks"
-    if (fmt == "mpijob") != ranks:
-        fix = (f"use --export mpijob for Horovod ranks ({plan.strategy})" if ranks
-               else "add --strategy horovod, or use --export kubeflow or slurm")
-        raise StrategyConfigError(format_error(
-            f"--export {fmt} cannot describe a {plan.strategy} job.",
-            received=f"--export {fmt} with strategy {plan.strategy}",
-            expected="mpijob for Horovod ranks; kubeflow or slurm for TensorFlow tasks",
-            fix=fix))
+    if fmt == "slurm" or (fmt == "mpijob") == ranks:
+        return
+    fix = (f"use --export mpijob or slurm for Horovod ranks ({plan.strategy})" if ranks
+           else "add --strategy horovod, or use --export kubeflow or slurm")
+    raise StrategyConfigError(format_error(
+        f"--export {fmt} cannot describe a {plan.strategy} job.",
+        received=f"--export {fmt} with strategy {plan.strategy}",
+        expected="mpijob or slurm for Horovod ranks; kubeflow or slurm for TensorFlow tasks",
+        fix=fix))
 
 
 def export_job(plan: JobPlan, fmt: str, **export: Any) -> str:

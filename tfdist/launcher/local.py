@@ -21,7 +21,8 @@ from types import FrameType
 
 from tfdist.errors import TaskFailedError, TaskTimeoutError
 from tfdist.launcher.netns import NetworkIsolationError, PrivateNetwork
-from tfdist.launcher.plan import JobPlan, Placement, place
+from tfdist.launcher.output import LineFilter, shown_tasks, task_filters
+from tfdist.launcher.plan import JobPlan, Placement, TaskPlan, place
 from tfdist.launcher.process import ProcessGroup, TaskProcess
 from tfdist.preemption import PREEMPTED_EXIT_STATUS, PREEMPTED_MARKER
 
@@ -60,8 +61,7 @@ def run_placement(placement: Placement) -> int:
         0 on success, else the exit status of the first task that failed (124 on timeout).
     """
     plan = placement.plan
-    for line in placement.describe():
-        _log(f"task {json.dumps(line)}")
+    filters = _output_filters(placement)
     network = _private_network(placement)
     group = ProcessGroup(log_dir=plan.options.log_dir, sidecar_grace=plan.options.evaluator_grace,
                          join_network=network.join if network else None)
@@ -69,8 +69,9 @@ def run_placement(placement: Placement) -> int:
     try:
         for task in placement.tasks:
             started = group.start(task.name, task.command, env=task.environ(), kind=task.kind,
-                                  max_restarts=task.max_restarts, stdin=task.stdin)
-            _log(f"started {task.name} (pid {started.pid})")
+                                  max_restarts=task.max_restarts, stdin=task.stdin,
+                                  show=filters[task.name])
+            _log(f"started {task.name} (pid {started.pid}){_where(placement, task)}")
         group.wait(timeout=plan.options.timeout)
         restarted = {t.name: t.restarts for t in group.tasks.values() if t.restarts}
         _log(f"job finished: {len(placement.tasks)} task(s) succeeded"
@@ -80,7 +81,7 @@ def run_placement(placement: Placement) -> int:
         _log(_failure_message(plan, err))
         return _exit_status(err.returncode) or 1
     except TaskTimeoutError as err:
-        _log(str(err))
+        _log(str(err) + _hidden_tails(group, placement))
         return 124
     except _Preempted:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut this short
@@ -100,6 +101,38 @@ def run_placement(placement: Placement) -> int:
         placement.release()
         if network:
             network.close()
+
+
+def _output_filters(placement: Placement) -> dict[str, LineFilter | None]:
+    """Which lines of each task are printed (`tfdist.launcher.output`); says what is hidden."""
+    verbose = placement.plan.options.verbose
+    if verbose:
+        for line in placement.describe():
+            _log(f"task {json.dumps(line)}")
+    tasks = [(t.name, t.kind, t.environ()) for t in placement.tasks]
+    hidden = [t.name for t in placement.tasks if t.name not in shown_tasks(
+        [t.name for t in placement.tasks], {t.name: t.kind for t in placement.tasks})]
+    if not verbose and (hidden or placement.ranks):
+        others = ", ".join(hidden) if hidden else "ranks other than 0"
+        keep = "" if placement.plan.options.log_dir else "; --log-dir DIR keeps every task's log"
+        _log(f"output of {others} hidden unless it fails (--verbose shows it{keep})")
+    return task_filters(tasks, verbose, ranks=bool(placement.ranks))
+
+
+def _where(placement: Placement, task: TaskPlan) -> str:
+    """`` at host:port``, the task's address in its cluster, else nothing (one process)."""
+    if placement.cluster is None or task.task is None:
+        return ""
+    return f" at {placement.cluster.address(task.task)}"
+
+
+def _hidden_tails(group: ProcessGroup, placement: Placement) -> str:
+    """The last lines of the tasks whose output was hidden, for a timeout report."""
+    if placement.plan.options.verbose:
+        return ""
+    shown = shown_tasks(list(group.tasks), {n: t.kind for n, t in group.tasks.items()})
+    return "".join(f"\nLast lines of {name}:\n{task.output_tail(5)}"
+                   for name, task in group.tasks.items() if name not in shown)
 
 
 def _preemption_outcome(group: ProcessGroup) -> int:

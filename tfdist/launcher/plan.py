@@ -82,8 +82,15 @@ class JobOptions:
             None: the tasks' default, 600 s).
         strategy_options: Options of the strategy itself (``{"stages": "2"}``), among its
             ``traits.launch_options``; each reaches the tasks as that variable.
+        mpi: Horovod ranks talk over MPI (``horovodrun --mpi``: shared memory between ranks on
+            one host) instead of Gloo.
         preemption_grace: Seconds tasks get, after the launcher forwards a SIGTERM, to save and
             exit before they are SIGKILLed (`tfdist.preemption`).
+        verbose: Print every line of every task, and each task's plan, as they come (default:
+            the chief's output less TensorFlow's start-up chatter; `tfdist.launcher.output`).
+        script_on_all_tasks: Run the script on the strategy's server roles too (ParameterServer
+            ``worker`` and ``ps``), instead of ``python -m tfdist.server``: for a script that
+            serves them itself, as TensorFlow's guide writes it.
     """
 
     script: str
@@ -103,6 +110,9 @@ class JobOptions:
     startup_timeout: float | None = None
     strategy_options: Mapping[str, str] = dataclasses.field(default_factory=dict)
     preemption_grace: float = 25.0
+    mpi: bool = False
+    verbose: bool = False
+    script_on_all_tasks: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +142,8 @@ class JobPlan:
 
     def task_argv(self, role: str, python: str = sys.executable) -> tuple[str, ...]:
         """What a ``role`` task runs: the script, or ``python -m tfdist.server`` (traits)."""
-        return self.traits.task_argv(role, self.script_argv, python)
+        return self.traits.task_argv(role, self.script_argv, python,
+                                     script_serves=self.options.script_on_all_tasks)
 
     def task_kind(self, role: str) -> TaskKind:
         return self.traits.task_kind(role)
@@ -282,7 +293,12 @@ def layout_problem(options: JobOptions, strategy: str, traits: StrategyTraits) -
     if options.chief is False and traits.chief_required:
         why = traits.required_roles.get("chief", "the job needs one")
         return f"--no-chief with {strategy}: {why}. Fix: drop --no-chief"
-    problem = _strategy_options_problem(options, strategy, traits)
+    if options.script_on_all_tasks and not traits.server_roles:
+        return (f"--script-on-all-tasks was given with --strategy {strategy}, whose every task "
+                "already runs the script. Fix: drop --script-on-all-tasks (it is for "
+                "parameter_server scripts that serve their own worker and ps tasks)")
+    problem = (_strategy_options_problem(options, strategy, traits)
+               or _mpi_problem(options, strategy, traits))
     if problem:
         return problem
     flags = {"evaluator": "--evaluator" if options.evaluator else None,
@@ -293,6 +309,24 @@ def layout_problem(options: JobOptions, strategy: str, traits: StrategyTraits) -
                     f"Fix: drop {flag}, or use a strategy with one (multi_worker, "
                     "parameter_server)")
     return None
+
+
+def _mpi_problem(options: JobOptions, strategy: str, traits: StrategyTraits) -> str | None:
+    if not options.mpi:
+        return None
+    if traits.launch != "ranks":
+        return (f"--mpi was given with --strategy {strategy}, whose tasks are not Horovod ranks. "
+                "Fix: drop --mpi, or use --strategy horovod")
+    return None
+
+
+def _check_mpirun() -> None:
+    """``horovodrun --mpi`` starts ranks with OpenMPI's mpirun (not needed to export a job)."""
+    if shutil.which("mpirun") is None:
+        raise StrategyConfigError(
+            "--mpi needs OpenMPI's mpirun, which is not on PATH. Fix: apt-get install "
+            "openmpi-bin libopenmpi-dev, then bash launch/setup.sh (Horovod is rebuilt with "
+            "MPI), or drop --mpi to use Gloo")
 
 
 def _flag(option: str) -> str:
@@ -389,7 +423,10 @@ def _horovodrun(plan: JobPlan) -> Placement:
         host_args += horovodrun_host_args(hosts)
         if has_remote_host(hosts):
             rank_command = (sys.executable, "-m", "tfdist.launcher.remote", "--", *rank_command)
-    runner = (horovodrun_path(), *host_args, "--gloo", *rank_command)
+    if plan.options.mpi:
+        _check_mpirun()
+    controller = "--mpi" if plan.options.mpi else "--gloo"
+    runner = (horovodrun_path(), *host_args, controller, *rank_command)
     unset = ("TF_CONFIG",)
     ranks = tuple(
         TaskPlan(f"rank:{r}", Task("worker", r), host, None, rank_command, env=env,

@@ -18,6 +18,10 @@ Tasks have a *kind*:
   task has succeeded, a sidecar still running gets up to ``sidecar_grace`` seconds to finish on
   its own (an evaluator evaluating the chief's last checkpoint), then it is stopped.
 
+A task may be started with a line filter (`tfdist.launcher.output`): lines it rejects are not
+printed, but still kept in the task's tail and log. The tail of such a task is printed when it
+fails, even if the job goes on (a sidecar, a task restarted alone).
+
 A task started with ``max_restarts=N`` that fails (a ParameterServer worker: TF's
 ``ClusterCoordinator`` re-dispatches its work once it is back) is restarted alone, with the same
 command and environment, up to N times; each restart is announced. Its next failure stops the job.
@@ -38,6 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Literal
 
 from tfdist.errors import LaunchError, TaskFailedError, TaskTimeoutError
+from tfdist.launcher.output import LineFilter
 
 TaskKind = Literal["main", "service", "sidecar"]
 
@@ -70,6 +75,7 @@ class TaskProcess:
     max_restarts: int = 0
     restarts: int = 0
     stdin: str | None = None
+    show: LineFilter | None = None
 
     @property
     def pid(self) -> int:
@@ -143,21 +149,24 @@ class ProcessGroup:
         kind: TaskKind = "main",
         max_restarts: int = 0,
         stdin: str | None = None,
+        show: LineFilter | None = None,
     ) -> TaskProcess:
         """Starts one task. ``env`` replaces the environment (pass ``{**os.environ, ...}``).
 
         ``max_restarts``: how many times the task is restarted alone when it fails (default 0).
         ``stdin``: text written to the task's stdin at each start, then closed (default: none).
+        ``show``: which of its lines are printed (default: all); all are kept in tail and log.
         """
         if name in self.tasks:
             raise LaunchError(f"Task {name} was started twice in one group.")
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be 0 or more. Received: {max_restarts}")
         tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
-        popen, reader = self._spawn(name, argv, env, cwd, tail, log_mode="w", stdin=stdin)
+        popen, reader = self._spawn(name, argv, env, cwd, tail, log_mode="w", stdin=stdin,
+                                    show=show)
         task = TaskProcess(
             name=name, kind=kind, popen=popen, tail=tail, reader=reader, argv=tuple(argv),
-            env=env, cwd=cwd, max_restarts=max_restarts, stdin=stdin,
+            env=env, cwd=cwd, max_restarts=max_restarts, stdin=stdin, show=show,
         )
         self.tasks[name] = task
         reader.start()
@@ -172,6 +181,7 @@ class ProcessGroup:
         tail: collections.deque[str],
         log_mode: str,
         stdin: str | None = None,
+        show: LineFilter | None = None,
     ) -> tuple[subprocess.Popen[bytes], threading.Thread]:
         popen = subprocess.Popen(
             list(argv),
@@ -191,7 +201,7 @@ class ProcessGroup:
             except BrokenPipeError:  # it died at once; its status tells why
                 pass
         reader = threading.Thread(
-            target=self._pump, args=(name, popen, tail, log_mode), name=f"output-{name}",
+            target=self._pump, args=(name, popen, tail, log_mode, show), name=f"output-{name}",
             daemon=True,
         )
         return popen, reader
@@ -219,10 +229,11 @@ class ProcessGroup:
         task.restarts += 1
         self._announce(
             f"{task.name} exited with status {code}; restarting it alone "
-            f"({task.restarts}/{task.max_restarts})"
+            f"({task.restarts}/{task.max_restarts}){self._hidden_tail(task)}"
         )
         task.popen, task.reader = self._spawn(
-            task.name, task.argv, task.env, task.cwd, task.tail, log_mode="a", stdin=task.stdin
+            task.name, task.argv, task.env, task.cwd, task.tail, log_mode="a", stdin=task.stdin,
+            show=task.show,
         )
         task.reader.start()
         self._announce(f"{task.name} restarted (pid {task.pid})")
@@ -233,6 +244,7 @@ class ProcessGroup:
         popen: subprocess.Popen[bytes],
         tail: collections.deque[str],
         log_mode: str = "w",
+        show: LineFilter | None = None,
     ) -> None:
         log = self._open_log(name, log_mode)
         assert popen.stdout is not None
@@ -247,6 +259,8 @@ class ProcessGroup:
                     except OSError as err:  # keep draining the pipe: a full pipe hangs the task
                         self.output_failures.setdefault(name, f"cannot write its log: {err}")
                         log = None
+                if show is not None and not show(line):
+                    continue
                 with self._lock:
                     stream = self._stream or sys.stdout
                     stream.write(f"[{name}] {line}\n")
@@ -332,7 +346,8 @@ class ProcessGroup:
             if task.kind == "sidecar":
                 if task.name not in self.sidecar_failures:
                     self.sidecar_failures[task.name] = code
-                    self._announce(f"sidecar {task.name} exited with status {code}; job goes on")
+                    self._announce(f"sidecar {task.name} exited with status {code}; job goes "
+                                   f"on{self._hidden_tail(task)}")
                 continue
             if task.kind == "service" and main_done:
                 continue
@@ -341,6 +356,14 @@ class ProcessGroup:
                 continue
             return task
         return None
+
+    @staticmethod
+    def _hidden_tail(task: TaskProcess) -> str:
+        """The last lines of a task whose output is filtered, to append to a message about it."""
+        if task.show is None:
+            return ""
+        task.reader.join(timeout=5)  # it exited: its last lines are on their way
+        return f". Its last lines:\n{task.output_tail()}"
 
     def _announce(self, message: str) -> None:
         with self._lock:

@@ -63,8 +63,14 @@ def resolve_metric(keras: Any, metric: Any, loss: Any) -> Any:
 
 
 def mean_loss(loss_fn: Any) -> Any:
-    """``loss_fn`` reduced to one mean over the batch (what ``compile``'s loss reports)."""
-    return lambda y, y_pred: tf.reduce_mean(loss_fn(y, y_pred))
+    """``loss_fn`` reduced to one mean over the batch (what ``compile``'s loss reports).
+
+    A Loss object is called through its unreduced ``call``: tf-keras refuses its own default
+    reduction inside a distribution strategy (the pipeline's ``fit`` runs in one).
+    """
+    per_sample = loss_fn.call if hasattr(loss_fn, "reduction") and hasattr(loss_fn, "call") \
+        else loss_fn
+    return lambda y, y_pred: tf.reduce_mean(per_sample(y, y_pred))
 
 
 def apply_step(model: Any, engine: StageEngine, optimizer: Any, x: Any, y: Any,

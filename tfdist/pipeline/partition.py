@@ -13,7 +13,11 @@ Example:
 from __future__ import annotations
 
 import itertools
+import json
+import math
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from tfdist.errors import StrategyConfigError, format_error
 
@@ -22,6 +26,8 @@ __all__ = [
     "check_micro_batches",
     "bounds_from_split_points",
     "balanced_bounds",
+    "check_layer_costs",
+    "read_layer_costs",
     "stage_costs",
     "check_edges",
     "check_layer_classes",
@@ -152,6 +158,47 @@ def balanced_bounds(costs: Sequence[float], stages: int) -> tuple[int, ...]:
     for k in range(stages, 0, -1):
         bounds.append(cut[k][bounds[-1]])
     return tuple(reversed(bounds))
+
+
+def check_layer_costs(costs: object, names: Sequence[str]) -> list[float]:
+    """``costs`` as floats if there is one finite, non-negative number per layer, else raises.
+
+    Example:
+        >>> check_layer_costs([0.5, 1], ["a", "b"])
+        [0.5, 1.0]
+    """
+    ok = isinstance(costs, Sequence) and not isinstance(costs, str) and all(
+        isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c >= 0
+        for c in costs)
+    if not ok or len(costs) != len(names):  # type: ignore[arg-type]
+        raise StrategyConfigError(format_error(
+            "layer_costs must give one finite, non-negative cost per layer.",
+            received=f"layer_costs={costs!r} for {len(names)} layers",
+            expected=f"{len(names)} numbers (seconds of forward + backward), in layer order "
+            f"{list(names)}",
+            fix="pass tfdist-advise's layer costs for this model (its --json 'layer_costs'), "
+            "or leave layer_costs out to balance by parameter count"))
+    return [float(c) for c in costs]  # type: ignore[union-attr]
+
+
+def read_layer_costs(source: Sequence[float] | str | os.PathLike[str]) -> Sequence[float]:
+    """Costs as given, or read from a JSON file: a list, or an object with ``layer_costs``.
+
+    Example:
+        >>> read_layer_costs([1.0, 2.0])
+        [1.0, 2.0]
+    """
+    if not isinstance(source, (str, os.PathLike)):
+        return source
+    try:
+        data = json.loads(Path(source).read_text())
+        return data["layer_costs"] if isinstance(data, dict) else data
+    except (OSError, ValueError, KeyError) as err:
+        raise StrategyConfigError(format_error(
+            f"Cannot read layer costs from {str(source)!r}: {err}.", received=str(source),
+            expected="a JSON list of per-layer seconds, or tfdist-advise --json output",
+            fix="write it with tfdist-advise --json FILE, or unset TFDIST_PIPELINE_LAYER_COSTS"
+        )) from err
 
 
 def stage_costs(costs: Sequence[float], bounds: Sequence[int]) -> list[float]:

@@ -138,10 +138,13 @@ def describe_model(model_or_fn: Any | Callable[[], Any]) -> ModelSpec:
 def split_model(
     model_or_fn: Any, stages: int, micro_batches: int = 1,
     split_points: Sequence[str] | None = None,
+    layer_costs: Sequence[float] | None = None,
 ) -> tuple[ModelSpec, tuple[int, ...]]:
     """Describes a model (without weights for a build function) and splits it into ``stages``.
 
-    Stages are balanced by parameter count unless ``split_points`` name their first layers.
+    ``split_points`` name the first layer of each stage; else the stages are balanced by
+    ``layer_costs`` (measured seconds per layer, e.g. from `tfdist.advise`), else by parameter
+    count.
 
     Raises:
         StrategyConfigError: too many stages, bad split points, a layer whose output is used
@@ -158,6 +161,8 @@ def split_model(
         (0, 1, 3)
         >>> split_model(build, stages=2, split_points=["c"])[1]
         (0, 2, 3)
+        >>> split_model(build, stages=2, layer_costs=[1.0, 1.0, 3.0])[1]
+        (0, 2, 3)
     """
     spec = describe_model(model_or_fn)
     partition.check_stages(stages, len(spec.names))
@@ -169,6 +174,9 @@ def split_model(
                 fix="give keras.Input a full shape (e.g. a fixed sequence length)"))
     if split_points is not None:
         bounds = partition.bounds_from_split_points(spec.names, split_points, stages)
+    elif layer_costs is not None:
+        bounds = partition.balanced_bounds(
+            partition.check_layer_costs(layer_costs, spec.names), stages)
     else:
         bounds = partition.balanced_bounds([max(p, 1) for p in spec.params], stages)
     partition.check_edges(spec.edges, bounds, spec.names)

@@ -381,14 +381,33 @@ class TfdistStrategyMixin:
         distribute = self.distribute_datasets_from_function  # type: ignore[attr-defined]
         return distribute(dataset_fn, options)
 
-    def callbacks(self) -> list[Any]:
-        """The Keras callbacks this backend needs in ``model.fit`` (TF strategies need none).
+    def callbacks(
+        self, tensorboard: str | os.PathLike[str] | None = None, **tensorboard_options: Any
+    ) -> list[Any]:
+        """The Keras callbacks this backend needs in ``model.fit``, and optionally TensorBoard.
+
+        Args:
+            tensorboard: A log directory: add a ``TensorBoard`` writer there, on the chief only
+                (`tfdist.strategies.tensorboard`). None: no writer.
+            **tensorboard_options: Passed to ``TensorBoard`` (``histogram_freq``...).
 
         Example:
-            >>> import tfdist.strategies
-            >>> tfdist.strategies.get_strategy("default").callbacks()
+            >>> import tempfile, tfdist.strategies
+            >>> strategy = tfdist.strategies.get_strategy("default")
+            >>> strategy.callbacks()
             []
+            >>> [type(c).__name__ for c in strategy.callbacks(tensorboard=tempfile.mkdtemp())]
+            ['TensorBoard']
         """
+        if tensorboard is None:
+            return self._backend_callbacks()
+        from tfdist.strategies.tensorboard import tensorboard_callback
+
+        return [*self._backend_callbacks(),
+                tensorboard_callback(self, tensorboard, **tensorboard_options)]
+
+    def _backend_callbacks(self) -> list[Any]:
+        """The callbacks this backend itself needs in ``fit`` (TF strategies need none)."""
         return []
 
     # -------------------------------------------------------------------- saving

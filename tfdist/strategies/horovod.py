@@ -256,11 +256,11 @@ class HorovodStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         distribute_lib.Strategy.__init__(self, extended)
         self._init_tfdist(nominal_cluster(extended._size), Task("worker", extended._rank))
 
-    def callbacks(self) -> list[Any]:
+    def _backend_callbacks(self) -> list[Any]:
         """``[BroadcastVariablesCallback(0), MetricAverageCallback()]`` for this Keras flavour.
 
         Example:
-            >>> [type(c).__name__ for c in HorovodStrategy().callbacks()]
+            >>> [type(c).__name__ for c in HorovodStrategy()._backend_callbacks()]
             ['BroadcastVariablesCallback', 'MetricAverageCallback']
         """
         from tfdist.horovod.callbacks import BroadcastVariablesCallback, MetricAverageCallback

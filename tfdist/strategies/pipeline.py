@@ -45,11 +45,14 @@ from tfdist.strategies import traits as builtin
 from tfdist.strategies.base import TfdistStrategyMixin
 from tfdist.strategies.startup import resolve_startup_timeout, startup_deadline
 
-__all__ = ["PipelineStrategy", "STAGES_ENV", "MICRO_BATCHES_ENV", "SCHEDULE_ENV"]
+__all__ = ["PipelineStrategy", "STAGES_ENV", "MICRO_BATCHES_ENV", "SCHEDULE_ENV",
+           "LAYER_COSTS_ENV"]
 
 STAGES_ENV = builtin.PIPELINE_STAGES_ENV
 MICRO_BATCHES_ENV = builtin.PIPELINE_MICRO_BATCHES_ENV
 SCHEDULE_ENV = builtin.PIPELINE_SCHEDULE_ENV
+LAYER_COSTS_ENV = "TFDIST_PIPELINE_LAYER_COSTS"
+"""A JSON file of measured per-layer costs (``tfdist-advise --json``) to balance stages by."""
 
 _log = logging.getLogger("tfdist")
 
@@ -79,7 +82,9 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
             backward: a stage keeps at most K - stage micro-batches' activations). Both give
             the same result.
         split_points: The first layer of each stage but the first (layer names); None balances
-            the stages by parameter count.
+            the stages by ``layer_costs``, else by parameter count.
+        layer_costs: Measured seconds per layer (a list, or a JSON file such as
+            ``tfdist-advise --json``'s; None: ``$TFDIST_PIPELINE_LAYER_COSTS``, else none).
         timeout_seconds: Deadline of each transfer between stages (None: none; a dead peer
             then ends the job through the launcher).
         startup_timeout_seconds: Deadline for all processes to join (see `MultiWorkerMirrored`).
@@ -105,6 +110,7 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         micro_batches: int | None = None,
         schedule: str | None = None,
         split_points: Sequence[str] | None = None,
+        layer_costs: Sequence[float] | str | os.PathLike[str] | None = None,
         timeout_seconds: float | None = None,
         startup_timeout_seconds: float | None = None,
         tf_config: str | Mapping[str, Any] | None = None,
@@ -120,6 +126,8 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
                 "split_points must be a list of layer names.", received=repr(split_points),
                 expected="e.g. ['dense_3']", fix="pass a list of the first layer of each stage"))
         self.split_points = None if split_points is None else tuple(split_points)
+        costs = layer_costs if layer_costs is not None else os.environ.get(LAYER_COSTS_ENV)
+        self.layer_costs = None if not costs else partition.read_layer_costs(costs)
         self.timeout = check_positive_number("timeout_seconds", timeout_seconds) or 0.0
         deadline = check_positive_number(
             "startup_timeout_seconds", resolve_startup_timeout(startup_timeout_seconds))
@@ -193,7 +201,7 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
                 (skip connections), or a layer the pipeline cannot train exactly.
         """
         return stage.split_model(model_or_fn, self.stages, self.micro_batches,
-                                 self.split_points)
+                                 self.split_points, self.layer_costs)
 
     def build_model(self, model_or_fn: Any) -> Any:
         """This process's stage of the model, ready to ``compile`` and ``fit``.

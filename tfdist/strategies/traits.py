@@ -140,17 +140,22 @@ class StrategyTraits:
         return "sidecar" if role == "evaluator" else "main"
 
     def task_argv(self, role: str, script_argv: tuple[str, ...],
-                  python: str = sys.executable) -> tuple[str, ...]:
+                  python: str = sys.executable, script_serves: bool = False) -> tuple[str, ...]:
         """What a ``role`` task runs: ``python -u -m tfdist.server`` for a server role, else
         ``python -u`` and the script with its arguments.
+
+        ``script_serves``: the script runs on server roles too, and serves them itself (a script
+        written from TensorFlow's guide: ``tf.distribute.Server(...).join()``).
 
         Example:
             >>> PARAMETER_SERVER.task_argv("ps", ("train.py",), python="python")
             ('python', '-u', '-m', 'tfdist.server')
             >>> PARAMETER_SERVER.task_argv("chief", ("train.py", "--epochs", "2"), python="py")
             ('py', '-u', 'train.py', '--epochs', '2')
+            >>> PARAMETER_SERVER.task_argv("ps", ("train.py",), python="py", script_serves=True)
+            ('py', '-u', 'train.py')
         """
-        if role in self.server_roles:
+        if role in self.server_roles and not script_serves:
             return (python, "-u", "-m", SERVER_MODULE)
         return (python, "-u", *script_argv)
 

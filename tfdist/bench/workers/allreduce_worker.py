@@ -76,12 +76,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         for _ in range(args.warmup):
             allreduce(x)
             ring.exchange(nbytes)
-        reduce_s, tcp_s = [], []
+        reduce_s, tcp_s, copy_s = [], [], []
+        source, target = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
         for _ in range(args.repeats):
             barrier()
             reduce_s.append(time_call(lambda x=x: allreduce(x)))
             tcp_s.append(ring.timed_exchange(nbytes))
-        result["sizes"][str(nbytes)] = {"allreduce_s": reduce_s, "tcp_s": tcp_s}
+            copy_s.append(time_call(lambda s=source, t=target: np.copyto(t, s)))
+        result["sizes"][str(nbytes)] = {"allreduce_s": reduce_s, "tcp_s": tcp_s,
+                                        "copy_s": copy_s}
     ring.close()
     return result
 

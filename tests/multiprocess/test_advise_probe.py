@@ -1,0 +1,29 @@
+"""The advisor's network probe for real: 2 processes, tiny sizes, bounded time; the fitted
+alpha-beta-gamma constants reproduce the all-reduce times they were fitted to."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tfdist.advise import model, network
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
+
+
+def test_probe_fits_constants_that_predict_the_measured_allreduce(tmp_path):
+    start = time.monotonic()
+    net = network.probe(backends=("tf",), p=2, sizes=(16 << 10, 256 << 10, 2 << 20), repeats=3,
+                        timeout=180)
+    assert time.monotonic() - start < 180
+    tf_link = net.link("tf")
+    assert 1e-6 < tf_link.alpha < 0.1, tf_link
+    assert 0.01 < tf_link.bandwidth_gbps < 100, tf_link
+    assert 0.05 < net.p2p.bandwidth_gbps < 200, net.p2p
+    assert 0 < net.gamma < 1e-8
+    # Each measured all-reduce time against the ring formula with the fitted constants; a
+    # probe that mixed up sizes or units would be off by orders of magnitude.
+    for nbytes, seconds in net.samples["tf"]:
+        assert model.ring_allreduce_s(2, nbytes, tf_link) == pytest.approx(seconds, rel=0.5)
+    assert network.load(network.save(net, tmp_path / "net.json")) == net

@@ -1,0 +1,213 @@
+"""The advisor: cost formulas on hand-computed numbers, ranking and its reasons, bad input."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import itertools
+import json
+import random
+
+import pytest
+
+from tfdist.advise import cli, model, network
+from tfdist.advise.advisor import advise, build, get_constants
+from tfdist.advise.candidates import Candidate, Cluster, as_cluster, candidates
+from tfdist.advise.model import Link
+from tfdist.advise.predict import predict
+from tfdist.advise.profile import EmbeddingUse, Line, ModelProfile, fit_line
+from tfdist.errors import AdviseError, StrategyConfigError
+from tfdist.pipeline import partition
+
+pytestmark = pytest.mark.unit
+
+LINK = Link(alpha=1e-4, beta=1e-9, gamma=2e-10)
+
+
+def test_ring_and_halving_doubling_by_hand():
+    # p=4, n=8 MB: 6 a + 2*3/4 n b + 3/4 n g = 0.6 ms + 12 ms + 1.2 ms
+    assert model.ring_allreduce_s(4, 8e6, LINK) == pytest.approx(0.0138)
+    # p=8: 2 lg 8 = 6 latency steps instead of 14
+    assert model.halving_doubling_s(8, 8e6, LINK) == pytest.approx(6e-4 + 14e-3 + 1.4e-3)
+    assert model.ring_allreduce_s(8, 8e6, LINK) == pytest.approx(14e-4 + 14e-3 + 1.4e-3)
+    assert model.ring_allreduce_s(1, 8e6, LINK) == 0.0
+
+
+def test_ps_traffic_is_the_slower_of_worker_and_ps_links():
+    link = Link(alpha=1e-3, beta=1e-9)
+    # 4 workers, 1 ps: the ps carries 4 MB each way: 2 * (1 a + 4e6 b)
+    assert model.ps_traffic_s(1e6, 4, 1, link) == pytest.approx(2 * (1e-3 + 4e-3))
+    # 8 shards: each ps carries 0.5 MB, the worker 1 MB: 2 * (8 a + 1e6 b)
+    assert model.ps_traffic_s(1e6, 4, 8, link) == pytest.approx(2 * (8e-3 + 1e-3))
+
+
+def test_pipeline_step_and_bubble():
+    assert model.bubble(4, 4) == pytest.approx(3 / 7)
+    step, transfer = model.pipeline_step_s(0.1, 4, 4, 2e6, Link(alpha=1e-3, beta=1e-9))
+    assert transfer == pytest.approx(7 * 2 * (1e-3 + 2e-3))
+    assert step == pytest.approx(7 * (0.1 + 2 * 3e-3))
+    assert model.pipeline_memory(1e6, 2, 1e5, 4) == pytest.approx(4.4e6)
+
+
+def test_fit_ring_recovers_the_constants_it_was_made_from():
+    sizes = [16e3, 256e3, 1e6, 4e6]
+    times = [model.ring_allreduce_s(2, n, LINK) for n in sizes]
+    got = network.fit_ring(sizes, times, p=2, gamma=LINK.gamma)
+    assert got.alpha == pytest.approx(LINK.alpha, rel=1e-6)
+    assert got.beta == pytest.approx(LINK.beta, rel=1e-6)
+    assert fit_line([1, 2, 3], [3, 5, 7]) == Line(pytest.approx(1.0), pytest.approx(2.0))
+
+
+def _profile(param_bytes=48_000_000, step=None, embeddings=()):
+    step = step or Line(0.002, 1e-4)
+    return ModelProfile(
+        names=("a", "b", "c", "d"), params=(1, 1, 1, 1),
+        param_bytes=(param_bytes // 4,) * 4, activation_bytes=(4000, 4000, 4000, 400),
+        forward=(Line(0, 1e-5), Line(0, 3e-5), Line(0, 1e-5), Line(0, 1e-5)),
+        backward=(Line(0, 2e-5), Line(0, 6e-5), Line(0, 2e-5), Line(0, 2e-5)),
+        step=step, optimizer_slots=2, embeddings=embeddings, threads=1, batch=64)
+
+
+def test_why_names_the_dominating_term_with_its_numbers():
+    link = Link(alpha=1e-4, beta=1 / 2.1e9, gamma=0.0)
+    pred = predict(Candidate("multi_worker", 2), _profile(), {"tf": link}, Cluster(2, cores=2), 64)
+    comm = 2e-4 + 48e6 / 2.1e9                      # 2 a + n b at p=2
+    compute = 0.002 + 32 * 1e-4
+    assert pred.step_s == pytest.approx(comm + compute)
+    assert pred.why() == (f"communication {100 * comm / (comm + compute):.0f}%: dense gradients "
+                          "of 48.00 MB over 2.10 GB/s (tf all-reduce, alpha 0.10 ms)")
+    # Halve the processes' cores: compute runs twice as long, the table says so.
+    slow = predict(Candidate("multi_worker", 2), _profile(), {"tf": link}, Cluster(2, cores=1), 64)
+    assert slow.terms[0].seconds == pytest.approx(2 * compute)
+    assert "2 processes on 1 cores (x2.0)" in slow.terms[0].detail
+
+
+def test_ps_counts_only_the_embedding_rows_a_batch_touches():
+    emb = (EmbeddingUse("e", rows=1_000_000, row_bytes=64, unique_per_sample=0.5, measured_on=64),)
+    prof = _profile(param_bytes=64_000_000 + 4_000_000, embeddings=emb)
+    link = Link(alpha=0.0, beta=1e-9)
+    pred = predict(Candidate("parameter_server", 2, ps=2), prof, {"tf": link}, Cluster(2), 64)
+    touched = 0.5 * 32 * 64                          # 32 samples per worker
+    assert pred.terms[1].seconds == pytest.approx(2 * (4e6 + touched) * 1e-9)
+    assert "1.00 MB" not in pred.why()
+
+
+def test_pipeline_prediction_uses_the_balanced_split_of_measured_costs():
+    prof = _profile(param_bytes=4000, step=Line(0.0, 1.5e-4))
+    link = Link(alpha=0.0, beta=0.0)
+    pred = predict(Candidate("pipeline", 2, stages=2, micro_batches=4), prof, {"tf": link},
+                   Cluster(2, cores=2), 64)
+    micro_costs = [3e-5 * 16, 9e-5 * 16, 3e-5 * 16, 3e-5 * 16]   # balanced: [a, b] | [c, d]
+    slowest = micro_costs[0] + micro_costs[1]
+    assert pred.terms[0].seconds == pytest.approx(4 * slowest)   # the layers account for all
+    assert pred.terms[1].seconds == pytest.approx(slowest)       # (K-1) idle slots
+
+
+def test_memory_limit_reorders_and_then_refuses():
+    prof = _profile()
+    links = {"tf": LINK, "horovod": LINK}
+    net = network.Constants(LINK, links, 2e-10, 2, {}, {})
+    # Whole-model replicas need 48 MB x 4 (weights, grads, 2 Adam slots); a stage half that.
+    fits_halves = advise(None, Cluster(2, device_memory=150e6), batch=64, constants=net,
+                         profile=prof)
+    assert fits_halves.best.candidate.stages == 2 or fits_halves.best.candidate.ps
+    assert not fits_halves.prediction("default x1").fits
+    with pytest.raises(AdviseError) as info:
+        advise(None, Cluster(2, device_memory=1e6), batch=64, constants=net, profile=prof)
+    message = str(info.value)
+    assert "The model fits no layout of this cluster." in message
+    assert "device_memory=1e+06 bytes, 2 processes" in message and "Fix: add processes" in message
+
+
+def test_a_model_that_does_not_build_is_reported_with_its_error():
+    def broken():
+        raise ValueError("Input 0 of layer dense is incompatible")
+
+    with pytest.raises(AdviseError) as info:
+        build(broken)
+    assert "The model could not be built: ValueError: Input 0 of layer dense" in str(info.value)
+    assert "Received: broken" in str(info.value)
+    with pytest.raises(AdviseError, match="neither a Keras model nor a function"):
+        build(42)
+
+
+def test_cluster_inputs_and_their_errors():
+    assert as_cluster("localhost:2,otherhost:2").processes == 4
+    assert as_cluster(3).processes == 3
+    with pytest.raises(AdviseError, match=r"Received: 2.5\. Expected: a process count"):
+        as_cluster(2.5)
+    with pytest.raises(AdviseError, match="processes must be a positive int"):
+        Cluster(processes=0)
+
+
+def test_a_remote_host_cannot_be_probed_from_here():
+    with pytest.raises(AdviseError) as info:
+        get_constants(as_cluster("node7:2,node8:2"), None)
+    message = str(info.value)
+    assert "Cannot probe the network of hosts ['node7', 'node8'] from here" in message
+    assert "tfdist-advise --probe-only --constants net.json" in message
+
+
+def test_constants_round_trip_and_a_bad_file(tmp_path):
+    net = network.Constants(LINK, {"tf": LINK}, 2e-10, 2, {"cores": 2}, {"tf": [[1, 2.0]]})
+    assert network.load(network.save(net, tmp_path / "n.json")) == net
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(AdviseError, match=r"Cannot read network constants from .*bad\.json"):
+        network.load(tmp_path / "bad.json")
+
+
+def _brute_force(costs, stages):
+    return min(max(partition.stage_costs(costs, (0, *cuts, len(costs))))
+               for cuts in itertools.combinations(range(1, len(costs)), stages - 1))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_balanced_split_of_measured_costs_is_optimal(seed):
+    rng = random.Random(seed)
+    costs = [rng.uniform(1e-4, 5e-3) for _ in range(rng.randint(2, 9))]
+    stages = rng.randint(1, min(4, len(costs)))
+    bounds = partition.balanced_bounds(costs, stages)
+    assert max(partition.stage_costs(costs, bounds)) == pytest.approx(_brute_force(costs, stages))
+
+
+def test_layer_costs_are_checked():
+    with pytest.raises(StrategyConfigError) as info:
+        partition.check_layer_costs([1.0, float("nan")], ["a", "b"])
+    assert "layer_costs must give one finite, non-negative cost per layer" in str(info.value)
+    with pytest.raises(StrategyConfigError, match=r"2 numbers .* in layer order \['a', 'b'\]"):
+        partition.check_layer_costs([1.0], ["a", "b"])
+
+
+def test_candidates_and_command_lines():
+    labels = [c.label for c in candidates(Cluster(4), batch=64, micro_batches=(4,))]
+    assert labels == ["default x1", "multi_worker x4", "horovod x4", "parameter_server x4 +1ps",
+                      "parameter_server x4 +2ps", "pipeline D=2 x K=2 M=4", "pipeline K=4 M=4"]
+    assert Candidate("parameter_server", 2, ps=1).launch_argv("t.py") == [
+        "tfdist-launch", "--strategy", "parameter_server", "--workers", "2", "--ps", "1", "t.py"]
+
+
+def test_cli_dry_run_measures_nothing(capsys):
+    assert cli.main(["x.py:build", "--cluster", "localhost:2", "--batch", "32", "--dry-run",
+                     "--micro-batches", "4", "--max-ps", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["cluster"]["processes"] == 2 and out["batch"] == 32
+    assert out["candidates"] == ["default x1", "multi_worker x2", "horovod x2",
+                                 "parameter_server x2 +1ps", "pipeline K=2 M=4"]
+
+
+def test_cli_reports_a_missing_build_function(capsys, tmp_path):
+    net = network.save(network.Constants(LINK, {"tf": LINK}, 0.0, 2, {}, {}), tmp_path / "n.json")
+    assert cli.main(["no_such_module_x:build", "--constants", str(net)]) == 2
+    err = capsys.readouterr().err
+    assert "Cannot load the build function 'no_such_module_x:build'" in err
+
+
+@pytest.mark.parametrize("name", ["tfdist.advise", "tfdist.advise.model",
+                                  "tfdist.advise.candidates", "tfdist.advise.predict",
+                                  "tfdist.advise.network", "tfdist.advise.report",
+                                  "tfdist.advise.cli", "tfdist.advise.profile",
+                                  "tfdist.advise.advisor"])
+def test_docstring_examples_run(name, monkeypatch):
+    monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.failed == 0 and result.attempted > 0

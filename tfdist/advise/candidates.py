@@ -1,0 +1,163 @@
+"""The layouts the advisor considers for a cluster, and the command line that runs each.
+
+A `Cluster` is what the advisor needs to know about the machines: training processes, hosts,
+cores per host and (optionally) memory per device. It is read from a `ClusterSpec`, a host list
+(``"node1:2,node2:2"``) or a count. `candidates` lists, for ``P`` training processes: one
+process (``default``); synchronous all-reduce on ``P`` (TF's ring, Horovod's); parameter
+servers with ``k`` shards beside ``P`` workers; pipelines of ``K`` stages (``K`` dividing ``P``,
+``D = P / K`` replicas) with ``M`` micro-batches.
+
+Example:
+    >>> [c.label for c in candidates(Cluster(processes=2), batch=64, micro_batches=(4,))]
+    ['default x1', 'multi_worker x2', 'horovod x2', 'parameter_server x2 +1ps', \
+'parameter_server x2 +2ps', 'pipeline K=2 M=4']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from tfdist.errors import AdviseError, TfdistError, format_error
+
+__all__ = ["Cluster", "Candidate", "as_cluster", "candidates"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """The machines a job may use.
+
+    Attributes:
+        processes: Training processes (workers, ranks, or D x K pipeline processes).
+        hosts: Distinct hosts they run on (processes are spread evenly).
+        cores: CPU cores per host.
+        device_memory: Bytes one process (device) may hold; None: no limit.
+        host_names: The hosts, when known (a probe can only run on this one).
+
+    Example:
+        >>> Cluster(processes=4, hosts=2).per_host
+        2
+    """
+
+    processes: int
+    hosts: int = 1
+    cores: int = dataclasses.field(default_factory=lambda: os.cpu_count() or 1)
+    device_memory: float | None = None
+    host_names: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("processes", "hosts", "cores"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise AdviseError(format_error(
+                    f"Cluster {name} must be a positive int.", received=f"{name}={value!r}",
+                    expected="an int >= 1", fix=f"pass {name}=2"))
+        if self.device_memory is not None and not self.device_memory > 0:
+            raise AdviseError(format_error(
+                "device_memory must be a positive number of bytes.",
+                received=f"device_memory={self.device_memory!r}", expected="bytes > 0, or None",
+                fix="pass device_memory=16e9 (16 GB), or leave it out"))
+
+    @property
+    def per_host(self) -> int:
+        """Training processes on the busiest host."""
+        return -(-self.processes // self.hosts)
+
+
+def as_cluster(cluster: Any, device_memory: float | None = None) -> Cluster:
+    """A `Cluster` from a `Cluster`, a `ClusterSpec`, a host list string or a process count.
+
+    Raises:
+        AdviseError: anything else, or a host list that does not parse.
+
+    Example:
+        >>> as_cluster("localhost:2").processes, as_cluster(3).hosts
+        (2, 1)
+    """
+    from tfdist.cluster import ClusterSpec, parse_hosts
+
+    if isinstance(cluster, Cluster):
+        return cluster if device_memory is None else dataclasses.replace(
+            cluster, device_memory=device_memory)
+    if isinstance(cluster, int) and not isinstance(cluster, bool):
+        return Cluster(processes=cluster, device_memory=device_memory)
+    if isinstance(cluster, ClusterSpec):
+        hosts = tuple(dict.fromkeys(cluster.hosts()))
+        return Cluster(processes=max(1, cluster.num_workers), hosts=len(hosts),
+                       device_memory=device_memory, host_names=hosts)
+    if isinstance(cluster, str):
+        try:
+            slots = parse_hosts(cluster)
+        except TfdistError as err:
+            raise AdviseError(str(err)) from err
+        return Cluster(processes=sum(n for _, n in slots), hosts=len(slots),
+                       device_memory=device_memory, host_names=tuple(h for h, _ in slots))
+    raise AdviseError(format_error(
+        "Cannot read a cluster from this value.", received=repr(cluster),
+        expected="a process count (2), a host list ('node1:2,node2:2'), a tfdist.ClusterSpec "
+        "or a tfdist.advise.Cluster", fix="pass cluster=2 for two processes on this machine"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One layout: a strategy and its sizes.
+
+    Attributes:
+        strategy: The tfdist strategy name.
+        processes: Training processes (workers or ranks; D x K for a pipeline).
+        ps: Parameter servers (shards), beside the workers.
+        stages: Pipeline stages K.
+        micro_batches: Pipeline micro-batches M.
+    """
+
+    strategy: str
+    processes: int
+    ps: int = 0
+    stages: int = 1
+    micro_batches: int = 1
+
+    @property
+    def label(self) -> str:
+        if self.stages > 1:
+            d = self.processes // self.stages
+            return f"pipeline {f'D={d} x ' if d > 1 else ''}K={self.stages} M={self.micro_batches}"
+        return f"{self.strategy} x{self.processes}" + (f" +{self.ps}ps" if self.ps else "")
+
+    def launch_argv(self, script: str = "train.py") -> list[str]:
+        """The ``tfdist-launch`` command line that runs ``script`` in this layout.
+
+        Example:
+            >>> Candidate("pipeline", 4, stages=2, micro_batches=4).launch_argv()
+            ['tfdist-launch', '--strategy', 'pipeline', '--workers', '4', '--stages', '2', \
+'--micro-batches', '4', 'train.py']
+        """
+        argv = ["tfdist-launch", "--strategy", self.strategy, "--workers", str(self.processes)]
+        if self.ps:
+            argv += ["--ps", str(self.ps)]
+        if self.stages > 1:
+            argv += ["--stages", str(self.stages), "--micro-batches", str(self.micro_batches)]
+        if self.processes == 1 and not self.ps:
+            argv = ["python"]
+        return [*argv, script]
+
+
+def candidates(cluster: Cluster, batch: int, micro_batches: Sequence[int] = (2, 4, 8),
+               max_ps: int = 2, backends: Sequence[str] = ("tf", "horovod"),
+               layers: int | None = None) -> list[Candidate]:
+    """Every layout worth predicting for ``cluster`` and a global ``batch``."""
+    p = cluster.processes
+    out = [Candidate("default", 1)]
+    if p > 1:
+        out += [Candidate(name, p) for backend, name in (("tf", "multi_worker"),
+                                                         ("horovod", "horovod"))
+                if backend in backends]
+    out += [Candidate("parameter_server", p, ps=k) for k in range(1, max_ps + 1)]
+    for k in range(2, p + 1):
+        if p % k or (layers is not None and k > layers):
+            continue
+        for m in micro_batches:
+            if batch % ((p // k) * m) == 0:
+                out.append(Candidate("pipeline", p, stages=k, micro_batches=m))
+    return out

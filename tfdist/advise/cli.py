@@ -1,0 +1,161 @@
+"""``tfdist-advise``: predict and rank every layout of a model on a cluster, and say why.
+
+Example:
+    >>> args = parse_args(["keras_examples/deep_mlp.py:build_model", "--batch", "64",
+    ...                    "--arg", "width=128", "--cluster", "2", "--dry-run"])
+    >>> args.target, args.kwargs["width"], args.cluster
+    ('keras_examples/deep_mlp.py:build_model', 128, '2')
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tfdist.advise import network, report
+from tfdist.advise.advisor import advise, get_constants
+from tfdist.advise.candidates import as_cluster, candidates
+from tfdist.errors import AdviseError, TfdistError, format_error
+
+__all__ = ["parse_args", "load_target", "main"]
+
+CONSTANTS_ENV = "TFDIST_ADVISE_CONSTANTS"
+
+
+def _kwarg(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, received {text!r}")
+    name, value = text.split("=", 1)
+    try:
+        return name, json.loads(value)
+    except ValueError:
+        return name, value
+
+
+def _memory(text: str) -> float:
+    units = {"KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
+    for unit, scale in units.items():
+        if text.upper().endswith(unit):
+            return float(text[:-2]) * scale
+    return float(text)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parses ``argv`` (``sys.argv[1:]`` when None)."""
+    parser = argparse.ArgumentParser(prog="tfdist-advise", description=__doc__.splitlines()[0])
+    parser.add_argument("target", nargs="?", help="the build function: 'path/script.py:fn' or "
+                        "'package.module:fn' (a 'keras' parameter gets the Keras in use)")
+    model = parser.add_argument_group("model")
+    model.add_argument("--arg", dest="kwargs", type=_kwarg, action="append", default=[],
+                       metavar="NAME=VALUE", help="keyword argument of the build function (JSON)")
+    model.add_argument("--batch", type=int, default=64, help="global batch size (default 64)")
+    cluster = parser.add_argument_group("cluster")
+    cluster.add_argument("--cluster", default="2", help="processes ('4') or hosts "
+                         "('node1:2,node2:2'); default 2")
+    cluster.add_argument("--device-memory", type=_memory, help="bytes per process, e.g. 16GB")
+    cluster.add_argument("--micro-batches", default="2,4,8", help="pipeline M to consider")
+    cluster.add_argument("--max-ps", type=int, default=2, help="most parameter servers (2)")
+    cluster.add_argument("--backends", default="tf,horovod", help="all-reduce backends")
+    net = parser.add_argument_group("network constants")
+    net.add_argument("--constants", default=os.environ.get(CONSTANTS_ENV),
+                     help=f"JSON of measured constants to reuse (default ${CONSTANTS_ENV}; "
+                     "else the cache, else a probe)")
+    net.add_argument("--probe-only", action="store_true",
+                     help="probe the network here, write --constants (or the cache), stop")
+    out = parser.add_argument_group("output")
+    out.add_argument("--script", default="train.py", help="script the command lines run")
+    out.add_argument("--json", type=Path, help="also write everything as JSON here")
+    out.add_argument("--dry-run", action="store_true",
+                     help="print what would be measured and considered, measure nothing")
+    args = parser.parse_args(argv)
+    args.kwargs = dict(args.kwargs)
+    args.micro_batches = tuple(int(m) for m in args.micro_batches.split(","))
+    args.backends = tuple(args.backends.split(","))
+    if not args.probe_only and not args.target:
+        parser.error("a target (path/script.py:build_fn) is required unless --probe-only")
+    return args
+
+
+def _import(location: str) -> Any:
+    if location.endswith(".py"):
+        path = Path(location).resolve()
+        sys.path.insert(0, str(path.parent))  # the script's own imports (e.g. `import common`)
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        return module
+    return importlib.import_module(location)
+
+
+def load_target(target: str, kwargs: dict[str, Any]) -> Any:
+    """A zero-argument function building the model named by ``target`` with ``kwargs``.
+
+    Raises:
+        AdviseError: the module or function cannot be found.
+    """
+    location, _, name = target.rpartition(":")
+    try:
+        fn = getattr(_import(location), name)
+    except (ImportError, AttributeError, OSError, ValueError) as err:
+        raise AdviseError(format_error(
+            f"Cannot load the build function {target!r}: {err}.", received=target,
+            expected="'path/to/script.py:function' or 'package.module:function'",
+            fix="name a function that returns a built Keras model")) from err
+    if "keras" in inspect.signature(fn).parameters and "keras" not in kwargs:
+        from tfdist import compat
+
+        kwargs = {"keras": compat.get_keras(), **kwargs}
+    return lambda: fn(**kwargs)
+
+
+def _dry_run(args: argparse.Namespace) -> int:
+    shape = as_cluster(args.cluster if not args.cluster.isdigit() else int(args.cluster),
+                       args.device_memory)
+    source = args.constants or (f"cache {network.default_path()}" if
+                                network.default_path().exists() else "a new 2-process probe")
+    print(json.dumps({"target": args.target, "kwargs": args.kwargs, "batch": args.batch,
+                      "cluster": vars(shape) | {"host_names": list(shape.host_names)},
+                      "constants": source,
+                      "candidates": [c.label for c in candidates(
+                          shape, args.batch, args.micro_batches, args.max_ps, args.backends)]},
+                     indent=1))
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    shape = as_cluster(int(args.cluster) if args.cluster.isdigit() else args.cluster,
+                       args.device_memory)
+    if args.probe_only:
+        measured = network.probe(backends=args.backends)
+        path = network.save(measured, args.constants or network.default_path())
+        print(f"[tfdist-advise] wrote {path}")
+        return 0
+    constants = get_constants(shape, args.constants, args.backends)
+    advice = advise(load_target(args.target, args.kwargs), shape, batch=args.batch,
+                    constants=constants, script=args.script, micro_batches=args.micro_batches,
+                    max_ps=args.max_ps, backends=args.backends)
+    print(report.render(advice))
+    if args.json:
+        args.json.write_text(json.dumps(report.to_json(advice), indent=1) + "\n")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return _dry_run(args) if args.dry_run else _run(args)
+    except TfdistError as err:
+        print(f"tfdist-advise: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""The cost model: step time and memory of each candidate layout, from measured constants.
+
+Pure functions, no TensorFlow. Times are seconds, sizes bytes. A `Link` is the alpha-beta-gamma
+model of one collective implementation: ``alpha`` seconds per message (latency), ``beta`` seconds
+per byte moved, ``gamma`` seconds per byte reduced. The formulas are the classic ones (Thakur,
+Rabenseifner and Gropp, "Optimization of Collective Communication Operations in MPICH", 2005):
+
+* ring all-reduce: ``2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma``;
+* recursive halving-doubling: ``2 lg(p) alpha`` + the same bandwidth and reduction terms;
+* parameter servers, k shards, n workers: a worker pulls and pushes its ``M`` bytes, each ps
+  serves ``n M / k``: ``2 (k alpha + max(M, n M / k) beta)`` per step;
+* pipeline, K stages, M micro-batches (GPipe): ``(M + K - 1)`` slots of the slowest stage's
+  forward + backward of one micro-batch plus its two transfers; idle fraction (bubble)
+  ``(K - 1) / (M + K - 1)``.
+
+Example:
+    >>> link = Link(alpha=1e-4, beta=1e-9, gamma=5e-10)
+    >>> round(ring_allreduce_s(2, 1e6, link) * 1e3, 3)   # 2a + n b + n g / 2
+    1.45
+    >>> bubble(4, 12)
+    0.2
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+__all__ = ["Link", "ring_allreduce_s", "halving_doubling_s", "ps_traffic_s", "bubble",
+           "pipeline_step_s", "data_parallel_memory", "ps_memory", "pipeline_memory",
+           "contention"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """Alpha-beta-gamma constants of one transport.
+
+    Attributes:
+        alpha: Seconds of latency per message.
+        beta: Seconds per byte sent (1 / bandwidth).
+        gamma: Seconds per byte reduced (summing two float32 buffers).
+
+    Example:
+        >>> Link(alpha=1e-4, beta=5e-10, gamma=1e-10).bandwidth_gbps
+        2.0
+    """
+
+    alpha: float
+    beta: float
+    gamma: float = 0.0
+
+    @property
+    def bandwidth_gbps(self) -> float:
+        """``1 / beta`` in GB/s."""
+        return 1e-9 / self.beta if self.beta > 0 else math.inf
+
+
+def ring_allreduce_s(p: int, nbytes: float, link: Link) -> float:
+    """Ring all-reduce of ``nbytes`` over ``p`` processes (0 for one process).
+
+    Example:
+        >>> link = Link(alpha=1e-3, beta=1e-9, gamma=0.0)
+        >>> round(ring_allreduce_s(4, 4e6, link), 6)   # 6 a + 1.5 n b
+        0.012
+        >>> ring_allreduce_s(1, 4e6, link)
+        0.0
+    """
+    if p <= 1:
+        return 0.0
+    share = (p - 1) / p
+    return 2 * (p - 1) * link.alpha + 2 * share * nbytes * link.beta + share * nbytes * link.gamma
+
+
+def halving_doubling_s(p: int, nbytes: float, link: Link) -> float:
+    """Recursive halving-doubling all-reduce (Rabenseifner): ``2 lg p`` latency steps.
+
+    Example:
+        >>> link = Link(alpha=1e-3, beta=1e-9, gamma=0.0)
+        >>> round(halving_doubling_s(8, 8e6, link), 6)   # 6 a + 1.75 n b
+        0.02
+    """
+    if p <= 1:
+        return 0.0
+    share = (p - 1) / p
+    return (2 * math.log2(p) * link.alpha + 2 * share * nbytes * link.beta
+            + share * nbytes * link.gamma)
+
+
+def ps_traffic_s(nbytes: float, workers: int, shards: int, link: Link) -> float:
+    """One worker's pull and push of ``nbytes`` spread over ``shards`` ps, ``workers`` at once.
+
+    The worker's own link carries ``nbytes`` each way; each ps carries ``workers * nbytes /
+    shards``; the slower of the two sets the time.
+
+    Example:
+        >>> link = Link(alpha=0.0, beta=1e-9)
+        >>> ps_traffic_s(1e6, workers=4, shards=1, link=link)   # the ps is the bottleneck
+        0.008
+        >>> ps_traffic_s(1e6, workers=4, shards=4, link=link)   # now the worker's link
+        0.002
+    """
+    bottleneck = max(nbytes, workers * nbytes / shards)
+    return 2 * (shards * link.alpha + bottleneck * link.beta)
+
+
+def bubble(stages: int, micro_batches: int) -> float:
+    """The idle fraction of a GPipe step: ``(K - 1) / (M + K - 1)``.
+
+    Example:
+        >>> bubble(2, 4)
+        0.2
+    """
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def pipeline_step_s(slowest_stage_s: float, stages: int, micro_batches: int,
+                    boundary_bytes: float, link: Link) -> tuple[float, float]:
+    """(step seconds, transfer seconds) of a K-stage pipeline of M micro-batches.
+
+    ``slowest_stage_s`` is the largest stage's forward + backward of one micro-batch;
+    ``boundary_bytes`` the largest activation a stage sends per micro-batch (its gradient
+    comes back the same size).
+
+    Example:
+        >>> step, transfer = pipeline_step_s(0.1, 2, 4, 1e6, Link(alpha=0.0, beta=1e-9))
+        >>> round(step, 4), round(transfer, 4)
+        (0.51, 0.01)
+    """
+    transfer = 2 * (link.alpha + boundary_bytes * link.beta) if stages > 1 else 0.0
+    slots = micro_batches + stages - 1
+    return slots * (slowest_stage_s + transfer), slots * transfer
+
+
+def data_parallel_memory(param_bytes: float, optimizer_slots: int,
+                         activation_bytes: float) -> float:
+    """One replica's bytes: weights, gradients, optimizer slots, activations of its batch.
+
+    Example:
+        >>> data_parallel_memory(4e6, optimizer_slots=2, activation_bytes=1e6)
+        17000000.0
+    """
+    return param_bytes * (2 + optimizer_slots) + activation_bytes
+
+
+def ps_memory(param_bytes: float, optimizer_slots: int, shards: int) -> float:
+    """One ps's bytes: its shard of the weights and their optimizer slots.
+
+    Example:
+        >>> ps_memory(8e6, optimizer_slots=1, shards=2)
+        8000000.0
+    """
+    return param_bytes * (1 + optimizer_slots) / shards
+
+
+def pipeline_memory(stage_param_bytes: float, optimizer_slots: int,
+                    micro_activation_bytes: float, in_flight: int) -> float:
+    """One stage's bytes: its weights, gradients and slots, and ``in_flight`` micro-batches'
+    activations (GPipe: M; 1F1B: at most K).
+
+    Example:
+        >>> pipeline_memory(1e6, optimizer_slots=0, micro_activation_bytes=1e5, in_flight=4)
+        2400000.0
+    """
+    return stage_param_bytes * (2 + optimizer_slots) + micro_activation_bytes * in_flight
+
+
+def contention(busy_processes: int, threads_each: int, cores: int) -> float:
+    """How much slower compute runs when the busy processes want more cores than the host has.
+
+    Example:
+        >>> contention(4, 1, cores=2), contention(2, 1, cores=2)
+        (2.0, 1.0)
+    """
+    return max(1.0, busy_processes * threads_each / max(1, cores))

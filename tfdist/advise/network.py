@@ -1,0 +1,199 @@
+"""Network constants (alpha, beta, gamma) from a short real probe, fitted by least squares.
+
+The probe is the benchmark's all-reduce section (`tfdist.bench.allreduce`) at a few small sizes
+on 2 processes of this machine: each backend's all-reduce time ``t(n)`` and, in the same
+processes, a point-to-point TCP exchange of ``n`` bytes each way. Then:
+
+* ``gamma`` (seconds per byte reduced) is timed here: summing two float32 buffers;
+* the TCP exchange gives the raw link: ``t = alpha + n beta`` by least squares;
+* each all-reduce backend gives ``t = A + B n``; the ring formula at ``p`` processes,
+  ``2(p-1) alpha + n (2(p-1)/p beta + (p-1)/p gamma)``, turns ``A`` and ``B`` into that
+  backend's own ``alpha`` and ``beta`` (what its transport achieves, copies included).
+
+`Constants` are cached as JSON beside the machine they were measured on (cores, CPU, versions).
+
+Example:
+    >>> link = fit_ring([1e3, 1e6], [2e-4 + 1e3 * 2e-9, 2e-4 + 1e6 * 2e-9], p=2, gamma=0.0)
+    >>> round(link.alpha * 1e6), round(link.bandwidth_gbps, 3)
+    (100, 0.5)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tfdist.advise.model import Link
+from tfdist.advise.profile import fit_line
+from tfdist.errors import AdviseError, TfdistError, format_error
+
+__all__ = ["Constants", "fit_ring", "measure_gamma", "probe", "load", "save", "default_path",
+           "PROBE_SIZES"]
+
+PROBE_SIZES = (16 << 10, 256 << 10, 1 << 20, 4 << 20)
+"""Message sizes of the probe (bytes): small enough for seconds, wide enough for a slope."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Constants:
+    """What the advisor knows about the network of one machine (or cluster).
+
+    Attributes:
+        p2p: The raw point-to-point link (loopback TCP here).
+        backends: All-reduce backend (``"tf"``, ``"horovod"``) -> its fitted link.
+        gamma: Seconds per byte reduced.
+        processes: Processes the probe ran on.
+        machine: Where and when it was measured (`tfdist.bench.report.machine`).
+        samples: The raw probe: ``{"tcp"|backend: [[bytes, seconds], ...]}``.
+    """
+
+    p2p: Link
+    backends: Mapping[str, Link]
+    gamma: float
+    processes: int
+    machine: Mapping[str, Any]
+    samples: Mapping[str, Sequence[Sequence[float]]]
+
+    def link(self, backend: str) -> Link:
+        """The link of ``backend``, else the raw link (a backend the probe did not run)."""
+        return self.backends.get(backend, self.p2p)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Constants:
+        return cls(p2p=Link(**data["p2p"]),
+                   backends={k: Link(**v) for k, v in data["backends"].items()},
+                   gamma=float(data["gamma"]), processes=int(data["processes"]),
+                   machine=dict(data["machine"]), samples=dict(data["samples"]))
+
+
+def fit_ring(sizes: Sequence[float], seconds: Sequence[float], p: int, gamma: float) -> Link:
+    """A backend's link from its ring all-reduce times at ``p`` processes (least squares).
+
+    Example:
+        >>> round(fit_ring([0, 1e6], [4e-4, 4e-4 + 1e-3], p=2, gamma=0.0).alpha, 9)
+        0.0002
+    """
+    line = fit_line(sizes, seconds)
+    share = (p - 1) / p
+    alpha = max(0.0, line.c0) / (2 * (p - 1))
+    beta = max(1e-15, (line.c1 - share * gamma) / (2 * share))
+    return Link(alpha=alpha, beta=beta, gamma=gamma)
+
+
+def measure_gamma(nbytes: int = 8 << 20, repeats: int = 5) -> float:
+    """Seconds per byte of summing two float32 buffers here (median of ``repeats``).
+
+    Example:
+        >>> 0 < measure_gamma(1 << 16, repeats=2) < 1e-6
+        True
+    """
+    a = np.ones(nbytes // 4, np.float32)
+    b = np.ones_like(a)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.add(a, b, out=a)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) / nbytes
+
+
+def _samples(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[list[float]]]:
+    out: dict[str, list[list[float]]] = {}
+    for row in rows:
+        out.setdefault(row["backend"], []).append([row["bytes"], row["time_ms"] / 1e3])
+        tcp = row["bytes"] / (row["limit_GBps"] * 1e9)
+        out.setdefault("tcp", []).append([row["bytes"], tcp])
+    return out
+
+
+def _run_allreduce(backends: Sequence[str], p: int, sizes: Sequence[int], repeats: int,
+                   timeout: float, log: Any) -> list[dict[str, Any]]:
+    from tfdist.bench import allreduce
+
+    rows: list[dict[str, Any]] = []
+    for backend in backends:
+        config = allreduce.AllreduceConfig(np=p, sizes=list(sizes), warmup=1, repeats=repeats,
+                                           backends=(backend,), timeout=timeout)
+        try:
+            rows += allreduce.run(config, log)["rows"]
+        except (TfdistError, RuntimeError, OSError) as err:
+            raise AdviseError(format_error(
+                f"The network probe ({backend} all-reduce on {p} local processes) failed: {err}",
+                received=f"backend={backend}, sizes={list(sizes)}",
+                expected="a 2-process job that finishes within the timeout",
+                fix="check that loopback ports are free and nothing else loads the machine, "
+                f"raise --probe-timeout (now {timeout:g} s), or leave out the backend "
+                "(--backends tf)")) from err
+    return rows
+
+
+def probe(backends: Sequence[str] = ("tf", "horovod"), p: int = 2,
+          sizes: Sequence[int] = PROBE_SIZES, repeats: int = 3, timeout: float = 300.0,
+          log: Any = None) -> Constants:
+    """Runs the all-reduce probe on ``p`` local processes and fits the constants.
+
+    A backend that is not installed (Horovod) is left out and the others are kept.
+
+    Raises:
+        AdviseError: a probe job failed or timed out (the message names the backend).
+    """
+    from tfdist.bench import report
+
+    usable = [b for b in backends if b != "horovod" or _horovod_available()]
+    rows = _run_allreduce(usable, p, sizes, repeats, timeout, log or io.StringIO())
+    samples = _samples(rows)
+    gamma = measure_gamma()
+    tcp = fit_line(*zip(*samples["tcp"], strict=True))
+    # The TCP exchange of n bytes is one step of a 2-rank ring: n each way at once.
+    p2p = Link(alpha=max(0.0, tcp.c0), beta=max(1e-15, tcp.c1), gamma=gamma)
+    fitted = {b: fit_ring(*zip(*pts, strict=True), p=p, gamma=gamma)
+              for b, pts in samples.items() if b != "tcp"}
+    return Constants(p2p=p2p, backends=fitted, gamma=gamma, processes=p,
+                     machine=report.machine(), samples=samples)
+
+
+def _horovod_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("horovod") is not None
+
+
+def default_path() -> Path:
+    """``$TFDIST_CACHE`` or ``~/.cache/tfdist``, then ``advise/network-<host>.json``."""
+    root = Path(os.environ.get("TFDIST_CACHE", Path.home() / ".cache" / "tfdist"))
+    return root / "advise" / f"network-{os.uname().nodename}.json"
+
+
+def save(constants: Constants, path: str | os.PathLike[str]) -> Path:
+    """Writes ``constants`` as JSON; returns the path."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(constants.to_json(), indent=1) + "\n")
+    return target
+
+
+def load(path: str | os.PathLike[str]) -> Constants:
+    """Reads constants written by `save` (or by ``tfdist-advise --probe-only``).
+
+    Raises:
+        AdviseError: the file is missing or is not such a file.
+    """
+    try:
+        return Constants.from_json(json.loads(Path(path).read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise AdviseError(format_error(
+            f"Cannot read network constants from {str(path)!r}: {err}.", received=str(path),
+            expected="a JSON file written by tfdist-advise --probe-only --constants FILE",
+            fix="run the probe again (tfdist-advise --probe-only --constants FILE) or drop "
+            "--constants to probe now")) from err

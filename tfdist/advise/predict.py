@@ -1,0 +1,208 @@
+"""Predicted step time, samples/s and memory of one candidate, from a profile and constants.
+
+One cost function per kind of layout, chosen through `COSTS` (strategy name -> function); each
+returns `Term`s (compute, communication, bubble) that add up to the step, so the report can say
+which one dominates and why. A step is one global batch of ``B`` samples: for asynchronous
+parameter servers, the time in which the workers together train ``B`` samples.
+
+Compute is the profiled training step at the per-process batch, times the contention when a
+host's busy processes want more cores than it has (`model.contention`).
+
+Example:
+    >>> from tfdist.advise.model import Link
+    >>> from tfdist.advise.profile import Line, ModelProfile
+    >>> prof = ModelProfile(names=("d",), params=(250_000,), param_bytes=(1_000_000,),
+    ...     activation_bytes=(40,), forward=(Line(0, 1e-5),), backward=(Line(0, 2e-5),),
+    ...     step=Line(1e-3, 3e-5), optimizer_slots=0, embeddings=(), threads=1, batch=64)
+    >>> net = Link(alpha=1e-4, beta=1e-9, gamma=0.0)
+    >>> pred = predict(Candidate("multi_worker", 2), prof, {"tf": net}, Cluster(2, cores=2), 64)
+    >>> round(pred.step_s * 1e3, 3), pred.dominant.kind
+    (3.16, 'compute')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+
+from tfdist.advise import model
+from tfdist.advise.candidates import Candidate, Cluster
+from tfdist.advise.model import Link
+from tfdist.advise.profile import ModelProfile
+from tfdist.pipeline.partition import balanced_bounds, stage_costs
+
+__all__ = ["Term", "Prediction", "predict", "rank", "COSTS", "BACKEND_OF"]
+
+BACKEND_OF: Mapping[str, str] = {"multi_worker": "tf", "horovod": "horovod",
+                                 "parameter_server": "tf", "pipeline": "tf", "default": "tf"}
+"""Which probed transport each strategy's traffic uses (TF's gRPC, or Horovod over Gloo)."""
+
+HALVING_DOUBLING: Mapping[str, bool] = {"tf": False, "horovod": False}
+"""Whether the backend's CPU all-reduce may use recursive halving-doubling (TF's CPU collectives
+and Gloo's default all-reduce are rings; an MPI-built Horovod would be True)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Term:
+    """One part of a step: ``kind`` (compute, communication, bubble), seconds, what it is."""
+
+    kind: str
+    seconds: float
+    detail: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """A candidate's predicted step.
+
+    Attributes:
+        candidate: The layout.
+        terms: The parts of the step; their sum is ``step_s``.
+        memory_bytes: The most bytes any one process holds.
+        fits: Whether that is within the cluster's ``device_memory``.
+        batch: The global batch the step trains.
+    """
+
+    candidate: Candidate
+    terms: tuple[Term, ...]
+    memory_bytes: float
+    fits: bool
+    batch: int
+
+    @property
+    def step_s(self) -> float:
+        return sum(t.seconds for t in self.terms)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.batch / self.step_s if self.step_s > 0 else float("inf")
+
+    @property
+    def dominant(self) -> Term:
+        return max(self.terms, key=lambda t: t.seconds)
+
+    def why(self) -> str:
+        """``"communication 70%: dense gradients of 48.0 MB over 2.10 GB/s"``."""
+        term = self.dominant
+        share = 100 * term.seconds / self.step_s if self.step_s else 0.0
+        return f"{term.kind} {share:.0f}%: {term.detail}"
+
+
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / 1e6:.2f} MB"
+
+
+def _compute(prof: ModelProfile, batch: float, busy: int, cluster: Cluster) -> Term:
+    slow = model.contention(busy, prof.threads or cluster.cores, cluster.cores)
+    note = f", {busy} processes on {cluster.cores} cores (x{slow:.1f})" if slow > 1 else ""
+    return Term("compute", prof.step.at(batch) * slow,
+                f"forward+backward+update of {batch:g} samples{note}")
+
+
+def _allreduce_s(p: int, nbytes: float, link: Link, backend: str) -> float:
+    ring = model.ring_allreduce_s(p, nbytes, link)
+    if HALVING_DOUBLING.get(backend, False):
+        return min(ring, model.halving_doubling_s(p, nbytes, link))
+    return ring
+
+
+def _dense_bytes(prof: ModelProfile) -> float:
+    return prof.total_param_bytes - prof.embedding_bytes
+
+
+def _sparse_bytes(prof: ModelProfile, batch: float) -> float:
+    return sum(e.touched_bytes(int(batch)) for e in prof.embeddings)
+
+
+def _activations(prof: ModelProfile, batch: float) -> float:
+    return sum(prof.activation_bytes) * batch
+
+
+def _single(c: Candidate, prof: ModelProfile, links: Mapping[str, Link], cluster: Cluster,
+            batch: int) -> tuple[list[Term], float]:
+    memory = model.data_parallel_memory(prof.total_param_bytes, prof.optimizer_slots,
+                                        _activations(prof, batch))
+    return [_compute(prof, batch, 1, cluster)], memory
+
+
+def _allreduce(c: Candidate, prof: ModelProfile, links: Mapping[str, Link], cluster: Cluster,
+               batch: int) -> tuple[list[Term], float]:
+    backend = BACKEND_OF[c.strategy]
+    link, p, local = links[backend], c.processes, batch / c.processes
+    dense = _dense_bytes(prof)
+    # Embedding gradients are sparse (IndexedSlices): gathered from every replica, not reduced.
+    sparse = _sparse_bytes(prof, local)
+    gather = (p - 1) * (link.alpha + sparse * link.beta) if sparse else 0.0
+    comm = _allreduce_s(p, dense, link, backend) + gather
+    detail = (f"dense gradients of {_mb(dense)} over {link.bandwidth_gbps:.2f} GB/s "
+              f"({backend} all-reduce, alpha {link.alpha * 1e3:.2f} ms)")
+    if sparse:
+        detail += f", plus {_mb(sparse)} of embedding rows gathered"
+    memory = model.data_parallel_memory(prof.total_param_bytes, prof.optimizer_slots,
+                                        _activations(prof, local))
+    return [_compute(prof, local, cluster.per_host, cluster),
+            Term("communication", comm, detail)], memory
+
+
+def _parameter_server(c: Candidate, prof: ModelProfile, links: Mapping[str, Link],
+                      cluster: Cluster, batch: int) -> tuple[list[Term], float]:
+    link, n, k = links["tf"], c.processes, c.ps
+    local = batch / n
+    dense, sparse = _dense_bytes(prof), _sparse_bytes(prof, local)
+    comm = model.ps_traffic_s(dense + sparse, n, k, link)
+    detail = (f"each worker pulls and pushes {_mb(dense)} of dense weights"
+              + (f" and {_mb(sparse)} of embedding rows" if sparse else "")
+              + f" over {link.bandwidth_gbps:.2f} GB/s, {k} ps serving {n} workers")
+    worker = model.data_parallel_memory(0, 0, _activations(prof, local)) + dense + sparse
+    ps = model.ps_memory(prof.total_param_bytes, prof.optimizer_slots, k)
+    return [_compute(prof, local, cluster.per_host, cluster),
+            Term("communication", comm, detail)], max(worker, ps)
+
+
+def _pipeline(c: Candidate, prof: ModelProfile, links: Mapping[str, Link], cluster: Cluster,
+              batch: int) -> tuple[list[Term], float]:
+    link, k, m = links["tf"], c.stages, c.micro_batches
+    d = c.processes // k
+    micro = batch / (d * m)
+    costs = prof.layer_costs(micro)
+    bounds = balanced_bounds(costs, k)
+    slow = model.contention(cluster.per_host, prof.threads or cluster.cores, cluster.cores)
+    slowest = max(stage_costs(costs, bounds)) * slow
+    boundary = max(prof.activation_bytes[b - 1] for b in bounds[1:-1]) * micro
+    step, transfer = model.pipeline_step_s(slowest, k, m, boundary, link)
+    # What the layers alone miss (loss, optimizer update, dispatch), shared by the K stages.
+    rest = max(0.0, prof.step.at(batch / d) - sum(prof.layer_costs(batch / d))) * slow / k
+    params = stage_costs(prof.param_bytes, bounds)
+    sync = model.ring_allreduce_s(d, max(params), link)
+    idle = (k - 1) * (slowest + transfer / (m + k - 1))
+    terms = [Term("compute", m * slowest + rest,
+                  f"{m} micro-batches of {micro:g} samples through the slowest of {k} stages"),
+             Term("bubble", idle, f"(K-1)/(M+K-1) = {model.bubble(k, m):.0%} of the step idle"),
+             Term("communication", transfer + sync,
+                  f"{2 * (m + k - 1)} transfers of {_mb(boundary)} activations over "
+                  f"{link.bandwidth_gbps:.2f} GB/s" + (f", stage gradients of {_mb(max(params))} "
+                                                       f"over {d} replicas" if d > 1 else ""))]
+    acts = [sum(prof.activation_bytes[a:b]) * micro for a, b in zip(bounds, bounds[1:],
+                                                                     strict=False)]
+    memory = max(model.pipeline_memory(pb, prof.optimizer_slots, act, m)
+                 for pb, act in zip(params, acts, strict=True))
+    return terms, memory
+
+
+COSTS: Mapping[str, Callable[..., tuple[list[Term], float]]] = {
+    "default": _single, "multi_worker": _allreduce, "horovod": _allreduce,
+    "parameter_server": _parameter_server, "pipeline": _pipeline}
+"""Strategy name -> its cost function ``(candidate, profile, links, cluster, batch)``."""
+
+
+def predict(candidate: Candidate, prof: ModelProfile, links: Mapping[str, Link],
+            cluster: Cluster, batch: int) -> Prediction:
+    """The predicted step of ``candidate`` (``links``: backend name -> fitted link)."""
+    terms, memory = COSTS[candidate.strategy](candidate, prof, links, cluster, batch)
+    fits = cluster.device_memory is None or memory <= cluster.device_memory
+    return Prediction(candidate, tuple(terms), memory, fits, batch)
+
+
+def rank(predictions: Sequence[Prediction]) -> list[Prediction]:
+    """Fitting candidates fastest first, then those that do not fit."""
+    return sorted(predictions, key=lambda p: (not p.fits, p.step_s))

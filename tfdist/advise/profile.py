@@ -1,0 +1,318 @@
+"""Per-layer forward/backward time of a Keras model on this machine, and its whole training step.
+
+`profile_model` times each layer alone (its forward, then forward + backward, in a
+``tf.function``, on inputs of the shapes the model feeds it) at two batch sizes and fits a line
+``t(b) = c0 + c1 b`` to each, so a cost at any per-device batch (a replica's share, a
+micro-batch) is read off without measuring again. The whole training step (forward, backward,
+the model's own optimizer) is timed the same way: it carries what the layers alone miss (the
+loss, the update, the dispatch of one step). Sizes come from the model: parameters and bytes per
+layer, activation bytes per sample, and for each ``Embedding`` the rows a batch touches.
+
+Example:
+    >>> from tfdist import compat
+    >>> keras = compat.get_keras()
+    >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, name="d")])
+    >>> prof = profile_model(model, batch=16, repeats=2)
+    >>> prof.names, prof.params, prof.step.at(16) > 0
+    (('d',), (36,), True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from tfdist import compat
+from tfdist.errors import AdviseError, format_error
+
+__all__ = ["Line", "EmbeddingUse", "ModelProfile", "profile_model", "fit_line"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Line:
+    """``seconds(batch) = c0 + c1 * batch``.
+
+    Example:
+        >>> Line(0.001, 1e-5).at(100)
+        0.002
+    """
+
+    c0: float
+    c1: float
+
+    def at(self, batch: float) -> float:
+        return max(0.0, self.c0 + self.c1 * batch)
+
+
+def fit_line(x: Sequence[float], y: Sequence[float]) -> Line:
+    """Least-squares line through ``(x, y)``; one point gives a line through the origin.
+
+    Example:
+        >>> line = fit_line([1, 3], [2, 4])
+        >>> round(line.c0, 6), round(line.c1, 6)
+        (1.0, 1.0)
+    """
+    if len(set(x)) < 2:
+        return Line(0.0, float(np.mean(y)) / float(np.mean(x)))
+    c1, c0 = np.polyfit(np.asarray(x, float), np.asarray(y, float), 1)
+    return Line(float(c0), float(c1))
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddingUse:
+    """One embedding table: its size and how many of its rows a batch reads.
+
+    Attributes:
+        layer: Layer name.
+        rows: Rows of the table (``input_dim``).
+        row_bytes: Bytes of one row.
+        unique_per_sample: Distinct rows one sample touches, measured on a batch of data
+            (or the lookups per sample, an upper bound, when no data was given).
+        measured_on: Rows of data the fraction was measured on (0: none, upper bound).
+    """
+
+    layer: str
+    rows: int
+    row_bytes: int
+    unique_per_sample: float
+    measured_on: int
+
+    def touched_bytes(self, batch: int) -> float:
+        """Bytes of the rows a batch of ``batch`` samples reads (and whose gradient it pushes)."""
+        return min(self.rows, self.unique_per_sample * batch) * self.row_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelProfile:
+    """Measured costs and sizes of one model on one machine.
+
+    Attributes:
+        names: Layer names (model order, inputs excluded).
+        params: Parameters per layer.
+        param_bytes: Weight bytes per layer.
+        activation_bytes: Output bytes per sample of each layer.
+        forward: Per-layer forward time as a line in the batch.
+        backward: Per-layer backward time (forward + backward minus forward).
+        step: The whole training step (with the model's optimizer) at one batch.
+        optimizer_slots: Optimizer variables per weight (SGD 0, momentum 1, Adam 2).
+        embeddings: The model's embedding tables.
+        threads: TensorFlow intra-op threads the profile ran with (0: TF's default, every core).
+        batch: The largest batch measured.
+    """
+
+    names: tuple[str, ...]
+    params: tuple[int, ...]
+    param_bytes: tuple[int, ...]
+    activation_bytes: tuple[int, ...]
+    forward: tuple[Line, ...]
+    backward: tuple[Line, ...]
+    step: Line
+    optimizer_slots: int
+    embeddings: tuple[EmbeddingUse, ...]
+    threads: int
+    batch: int
+
+    @property
+    def total_param_bytes(self) -> int:
+        return sum(self.param_bytes)
+
+    @property
+    def embedding_bytes(self) -> int:
+        """Bytes of every embedding table (the sparse part)."""
+        return sum(e.rows * e.row_bytes for e in self.embeddings)
+
+    def layer_costs(self, batch: float) -> list[float]:
+        """Forward + backward seconds of each layer at ``batch`` (the pipeline's split costs)."""
+        return [f.at(batch) + b.at(batch) for f, b in zip(self.forward, self.backward,
+                                                           strict=True)]
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ModelProfile:
+        lines = lambda rows: tuple(Line(**r) for r in rows)  # noqa: E731
+        return cls(**{**data, "names": tuple(data["names"]), "params": tuple(data["params"]),
+                      "param_bytes": tuple(data["param_bytes"]),
+                      "activation_bytes": tuple(data["activation_bytes"]),
+                      "forward": lines(data["forward"]), "backward": lines(data["backward"]),
+                      "step": Line(**data["step"]),
+                      "embeddings": tuple(EmbeddingUse(**e) for e in data["embeddings"])})
+
+
+def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
+    fn()
+    fn()  # trace, then warm
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _random_input(symbolic: Any, batch: int, high: int) -> Any:
+    import tensorflow as tf
+
+    shape = (batch, *(int(d) for d in tuple(symbolic.shape)[1:]))
+    dtype = tf.as_dtype(getattr(symbolic.dtype, "name", symbolic.dtype))
+    rng = np.random.default_rng(0)
+    if dtype.is_integer:
+        return tf.constant(rng.integers(0, max(1, high), size=shape), dtype=dtype)
+    return tf.constant(rng.normal(size=shape), dtype=dtype)
+
+
+def _layer_inputs(layer: Any, batch: int) -> Any:
+    high = int(getattr(layer, "input_dim", 2))
+    symbolic = layer.input
+    made = [_random_input(t, batch, high) for t in _as_list(symbolic)]
+    return made if isinstance(symbolic, (list, tuple)) else made[0]
+
+
+def _time_layer(layer: Any, batch: int, repeats: int) -> tuple[float, float]:
+    """(forward seconds, forward + backward seconds) of ``layer`` alone at ``batch``."""
+    import tensorflow as tf
+
+    x = _layer_inputs(layer, batch)
+    sources = [t for t in _as_list(x) if t.dtype.is_floating]
+    forward = tf.function(lambda: layer(x, training=True))
+
+    @tf.function
+    def both() -> Any:
+        with tf.GradientTape() as tape:
+            tape.watch(sources)
+            y = layer(x, training=True)
+        return tape.gradient(y, [*layer.trainable_weights, *sources])
+
+    return _median_seconds(forward, repeats), _median_seconds(both, repeats)
+
+
+def _call_overhead(repeats: int) -> float:
+    """Seconds of calling a ``tf.function`` that does nothing: not part of a layer's cost
+    inside a whole step's graph, so subtracted from each layer's timing."""
+    import tensorflow as tf
+
+    x = tf.zeros((1,))
+    return _median_seconds(tf.function(lambda: tf.identity(x)), max(repeats, 20))
+
+
+def _inputs_for(model: Any, batch: int, data: Any) -> Any:
+    import tensorflow as tf
+
+    if data is not None:
+        def pick(a: Any) -> Any:
+            return tf.constant(np.asarray(a)[:batch])
+
+        return {k: pick(v) for k, v in data.items()} if isinstance(data, Mapping) else (
+            [pick(v) for v in data] if isinstance(data, (list, tuple)) else pick(data))
+    made = [_random_input(t, batch, 2) for t in model.inputs]
+    return made if len(made) > 1 else made[0]
+
+
+def _step_fn(model: Any) -> tuple[Callable[[Any], Any], Any]:
+    """A ``tf.function`` training step with a fresh copy of the model's optimizer (or SGD)."""
+    import tensorflow as tf
+
+    given = getattr(model, "optimizer", None)
+    if given is not None and hasattr(given, "get_config"):
+        optimizer = type(given).from_config(given.get_config())
+    else:
+        optimizer = compat.get_keras().optimizers.SGD(0.01)
+
+    @tf.function
+    def step(x: Any) -> Any:
+        with tf.GradientTape() as tape:
+            out = tf.cast(model(x, training=True), tf.float32)
+            loss = tf.reduce_mean(tf.square(out))
+        grads = tape.gradient(loss, model.trainable_weights)
+        optimizer.apply_gradients(zip(grads, model.trainable_weights, strict=True))
+        return loss
+
+    return step, optimizer
+
+
+def _slots(optimizer: Any, weights: int) -> int:
+    """Optimizer variables per weight (its step counter and learning rate left out)."""
+    made = optimizer.variables() if callable(optimizer.variables) else optimizer.variables
+    return max(0, (len(made) - 1) // max(1, weights))
+
+
+def _embeddings(model: Any, data: Any, batch: int) -> tuple[EmbeddingUse, ...]:
+    found = []
+    named = dict(zip([t.name.split(":")[0] for t in model.inputs], range(len(model.inputs)),
+                     strict=True)) if data is not None else {}
+    for layer in model.layers:
+        if type(layer).__name__ != "Embedding":
+            continue
+        lookups = int(np.prod([int(d) for d in tuple(layer.input.shape)[1:]] or [1]))
+        unique, measured = float(lookups), 0
+        source = getattr(layer.input, "name", "").split(":")[0]
+        if data is not None and source in named:
+            ids = (data[source] if isinstance(data, Mapping) else _as_list(data)[named[source]])
+            ids = np.asarray(ids)[:batch]
+            unique, measured = len(np.unique(ids)) / len(ids), len(ids)
+        found.append(EmbeddingUse(layer.name, int(layer.input_dim), int(layer.output_dim) * 4,
+                                  unique, measured))
+    return tuple(found)
+
+
+def profile_model(model: Any, batch: int, data: Any = None, repeats: int = 5,
+                  small_batch: int | None = None) -> ModelProfile:
+    """Measures ``model`` (a built Keras model) at ``batch`` and a smaller batch.
+
+    Args:
+        model: A built Keras model (Sequential or functional). Its weights are trained for a
+            few steps by the profile; pass a copy if that matters.
+        batch: The largest per-device batch to measure (the global batch).
+        data: Optional inputs (array, list or dict of arrays, at least ``batch`` rows): used
+            for the step and to count the embedding rows a batch touches.
+        repeats: Timed calls per measurement (median taken).
+        small_batch: The second batch size (default ``batch // 8``, at least 1).
+
+    Raises:
+        AdviseError: ``batch`` is not a positive int, or the model has no layers.
+    """
+    import tensorflow as tf
+
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise AdviseError(format_error("batch must be a positive int.", received=f"batch={batch!r}",
+                                       expected="an int >= 1", fix="pass batch=64"))
+    layers = [layer for layer in model.layers if type(layer).__name__ != "InputLayer"]
+    if not layers:
+        raise AdviseError(format_error("The model has no layers to profile.",
+                                       received=f"model {model.name!r}", expected="a built model",
+                                       fix="build the model with keras.Input first"))
+    sizes = sorted({max(1, small_batch or batch // 8), batch})
+    fwd, both = {b: [] for b in sizes}, {b: [] for b in sizes}
+    overhead = _call_overhead(repeats)
+    for b in sizes:
+        for layer in layers:
+            f, fb = _time_layer(layer, b, repeats)
+            fwd[b].append(max(f - overhead, 0.0))
+            both[b].append(max(fb - f, 0.0))
+    step, optimizer = _step_fn(model)
+    step_s = [_median_seconds(lambda b=b: step(_inputs_for(model, b, data)), repeats)
+              for b in sizes]
+    per_sample = lambda layer: int(np.prod([int(d) for d in tuple(  # noqa: E731
+        _as_list(layer.output)[0].shape)[1:]] or [1])) * 4
+    return ModelProfile(
+        names=tuple(layer.name for layer in layers),
+        params=tuple(int(layer.count_params()) for layer in layers),
+        param_bytes=tuple(sum(int(np.prod(w.shape)) * 4 for w in layer.weights)
+                          for layer in layers),
+        activation_bytes=tuple(per_sample(layer) for layer in layers),
+        forward=tuple(fit_line(sizes, [fwd[b][i] for b in sizes]) for i in range(len(layers))),
+        backward=tuple(fit_line(sizes, [both[b][i] for b in sizes]) for i in range(len(layers))),
+        step=fit_line(sizes, step_s),
+        optimizer_slots=_slots(optimizer, len(model.trainable_weights)),
+        embeddings=_embeddings(model, data, batch),
+        threads=tf.config.threading.get_intra_op_parallelism_threads(), batch=batch)

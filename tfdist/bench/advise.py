@@ -1,0 +1,188 @@
+"""``advise``: the advisor's predictions against measured step times, for the three examples.
+
+For each example (``image``: the dense CNN on digits; ``ctr``: the sparse CTR model; ``deep``:
+the deep MLP made for pipelines) on ``np`` processes of this machine, one TF thread each:
+
+1. the network probe (`tfdist.advise.network.probe`), once;
+2. the model's profile, in a child process with the jobs' Keras and threads;
+3. the advisor's ranking; its top ``top`` candidates, plus the example's own layout when it is
+   not among them (``ctr``: parameter servers, ``deep``: the pipeline), are run for real
+   (`workers/advise_worker.py`), and each step is timed.
+
+Per row: predicted and measured seconds per global batch (for asynchronous parameter servers,
+the time in which the workers together train one global batch) and the error. Per example:
+whether the advisor's first choice is the measured fastest, or within 10% of it. Overall: the
+median absolute error (target <= 25%).
+
+Example:
+    >>> [e.name for e in AdviseBenchConfig(quick=True).examples]
+    ['image', 'ctr', 'deep']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+from collections.abc import Callable, Mapping
+from typing import IO, Any
+
+from tfdist.advise import Candidate, Cluster, ModelProfile, advise, network
+from tfdist.bench import jobs
+from tfdist.bench.workers.common import THREADS_ENV
+from tfdist.cluster import ClusterSpec
+
+__all__ = ["Example", "AdviseBenchConfig", "run", "summarize"]
+
+_MODULE = "tfdist.bench.workers.advise_worker"
+_SCRIPT = "advise_worker.py"
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """An example model: its name in the worker, global batch, and the layout it was made for."""
+
+    name: str
+    batch: int
+    headline: str
+
+
+@dataclasses.dataclass
+class AdviseBenchConfig:
+    """What to run. ``env`` goes to every child."""
+
+    np: int = 2
+    quick: bool = False
+    top: int = 3
+    steps: int = 20
+    repeats: int = 3
+    constants: str | None = None
+    examples: tuple[Example, ...] = (Example("image", 64, "multi_worker"),
+                                     Example("ctr", 256, "parameter_server"),
+                                     Example("deep", 256, "pipeline"))
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.quick:
+            self.steps, self.repeats = min(self.steps, 10), min(self.repeats, 2)
+
+    def child_env(self) -> dict[str, str]:
+        return {THREADS_ENV: "1,1", **self.env}
+
+
+def _args(example: Example, batch: int, config: AdviseBenchConfig) -> list[str]:
+    return ["--example", example.name, "--train", "--batch", str(batch), "--steps",
+            str(config.steps), "--repeats", str(config.repeats)]
+
+
+def _local(c: Candidate, ex: Example, config: AdviseBenchConfig, log: IO[str]) -> Any:
+    return jobs.run_local(_MODULE, _args(ex, ex.batch, config), env=config.child_env(),
+                          log=log, timeout=config.timeout)
+
+
+def _tf(c: Candidate, ex: Example, config: AdviseBenchConfig, log: IO[str]) -> Any:
+    env = {**config.child_env(), "TFDIST_STRATEGY": c.strategy}
+    batch = ex.batch // c.processes
+    if c.stages > 1:
+        env |= {"TFDIST_PIPELINE_STAGES": str(c.stages),
+                "TFDIST_PIPELINE_MICRO_BATCHES": str(c.micro_batches)}
+        batch = ex.batch
+    spec = ClusterSpec.local(workers=c.processes, ps=c.ps, chief=bool(c.ps), host="127.0.0.1")
+    return jobs.run_tf(spec, _SCRIPT, _args(ex, batch, config), env=env, log=log,
+                       timeout=config.timeout)
+
+
+def _horovod(c: Candidate, ex: Example, config: AdviseBenchConfig, log: IO[str]) -> Any:
+    return jobs.run_horovod(c.processes, _MODULE, _args(ex, ex.batch // c.processes, config),
+                            env=config.child_env(), log=log, timeout=config.timeout)
+
+
+RUNNERS: Mapping[str, Callable[[Candidate, Example, AdviseBenchConfig, IO[str]], Any]] = {
+    "default": _local, "multi_worker": _tf, "parameter_server": _tf, "pipeline": _tf,
+    "horovod": _horovod}
+"""Strategy -> how the benchmark starts a job of it."""
+
+
+def _measured_step(c: Candidate, ex: Example, result: Mapping[str, Any]) -> float:
+    """Seconds per global batch: a worker step times the share of the batch it trains."""
+    got = jobs.first_report(result)
+    # Asynchronous workers share fit's steps: one step trains one worker's batch.
+    return got["step_s"] * (ex.batch / got["samples_per_step"] if c.ps else 1.0)
+
+
+def _profile(ex: Example, config: AdviseBenchConfig, log: IO[str]) -> ModelProfile:
+    args = ["--example", ex.name, "--profile", "--batch", str(ex.batch), "--repeats",
+            str(max(5, config.repeats))]
+    got = jobs.first_report(jobs.run_local(_MODULE, args, env=config.child_env(), log=log,
+                                           timeout=config.timeout))
+    return ModelProfile.from_json(got)
+
+
+def _chosen(advice: Any, ex: Example, top: int) -> list[Any]:
+    picked = list(advice.predictions[:top])
+    if all(p.candidate.strategy != ex.headline for p in picked):
+        picked += [next(p for p in advice.predictions if p.candidate.strategy == ex.headline)]
+    return picked
+
+
+def run_example(ex: Example, net: network.Constants, config: AdviseBenchConfig,
+                log: IO[str]) -> list[dict[str, Any]]:
+    """Profiles, advises and measures one example; one row per measured candidate."""
+    prof = _profile(ex, config, log)
+    cluster = Cluster(processes=config.np, cores=os.cpu_count() or 1)
+    advice = advise(None, cluster, batch=ex.batch, constants=net, profile=prof,
+                    micro_batches=(4,), max_ps=1, script=f"keras_examples/{ex.name}.py")
+    rows = []
+    for p in _chosen(advice, ex, config.top):
+        c = p.candidate
+        print(f"[tfdist-bench] advise {ex.name}: {c.label} ...", flush=True)
+        measured = _measured_step(c, ex, RUNNERS[c.strategy](c, ex, config, log))
+        rows.append({"example": ex.name, "candidate": c.label,
+                     "predicted_rank": advice.predictions.index(p) + 1,
+                     "predicted_ms": p.step_s * 1e3, "measured_ms": measured * 1e3,
+                     "error": p.step_s / measured - 1, "why": p.why()})
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median absolute error; per example, the first choice against the measured fastest."""
+    verdicts = {}
+    for name in dict.fromkeys(r["example"] for r in rows):
+        mine = [r for r in rows if r["example"] == name]
+        first = min(mine, key=lambda r: r["predicted_rank"])
+        fastest = min(mine, key=lambda r: r["measured_ms"])
+        verdicts[name] = {"first_choice": first["candidate"], "fastest": fastest["candidate"],
+                          "first_over_fastest": first["measured_ms"] / fastest["measured_ms"],
+                          "ok": first["measured_ms"] <= 1.10 * fastest["measured_ms"]}
+        for r in mine:
+            r["measured_rank"] = sorted(m["measured_ms"] for m in mine).index(r["measured_ms"]) + 1
+    errors = [abs(r["error"]) for r in rows]
+    return {"median_abs_error": statistics.median(errors) if errors else None,
+            "first_choice": verdicts}
+
+
+def run(config: AdviseBenchConfig, log: IO[str]) -> dict[str, Any]:
+    """Runs the probe and every example; returns the section's JSON."""
+    if config.constants:
+        net = network.load(config.constants)
+    else:
+        sizes = network.PROBE_SIZES[1:3] if config.quick else network.PROBE_SIZES
+        net = network.probe(p=config.np, sizes=sizes, repeats=config.repeats, log=log)
+    rows: list[dict[str, Any]] = []
+    for ex in config.examples:
+        rows += run_example(ex, net, config, log)
+    summary = summarize(rows)
+    return {"np": config.np, "steps": config.steps, "repeats": config.repeats,
+            "rows": rows, "constants": net.to_json(), **summary, "note": note(summary)}
+
+
+def note(summary: Mapping[str, Any]) -> str:
+    """Two lines under the table: the median error and each example's first choice."""
+    error = summary["median_abs_error"]
+    picks = "; ".join(
+        f"{name}: first choice {v['first_choice']}, measured fastest {v['fastest']} "
+        f"({'ok' if v['ok'] else 'MISSED'}, {v['first_over_fastest']:.2f}x)"
+        for name, v in summary["first_choice"].items())
+    return (f"Median absolute error {error:.0%} (target <= 25%). {picks}."
+            if error is not None else "No rows.")

@@ -1,0 +1,128 @@
+"""Profiles one example model for the advisor, or times its training under the job's strategy.
+
+Usage: ``python -m tfdist.bench.workers.advise_worker --example image|ctr|deep --profile``
+(one process: `tfdist.advise.profile_model` on the example's model and data), or ``--train``
+under any launcher (``TFDIST_STRATEGY`` and the pipeline variables say the layout): the model is
+built with ``strategy.build_model``, compiled with the example's optimizer and loss, trained for
+``--warmup-steps``, then ``--repeats`` pairs of timed ``fit`` calls of ``--steps`` and twice as
+many steps, each process reading ``--batch`` rows per step (a replica's share, a worker's batch,
+or the global batch of a pipeline). Reports seconds per step: the median over pairs of the
+difference divided by ``--steps`` (fit's start-up cancels out).
+
+The examples are the repository's ``keras_examples`` (dense CNN on digits, sparse CTR, deep MLP).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tfdist.bench.workers.common import apply_threads, median, time_call
+from tfdist.testing import report
+
+_EXAMPLES_DIR = Path(__file__).resolve().parents[3] / "keras_examples"
+DEEP_WIDTH, DEEP_DEPTH = 256, 8
+
+
+def _image(keras: Any) -> tuple[Callable[[], Any], Any, Any, Callable[[], Any], Any]:
+    import image_classifier
+
+    x, y, _, _ = image_classifier.load_digits()
+    return (lambda: image_classifier.build_model(keras, (8, 8, 1), 10, 1e-3), x, y,
+            lambda: keras.optimizers.Adam(1e-3),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
+def _ctr(keras: Any) -> tuple[Callable[[], Any], Any, Any, Callable[[], Any], Any]:
+    import sparse_ctr
+
+    features, clicks, _ = sparse_ctr.generate(8192, seed=1)
+    return (lambda: sparse_ctr.build_model(keras, 8, 2e-3), features, clicks[:, None],
+            lambda: keras.optimizers.Adam(2e-3),
+            keras.losses.BinaryCrossentropy(from_logits=True))
+
+
+def _deep(keras: Any) -> tuple[Callable[[], Any], Any, Any, Callable[[], Any], Any]:
+    import deep_mlp
+
+    x, y, _, _ = deep_mlp.load_flat_digits()
+    return (lambda: deep_mlp.build_model(keras, x.shape[1], 10, DEEP_WIDTH, DEEP_DEPTH), x, y,
+            lambda: keras.optimizers.Adam(1e-3),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
+EXAMPLES: dict[str, Callable[[Any], tuple[Callable[[], Any], Any, Any, Callable[[], Any], Any]]] = {
+    "image": _image, "ctr": _ctr, "deep": _deep}
+
+
+def _rows(data: Any, count: int) -> Any:
+    if isinstance(data, dict):
+        return {k: np.resize(v, (count, *np.shape(v)[1:])) for k, v in data.items()}
+    return np.resize(data, (count, *np.shape(data)[1:]))
+
+
+def _dataset(x: Any, y: Any, batch: int) -> Any:
+    import tensorflow as tf
+
+    rows = max(batch * 8, 1024)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return (tf.data.Dataset.from_tensor_slices((_rows(x, rows), _rows(y, rows))).repeat()
+            .batch(batch, drop_remainder=True).with_options(options))
+
+
+def profile(args: argparse.Namespace, keras: Any) -> dict[str, Any]:
+    from tfdist.advise import profile_model
+
+    build, x, _, optimizer, loss = EXAMPLES[args.example](keras)
+    model = build()
+    model.compile(optimizer=optimizer(), loss=loss)
+    return profile_model(model, args.batch, data=_rows(x, args.batch), repeats=args.repeats
+                         ).to_json()
+
+
+def train(args: argparse.Namespace, keras: Any) -> dict[str, Any]:
+    import tfdist
+
+    build, x, y, optimizer, loss = EXAMPLES[args.example](keras)
+    strategy = tfdist.get_strategy("auto")
+    model = strategy.build_model(build)
+    model.compile(optimizer=optimizer(), loss=loss)  # Keras enters the model's strategy scope
+    data = strategy.distribute_dataset(lambda _ctx: _dataset(x, y, args.batch))
+    run = lambda steps: time_call(lambda: tfdist.fit(  # noqa: E731
+        model, data, epochs=1, steps_per_epoch=steps, verbose=0))
+    run(args.warmup_steps)
+    run(args.steps)
+    # fit's own start-up (iterators, callbacks) costs as much as many steps: the difference of
+    # a long and a short fit is the steps alone.
+    pairs = [(run(args.steps), run(2 * args.steps)) for _ in range(args.repeats)]
+    step_s = median([(long - short) / args.steps for short, long in pairs])
+    return {"strategy": strategy.name, "pairs": pairs, "step_s": step_s,
+            "samples_per_step": args.batch, "steps": args.steps}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--example", choices=sorted(EXAMPLES), required=True)
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--profile", action="store_true")
+    what.add_argument("--train", action="store_true")
+    parser.add_argument("--batch", type=int, required=True, help="rows per process per step")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup-steps", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    arguments = parse_args()
+    apply_threads()
+    sys.path.insert(0, str(_EXAMPLES_DIR))
+    from tfdist import compat
+
+    report((profile if arguments.profile else train)(arguments, compat.get_keras()))
