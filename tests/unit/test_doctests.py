@@ -30,6 +30,10 @@ MODULES = [
     "tfdist.launcher.slurm_task",
     "tfdist.launcher.ssh",
     "tfdist.launcher.remote",
+    "tfdist.launcher.ray_runner",
+    "tfdist.launcher.ray_actor",
+    "tfdist.launcher.ray_options",
+    "tfdist.horovod.rendezvous",
     "tfdist.preemption",
 ]
 

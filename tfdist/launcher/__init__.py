@@ -9,6 +9,8 @@ Modules:
 * `tfdist.launcher.hosts`: ``--hosts`` / ``--hostfile``: laying a job out over several machines.
 * `tfdist.launcher.ssh`: the ``ssh`` command line of a remote task.
 * `tfdist.launcher.remote`: ``python -m tfdist.launcher.remote``, the remote side of such a task.
+* `tfdist.launcher.ray_runner`: ``--ray [ADDRESS]``, a job as a gang of Ray actors (`run_on_ray`).
+* `tfdist.launcher.ray_actor`: the actor that runs one task on its Ray node.
 * `tfdist.launcher.export`: ``--export kubeflow|mpijob|slurm``.
 * `tfdist.launcher.slurm_task`: ``python -m tfdist.launcher.slurm_task``, one task of a Slurm step.
 * `tfdist.launcher.check`: ``--check``, what is installed.

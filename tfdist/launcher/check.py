@@ -73,6 +73,7 @@ def installed_report() -> dict[str, Any]:
             "ssh (for --hosts)": shutil.which("ssh"),
             "sshd (multi-host tests)": shutil.which("sshd") or _existing("/usr/sbin/sshd"),
             "ip (multi-host tests)": shutil.which("ip") or _existing("/usr/sbin/ip"),
+            "ray (for --ray)": _version("ray"),
         },
         "machine": {
             "cpus": os.cpu_count(),

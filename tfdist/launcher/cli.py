@@ -10,6 +10,7 @@ Examples::
     tfdist-launch --hosts n1:2,n2:2 --workers 4 train.py   # tasks on n1, n2 (over ssh)
     tfdist-launch --export kubeflow --image me/train:1 --ps 1 train.py  # a Kubeflow TFJob
     tfdist-launch --export slurm --nodes 2 --output job.sbatch train.py  # a Slurm batch script
+    tfdist-launch --ray 10.0.0.1:6379 --workers 4 train.py  # one Ray actor per task, as a gang
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ from tfdist.errors import (
 from tfdist.launcher.export import add_export_arguments, check_export_arguments, run_export
 from tfdist.launcher.hosts import add_host_arguments, check_host_arguments, host_options_from_args
 from tfdist.launcher.plan import JobOptions, JobPlan, layout_problem, place, plan_job
+from tfdist.launcher.ray_options import (
+    add_ray_arguments,
+    check_ray_arguments,
+    ray_options_from_args,
+)
 from tfdist.strategies.detect import launch_strategy
 from tfdist.strategies.registry import available_strategies, strategy_traits
 
@@ -149,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--check", action="store_true", help="report what is installed and exit")
     add_export_arguments(parser)
     add_host_arguments(parser)
+    add_ray_arguments(parser)
     parser.add_argument("script", nargs="?", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return parser
@@ -164,8 +171,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.check:
         return args
-    problem = (check_export_arguments(args) or _resolve_strategy(args) or _validate(args)
-               or check_host_arguments(args))
+    problem = (check_export_arguments(args) or check_ray_arguments(args)
+               or _resolve_strategy(args) or _validate(args) or check_host_arguments(args))
     if problem:
         parser.error(problem)
     return args
@@ -259,6 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = plan_from_args(args)
         if args.export:
             return run_export(args, plan)
+        if args.ray is not None:
+            return _run_on_ray(args, plan)
         placement = place(plan)
     except (ClusterConfigError, StrategyConfigError, MissingDependencyError) as err:
         print(f"tfdist-launch: error: {err}", file=sys.stderr)
@@ -273,6 +282,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run_job(plan, placement)
     except LaunchError as err:
+        print(f"tfdist-launch: error: {err}", file=sys.stderr)
+        return 1
+
+
+def _run_on_ray(args: argparse.Namespace, plan: JobPlan) -> int:
+    from tfdist.launcher.ray_runner import describe, run_on_ray
+
+    if args.dry_run:
+        for line in describe(plan, ray_options_from_args(args)):
+            print(json.dumps(line))
+        return 0
+    try:
+        return run_on_ray(plan, ray_options_from_args(args))
+    except (LaunchError, MissingDependencyError) as err:
         print(f"tfdist-launch: error: {err}", file=sys.stderr)
         return 1
 

@@ -117,8 +117,8 @@ def add_host_arguments(parser: argparse.ArgumentParser) -> None:
                        help="accept any host key: only on a network you trust (a machine in the "
                        "middle could impersonate the hosts)")
     group.add_argument("--env", dest="env_names", action="append", default=[], metavar="NAME",
-                       help="also give remote tasks this variable of the launcher's environment "
-                       "(repeatable; sent over the ssh channel, never on a command line)")
+                       help="also give remote tasks (--hosts, --ray) this variable of the "
+                       "launcher's environment (repeatable; never on a command line)")
     group.add_argument("--network-interface", default=_env("NETWORK_INTERFACE"), metavar="IFACE",
                        help="horovod: the interface the ranks talk over, same name on every host "
                        "(env TFDIST_LAUNCH_NETWORK_INTERFACE; default: the one this machine "
@@ -139,7 +139,7 @@ def check_host_arguments(args: argparse.Namespace) -> str | None:
                         ("--ssh-identity", args.ssh_identity),
                         ("--ssh-known-hosts", args.ssh_known_hosts),
                         ("--no-host-key-check", args.no_host_key_check or None),
-                        ("--env", args.env_names or None),
+                        ("--env", None if getattr(args, "ray", None) else args.env_names or None),
                         ("--network-interface", args.network_interface)):
         if value is not None and not on_hosts:
             return f"{flag} only applies with --hosts or --hostfile. Fix: add one, or drop {flag}"

@@ -211,6 +211,16 @@ class ProcessGroup:
         if self._join_network is not None:
             self._join_network()
 
+    def restart(self, name: str) -> TaskProcess:
+        """Starts the exited task ``name`` again, alone (same argv, env and cwd); announces it.
+
+        `wait` does this itself for tasks started with ``max_restarts``; a runner that applies
+        the restart policy elsewhere (`tfdist.launcher.ray_runner`) calls it.
+        """
+        task = self.tasks[name]
+        self._restart(task)
+        return task
+
     def _restart(self, task: TaskProcess) -> None:
         """Starts ``task`` again (same argv, env and cwd) after it failed."""
         code = task.popen.returncode
