@@ -110,7 +110,7 @@ def test_the_wheel_declares_version_scripts_and_dependency_ranges(wheel):
         assert ">=" in core[name] and "<" in core[name] and "==" not in core[name], core[name]
     assert not [r for r in requires if "==" in r.split(";")[0]], "pins belong in launch/setup.sh"
     assert set(meta.get_all("Provides-Extra")) == {"examples", "export", "test", "bench",
-                                                   "horovod"}
+                                                   "horovod", "ray"}
     assert 'pyyaml; extra == "export"' in requires and 'pyyaml; extra == "test"' in requires
 
 
@@ -175,7 +175,7 @@ def test_the_wheel_alone_in_a_fresh_venv_runs_a_two_worker_job(wheel, tmp_path):
 
     script = shutil.copy(TINY_TRAIN, elsewhere / "tiny_train.py")
     job = run(str(venv / "bin" / "tfdist-launch"), "--strategy", "multi_worker", "--workers",
-              "2", "--timeout", "240", str(script))
+              "2", "--timeout", "240", "--verbose", str(script))  # --verbose: both workers' lines
     assert job.returncode == 0, job.stdout[-4000:] + job.stderr[-4000:]
     results = {}
     for line in job.stdout.splitlines():
