@@ -306,7 +306,7 @@ def test_no_task_outlives_the_launcher(ray_cluster, tmp_path, sig):
     if sig == signal.SIGTERM:
         assert proc.returncode == 143, out
         assert "job stopped by SIGTERM" in out
-        assert "[worker:1] task worker:1 mode sleep" in out  # output until the very end
+        assert "[worker:0] task worker:0 mode sleep" in out  # output until the very end
 
 
 def _wait_for_nodes(python: list[str], address: str, count: int, env: dict[str, str]) -> None:
@@ -419,9 +419,11 @@ def test_a_dead_parameter_server_worker_is_restarted_alone(ray_cluster, tmp_path
 def test_an_evaluator_is_a_sidecar(ray_cluster, tmp_path):
     proc = ray_cluster.launch(tmp_path, "--workers", "2", "--evaluator",
                               str(SCRIPTS / "launcher_task.py"),
-                              LAUNCHER_TEST_MODE="fail_evaluator", MARKER_DIR=str(tmp_path))
+                              LAUNCHER_TEST_MODE="fail_evaluator", MARKER_DIR=str(tmp_path),
+                              TFDIST_LAUNCH_VERBOSE="0")  # the default view (tests run verbose)
     out = _finish(proc, timeout=120)
     assert proc.returncode == 0, out
     assert "[tfdist] sidecar evaluator:0 exited with status 4; job goes on" in out
-    assert "[worker:1] worker:1 trained" in out
+    assert "[worker:0] worker:0 trained" in out and "[worker:1]" not in out  # the default view
+    assert "output of worker:1 hidden unless it fails (--verbose shows it)" in out
     assert "job finished: 3 task(s) succeeded" in out
