@@ -70,6 +70,8 @@ __all__ = ["RayOptions", "GangUnschedulableError", "run_on_ray", "describe"]
 _POLL_SECONDS = 0.2
 _CALL_TIMEOUT = 60.0  # one call to an actor that is up; they answer in milliseconds
 _SIGTERM_STATUS = 128 + signal.SIGTERM
+# A node's Ray token (token authentication): the tasks run user code and need no cluster access.
+_CLUSTER_SECRETS = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
 
 class GangUnschedulableError(LaunchError):
@@ -395,7 +397,7 @@ def _run_gang(ray: ModuleType, plan: JobPlan, options: RayOptions) -> int:
         envs, rendezvous, unset = _environments(ray, plan, gang, located)
         for task, where in zip(gang.tasks, located, strict=True):
             _log(f"task {task.spec.name} on {where['address']} (port {where['port']})")
-        gang.start(envs, plan, unset)
+        gang.start(envs, plan, (*unset, *_CLUSTER_SECRETS))
         _watch(gang, plan)
         _log(f"job finished: {len(gang.tasks)} task(s) succeeded")
         return 0
@@ -431,7 +433,9 @@ def _connect(ray: ModuleType, options: RayOptions) -> bool:
         raise LaunchError(
             f"Cannot reach the Ray cluster at --ray {options.address} ({err}). Fix: start one "
             "(ray start --head), pass its address (--ray HOST:PORT, or RAY_ADDRESS), or use "
-            "--ray local for a one-node cluster of this job alone") from err
+            "--ray local for a one-node cluster of this job alone; a cluster with token "
+            "authentication (RAY_AUTH_MODE=token) also needs its token in RAY_AUTH_TOKEN or "
+            "RAY_AUTH_TOKEN_PATH") from err
     return True
 
 
