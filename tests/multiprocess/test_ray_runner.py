@@ -2,7 +2,8 @@
 
 The cluster (4 logical CPUs) and every launcher run live in one network namespace with only
 loopback (`tfdist.launcher.netns`), so nothing Ray or the tasks listen on can be reached from
-outside; Ray's own servers listen on every interface of the namespace they are in. The session
+outside; Ray's own servers listen on every interface of the namespace they are in. The cluster
+also requires Ray's token authentication; the launcher gets the token by environment. The session
 fixture stops the head (``ray start --block`` stops what it started when it gets SIGTERM) and
 then kills, by pid, any process of that cluster still alive.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import queue
+import secrets
 import shutil
 import signal
 import subprocess
@@ -54,14 +56,17 @@ rounding (measured gap: 0)."""
 
 @dataclass
 class LocalRay:
-    """A running one-node Ray cluster: its head's address and the namespace it lives in."""
+    """A running one-node Ray cluster: its head's address, the namespace it lives in, and the
+    variables that turn on Ray's token authentication (given to the launcher by environment)."""
 
     address: str
     network: PrivateNetwork
+    auth: dict[str, str]
 
     def launch(self, results: Path, *argv: str, **env: str) -> subprocess.Popen[str]:
         """``tfdist-launch --ray ADDRESS ARGV`` in the cluster's namespace."""
-        environ = {**os.environ, "PYTHONPATH": str(REPO), RESULT_DIR_ENV: str(results), **env}
+        environ = {**os.environ, "PYTHONPATH": str(REPO), RESULT_DIR_ENV: str(results),
+                   **self.auth, **env}
         return subprocess.Popen(
             [*LAUNCH, "--ray", self.address, "--timeout", "150",
              *[arg for name in env for arg in ("--env", name)], *argv], env=environ, cwd=REPO,
@@ -117,14 +122,15 @@ def ray_cluster() -> Iterator[LocalRay]:
     except NetworkIsolationError as err:
         pytest.skip(f"the Ray tests keep the cluster on loopback in a network namespace: {err}")
     temp_dir = tempfile.mkdtemp(prefix="tfdray", dir="/tmp")  # short: Ray's socket paths
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     head = subprocess.Popen(
         [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--port", "0",
          "--num-cpus", str(CLUSTER_CPUS), "--temp-dir", temp_dir, "--include-dashboard",
          "false", "--disable-usage-stats"],
-        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO), **auth}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, preexec_fn=network.join, start_new_session=True)
     try:
-        yield LocalRay(_head_address(head, timeout=120), network)
+        yield LocalRay(_head_address(head, timeout=120), network, auth)
     finally:
         _stop_head(head)
         network.close()
@@ -176,7 +182,9 @@ def test_multi_worker_trains_to_the_local_runs_loss(ray_cluster, local_run, tmp_
     assert "gang of 2 task(s) placed (SPREAD, 1 CPU each)" in out
     assert "task worker:1 on 127.0.0.1 (port " in out
     assert _running(PARITY_SCRIPT) == []
-    _assert_same_training(_collect(tmp_path), local_run)
+    on_ray = _collect(tmp_path)
+    assert not on_ray["worker:0"]["ray_token"], "a task must not get the cluster's token"
+    _assert_same_training(on_ray, local_run)
 
 
 def test_parameter_server_with_chief_and_ps_trains(ray_cluster, tmp_path):
@@ -235,6 +243,16 @@ def test_a_killed_task_ends_the_job_naming_it(ray_cluster, tmp_path):
     assert time.monotonic() - started < 20, "the job did not end soon after the kill"
     pids = [int(p.name.rsplit(".", 1)[1]) for p in tmp_path.glob("*.pid.*")]
     assert wait_gone(pids, timeout=10) == [] and _running(script) == []
+
+
+def test_a_launcher_without_the_clusters_token_is_refused(ray_cluster, tmp_path):
+    proc = ray_cluster.launch(tmp_path, "--workers", "2", str(SCRIPTS / "launcher_task.py"),
+                              RAY_AUTH_TOKEN="0" * 64)
+    out = _finish(proc, timeout=90)
+    assert proc.returncode == 1, out
+    assert f"Cannot reach the Ray cluster at --ray {ray_cluster.address}" in out
+    assert "also needs its token in RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH" in out
+    assert "task " not in out.split("Cannot reach", 1)[0], "nothing may start"
 
 
 def test_max_restarts_reruns_the_gang(ray_cluster, tmp_path):
@@ -306,7 +324,7 @@ def test_no_task_outlives_the_launcher(ray_cluster, tmp_path, sig):
     if sig == signal.SIGTERM:
         assert proc.returncode == 143, out
         assert "job stopped by SIGTERM" in out
-        assert "[worker:1] task worker:1 mode sleep" in out  # output until the very end
+        assert "[worker:0] task worker:0 mode sleep" in out  # output until the very end
 
 
 def _wait_for_nodes(python: list[str], address: str, count: int, env: dict[str, str]) -> None:
@@ -419,9 +437,11 @@ def test_a_dead_parameter_server_worker_is_restarted_alone(ray_cluster, tmp_path
 def test_an_evaluator_is_a_sidecar(ray_cluster, tmp_path):
     proc = ray_cluster.launch(tmp_path, "--workers", "2", "--evaluator",
                               str(SCRIPTS / "launcher_task.py"),
-                              LAUNCHER_TEST_MODE="fail_evaluator", MARKER_DIR=str(tmp_path))
+                              LAUNCHER_TEST_MODE="fail_evaluator", MARKER_DIR=str(tmp_path),
+                              TFDIST_LAUNCH_VERBOSE="0")  # the default view (tests run verbose)
     out = _finish(proc, timeout=120)
     assert proc.returncode == 0, out
     assert "[tfdist] sidecar evaluator:0 exited with status 4; job goes on" in out
-    assert "[worker:1] worker:1 trained" in out
+    assert "[worker:0] worker:0 trained" in out and "[worker:1]" not in out  # the default view
+    assert "output of worker:1 hidden unless it fails (--verbose shows it)" in out
     assert "job finished: 3 task(s) succeeded" in out

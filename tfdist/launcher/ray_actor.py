@@ -23,7 +23,7 @@ import os
 import socket
 import subprocess
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tfdist.strategies.traits import TaskKind
@@ -60,9 +60,10 @@ class TaskActor:
 
     def start(self, name: str, command: Sequence[str], env: Mapping[str, str], cwd: str,
               kind: TaskKind, log_dir: str | None, unset: Sequence[str],
-              max_restarts: int = 0) -> int:
+              max_restarts: int = 0, show: Callable[[str], bool] | None = None) -> int:
         """Runs ``command`` (its environment: this node's, less ``unset``, plus ``env``);
-        ``max_restarts``: the runner's budget for `restart`, shown when it restarts."""
+        ``max_restarts``: the runner's budget for `restart`, shown when it restarts; ``show``:
+        which lines are passed on (all are kept in its tail and log)."""
         from tfdist.launcher.process import ProcessGroup
 
         self._name = name
@@ -70,7 +71,7 @@ class TaskActor:
         environ = {k: v for k, v in os.environ.items() if k not in unset}
         started = self._group.start(name, command, env={**environ, **env}, kind=kind,
                                     cwd=cwd if os.path.isdir(cwd) else None,
-                                    max_restarts=max_restarts)
+                                    max_restarts=max_restarts, show=show)
         return started.pid
 
     def poll(self) -> tuple[int | None, str]:

@@ -57,6 +57,7 @@ from tfdist.errors import (
     format_error,
 )
 from tfdist.launcher.local import _NOT_RESTARTED, _exit_status, _failure_message
+from tfdist.launcher.output import LineFilter, shown_tasks, task_filters
 from tfdist.launcher.plan import JobPlan
 from tfdist.launcher.ray_actor import TaskActor
 from tfdist.launcher.ray_options import RayOptions
@@ -69,6 +70,8 @@ __all__ = ["RayOptions", "GangUnschedulableError", "run_on_ray", "describe"]
 _POLL_SECONDS = 0.2
 _CALL_TIMEOUT = 60.0  # one call to an actor that is up; they answer in milliseconds
 _SIGTERM_STATUS = 128 + signal.SIGTERM
+# A node's Ray token (token authentication): the tasks run user code and need no cluster access.
+_CLUSTER_SECRETS = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
 
 class GangUnschedulableError(LaunchError):
@@ -177,10 +180,11 @@ class _Gang:
                               ) from None
 
     def start(self, envs: list[dict[str, str]], plan: JobPlan, unset: Sequence[str]) -> None:
-        """Phase 2: every actor starts its task with its environment."""
+        """Phase 2: every actor starts its task with its environment and output view."""
         cwd, log_dir = os.getcwd(), plan.options.log_dir
+        shows = _output_filters(self.tasks, envs, plan)
         refs = [t.actor.start.remote(t.spec.name, t.spec.command, env, cwd, t.spec.kind, log_dir,
-                                     unset, t.spec.max_restarts)
+                                     unset, t.spec.max_restarts, shows[t.spec.name])
                 for t, env in zip(self.tasks, envs, strict=True)]
         pids = self._get(refs, _CALL_TIMEOUT, "start its process")
         for task, pid in zip(self.tasks, pids, strict=True):
@@ -209,6 +213,17 @@ class _Gang:
             self.ray.kill(task.actor, no_restart=True)
         if self.group is not None:
             remove_placement_group(self.group)
+
+
+def _output_filters(tasks: list[_Running], envs: list[dict[str, str]], plan: JobPlan
+                    ) -> dict[str, LineFilter | None]:
+    """Which lines of each task are printed, as the local runner decides it (`output`)."""
+    named = [(t.spec.name, t.spec.kind, env) for t, env in zip(tasks, envs, strict=True)]
+    shown = shown_tasks([n for n, _, _ in named], {n: kind for n, kind, _ in named})
+    hidden = [name for name, _, _ in named if name not in shown]
+    if hidden and not plan.options.verbose:
+        _log(f"output of {', '.join(hidden)} hidden unless it fails (--verbose shows it)")
+    return task_filters(named, plan.options.verbose)
 
 
 def _cluster_cpus(ray: ModuleType) -> tuple[float, float, int]:
@@ -267,11 +282,13 @@ def _rank_environments(ray: ModuleType, gang: _Gang, located: list[dict[str, Any
 
     hosts = [where["address"] for where in located]
     rendezvous = GlooRendezvous(ray.util.get_node_ip_address(), hosts).start()
-    envs: list[dict[str, str]] = [{} for _ in hosts]
-    for rank, index in enumerate(rank_order(hosts)):
-        task = gang.tasks[index]
+    order = rank_order(hosts)
+    gang.tasks = [gang.tasks[index] for index in order]  # from here on in rank order
+    located[:] = [located[index] for index in order]
+    envs = []
+    for rank, (task, where) in enumerate(zip(gang.tasks, located, strict=True)):
         task.spec = dataclasses.replace(task.spec, name=f"rank:{rank}", task=Task("worker", rank))
-        envs[index] = {**base, **rendezvous.rank_env(rank, located[index]["interface"])}
+        envs.append({**base, **rendezvous.rank_env(rank, where["interface"])})
     return envs, rendezvous
 
 
@@ -380,7 +397,7 @@ def _run_gang(ray: ModuleType, plan: JobPlan, options: RayOptions) -> int:
         envs, rendezvous, unset = _environments(ray, plan, gang, located)
         for task, where in zip(gang.tasks, located, strict=True):
             _log(f"task {task.spec.name} on {where['address']} (port {where['port']})")
-        gang.start(envs, plan, unset)
+        gang.start(envs, plan, (*unset, *_CLUSTER_SECRETS))
         _watch(gang, plan)
         _log(f"job finished: {len(gang.tasks)} task(s) succeeded")
         return 0
@@ -416,7 +433,9 @@ def _connect(ray: ModuleType, options: RayOptions) -> bool:
         raise LaunchError(
             f"Cannot reach the Ray cluster at --ray {options.address} ({err}). Fix: start one "
             "(ray start --head), pass its address (--ray HOST:PORT, or RAY_ADDRESS), or use "
-            "--ray local for a one-node cluster of this job alone") from err
+            "--ray local for a one-node cluster of this job alone; a cluster with token "
+            "authentication (RAY_AUTH_MODE=token) also needs its token in RAY_AUTH_TOKEN or "
+            "RAY_AUTH_TOKEN_PATH") from err
     return True
 
 
