@@ -211,3 +211,31 @@ def test_docstring_examples_run(name, monkeypatch):
     monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
     result = doctest.testmod(importlib.import_module(name))
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_profile_finds_the_heavy_layer_and_the_split_isolates_it():
+    from tfdist import compat
+    from tfdist.advise.profile import profile_model
+    from tfdist.pipeline import stage
+
+    keras = compat.get_keras()
+
+    def chain():
+        return keras.Sequential([keras.Input((64,)), keras.layers.Dense(8, name="thin_0"),
+                                 keras.layers.Dense(8, name="thin_1"),
+                                 keras.layers.Dense(8, name="thin_2"),
+                                 keras.layers.Dense(1024, name="wide"),
+                                 keras.layers.Dense(1024, name="wider"),
+                                 keras.layers.Dense(8, name="thin_3")])
+
+    prof = profile_model(chain(), batch=256, repeats=5)
+    costs = dict(zip(prof.names, prof.layer_costs(256), strict=True))
+    assert costs["wider"] > 5 * max(costs["thin_0"], costs["thin_1"], costs["thin_2"]), costs
+    assert prof.params == (520, 72, 72, 9216, 1049600, 8200)
+    assert prof.activation_bytes == (32, 32, 32, 4096, 4096, 32)
+    # By parameter count "wider" alone is half the model; by measured time too, so both
+    # splits cut before it. The costs of layers in the reverse order move the cut.
+    _, by_time = stage.split_model(chain, stages=2, layer_costs=prof.layer_costs(256))
+    assert by_time[1] in (4, 5)
+    _, reversed_costs = stage.split_model(chain, stages=2, layer_costs=[10, 0, 0, 0, 0, 0])
+    assert reversed_costs == (0, 1, 6)
