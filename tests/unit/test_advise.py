@@ -239,3 +239,14 @@ def test_profile_finds_the_heavy_layer_and_the_split_isolates_it():
     assert by_time[1] in (4, 5)
     _, reversed_costs = stage.split_model(chain, stages=2, layer_costs=[10, 0, 0, 0, 0, 0])
     assert reversed_costs == (0, 1, 6)
+
+
+def test_tfdist_advise_is_the_package_and_the_function():
+    import tfdist
+
+    prof = _profile(param_bytes=4000)
+    net = network.Constants(LINK, {"tf": LINK}, 0.0, 2, {}, {})
+    advice = tfdist.advise(None, 2, batch=64, constants=net, profile=prof)
+    assert advice.best.candidate.label == tfdist.advise.advise(
+        None, 2, batch=64, constants=net, profile=prof).best.candidate.label
+    assert "advise" in tfdist.__all__ and "AdviseError" in tfdist.__all__
