@@ -164,7 +164,7 @@ def pipeline_memory(stage_param_bytes: float, optimizer_slots: int,
     return stage_param_bytes * (2 + optimizer_slots) + micro_activation_bytes * in_flight
 
 
-def contention(busy_processes: int, threads_each: int, cores: int) -> float:
+def contention(busy_processes: int, threads_each: int, cores: float) -> float:
     """How much slower compute runs when the busy processes want more cores than the host has.
 
     Example:
