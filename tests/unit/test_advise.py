@@ -43,9 +43,11 @@ def test_ps_traffic_is_the_slower_of_worker_and_ps_links():
 
 def test_pipeline_step_and_bubble():
     assert model.bubble(4, 4) == pytest.approx(3 / 7)
-    step, transfer = model.pipeline_step_s(0.1, 4, 4, 2e6, Link(alpha=1e-3, beta=1e-9))
-    assert transfer == pytest.approx(7 * 2 * (1e-3 + 2e-3))
-    assert step == pytest.approx(7 * (0.1 + 2 * 3e-3))
+    # Transfers (2 x 3 ms) hide behind a 100 ms stage; behind a 1 ms stage, 5 ms show.
+    assert model.pipeline_step_s(0.1, 4, 4, 2e6, Link(alpha=1e-3, beta=1e-9)) == (
+        pytest.approx(0.7), 0.0)
+    step, exposed = model.pipeline_step_s(0.001, 4, 4, 2e6, Link(alpha=1e-3, beta=1e-9))
+    assert exposed == pytest.approx(7 * (6e-3 - 1e-3)) and step == pytest.approx(7 * 6e-3)
     assert model.pipeline_memory(1e6, 2, 1e5, 4) == pytest.approx(4.4e6)
 
 

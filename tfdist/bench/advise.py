@@ -132,8 +132,9 @@ def _chosen(advice: Any, ex: Example, top: int) -> list[Any]:
 
 
 def run_example(ex: Example, net: network.Constants, config: AdviseBenchConfig,
-                log: IO[str]) -> list[dict[str, Any]]:
-    """Profiles, advises and measures one example; one row per measured candidate."""
+                log: IO[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Profiles, advises and measures one example: one row per measured candidate, and the
+    profile (as JSON)."""
     prof = _profile(ex, config, log)
     # What the processes really get on this (shared) machine, measured just before the jobs.
     cores = usable_cores(min(config.np, os.cpu_count() or 1))
@@ -150,7 +151,7 @@ def run_example(ex: Example, net: network.Constants, config: AdviseBenchConfig,
                      "predicted_ms": p.step_s * 1e3, "measured_ms": measured * 1e3,
                      "error": p.step_s / measured - 1, "why": p.why(),
                      "usable_cores": cores})
-    return rows
+    return rows, prof.to_json()
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -178,11 +179,15 @@ def run(config: AdviseBenchConfig, log: IO[str]) -> dict[str, Any]:
         sizes = network.PROBE_SIZES[1:3] if config.quick else network.PROBE_SIZES
         net = network.probe(p=config.np, sizes=sizes, repeats=config.repeats, log=log)
     rows: list[dict[str, Any]] = []
+    profiles: dict[str, Any] = {}
     for ex in config.examples:
-        rows += run_example(ex, net, config, log)
+        got, profiles[ex.name] = run_example(ex, net, config, log)
+        rows += got
+
     summary = summarize(rows)
     return {"np": config.np, "steps": config.steps, "repeats": config.repeats,
-            "rows": rows, "constants": net.to_json(), **summary, "note": note(summary)}
+            "rows": rows, "constants": net.to_json(), "profiles": profiles, **summary,
+            "note": note(summary)}
 
 
 def note(summary: Mapping[str, Any]) -> str:
