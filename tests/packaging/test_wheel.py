@@ -100,7 +100,8 @@ def test_the_wheel_declares_version_scripts_and_dependency_ranges(wheel):
     assert meta["Version"] == tfdist.__version__
     assert meta["Requires-Python"] == ">=3.11"
     assert dict(entry_points["console_scripts"]) == {
-        "tfdist-launch": "tfdist.launcher.cli:main", "tfdist-bench": "tfdist.bench.cli:main"}
+        "tfdist-launch": "tfdist.launcher.cli:main", "tfdist-bench": "tfdist.bench.cli:main",
+        "tfdist-advise": "tfdist.advise.cli:main"}
     requires = meta.get_all("Requires-Dist")
     core = {r.split("<")[0].split(">")[0].split("=")[0].strip(): r for r in requires
             if "extra ==" not in r}
