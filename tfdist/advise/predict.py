@@ -94,7 +94,7 @@ def _mb(nbytes: float) -> str:
 
 def _compute(prof: ModelProfile, batch: float, busy: int, cluster: Cluster) -> Term:
     slow = model.contention(busy, prof.threads or cluster.cores, cluster.cores)
-    note = f", {busy} processes on {cluster.cores} cores (x{slow:.1f})" if slow > 1 else ""
+    note = f", {busy} processes on {cluster.cores:.3g} cores (x{slow:.1f})" if slow > 1 else ""
     return Term("compute", prof.step.at(batch) * slow,
                 f"forward+backward+update of {batch:g} samples{note}")
 
