@@ -28,6 +28,7 @@ from typing import Any
 
 from tfdist.cluster import ClusterSpec, Task, read_tf_config
 from tfdist.errors import (
+    AdviseError,
     ClusterConfigError,
     EvaluatorTimeoutError,
     KerasCompatibilityError,
@@ -63,6 +64,8 @@ _LAZY = {
 }
 
 __all__ = [
+    "advise",
+    "AdviseError",
     "ClusterSpec",
     "Task",
     "read_tf_config",
@@ -83,6 +86,8 @@ _RENAMED = {"register_strategy": "register"}
 
 
 def __getattr__(name: str) -> Any:
+    if name == "advise":  # the package, callable: tfdist.advise(model, cluster, batch=...)
+        return importlib.import_module("tfdist.advise")
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), _RENAMED.get(name, name))
     raise AttributeError(f"module 'tfdist' has no attribute {name!r}")

@@ -43,9 +43,11 @@ def test_ps_traffic_is_the_slower_of_worker_and_ps_links():
 
 def test_pipeline_step_and_bubble():
     assert model.bubble(4, 4) == pytest.approx(3 / 7)
-    step, transfer = model.pipeline_step_s(0.1, 4, 4, 2e6, Link(alpha=1e-3, beta=1e-9))
-    assert transfer == pytest.approx(7 * 2 * (1e-3 + 2e-3))
-    assert step == pytest.approx(7 * (0.1 + 2 * 3e-3))
+    # Transfers (2 x 3 ms) hide behind a 100 ms stage; behind a 1 ms stage, 5 ms show.
+    assert model.pipeline_step_s(0.1, 4, 4, 2e6, Link(alpha=1e-3, beta=1e-9)) == (
+        pytest.approx(0.7), 0.0)
+    step, exposed = model.pipeline_step_s(0.001, 4, 4, 2e6, Link(alpha=1e-3, beta=1e-9))
+    assert exposed == pytest.approx(7 * (6e-3 - 1e-3)) and step == pytest.approx(7 * 6e-3)
     assert model.pipeline_memory(1e6, 2, 1e5, 4) == pytest.approx(4.4e6)
 
 
@@ -206,8 +208,47 @@ def test_cli_reports_a_missing_build_function(capsys, tmp_path):
                                   "tfdist.advise.candidates", "tfdist.advise.predict",
                                   "tfdist.advise.network", "tfdist.advise.report",
                                   "tfdist.advise.cli", "tfdist.advise.profile",
-                                  "tfdist.advise.advisor"])
+                                  "tfdist.advise.advisor", "tfdist.advise.cores"])
 def test_docstring_examples_run(name, monkeypatch):
     monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
     result = doctest.testmod(importlib.import_module(name))
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_profile_finds_the_heavy_layer_and_the_split_isolates_it():
+    from tfdist import compat
+    from tfdist.advise.profile import profile_model
+    from tfdist.pipeline import stage
+
+    keras = compat.get_keras()
+
+    def chain():
+        return keras.Sequential([keras.Input((64,)), keras.layers.Dense(8, name="thin_0"),
+                                 keras.layers.Dense(8, name="thin_1"),
+                                 keras.layers.Dense(8, name="thin_2"),
+                                 keras.layers.Dense(1024, name="wide"),
+                                 keras.layers.Dense(1024, name="wider"),
+                                 keras.layers.Dense(8, name="thin_3")])
+
+    prof = profile_model(chain(), batch=256, repeats=5)
+    costs = dict(zip(prof.names, prof.layer_costs(256), strict=True))
+    assert costs["wider"] > 5 * max(costs["thin_0"], costs["thin_1"], costs["thin_2"]), costs
+    assert prof.params == (520, 72, 72, 9216, 1049600, 8200)
+    assert prof.activation_bytes == (32, 32, 32, 4096, 4096, 32)
+    # By parameter count "wider" alone is half the model; by measured time too, so both
+    # splits cut before it. The costs of layers in the reverse order move the cut.
+    _, by_time = stage.split_model(chain, stages=2, layer_costs=prof.layer_costs(256))
+    assert by_time[1] in (4, 5)
+    _, reversed_costs = stage.split_model(chain, stages=2, layer_costs=[10, 0, 0, 0, 0, 0])
+    assert reversed_costs == (0, 1, 6)
+
+
+def test_tfdist_advise_is_the_package_and_the_function():
+    import tfdist
+
+    prof = _profile(param_bytes=4000)
+    net = network.Constants(LINK, {"tf": LINK}, 0.0, 2, {}, {})
+    advice = tfdist.advise(None, 2, batch=64, constants=net, profile=prof)
+    assert advice.best.candidate.label == tfdist.advise.advise(
+        None, 2, batch=64, constants=net, profile=prof).best.candidate.label
+    assert "advise" in tfdist.__all__ and "AdviseError" in tfdist.__all__

@@ -32,7 +32,7 @@ class Cluster:
     Attributes:
         processes: Training processes (workers, ranks, or D x K pipeline processes).
         hosts: Distinct hosts they run on (processes are spread evenly).
-        cores: CPU cores per host.
+        cores: CPU cores per host (a fraction when measured: `cores.usable_cores`).
         device_memory: Bytes one process (device) may hold; None: no limit.
         host_names: The hosts, when known (a probe can only run on this one).
 
@@ -43,14 +43,15 @@ class Cluster:
 
     processes: int
     hosts: int = 1
-    cores: int = dataclasses.field(default_factory=lambda: os.cpu_count() or 1)
+    cores: float = dataclasses.field(default_factory=lambda: os.cpu_count() or 1)
     device_memory: float | None = None
     host_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("processes", "hosts", "cores"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            kinds = (int, float) if name == "cores" else int
+            if isinstance(value, bool) or not isinstance(value, kinds) or value < 1:
                 raise AdviseError(format_error(
                     f"Cluster {name} must be a positive int.", received=f"{name}={value!r}",
                     expected="an int >= 1", fix=f"pass {name}=2"))

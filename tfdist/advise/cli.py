@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import importlib.util
 import inspect
@@ -23,6 +24,7 @@ from typing import Any
 from tfdist.advise import network, report
 from tfdist.advise.advisor import advise, get_constants
 from tfdist.advise.candidates import as_cluster, candidates
+from tfdist.advise.cores import usable_cores
 from tfdist.errors import AdviseError, TfdistError, format_error
 
 __all__ = ["parse_args", "load_target", "main"]
@@ -63,6 +65,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     cluster.add_argument("--device-memory", type=_memory, help="bytes per process, e.g. 16GB")
     cluster.add_argument("--micro-batches", default="2,4,8", help="pipeline M to consider")
     cluster.add_argument("--max-ps", type=int, default=2, help="most parameter servers (2)")
+    cluster.add_argument("--measure-cores", action="store_true",
+                         help="on a shared machine: measure the cores the processes really get "
+                         "(a 1-second busy-loop probe) instead of assuming all of them")
     cluster.add_argument("--backends", default="tf,horovod", help="all-reduce backends")
     net = parser.add_argument_group("network constants")
     net.add_argument("--constants", default=os.environ.get(CONSTANTS_ENV),
@@ -139,6 +144,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"[tfdist-advise] wrote {path}")
         return 0
     constants = get_constants(shape, args.constants, args.backends)
+    if args.measure_cores:
+        shape = dataclasses.replace(shape, cores=usable_cores(min(shape.per_host,
+                                                                  os.cpu_count() or 1)))
     advice = advise(load_target(args.target, args.kwargs), shape, batch=args.batch,
                     constants=constants, script=args.script, micro_batches=args.micro_batches,
                     max_ps=args.max_ps, backends=args.backends)

@@ -10,7 +10,8 @@ Rabenseifner and Gropp, "Optimization of Collective Communication Operations in 
 * parameter servers, k shards, n workers: a worker pulls and pushes its ``M`` bytes, each ps
   serves ``n M / k``: ``2 (k alpha + max(M, n M / k) beta)`` per step;
 * pipeline, K stages, M micro-batches (GPipe): ``(M + K - 1)`` slots of the slowest stage's
-  forward + backward of one micro-batch plus its two transfers; idle fraction (bubble)
+  forward + backward of one micro-batch, or of its two transfers where those take longer (tfdist's
+  engine sends and receives asynchronously, beside the compute); idle fraction (bubble)
   ``(K - 1) / (M + K - 1)``.
 
 Example:
@@ -115,20 +116,25 @@ def bubble(stages: int, micro_batches: int) -> float:
 
 def pipeline_step_s(slowest_stage_s: float, stages: int, micro_batches: int,
                     boundary_bytes: float, link: Link) -> tuple[float, float]:
-    """(step seconds, transfer seconds) of a K-stage pipeline of M micro-batches.
+    """(step seconds, exposed transfer seconds) of a K-stage pipeline of M micro-batches.
 
     ``slowest_stage_s`` is the largest stage's forward + backward of one micro-batch;
     ``boundary_bytes`` the largest activation a stage sends per micro-batch (its gradient
-    comes back the same size).
+    comes back the same size). Transfers overlap the compute; only what they take beyond it
+    is exposed.
 
     Example:
-        >>> step, transfer = pipeline_step_s(0.1, 2, 4, 1e6, Link(alpha=0.0, beta=1e-9))
-        >>> round(step, 4), round(transfer, 4)
-        (0.51, 0.01)
+        >>> step, exposed = pipeline_step_s(0.1, 2, 4, 1e6, Link(alpha=0.0, beta=1e-9))
+        >>> round(step, 4), exposed                                # hidden behind compute
+        (0.5, 0.0)
+        >>> step, exposed = pipeline_step_s(0.001, 2, 4, 1e6, Link(alpha=1e-3, beta=1e-9))
+        >>> round(step, 4), round(exposed, 4)                      # 5 slots of 4 ms transfers
+        (0.02, 0.015)
     """
     transfer = 2 * (link.alpha + boundary_bytes * link.beta) if stages > 1 else 0.0
     slots = micro_batches + stages - 1
-    return slots * (slowest_stage_s + transfer), slots * transfer
+    exposed = max(0.0, transfer - slowest_stage_s)
+    return slots * (slowest_stage_s + exposed), slots * exposed
 
 
 def data_parallel_memory(param_bytes: float, optimizer_slots: int,
@@ -164,7 +170,7 @@ def pipeline_memory(stage_param_bytes: float, optimizer_slots: int,
     return stage_param_bytes * (2 + optimizer_slots) + micro_activation_bytes * in_flight
 
 
-def contention(busy_processes: int, threads_each: int, cores: int) -> float:
+def contention(busy_processes: int, threads_each: int, cores: float) -> float:
     """How much slower compute runs when the busy processes want more cores than the host has.
 
     Example:

@@ -94,7 +94,7 @@ def _mb(nbytes: float) -> str:
 
 def _compute(prof: ModelProfile, batch: float, busy: int, cluster: Cluster) -> Term:
     slow = model.contention(busy, prof.threads or cluster.cores, cluster.cores)
-    note = f", {busy} processes on {cluster.cores} cores (x{slow:.1f})" if slow > 1 else ""
+    note = f", {busy} processes on {cluster.cores:.3g} cores (x{slow:.1f})" if slow > 1 else ""
     return Term("compute", prof.step.at(batch) * slow,
                 f"forward+backward+update of {batch:g} samples{note}")
 
@@ -169,7 +169,7 @@ def _pipeline(c: Candidate, prof: ModelProfile, links: Mapping[str, Link], clust
     slow = model.contention(cluster.per_host, prof.threads or cluster.cores, cluster.cores)
     slowest = max(stage_costs(costs, bounds)) * slow
     boundary = max(prof.activation_bytes[b - 1] for b in bounds[1:-1]) * micro
-    step, transfer = model.pipeline_step_s(slowest, k, m, boundary, link)
+    _, transfer = model.pipeline_step_s(slowest, k, m, boundary, link)
     # What the layers alone miss (loss, optimizer update, dispatch), shared by the K stages.
     rest = max(0.0, prof.step.at(batch / d) - sum(prof.layer_costs(batch / d))) * slow / k
     params = stage_costs(prof.param_bytes, bounds)
@@ -179,7 +179,8 @@ def _pipeline(c: Candidate, prof: ModelProfile, links: Mapping[str, Link], clust
                   f"{m} micro-batches of {micro:g} samples through the slowest of {k} stages"),
              Term("bubble", idle, f"(K-1)/(M+K-1) = {model.bubble(k, m):.0%} of the step idle"),
              Term("communication", transfer + sync,
-                  f"{2 * (m + k - 1)} transfers of {_mb(boundary)} activations over "
+                  f"{2 * (m + k - 1)} transfers of {_mb(boundary)} activations (beyond compute) "
+                  f"over "
                   f"{link.bandwidth_gbps:.2f} GB/s" + (f", stage gradients of {_mb(max(params))} "
                                                        f"over {d} replicas" if d > 1 else ""))]
     acts = [sum(prof.activation_bytes[a:b]) * micro for a, b in zip(bounds, bounds[1:],

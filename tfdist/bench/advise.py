@@ -4,7 +4,8 @@ For each example (``image``: the dense CNN on digits; ``ctr``: the sparse CTR mo
 the deep MLP made for pipelines) on ``np`` processes of this machine, one TF thread each:
 
 1. the network probe (`tfdist.advise.network.probe`), once;
-2. the model's profile, in a child process with the jobs' Keras and threads;
+2. the model's profile, in a child process with the jobs' Keras and threads, then the cores
+   ``np`` processes really get on this shared machine (`tfdist.advise.cores.usable_cores`);
 3. the advisor's ranking; its top ``top`` candidates, plus the example's own layout when it is
    not among them (``ctr``: parameter servers, ``deep``: the pipeline), are run for real
    (`workers/advise_worker.py`), and each step is timed.
@@ -28,6 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import IO, Any
 
 from tfdist.advise import Candidate, Cluster, ModelProfile, advise, network
+from tfdist.advise.cores import usable_cores
 from tfdist.bench import jobs
 from tfdist.bench.workers.common import THREADS_ENV
 from tfdist.cluster import ClusterSpec
@@ -130,10 +132,13 @@ def _chosen(advice: Any, ex: Example, top: int) -> list[Any]:
 
 
 def run_example(ex: Example, net: network.Constants, config: AdviseBenchConfig,
-                log: IO[str]) -> list[dict[str, Any]]:
-    """Profiles, advises and measures one example; one row per measured candidate."""
+                log: IO[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Profiles, advises and measures one example: one row per measured candidate, and the
+    profile (as JSON)."""
     prof = _profile(ex, config, log)
-    cluster = Cluster(processes=config.np, cores=os.cpu_count() or 1)
+    # What the processes really get on this (shared) machine, measured just before the jobs.
+    cores = usable_cores(min(config.np, os.cpu_count() or 1))
+    cluster = Cluster(processes=config.np, cores=cores)
     advice = advise(None, cluster, batch=ex.batch, constants=net, profile=prof,
                     micro_batches=(4,), max_ps=1, script=f"keras_examples/{ex.name}.py")
     rows = []
@@ -144,8 +149,9 @@ def run_example(ex: Example, net: network.Constants, config: AdviseBenchConfig,
         rows.append({"example": ex.name, "candidate": c.label,
                      "predicted_rank": advice.predictions.index(p) + 1,
                      "predicted_ms": p.step_s * 1e3, "measured_ms": measured * 1e3,
-                     "error": p.step_s / measured - 1, "why": p.why()})
-    return rows
+                     "error": p.step_s / measured - 1, "why": p.why(),
+                     "usable_cores": cores})
+    return rows, prof.to_json()
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -173,11 +179,15 @@ def run(config: AdviseBenchConfig, log: IO[str]) -> dict[str, Any]:
         sizes = network.PROBE_SIZES[1:3] if config.quick else network.PROBE_SIZES
         net = network.probe(p=config.np, sizes=sizes, repeats=config.repeats, log=log)
     rows: list[dict[str, Any]] = []
+    profiles: dict[str, Any] = {}
     for ex in config.examples:
-        rows += run_example(ex, net, config, log)
+        got, profiles[ex.name] = run_example(ex, net, config, log)
+        rows += got
+
     summary = summarize(rows)
     return {"np": config.np, "steps": config.steps, "repeats": config.repeats,
-            "rows": rows, "constants": net.to_json(), **summary, "note": note(summary)}
+            "rows": rows, "constants": net.to_json(), "profiles": profiles, **summary,
+            "note": note(summary)}
 
 
 def note(summary: Mapping[str, Any]) -> str:
