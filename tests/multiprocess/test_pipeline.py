@@ -111,10 +111,15 @@ def test_a_stage_built_from_a_function_holds_about_one_kth_of_the_model(cluster_
         whole, share = stage["model_param_bytes"], stage["model_param_bytes"] / 2
         assert result["held_bytes"] == stage["param_bytes"]
         assert abs(stage["param_bytes"] - share) <= stage["largest_layer_bytes"]
-        # Resident memory: the stage's build grows the process by about its own weights
-        # (measured 68 MB of a 134 MB model); building the whole model, by all of it.
-        assert result["stage_build_growth"] < 0.5 * whole + 0.1 * whole
-        assert result["whole_build_growth"] > 0.9 * whole
+        # Every variable the stage's build created: its own weights (67 of 134 MB), never the
+        # other stage's; building the whole model creates all of them (the control).
+        assert abs(result["stage_created_bytes"] - share) <= stage["largest_layer_bytes"]
+        assert result["stage_created_bytes"] < 0.6 * whole  # measured 67.3 of 134.4 MB
+        assert result["whole_created_bytes"] >= whole
+        # Resident memory is reported, not asserted: a first large build leaves 100+ MB of freed
+        # initialiser temporaries resident on some machines (measured 68 MB growth on one, 210
+        # MB on another, where the whole model's build afterwards grew it by 142 MB).
+        assert result["whole_build_growth"] > 0
         assert result["loss"][-1] < result["loss"][0] * 1.05
 
 

@@ -7,6 +7,7 @@ whole model's size, which the stage's build must stay well under."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -38,6 +39,22 @@ def rss_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+@contextlib.contextmanager
+def count_variable_bytes(tf):
+    """Bytes of every tf.Variable created inside (Keras 3 and tf-keras variables are tf.Variables
+    underneath): what a build really allocated, unlike resident memory, which on some machines
+    keeps 100+ MB of freed initialiser temporaries after a first large build."""
+    created: list[int] = []
+
+    def creator(next_creator, **kwargs):
+        variable = next_creator(**kwargs)
+        created.append(int(variable.shape.num_elements()) * variable.dtype.size)
+        return variable
+
+    with tf.variable_creator_scope(creator):
+        yield created
+
+
 def main(argv):
     keras = compat.get_keras()
     strategy = tfdist.get_strategy("auto")
@@ -47,10 +64,12 @@ def main(argv):
 
     tf.constant(0.0) + 1  # the runtime's own memory, before measuring
     before = rss_bytes()
-    model = strategy.build_model(lambda: build(keras))
+    with count_variable_bytes(tf) as stage_created:
+        model = strategy.build_model(lambda: build(keras))
     stage_growth = rss_bytes() - before
     before_whole = rss_bytes()
-    whole = build(keras)
+    with count_variable_bytes(tf) as whole_created:
+        whole = build(keras)
     whole_growth = rss_bytes() - before_whole
     whole_bytes = weights_nbytes(whole.weights)
     del whole
@@ -60,6 +79,7 @@ def main(argv):
         "stage": strategy.stage_report(), "held_bytes": weights_nbytes(model.weights),
         "whole_bytes": whole_bytes, "stage_build_growth": stage_growth,
         "whole_build_growth": whole_growth, "loss": history.history["loss"],
+        "stage_created_bytes": sum(stage_created), "whole_created_bytes": sum(whole_created),
     })
 
 
