@@ -14,7 +14,8 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
 def test_probe_fits_constants_that_predict_the_measured_allreduce(tmp_path):
     start = time.monotonic()
-    net = network.probe(backends=("tf",), p=2, sizes=(16 << 10, 256 << 10, 2 << 20), repeats=3,
+    # Sizes up to 8 MiB: there the bandwidth term (~7 ms) stands above a loaded machine's noise.
+    net = network.probe(backends=("tf",), p=2, sizes=(64 << 10, 1 << 20, 8 << 20), repeats=3,
                         timeout=180)
     assert time.monotonic() - start < 180
     tf_link = net.link("tf")

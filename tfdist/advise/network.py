@@ -155,6 +155,14 @@ def probe(backends: Sequence[str] = ("tf", "horovod"), p: int = 2,
     samples = _samples(rows)
     gamma = measure_gamma()
     tcp = fit_line(*zip(*samples["tcp"], strict=True))
+    if tcp.c1 <= 0:
+        raise AdviseError(format_error(
+            "The network probe could not measure a bandwidth: the larger exchanges were not "
+            "slower than the small ones (the machine's other load decided the times).",
+            received=f"TCP exchange seconds by size: {samples['tcp']}",
+            expected="times that grow with the size",
+            fix="run the probe again when the machine is quieter (tfdist-advise --probe-only), "
+            "or with larger sizes"))
     # The TCP exchange of n bytes is one step of a 2-rank ring: n each way at once.
     p2p = Link(alpha=max(0.0, tcp.c0), beta=max(1e-15, tcp.c1), gamma=gamma)
     fitted = {b: fit_ring(*zip(*pts, strict=True), p=p, gamma=gamma)
