@@ -58,6 +58,9 @@ MAX_RANKS = 4096
 PAIR_GROUP_BASE = 1 << 20
 STAGE_GROUP_BASE = 1 << 19
 REPLICA_GROUP_BASE = 1 << 18
+WORLD_GROUP_KEY = 1 << 17
+"""Every process of the job: used once, by `exit_barrier`."""
+EXIT = 7
 
 
 def pair_group_key(a: int, b: int) -> int:
@@ -143,6 +146,24 @@ def all_reduce_mean(tensors: Sequence[Any], *, group_size: int, group_key: int,
             timeout=timeout) / group_size
         for i, t in enumerate(tensors)
     ]
+
+
+def exit_barrier(processes: int, timeout: float = 60.0) -> bool:
+    """Waits (at most ``timeout`` s) until every process of the job reached its exit.
+
+    Task 0 leads the resolution of every collective instance: were it to exit while another
+    replica still ran its last steps (predict after fit, on a loaded machine), that replica's
+    next transfer would fail with "Socket closed". Returns whether all arrived; never raises,
+    since it runs at interpreter exit.
+    """
+    if processes < 2:
+        return True
+    try:
+        all_reduce_mean([tf.constant(1.0)], group_size=processes, group_key=WORLD_GROUP_KEY,
+                        kind=EXIT, timeout=timeout)
+        return True
+    except Exception:  # noqa: BLE001 - a peer that died or timed out: nothing left to wait for
+        return False
 
 
 def enable_collectives(cluster: ClusterSpec, task: Task) -> None:

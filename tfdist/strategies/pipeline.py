@@ -25,8 +25,10 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -55,6 +57,20 @@ LAYER_COSTS_ENV = "TFDIST_PIPELINE_LAYER_COSTS"
 """A JSON file of measured per-layer costs (``tfdist-advise --json``) to balance stages by."""
 
 _log = logging.getLogger("tfdist")
+
+
+def _wait_for_every_process_at_exit(processes: int) -> None:
+    """At a normal exit, `transport.exit_barrier`; not after an uncaught exception (the
+    launcher should hear of a failure at once, not after the barrier's timeout)."""
+    failed = []
+    previous_hook = sys.excepthook
+
+    def record_failure(*exc_info: Any) -> None:
+        failed.append(exc_info[0])
+        previous_hook(*exc_info)
+
+    sys.excepthook = record_failure
+    atexit.register(lambda: failed or transport.exit_barrier(processes))
 
 
 def _from_env(name: str, value: Any, default: Any, cast: Callable[[str], Any]) -> Any:
@@ -150,6 +166,7 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         if processes > 1:
             with startup_deadline(deadline, cluster, task, f"PipelineStrategy on {task}"):
                 transport.enable_collectives(cluster, task)
+            _wait_for_every_process_at_exit(processes)
         super().__init__("/cpu:0" if not tf.config.list_physical_devices("GPU") else "/gpu:0")
         self._init_tfdist(cluster, task)
         self.spec: stage.ModelSpec | None = None
