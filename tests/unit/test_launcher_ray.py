@@ -93,7 +93,7 @@ def test_ranks_go_host_major():
 @pytest.mark.skipif(importlib.util.find_spec("horovod") is None,
                     reason="Horovod is not installed; run: bash launch/setup.sh")
 def test_gloo_rendezvous_listens_on_its_address_only_and_numbers_the_ranks():
-    with GlooRendezvous("127.0.0.1", ["a", "b", "a"]) as rendezvous:
+    with GlooRendezvous.for_hosts("127.0.0.1", ["a", "b", "a"]) as rendezvous:
         port = rendezvous.port
         assert rendezvous._server.server_address == ("127.0.0.1", port)
         envs = [rendezvous.rank_env(rank, "lo") for rank in range(3)]

@@ -3,13 +3,15 @@
 ``horovodrun --gloo`` does two things for its ranks: it serves an HTTP rendezvous where the
 ranks meet, and it gives each rank ``HOROVOD_RANK``, ``HOROVOD_SIZE``, its local and cross ranks
 and the rendezvous address. A runner that starts the ranks itself (`tfdist.launcher.ray_runner`)
-does the same with `GlooRendezvous`. Unlike ``horovodrun``'s, this rendezvous listens on one
+and Slurm's srun (`tfdist.launcher.slurm_horovod`) do the same with `GlooRendezvous` and
+`rank_variables`. Unlike ``horovodrun``'s, this rendezvous listens on one
 address only (the one the ranks are told), not on every interface.
 
 Ranks are assigned host-major, as ``horovodrun`` does: the ranks of one host are consecutive.
 
 Example:
-    >>> with GlooRendezvous("127.0.0.1", ["n1", "n1", "n2"]) as rendezvous:  # doctest: +SKIP
+    >>> hosts = ["n1", "n1", "n2"]  # one entry per process
+    >>> with GlooRendezvous.for_hosts("127.0.0.1", hosts) as rendezvous:  # doctest: +SKIP
     ...     env = rendezvous.rank_env(2, interface="eth0")
     >>> env["HOROVOD_RANK"], env["HOROVOD_CROSS_RANK"]  # doctest: +SKIP
     ('2', '1')
@@ -23,7 +25,7 @@ from typing import Any
 
 from tfdist.errors import MissingDependencyError, format_error
 
-__all__ = ["GlooRendezvous", "rank_order"]
+__all__ = ["GlooRendezvous", "rank_order", "rank_variables", "slot_plan"]
 
 
 def rank_order(hosts: Sequence[str]) -> list[int]:
@@ -40,6 +42,10 @@ def rank_order(hosts: Sequence[str]) -> list[int]:
     return sorted(range(len(hosts)), key=lambda i: (first_seen[hosts[i]], i))
 
 
+RENDEZVOUS_ADDR = "HOROVOD_GLOO_RENDEZVOUS_ADDR"
+RENDEZVOUS_PORT = "HOROVOD_GLOO_RENDEZVOUS_PORT"
+
+
 def _horovod_runner() -> tuple[Any, Any, Any, Any]:
     try:
         from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
@@ -48,33 +54,69 @@ def _horovod_runner() -> tuple[Any, Any, Any, Any]:
         raise MissingDependencyError(format_error(
             f"Horovod's runner is not available ({err}).",
             received="no importable horovod.runner", expected="Horovod 0.28.1 with Gloo",
-            fix="build it into this environment with `bash launch/setup.sh`")) from err
+            fix="build it into this environment (on every node) with `bash launch/setup.sh`",
+        )) from err
     return HostInfo, get_host_assignments, RendezvousHandler, RendezvousHTTPServer
 
 
+def slot_plan(host_counts: Sequence[tuple[str, int]]) -> list[Any]:
+    """Horovod's ``SlotInfo`` of every rank, host-major over ``(host, processes)`` in order.
+
+    Example:
+        >>> [(s.hostname, s.local_rank) for s in slot_plan([("a", 2), ("b", 1)])]  # doctest: +SKIP
+        [('a', 0), ('a', 1), ('b', 0)]
+    """
+    host_info, assign, _, _ = _horovod_runner()
+    size = sum(count for _, count in host_counts)
+    return assign([host_info(host, count) for host, count in host_counts], size, size)
+
+
+def rank_variables(slot: Any, address: str, port: int | str,
+                   interface: str | None) -> dict[str, str]:
+    """The variables of the rank on ``slot``: its numbers, the rendezvous, Gloo's interface."""
+    variables = {
+        RENDEZVOUS_ADDR: address,
+        RENDEZVOUS_PORT: str(port),
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_HOSTNAME": str(slot.hostname),
+        "HOROVOD_RANK": str(slot.rank),
+        "HOROVOD_SIZE": str(slot.size),
+        "HOROVOD_LOCAL_RANK": str(slot.local_rank),
+        "HOROVOD_LOCAL_SIZE": str(slot.local_size),
+        "HOROVOD_CROSS_RANK": str(slot.cross_rank),
+        "HOROVOD_CROSS_SIZE": str(slot.cross_size),
+    }
+    if interface:
+        variables["HOROVOD_GLOO_IFACE"] = interface
+    return variables
+
+
 class GlooRendezvous:
-    """Horovod's HTTP rendezvous for ranks on ``hosts`` (rank r on ``hosts[rank_order[r]]``).
+    """Horovod's HTTP rendezvous on ``address`` (a free port) for the ranks of ``slots``.
 
     Args:
         address: The address it listens on, which every rank must reach.
-        hosts: One entry per process: the host it runs on (any name, equal on one host).
+        slots: Every rank's ``SlotInfo`` (`slot_plan`).
     """
 
-    def __init__(self, address: str, hosts: Sequence[str]) -> None:
+    def __init__(self, address: str, slots: Sequence[Any]) -> None:
         self.address = address
-        self._hosts = list(hosts)
+        self._slots = list(slots)
         self._server: Any = None
         self._thread: threading.Thread | None = None
-        self._slots: list[Any] = []
+
+    @classmethod
+    def for_hosts(cls, address: str, hosts: Sequence[str]) -> GlooRendezvous:
+        """For one process per entry of ``hosts`` (rank r on ``hosts[rank_order(hosts)[r]]``)."""
+        counts: dict[str, int] = {}
+        for host in (hosts[i] for i in rank_order(hosts)):
+            counts[host] = counts.get(host, 0) + 1
+        return cls(address, slot_plan(list(counts.items())))
 
     def start(self) -> GlooRendezvous:
         """Starts serving on a free port of `address`."""
-        host_info, assign, handler, server_class = _horovod_runner()
-        counts: dict[str, int] = {}
-        for host in (self._hosts[i] for i in rank_order(self._hosts)):
-            counts[host] = counts.get(host, 0) + 1
-        size = len(self._hosts)
-        self._slots = assign([host_info(h, n) for h, n in counts.items()], size, size)
+        _, _, handler, server_class = _horovod_runner()
         self._server = server_class((self.address, 0), handler, 0)
         self._server.init(self._slots)
         self._thread = threading.Thread(target=self._server.serve_forever,
@@ -88,21 +130,7 @@ class GlooRendezvous:
 
     def rank_env(self, rank: int, interface: str) -> dict[str, str]:
         """The variables rank ``rank`` needs; ``interface``: its host's interface for Gloo."""
-        slot = self._slots[rank]
-        return {
-            "HOROVOD_GLOO_RENDEZVOUS_ADDR": self.address,
-            "HOROVOD_GLOO_RENDEZVOUS_PORT": str(self.port),
-            "HOROVOD_CONTROLLER": "gloo",
-            "HOROVOD_CPU_OPERATIONS": "gloo",
-            "HOROVOD_GLOO_IFACE": interface,
-            "HOROVOD_HOSTNAME": str(slot.hostname),
-            "HOROVOD_RANK": str(slot.rank),
-            "HOROVOD_SIZE": str(slot.size),
-            "HOROVOD_LOCAL_RANK": str(slot.local_rank),
-            "HOROVOD_LOCAL_SIZE": str(slot.local_size),
-            "HOROVOD_CROSS_RANK": str(slot.cross_rank),
-            "HOROVOD_CROSS_SIZE": str(slot.cross_size),
-        }
+        return rank_variables(self._slots[rank], self.address, self.port, interface)
 
     def stop(self) -> None:
         if self._server is not None:
@@ -110,7 +138,7 @@ class GlooRendezvous:
             self._server.server_close()
             self._server = None
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=10)
             self._thread = None
 
     def __enter__(self) -> GlooRendezvous:

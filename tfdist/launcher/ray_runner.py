@@ -281,7 +281,7 @@ def _rank_environments(ray: ModuleType, gang: _Gang, located: list[dict[str, Any
     from tfdist.horovod.rendezvous import GlooRendezvous, rank_order
 
     hosts = [where["address"] for where in located]
-    rendezvous = GlooRendezvous(ray.util.get_node_ip_address(), hosts).start()
+    rendezvous = GlooRendezvous.for_hosts(ray.util.get_node_ip_address(), hosts).start()
     order = rank_order(hosts)
     gang.tasks = [gang.tasks[index] for index in order]  # from here on in rank order
     located[:] = [located[index] for index in order]

@@ -23,45 +23,32 @@ Example:
 
 from __future__ import annotations
 
-import importlib
 import os
 import shlex
 import signal
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Mapping, Sequence
-from types import ModuleType
 from typing import Any
 
 from tfdist.cluster.slurm import slurm_host_slots, slurm_slot
-from tfdist.errors import MissingDependencyError, StrategyConfigError, format_error
+from tfdist.errors import StrategyConfigError, format_error
+from tfdist.horovod.rendezvous import (
+    RENDEZVOUS_ADDR,
+    RENDEZVOUS_PORT,
+    GlooRendezvous,
+    rank_variables,
+    slot_plan,
+)
 from tfdist.launcher.hosts import interface_towards
 
-__all__ = ["RENDEZVOUS_ADDR", "RENDEZVOUS_PORT", "rank_env", "Rendezvous", "main"]
-
-RENDEZVOUS_ADDR = "HOROVOD_GLOO_RENDEZVOUS_ADDR"
-RENDEZVOUS_PORT = "HOROVOD_GLOO_RENDEZVOUS_PORT"
-
-
-def _horovod(module: str) -> ModuleType:
-    try:
-        return importlib.import_module(f"horovod.runner.{module}")
-    except ImportError as err:
-        raise MissingDependencyError(format_error(
-            f"Horovod ranks under srun need Horovod's runner ({err}).",
-            received=f"no importable horovod.runner.{module}",
-            expected="Horovod 0.28.1 built with TensorFlow and Gloo on every node",
-            fix="install it on the nodes with `bash launch/setup.sh`")) from err
+__all__ = ["RENDEZVOUS_ADDR", "RENDEZVOUS_PORT", "rank_env", "main"]
 
 
 def _slot_plan(env: Mapping[str, str]) -> list[Any]:
     """Horovod's ``SlotInfo`` of every rank of the allocation, host-major."""
-    hosts = _horovod("common.util.hosts")
-    slots = slurm_host_slots(env)
-    infos = [hosts.HostInfo(node, count) for node, count in slots]
-    return hosts.get_host_assignments(infos, sum(count for _, count in slots))
+    return slot_plan(slurm_host_slots(env))
 
 
 def rank_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -90,42 +77,8 @@ def rank_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
             fix="start srun through `python -m tfdist.launcher.slurm_horovod -- srun ...` "
                 "(tfdist-launch --strategy horovod --export slurm writes it)"))
     slot = _slot_plan(env)[slurm_slot(env, slurm_host_slots(env))]
-    variables = dict(_horovod("gloo_run").create_slot_env_vars(slot))
-    variables.update(HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo",
-                     **{RENDEZVOUS_ADDR: env[RENDEZVOUS_ADDR],
-                        RENDEZVOUS_PORT: env[RENDEZVOUS_PORT]})
-    interface = interface_towards(env[RENDEZVOUS_ADDR])
-    if interface:
-        variables["HOROVOD_GLOO_IFACE"] = interface
-    return variables
-
-
-class Rendezvous:
-    """Horovod's rendezvous store, on ``address`` (a free port), prepared for the allocation.
-
-    Example:
-        >>> env = {"SLURM_JOB_NODELIST": "localhost", "SLURM_TASKS_PER_NODE": "2"}
-        >>> with Rendezvous("127.0.0.1", env) as rendezvous:
-        ...     rendezvous.port > 0
-        True
-    """
-
-    def __init__(self, address: str, env: Mapping[str, str]) -> None:
-        http = _horovod("http.http_server")
-        self.address = address
-        self._server = http.RendezvousHTTPServer((address, 0), http.RendezvousHandler, 0)
-        self._server.init(_slot_plan(env))
-        self.port: int = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    def __enter__(self) -> Rendezvous:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=10)
+    return rank_variables(slot, env[RENDEZVOUS_ADDR], env[RENDEZVOUS_PORT],
+                          interface_towards(env[RENDEZVOUS_ADDR]))
 
 
 def _node_address(env: Mapping[str, str]) -> str:
@@ -143,7 +96,7 @@ def _node_address(env: Mapping[str, str]) -> str:
 def run_srun(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     """Runs ``command`` (the ``srun`` line) with a rendezvous served beside it; its status."""
     env = dict(os.environ if env is None else env)
-    with Rendezvous(_node_address(env), env) as rendezvous:
+    with GlooRendezvous(_node_address(env), _slot_plan(env)) as rendezvous:
         env.update({RENDEZVOUS_ADDR: rendezvous.address, RENDEZVOUS_PORT: str(rendezvous.port)})
         child = subprocess.Popen(list(command), env=env)
         forward = {sig: signal.signal(sig, lambda s, _f: child.send_signal(s))
