@@ -37,12 +37,12 @@ def _log(message: str) -> None:
     print(f"[tfdist-launch] {message}", file=sys.stderr, flush=True)
 
 
-def _exit_status(returncode: int) -> int:
+def exit_status(returncode: int) -> int:
     """A task killed by signal N reports -N; a shell reports 128+N."""
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _failure_message(plan: JobPlan, err: TaskFailedError) -> str:
+def failure_message(plan: JobPlan, err: TaskFailedError) -> str:
     reason = plan.loss_is_fatal(err.task.split(":", 1)[0])
     if reason:
         return (
@@ -78,8 +78,8 @@ def run_placement(placement: Placement) -> int:
              + (f"; restarted alone: {restarted}" if restarted else ""))
         return 0
     except TaskFailedError as err:
-        _log(_failure_message(plan, err))
-        return _exit_status(err.returncode) or 1
+        _log(failure_message(plan, err))
+        return exit_status(err.returncode) or 1
     except TaskTimeoutError as err:
         _log(str(err) + _hidden_tails(group, placement))
         return 124
@@ -181,7 +181,7 @@ def _private_network(placement: Placement) -> PrivateNetwork | None:
 
 # Success, timeout, interrupted by the user, preempted (saved, or not): a rerun is the user's or
 # the scheduler's call.
-_NOT_RESTARTED = (0, 124, 130, PREEMPTED_EXIT_STATUS, _SIGTERM_STATUS)
+NOT_RESTARTED = (0, 124, 130, PREEMPTED_EXIT_STATUS, _SIGTERM_STATUS)
 
 
 def run_job(plan: JobPlan, placement: Placement | None = None) -> int:
@@ -198,7 +198,7 @@ def run_job(plan: JobPlan, placement: Placement | None = None) -> int:
     status = run_placement(placement or place(plan))
     max_restarts = plan.options.max_restarts
     for attempt in range(1, max_restarts + 1):
-        if status in _NOT_RESTARTED:
+        if status in NOT_RESTARTED:
             break
         _log(f"restarting the whole job ({attempt}/{max_restarts}) after exit status {status}")
         status = run_placement(place(plan))

@@ -56,7 +56,7 @@ from tfdist.errors import (
     TaskTimeoutError,
     format_error,
 )
-from tfdist.launcher.local import _NOT_RESTARTED, _exit_status, _failure_message
+from tfdist.launcher.local import NOT_RESTARTED, exit_status, failure_message
 from tfdist.launcher.output import LineFilter, shown_tasks, task_filters
 from tfdist.launcher.plan import JobPlan
 from tfdist.launcher.ray_actor import TaskActor
@@ -402,8 +402,8 @@ def _run_gang(ray: ModuleType, plan: JobPlan, options: RayOptions) -> int:
         _log(f"job finished: {len(gang.tasks)} task(s) succeeded")
         return 0
     except TaskFailedError as err:
-        _log(_failure_message(plan, err))
-        return _exit_status(err.returncode) or 1
+        _log(failure_message(plan, err))
+        return exit_status(err.returncode) or 1
     except TaskTimeoutError as err:
         _log(str(err))
         return 124
@@ -464,7 +464,7 @@ def run_on_ray(plan: JobPlan, options: RayOptions | None = None) -> int:
         status = _run_gang(ray, plan, options)
         max_restarts = plan.options.max_restarts
         for attempt in range(1, max_restarts + 1):
-            if status in _NOT_RESTARTED:
+            if status in NOT_RESTARTED:
                 break
             _log(f"restarting the whole job ({attempt}/{max_restarts}) after exit status "
                  f"{status}")
