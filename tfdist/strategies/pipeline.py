@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import sys
@@ -59,6 +60,7 @@ LAYER_COSTS_ENV = "TFDIST_PIPELINE_LAYER_COSTS"
 _log = logging.getLogger("tfdist")
 
 
+@functools.cache  # once per process, like enable_collectives: one barrier, one instance key
 def _wait_for_every_process_at_exit(processes: int) -> None:
     """At a normal exit, `transport.exit_barrier`; not after an uncaught exception (the
     launcher should hear of a failure at once, not after the barrier's timeout)."""
