@@ -74,17 +74,17 @@ def _worker_args(config: AllreduceConfig, backend: str) -> list[str]:
 
 
 def _run_backend(config: AllreduceConfig, backend: str, log: IO[str]) -> dict[str, Any]:
-    args = _worker_args(config, backend)
     with jobs.ring_ports(config.np) as ring_env:
         env = {**config.env, **ring_env}
         if backend == "tf":
             spec = ClusterSpec.local(workers=config.np, host="127.0.0.1")
-            return jobs.run_tf(spec, "allreduce_worker.py", args, env=env, log=log,
-                               timeout=config.timeout)
+            return jobs.run_tf(spec, "allreduce_worker.py", _worker_args(config, "tf"), env=env,
+                               log=log, timeout=config.timeout)
+        # horovod and horovod-mpi run the same worker code; only horovodrun's controller differs.
         controller = "mpi" if backend == "horovod-mpi" else "gloo"
-        worker_args = [*args[:1], "horovod", *args[2:]]  # the worker code is the same
-        return jobs.run_horovod(config.np, "tfdist.bench.workers.allreduce_worker", worker_args,
-                                env=env, log=log, timeout=config.timeout, controller=controller)
+        return jobs.run_horovod(config.np, "tfdist.bench.workers.allreduce_worker",
+                                _worker_args(config, "horovod"), env=env, log=log,
+                                timeout=config.timeout, controller=controller)
 
 
 def summarize(backend: str, ranks: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
