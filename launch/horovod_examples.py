@@ -1,0 +1,233 @@
+"""Runs Horovod's own ``examples/tensorflow2`` scripts, unchanged, through ``tfdist-launch``.
+
+Usage (``make horovod-examples HOROVOD_SRC=...`` runs this)::
+
+    python launch/horovod_examples.py --horovod-src PATH [--scripts NAME ...] [--flavours ...]
+
+PATH is a checkout of horovod/horovod at tag v0.28.1 (the sdist has no examples). Each script
+runs as ``tfdist-launch --strategy horovod --workers 2 SCRIPT`` over Gloo (``RUNS`` adds
+``--mpi`` for some), once per Keras flavour (``TF_USE_LEGACY_KERAS`` 0 or 1, which tfdist-launch
+hands to the ranks). The scripts are not edited: ``launch/example_shim/sitecustomize.py``, put
+first on ``PYTHONPATH``, caps their ``fit``/``take`` (24 epochs of MNIST would take hours here),
+serves a generated ``mnist.npz`` instead of the download, and writes each rank's weights at exit.
+A run passes when it exits 0 and both ranks hold identical weights (atol 0) that differ from
+the first ones. Scripts that cannot run here are in ``NOT_RUNNABLE``; a failure listed in
+``KERAS2_ONLY`` is the script's own Keras 2 code under Keras 3, and counts as expected only if
+its output shows that cause. The script prints a markdown table; any other failure exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+SHIM = REPO / "launch" / "example_shim"
+FLAVOURS = {"keras3": "0", "tf-keras": "1"}
+TIMEOUT_S = 600
+SMALL_CNN = ("--model", "MobileNetV3Small", "--batch-size", "2", "--num-iters", "2",
+             "--num-batches-per-iter", "2", "--no-cuda")
+"""The synthetic benchmarks' own options, for a model that trains on 2 CPU cores (default
+ResNet50 at batch 32)."""
+
+
+@dataclass(frozen=True)
+class Example:
+    """One script of ``examples/tensorflow2`` and how it runs here."""
+
+    args: tuple[str, ...] = ()
+    controllers: tuple[str, ...] = ("gloo",)
+
+
+RUNS = {
+    "tensorflow2_keras_mnist.py": Example(controllers=("gloo", "mpi")),
+    "tensorflow2_mnist.py": Example(controllers=("gloo", "mpi")),
+    "tensorflow2_keras_synthetic_benchmark.py": Example(args=SMALL_CNN),
+    "tensorflow2_synthetic_benchmark.py": Example(args=(*SMALL_CNN, "--num-warmup-batches", "1")),
+}
+
+NOT_RUNNABLE = {
+    "tensorflow2_mnist_data_service.py":
+        "reads the config file of a tf.data service (dispatcher and compute workers) that a "
+        "second job, `python -m horovod.tensorflow.data.compute_worker`, must start first; "
+        "tfdist-launch starts one training job",
+    "tensorflow2_mnist_data_service_train_fn_compute_side_dispatcher.py":
+        "a train_fn imported by tensorflow2_mnist_data_service.py, not a script",
+    "tensorflow2_mnist_data_service_train_fn_training_side_dispatcher.py":
+        "a train_fn imported by tensorflow2_mnist_data_service.py, not a script",
+}
+
+KERAS2_ONLY = {
+    "tensorflow2_keras_mnist.py": (
+        "compile(experimental_run_tf_function=False): Keras 3's compile has no such argument",
+        "experimental_run_tf_function"),
+    "tensorflow2_keras_synthetic_benchmark.py": (
+        "compile(experimental_run_tf_function=False): Keras 3's compile has no such argument",
+        "experimental_run_tf_function"),
+    "tensorflow2_mnist.py": (
+        "hvd.broadcast_variables(opt.variables()): Keras 3's optimizer.variables is a list",
+        "'list' object is not callable"),
+    "tensorflow2_synthetic_benchmark.py": (
+        "hvd.broadcast_variables(opt.variables()): Keras 3's optimizer.variables is a list",
+        "'list' object is not callable"),
+}
+"""Script -> (its Keras-2-only line, the text its failure under Keras 3 must show)."""
+
+
+@dataclass
+class Result:
+    script: str
+    flavour: str
+    controller: str
+    status: str  # pass, fail, keras2-only
+    seconds: float
+    identical: bool | None = None
+    change: float | None = None
+    detail: str = ""
+
+
+def write_mnist(path: Path, train: int = 2048, test: int = 256, seed: int = 0) -> Path:
+    """A deterministic, learnable stand-in for ``mnist.npz``: label k lights up column block k.
+
+    Example:
+        >>> import tempfile
+        >>> with np.load(write_mnist(Path(tempfile.mkdtemp()) / "m.npz", 20, 10)) as f:
+        ...     f["x_train"].shape, f["x_train"].dtype, f["y_test"].shape
+        ((20, 28, 28), dtype('uint8'), (10,))
+    """
+    rng = np.random.default_rng(seed)
+
+    def split(n: int) -> tuple[np.ndarray, np.ndarray]:
+        labels = rng.integers(0, 10, n).astype(np.uint8)
+        images = rng.integers(0, 64, (n, 28, 28)).astype(np.uint8)
+        for k in range(10):
+            images[labels == k, 4:24, 2 + 2 * k:4 + 2 * k] = 255
+        return images, labels
+
+    (x_train, y_train), (x_test, y_test) = split(train), split(test)
+    np.savez(path, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
+    return path
+
+
+def launch_command(script: Path, example: Example, controller: str) -> list[str]:
+    """The ``tfdist-launch`` command of one run (the script and its own arguments unchanged)."""
+    mpi = ["--mpi"] if controller == "mpi" else []
+    return [sys.executable, "-m", "tfdist.launcher.cli", "--strategy", "horovod", "--workers",
+            "2", *mpi, "--timeout", str(TIMEOUT_S), str(script), *example.args]
+
+
+def run_env(run_dir: Path, flavour: str) -> dict[str, str]:
+    """The launcher's environment: the shim first on PYTHONPATH, a private HOME, the flavour."""
+    path = os.pathsep.join(p for p in (str(SHIM), str(REPO), os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, PYTHONPATH=path, HOME=str(run_dir), KERAS_HOME=str(run_dir / ".keras"),
+                TF_USE_LEGACY_KERAS=FLAVOURS[flavour], TF_CPP_MIN_LOG_LEVEL="2",
+                TFDIST_EXAMPLE_OUT=str(run_dir),
+                TFDIST_EXAMPLE_MNIST=str(write_mnist(run_dir / "mnist.npz")))
+
+
+def compare_ranks(run_dir: Path) -> tuple[bool, float, str]:
+    """(ranks' final weights identical, largest change of rank 0's from its first, problem)."""
+    files = [run_dir / f"rank-{r}.npz" for r in (0, 1)]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        return False, 0.0, f"no weights written: {', '.join(missing)}"
+    with np.load(files[0]) as a, np.load(files[1]) as b:
+        rank0, rank1 = dict(a), dict(b)
+    finals = sorted(k for k in rank0 if k.startswith("final/"))
+    if not finals or finals != sorted(k for k in rank1 if k.startswith("final/")):
+        return False, 0.0, "the ranks wrote different sets of weights"
+    identical = all(np.array_equal(rank0[k], rank1[k]) for k in finals)
+    starts = [k for k in finals if "init/" + k[len("final/"):] in rank0]
+    if not starts:
+        return identical, 0.0, "no first weights recorded"
+    change = max(float(np.max(np.abs(rank0[k] - rank0["init/" + k[len("final/"):]]), initial=0))
+                 for k in starts)
+    return identical, change, ""
+
+
+def run_one(examples: Path, script: str, flavour: str, controller: str) -> Result:
+    """Runs one script once, in a fresh directory, and checks its ranks' weights."""
+    with tempfile.TemporaryDirectory(prefix="hvd-example-") as tmp:
+        run_dir = Path(tmp)
+        started = time.monotonic()
+        try:
+            done = subprocess.run(launch_command(examples / script, RUNS[script], controller),
+                                  cwd=run_dir, env=run_env(run_dir, flavour),
+                                  capture_output=True, text=True, timeout=TIMEOUT_S + 60)
+            output, code = done.stdout + done.stderr, done.returncode
+        except subprocess.TimeoutExpired:
+            output, code = f"timed out after {TIMEOUT_S + 60} s", -1
+        seconds = time.monotonic() - started
+        result = Result(script, flavour, controller, "fail", seconds)
+        if code != 0:
+            expected = KERAS2_ONLY.get(script) if flavour == "keras3" else None
+            if expected and expected[1] in output:
+                result.status, result.detail = "keras2-only", expected[0]
+            else:
+                result.detail = f"exit {code}; last lines:\n" + "\n".join(
+                    output.splitlines()[-20:])
+            return result
+        result.identical, result.change, result.detail = compare_ranks(run_dir)
+        if result.identical and result.change > 0 and not result.detail:
+            result.status = "pass"
+        elif not result.detail:
+            result.detail = "ranks differ" if not result.identical else "training changed nothing"
+        return result
+
+
+def report(results: list[Result]) -> str:
+    """The markdown table of `results`, then the scripts that were not run and why."""
+    rows = ["| script | Keras | controller | result | ranks identical | max weight change | s |",
+            "| --- | --- | --- | --- | --- | ---: | ---: |"]
+    for r in results:
+        status = r.status if r.status == "pass" else f"{r.status}: {r.detail.splitlines()[0]}"
+        identical = "-" if r.identical is None else ("yes" if r.identical else "NO")
+        change = "-" if r.change is None else f"{r.change:.3g}"
+        rows.append(f"| `{r.script}` | {r.flavour} | {r.controller} | {status} | {identical} | "
+                    f"{change} | {r.seconds:.0f} |")
+    rows += ["", "Not run:"] + [f"- `{name}`: {why}" for name, why in NOT_RUNNABLE.items()]
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--horovod-src", type=Path, required=True,
+                        help="a checkout of horovod/horovod at tag v0.28.1")
+    parser.add_argument("--scripts", nargs="+", default=list(RUNS), choices=list(RUNS))
+    parser.add_argument("--flavours", nargs="+", default=list(FLAVOURS), choices=list(FLAVOURS))
+    parser.add_argument("--controllers", nargs="+", default=["gloo", "mpi"],
+                        choices=["gloo", "mpi"], help="runs a script only on those it lists")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = parser.parse_args(argv)
+    examples = args.horovod_src / "examples" / "tensorflow2"
+    missing = [name for name in args.scripts if not (examples / name).is_file()]
+    if missing:
+        parser.error(f"--horovod-src {args.horovod_src}: {', '.join(missing)} not found under "
+                     f"{examples}. Expected a checkout of horovod/horovod at tag v0.28.1 "
+                     "(git clone --branch v0.28.1 <horovod repository>).")
+    plan = [(s, f, c) for s in args.scripts for f in args.flavours
+            for c in RUNS[s].controllers if c in args.controllers]
+    if args.dry_run:
+        for script, flavour, controller in plan:
+            command = launch_command(examples / script, RUNS[script], controller)
+            print(f"TF_USE_LEGACY_KERAS={FLAVOURS[flavour]} {' '.join(command)}")
+        return 0
+    results = []
+    for script, flavour, controller in plan:
+        print(f"[examples] {script} with {flavour} over {controller} ...", file=sys.stderr,
+              flush=True)
+        results.append(run_one(examples, script, flavour, controller))
+    print(report(results))
+    return 1 if any(r.status == "fail" for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
