@@ -2,7 +2,7 @@
 VENV_BIN := .venv/bin
 MAIN_JOB := keras_examples/image_classifier.py
 
-.PHONY: setup slurm main test test-fast check lint wheel horovod-conformance
+.PHONY: setup slurm main test test-fast check lint wheel horovod-conformance horovod-examples
 
 setup:
 	bash launch/setup.sh
@@ -32,3 +32,7 @@ wheel:  ## dist/tfdist-<version>-py3-none-any.whl, what `pip install .` installs
 horovod-conformance: setup  ## Horovod's own TF tests on our build, both Keras; HOROVOD_SRC=<horovod checkout at v0.28.1>
 	@test -n "$(HOROVOD_SRC)" || { echo "set HOROVOD_SRC to a checkout of horovod/horovod at tag v0.28.1 (the sdist has no tests)"; exit 2; }
 	PATH="$(CURDIR)/$(VENV_BIN):$$PATH" $(VENV_BIN)/python launch/horovod_conformance.py --horovod-src "$(HOROVOD_SRC)"
+
+horovod-examples: setup  ## Horovod's examples/tensorflow2 unchanged through tfdist-launch, both Keras; HOROVOD_SRC as above
+	@test -n "$(HOROVOD_SRC)" || { echo "set HOROVOD_SRC to a checkout of horovod/horovod at tag v0.28.1 (the sdist has no examples)"; exit 2; }
+	PATH="$(CURDIR)/$(VENV_BIN):$$PATH" $(VENV_BIN)/python launch/horovod_examples.py --horovod-src "$(HOROVOD_SRC)"

@@ -10,10 +10,12 @@ runs as ``tfdist-launch --strategy horovod --workers 2 SCRIPT`` over Gloo (``RUN
 hands to the ranks). The scripts are not edited: ``launch/example_shim/sitecustomize.py``, put
 first on ``PYTHONPATH``, caps their ``fit``/``take`` (24 epochs of MNIST would take hours here),
 serves a generated ``mnist.npz`` instead of the download, and writes each rank's weights at exit.
-A run passes when it exits 0 and both ranks hold identical weights (atol 0) that differ from
-the first ones. Scripts that cannot run here are in ``NOT_RUNNABLE``; a failure listed in
-``KERAS2_ONLY`` is the script's own Keras 2 code under Keras 3, and counts as expected only if
-its output shows that cause. The script prints a markdown table; any other failure exits 1.
+A run passes when it exits 0 and both ranks hold identical trainable weights (atol 0) that
+differ from the first ones (non-trainable ones, BatchNormalization's moving statistics, are each
+rank's own under Horovod: they are counted, not required equal). Scripts that cannot run here
+are in ``NOT_RUNNABLE``; a failure listed in ``KERAS2_ONLY`` is the script's own Keras 2 code
+under Keras 3, and counts as expected only if its output shows that cause. The script prints a
+markdown table; any other failure exits 1.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 SHIM = REPO / "launch" / "example_shim"
 FLAVOURS = {"keras3": "0", "tf-keras": "1"}
+PACKAGES = {"keras3": "keras", "tf-keras": "tf_keras"}
+"""The package a flavour's models come from (what the shim records)."""
 TIMEOUT_S = 600
 SMALL_CNN = ("--model", "MobileNetV3Small", "--batch-size", "2", "--num-iters", "2",
              "--num-batches-per-iter", "2", "--no-cuda")
@@ -91,6 +95,7 @@ class Result:
     seconds: float
     identical: bool | None = None
     change: float | None = None
+    local_differ: int | None = None
     detail: str = ""
 
 
@@ -133,49 +138,70 @@ def run_env(run_dir: Path, flavour: str) -> dict[str, str]:
                 TFDIST_EXAMPLE_MNIST=str(write_mnist(run_dir / "mnist.npz")))
 
 
-def compare_ranks(run_dir: Path) -> tuple[bool, float, str]:
-    """(ranks' final weights identical, largest change of rank 0's from its first, problem)."""
+def _trainable(arrays: dict[str, np.ndarray], key: str) -> bool:
+    model, index = key.split("/")[1:]
+    return bool(arrays[f"trainable/{model}"][int(index)])
+
+
+def compare_ranks(run_dir: Path, flavour: str) -> tuple[bool, float, int, str]:
+    """Reads the weights the shim wrote for ranks 0 and 1.
+
+    Returns (trainable weights identical across ranks, largest change of rank 0's trainable
+    weights from their first values, non-trainable weights that differ across ranks, problem).
+    Non-trainable weights (BatchNormalization's moving statistics) are each rank's own under
+    Horovod: they follow that rank's batches and are not all-reduced.
+    """
     files = [run_dir / f"rank-{r}.npz" for r in (0, 1)]
     missing = [f.name for f in files if not f.is_file()]
     if missing:
-        return False, 0.0, f"no weights written: {', '.join(missing)}"
+        return False, 0.0, 0, f"no weights written: {', '.join(missing)}"
     with np.load(files[0]) as a, np.load(files[1]) as b:
         rank0, rank1 = dict(a), dict(b)
+    packages = {str(p) for r in (rank0, rank1) for p in r["keras"]}
+    if packages != {PACKAGES[flavour]}:
+        return False, 0.0, 0, f"asked for {flavour}, the models came from {sorted(packages)}"
     finals = sorted(k for k in rank0 if k.startswith("final/"))
     if not finals or finals != sorted(k for k in rank1 if k.startswith("final/")):
-        return False, 0.0, "the ranks wrote different sets of weights"
-    identical = all(np.array_equal(rank0[k], rank1[k]) for k in finals)
-    starts = [k for k in finals if "init/" + k[len("final/"):] in rank0]
+        return False, 0.0, 0, "the ranks wrote different sets of weights"
+    trainable = [k for k in finals if _trainable(rank0, k)]
+    identical = all(np.array_equal(rank0[k], rank1[k]) for k in trainable)
+    local = sum(not np.array_equal(rank0[k], rank1[k]) for k in finals if k not in trainable)
+    starts = [k for k in trainable if "init/" + k[len("final/"):] in rank0]
     if not starts:
-        return identical, 0.0, "no first weights recorded"
+        return identical, 0.0, local, "no first weights recorded"
     change = max(float(np.max(np.abs(rank0[k] - rank0["init/" + k[len("final/"):]]), initial=0))
                  for k in starts)
-    return identical, change, ""
+    return identical, change, local, ""
 
 
-def run_one(examples: Path, script: str, flavour: str, controller: str) -> Result:
-    """Runs one script once, in a fresh directory, and checks its ranks' weights."""
+def run_one(script: Path, example: Example, flavour: str, controller: str) -> Result:
+    """Runs ``script`` once through tfdist-launch, in a fresh directory; checks its ranks' weights.
+
+    Example:
+        >>> run_one(Path("train.py"), Example(), "tf-keras", "gloo")  # doctest: +SKIP
+        Result(script='train.py', flavour='tf-keras', controller='gloo', status='pass', ...)
+    """
     with tempfile.TemporaryDirectory(prefix="hvd-example-") as tmp:
         run_dir = Path(tmp)
         started = time.monotonic()
         try:
-            done = subprocess.run(launch_command(examples / script, RUNS[script], controller),
-                                  cwd=run_dir, env=run_env(run_dir, flavour),
-                                  capture_output=True, text=True, timeout=TIMEOUT_S + 60)
+            done = subprocess.run(launch_command(script, example, controller), cwd=run_dir,
+                                  env=run_env(run_dir, flavour), capture_output=True, text=True,
+                                  timeout=TIMEOUT_S + 60)
             output, code = done.stdout + done.stderr, done.returncode
         except subprocess.TimeoutExpired:
             output, code = f"timed out after {TIMEOUT_S + 60} s", -1
-        seconds = time.monotonic() - started
-        result = Result(script, flavour, controller, "fail", seconds)
+        result = Result(script.name, flavour, controller, "fail", time.monotonic() - started)
         if code != 0:
-            expected = KERAS2_ONLY.get(script) if flavour == "keras3" else None
+            expected = KERAS2_ONLY.get(script.name) if flavour == "keras3" else None
             if expected and expected[1] in output:
                 result.status, result.detail = "keras2-only", expected[0]
             else:
                 result.detail = f"exit {code}; last lines:\n" + "\n".join(
                     output.splitlines()[-20:])
             return result
-        result.identical, result.change, result.detail = compare_ranks(run_dir)
+        (result.identical, result.change, result.local_differ,
+         result.detail) = compare_ranks(run_dir, flavour)
         if result.identical and result.change > 0 and not result.detail:
             result.status = "pass"
         elif not result.detail:
@@ -185,14 +211,16 @@ def run_one(examples: Path, script: str, flavour: str, controller: str) -> Resul
 
 def report(results: list[Result]) -> str:
     """The markdown table of `results`, then the scripts that were not run and why."""
-    rows = ["| script | Keras | controller | result | ranks identical | max weight change | s |",
-            "| --- | --- | --- | --- | --- | ---: | ---: |"]
+    rows = ["| script | Keras | controller | result | trainable weights identical | "
+            "max change | non-trainable differing | s |",
+            "| --- | --- | --- | --- | --- | ---: | ---: | ---: |"]
     for r in results:
         status = r.status if r.status == "pass" else f"{r.status}: {r.detail.splitlines()[0]}"
         identical = "-" if r.identical is None else ("yes" if r.identical else "NO")
         change = "-" if r.change is None else f"{r.change:.3g}"
+        local = "-" if r.local_differ is None else str(r.local_differ)
         rows.append(f"| `{r.script}` | {r.flavour} | {r.controller} | {status} | {identical} | "
-                    f"{change} | {r.seconds:.0f} |")
+                    f"{change} | {local} | {r.seconds:.0f} |")
     rows += ["", "Not run:"] + [f"- `{name}`: {why}" for name, why in NOT_RUNNABLE.items()]
     return "\n".join(rows)
 
@@ -224,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     for script, flavour, controller in plan:
         print(f"[examples] {script} with {flavour} over {controller} ...", file=sys.stderr,
               flush=True)
-        results.append(run_one(examples, script, flavour, controller))
+        results.append(run_one(examples / script, RUNS[script], flavour, controller))
     print(report(results))
     return 1 if any(r.status == "fail" for r in results) else 0
 

@@ -11,7 +11,9 @@ there, so every rank of a job runs it before the script. It does nothing unless
   locally generated file, instead of downloading (any other download raises);
 * keeps every Keras model the script calls, records its weights after its first call (before
   any update), and at exit writes them with the final weights to
-  ``$TFDIST_EXAMPLE_OUT/rank-<rank>.npz`` (``init/<model>/<i>`` and ``final/<model>/<i>``).
+  ``$TFDIST_EXAMPLE_OUT/rank-<rank>.npz`` (``init/<model>/<i>``, ``final/<model>/<i>``,
+  ``trainable/<model>``: which weights are trainable, and
+  ``keras``: the packages the models came from, ``keras`` or ``tf_keras``).
 
 Patches are applied when the module that defines the patched object is imported, so nothing is
 imported here that the script would not import itself.
@@ -79,6 +81,8 @@ def _write_weights() -> None:
             arrays[f"init/{index}/{i}"] = value
         for i, value in enumerate(_snapshot(model)):
             arrays[f"final/{index}/{i}"] = value
+        arrays[f"trainable/{index}"] = np.array([bool(w.trainable) for w in model.weights])
+    arrays["keras"] = np.array(sorted({type(m).__module__.split(".")[0] for m in _models}))
     rank = next((os.environ[k] for k in RANK_ENVS if k in os.environ), "0")
     np.savez(Path(os.environ[OUT_ENV]) / f"rank-{rank}.npz", **arrays)
 

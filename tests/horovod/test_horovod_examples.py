@@ -1,0 +1,66 @@
+"""Scripts written for Horovod run unchanged through ``tfdist-launch --strategy horovod``.
+
+Each run goes through ``launch/horovod_examples.py`` (the harness of ``make horovod-examples``):
+two ranks over Gloo, the Keras flavour chosen by ``TF_USE_LEGACY_KERAS`` in the launcher's
+environment, and a shim that shortens training and writes each rank's weights at exit. A run
+passes when both ranks end with identical weights (atol 0) that moved from their first values.
+
+Horovod's own examples come from a checkout named by ``HOROVOD_SRC`` (CI has none: those tests
+skip); ``scripts/hvd_example_style.py``, written the way they are, always runs, and its sabotaged
+form (no ``DistributedOptimizer``/``DistributedGradientTape``) must fail the check.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+pytestmark = [pytest.mark.horovod, pytest.mark.multiprocess, pytest.mark.slow]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "hvd_example_style.py"
+
+
+def _harness() -> ModuleType:
+    path = REPO_ROOT / "launch" / "horovod_examples.py"
+    spec = importlib.util.spec_from_file_location("horovod_examples", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+harness = _harness()
+
+
+@pytest.mark.parametrize("flavour", ["keras3", "tf-keras"])
+def test_a_horovod_style_script_trains_ranks_in_sync(flavour: str) -> None:
+    result = harness.run_one(SCRIPT, harness.Example(), flavour, "gloo")
+    assert result.status == "pass", result.detail
+    assert result.identical and result.change > 1e-3
+
+
+def test_the_check_fails_without_horovods_optimizer_and_tape() -> None:
+    result = harness.run_one(SCRIPT, harness.Example(args=("--sabotage",)), "keras3", "gloo")
+    assert result.status == "fail" and result.identical is False, result.detail
+
+
+@pytest.mark.parametrize(("script", "flavour", "status"), [
+    ("tensorflow2_keras_mnist.py", "tf-keras", "pass"),
+    ("tensorflow2_mnist.py", "tf-keras", "pass"),
+    ("tensorflow2_keras_mnist.py", "keras3", "keras2-only"),
+])
+def test_horovods_own_examples_run_unchanged(script: str, flavour: str, status: str) -> None:
+    source = os.environ.get("HOROVOD_SRC")
+    if not source:
+        pytest.skip("set HOROVOD_SRC to a checkout of horovod/horovod at tag v0.28.1 "
+                    "(its examples/tensorflow2 are not shipped with the sdist)")
+    path = Path(source) / "examples" / "tensorflow2" / script
+    result = harness.run_one(path, harness.RUNS[script], flavour, "gloo")
+    assert result.status == status, result.detail
+    if status == "pass":
+        assert result.identical and result.change > 1e-3
