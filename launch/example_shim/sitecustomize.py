@@ -60,14 +60,23 @@ def _snapshot(model: Any) -> list[Any]:
 
 
 def _track(model: Any) -> None:
-    if any(m is model for m in _models):
+    """Keeps ``model``; records its first weights at the first call where they have values.
+
+    Keras 3's first call in ``fit`` is symbolic (its variables get values only after it), so
+    the snapshot is retried at the next call, the trace of the first step.
+    """
+    index = next((i for i, m in enumerate(_models) if m is model), None)
+    if index is None:
+        index = len(_models)
+        _models.append(model)
+    if index in _initial:
         return
-    _models.append(model)
     try:
-        _initial[len(_models) - 1] = _snapshot(model)
-    except Exception as err:  # noqa: BLE001 - the harness reports the missing snapshot
-        print(f"[example-shim] no initial weights for {type(model).__name__}: {err}",
-              file=sys.stderr)
+        values = _snapshot(model)
+    except Exception:  # noqa: BLE001 - not initialised yet: the next call tries again
+        return
+    if all(v.shape == tuple(w.shape) for v, w in zip(values, model.weights, strict=True)):
+        _initial[index] = values
 
 
 def _write_weights() -> None:
