@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -60,9 +61,10 @@ RUNS = {
 
 NOT_RUNNABLE = {
     "tensorflow2_mnist_data_service.py":
-        "reads the config file of a tf.data service (dispatcher and compute workers) that a "
-        "second job, `python -m horovod.tensorflow.data.compute_worker`, must start first; "
-        "tfdist-launch starts one training job",
+        "trains from a tf.data service that a second Horovod job "
+        "(`horovod.tensorflow.data.compute_worker`) starts and describes in a config file; "
+        "tfdist-launch runs one job, in its own loopback-only network namespace, which a "
+        "second job cannot reach",
     "tensorflow2_mnist_data_service_train_fn_compute_side_dispatcher.py":
         "a train_fn imported by tensorflow2_mnist_data_service.py, not a script",
     "tensorflow2_mnist_data_service_train_fn_training_side_dispatcher.py":
@@ -174,6 +176,22 @@ def compare_ranks(run_dir: Path, flavour: str) -> tuple[bool, float, int, str]:
     return identical, change, local, ""
 
 
+def launch(command: list[str], run_dir: Path, env: dict[str, str]) -> tuple[str, int]:
+    """Runs tfdist-launch (its own ``--timeout`` stops the job first); (output, exit status).
+
+    A launcher still running a minute after its own timeout is killed with its process group.
+    """
+    process = subprocess.Popen(command, cwd=run_dir, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=TIMEOUT_S + 60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        return output + f"\nkilled: still running {TIMEOUT_S + 60} s after the start", -1
+    return output, process.returncode
+
+
 def run_one(script: Path, example: Example, flavour: str, controller: str) -> Result:
     """Runs ``script`` once through tfdist-launch, in a fresh directory; checks its ranks' weights.
 
@@ -184,13 +202,8 @@ def run_one(script: Path, example: Example, flavour: str, controller: str) -> Re
     with tempfile.TemporaryDirectory(prefix="hvd-example-") as tmp:
         run_dir = Path(tmp)
         started = time.monotonic()
-        try:
-            done = subprocess.run(launch_command(script, example, controller), cwd=run_dir,
-                                  env=run_env(run_dir, flavour), capture_output=True, text=True,
-                                  timeout=TIMEOUT_S + 60)
-            output, code = done.stdout + done.stderr, done.returncode
-        except subprocess.TimeoutExpired:
-            output, code = f"timed out after {TIMEOUT_S + 60} s", -1
+        output, code = launch(launch_command(script, example, controller), run_dir,
+                              run_env(run_dir, flavour))
         result = Result(script.name, flavour, controller, "fail", time.monotonic() - started)
         if code != 0:
             expected = KERAS2_ONLY.get(script.name) if flavour == "keras3" else None
