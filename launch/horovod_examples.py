@@ -125,10 +125,14 @@ def write_mnist(path: Path, train: int = 2048, test: int = 256, seed: int = 0) -
 
 
 def launch_command(script: Path, example: Example, controller: str) -> list[str]:
-    """The ``tfdist-launch`` command of one run (the script and its own arguments unchanged)."""
+    """The ``tfdist-launch`` command of one run (the script and its own arguments unchanged).
+
+    ``--verbose``: every rank's lines, so that the cause of a failure shows whichever rank
+    failed first.
+    """
     mpi = ["--mpi"] if controller == "mpi" else []
     return [sys.executable, "-m", "tfdist.launcher.cli", "--strategy", "horovod", "--workers",
-            "2", *mpi, "--timeout", str(TIMEOUT_S), str(script), *example.args]
+            "2", *mpi, "--verbose", "--timeout", str(TIMEOUT_S), str(script), *example.args]
 
 
 def run_env(run_dir: Path, flavour: str) -> dict[str, str]:
@@ -235,6 +239,9 @@ def report(results: list[Result]) -> str:
         rows.append(f"| `{r.script}` | {r.flavour} | {r.controller} | {status} | {identical} | "
                     f"{change} | {local} | {r.seconds:.0f} |")
     rows += ["", "Not run:"] + [f"- `{name}`: {why}" for name, why in NOT_RUNNABLE.items()]
+    for r in results:
+        if r.status == "fail":
+            rows += ["", f"{r.script} ({r.flavour}, {r.controller}): {r.detail}"]
     return "\n".join(rows)
 
 
