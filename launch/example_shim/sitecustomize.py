@@ -109,9 +109,12 @@ def _patch_model(model_class: type) -> None:
     @functools.wraps(fit)
     def capped_fit(self: Any, *args: Any, **kwargs: Any) -> Any:
         if _called_from_script():
-            steps = kwargs.get("steps_per_epoch") or _cap("TFDIST_EXAMPLE_STEPS", 5)
+            asked = (kwargs.get("epochs", 1), kwargs.get("steps_per_epoch"))
+            steps = asked[1] or _cap("TFDIST_EXAMPLE_STEPS", 5)
             kwargs["steps_per_epoch"] = min(steps, _cap("TFDIST_EXAMPLE_STEPS", 5))
-            kwargs["epochs"] = min(kwargs.get("epochs", 1), _cap("TFDIST_EXAMPLE_EPOCHS", 2))
+            kwargs["epochs"] = min(asked[0], _cap("TFDIST_EXAMPLE_EPOCHS", 2))
+            print(f"[example-shim] fit: epochs {asked[0]} -> {kwargs['epochs']}, steps per "
+                  f"epoch {asked[1]} -> {kwargs['steps_per_epoch']}", file=sys.stderr)
         return fit(self, *args, **kwargs)
 
     model_class.__call__, model_class.fit = tracked_call, capped_fit
@@ -123,7 +126,9 @@ def _patch_take(module: ModuleType) -> None:
     @functools.wraps(take)
     def capped_take(self: Any, count: Any, name: Any = None) -> Any:
         if _called_from_script() and isinstance(count, int):
-            count = min(count, _cap("TFDIST_EXAMPLE_TAKE", 10))
+            capped = min(count, _cap("TFDIST_EXAMPLE_TAKE", 10))
+            print(f"[example-shim] take: {count} -> {capped}", file=sys.stderr)
+            count = capped
         return take(self, count, name=name)
 
     module.DatasetV2.take = capped_take
