@@ -170,6 +170,7 @@ def test_killed_rank_job_goes_on_and_rejoins_from_the_last_commit(tmp_path, sabo
         np.testing.assert_array_equal(a, b)
     expected = replay(events[0]["init"], chain)
     gap = max(float(np.max(np.abs(g - e))) for g, e in zip(got[0], expected, strict=True))
+    print(f"largest difference from the replay: {gap:.3g} (sabotage: {sabotage})")
     if sabotage:
         assert gap > SABOTAGE_GAP
     else:

@@ -224,7 +224,8 @@ def _validate(args: argparse.Namespace) -> str | None:
             math.isfinite(args.startup_timeout) and args.startup_timeout > 0):
         return (f"--startup-timeout must be a positive number of seconds. Received: "
                 f"{args.startup_timeout}. Fix: e.g. --startup-timeout 120")
-    if (args.min_workers, args.max_workers) != (None, None) and (args.ray is not None or args.export):
+    elastic = (args.min_workers, args.max_workers) != (None, None)
+    if elastic and (args.ray is not None or args.export):
         return ("--min-workers/--max-workers run horovodrun's elastic mode on this machine; "
                 f"{'--export' if args.export else '--ray'} cannot carry them. Fix: drop them, or "
                 "drop --ray/--export")

@@ -1,4 +1,4 @@
-"""Elastic Horovod on this machine: ``tfdist-launch --strategy horovod --min-workers A --max-workers B``.
+"""Elastic Horovod on this machine: ``--strategy horovod --min-workers A --max-workers B``.
 
 Horovod's elastic mode (``horovodrun --min-np A --max-np B --host-discovery-script S``, Gloo only)
 keeps a job of ``hvd.elastic.run`` going while ranks come and go: when a rank dies, the others
@@ -82,7 +82,7 @@ def elastic_problem(options: JobOptions, strategy: str, traits: StrategyTraits) 
         >>> from tfdist.launcher.plan import JobOptions
         >>> from tfdist.strategies.traits import HOROVOD
         >>> elastic_problem(JobOptions("t.py", workers=3, min_workers=1, max_workers=2),
-        ...                 "horovod", HOROVOD)[:46]
+        ...                 "horovod", HOROVOD)[:45]
         '--workers 3 is outside --min-workers 1 .. --m'
     """
     low, high = options.min_workers, options.max_workers
@@ -90,9 +90,9 @@ def elastic_problem(options: JobOptions, strategy: str, traits: StrategyTraits) 
         return None
     asked = f"--min-workers {low} --max-workers {high}"
     if low is None or high is None:
-        given, missing = ("--max-workers", "--min-workers") if low is None else (
-            "--min-workers", "--max-workers")
-        return (f"{given} was given without {missing}. Received: {asked}. Expected: both (the "
+        given, missing = (f"--max-workers {high}", "--min-workers") if low is None else (
+            f"--min-workers {low}", "--max-workers")
+        return (f"{given} was given without {missing}. Received: {given}. Expected: both (the "
                 f"fewest ranks the job goes on with, and the most it grows to). Fix: add "
                 f"{missing}")
     if not traits.elastic:

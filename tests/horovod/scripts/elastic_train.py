@@ -2,14 +2,15 @@
 
 ``python elastic_train.py OUT_DIR [--sabotage]`` under ``tfdist-launch --strategy horovod
 --min-workers 1 --max-workers 2``. The model is one Dense layer (linear, mean squared error)
-trained with SGD and momentum; the rows of rank ``r`` at step ``s`` come from a generator seeded by
-``(s, r)`` (`elastic_data`), so a step's global batch depends only on the step and the number of ranks. Gradients
-are averaged with ``hvd.allreduce``; the model, the optimizer's momentum and the step are held in
-``hvd.elastic.TensorFlowKerasState``, committed every `COMMIT_EVERY` steps.
+trained with SGD and momentum; the rows of rank ``r`` at step ``s`` come from a generator seeded
+by ``(s, r)`` (`elastic_data`), so a step's global batch depends only on the step and the number
+of ranks. Gradients are averaged with ``hvd.allreduce``; the model, the optimizer's momentum and
+the step are held in ``hvd.elastic.TensorFlowKerasState``, committed every `COMMIT_EVERY` steps.
 
 Rank 0 appends JSON lines (each with its time ``t``) to ``OUT_DIR/events.jsonl``: ``start`` (its
-pid, the hosts file tfdist wrote, the initial weights), ``step`` (step index and the size it ran at), ``reset`` (the step the state holds after a
-reset: the last commit after a failure, the current step after hosts were added), ``commit``.
+pid, the hosts file tfdist wrote, the initial weights), ``step`` (step index and the size it ran
+at), ``reset`` (the step the state holds after a reset: the last commit after a failure, the
+current step after hosts were added), ``commit``.
 Every rank writes ``OUT_DIR/pid-<pid>.json`` (rank, pid) at start, and
 ``OUT_DIR/final-<pid>.json`` (rank, size, weights) at the end.
 
@@ -27,9 +28,8 @@ from pathlib import Path
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
-from tensorflow import keras
-
 from elastic_data import COMMIT_EVERY, FEATURES, LR, MOMENTUM, OUTPUTS, STEP_SECONDS, STEPS, rows
+from tensorflow import keras
 
 
 def append(out: Path, record: dict) -> None:
@@ -74,7 +74,7 @@ def main() -> None:
                 loss = loss_fn(y, model(x, training=True))
             grads = tape.gradient(loss, model.trainable_variables)
             grads = [hvd.allreduce(g, op=hvd.Average) for g in grads]
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             if hvd.rank() == 0:
                 append(out, {"event": "step", "step": state.step, "size": hvd.size()})
             state.step += 1
