@@ -1,7 +1,8 @@
 """Elastic Horovod through ``tfdist-launch --strategy horovod --min-workers 1 --max-workers 2``.
 
 A real job of ``scripts/elastic_train.py`` (``hvd.elastic.run``, 2 ranks): once rank 0 has run 2
-steps past a commit, rank 1 is SIGKILLed and its slot removed from the hosts file tfdist wrote;
+steps past a commit, rank 1 is SIGKILLed and its slot (whichever address Horovod gave it) removed
+from the hosts file tfdist wrote;
 after some steps on 1 rank the slot is listed again and a new rank joins. Checked with numbers:
 
 * the sizes the script ran at went 2 -> 1 -> 2, and the steps after the last commit before the
@@ -37,7 +38,8 @@ pytestmark = [pytest.mark.horovod, pytest.mark.multiprocess, pytest.mark.slow]
 
 ATOL = 1e-5
 """float32 training against a float64 replay of ~130 steps."""
-SABOTAGE_GAP = 1e-3
+SABOTAGE_GAP = 1e-4
+"""10 x `ATOL`: the sabotaged runs measured 2e-3."""
 SIZE_ONE_STEPS = 8
 """Steps rank 0 runs alone before the killed slot is listed again."""
 SLOTS = ["127.0.1.1:1", "127.0.1.2:1"]
@@ -67,9 +69,11 @@ def _steps(events: list[dict]) -> list[dict]:
     return [e for e in events if e["event"] == "step"]
 
 
-def _rank_pid(out: Path, rank: int) -> int:
+def _rank_slot(out: Path, rank: int) -> tuple[int, str]:
+    """The pid and host (slot) of ``rank``: Horovod picks which slot gets rank 0."""
     reports = [json.loads(p.read_text()) for p in out.glob("pid-*.json")]
-    return next(r["pid"] for r in reports if r["rank"] == rank)
+    report = next(r for r in reports if r["rank"] == rank)
+    return report["pid"], report["host"]
 
 
 def replay_chain(events: list[dict]) -> list[tuple[int, int]]:
@@ -120,9 +124,10 @@ def _run_elastic_job(out: Path, *script_args: str) -> tuple[int, dict]:
             e["step"] >= COMMIT_EVERY and e["step"] % COMMIT_EVERY == 1 for e in _steps(ev)),
             "2 steps past a commit", timeout=150)
         hosts_file = events[0]["hosts_file"]
+        pid, host = _rank_slot(out, 1)
         killed_at = time.time()
-        os.kill(_rank_pid(out, 1), signal.SIGKILL)
-        write_hosts(hosts_file, SLOTS[:1])
+        os.kill(pid, signal.SIGKILL)
+        write_hosts(hosts_file, [slot for slot in SLOTS if not slot.startswith(f"{host}:")])
         events = _wait_for(launcher, out, lambda ev: sum(
             e["size"] == 1 for e in _steps(ev)) >= SIZE_ONE_STEPS, "steps on 1 rank", timeout=90)
         listed_at = time.time()

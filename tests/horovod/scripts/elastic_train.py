@@ -11,7 +11,7 @@ Rank 0 appends JSON lines (each with its time ``t``) to ``OUT_DIR/events.jsonl``
 pid, the hosts file tfdist wrote, the initial weights), ``step`` (step index and the size it ran
 at), ``reset`` (the step the state holds after a reset: the last commit after a failure, the
 current step after hosts were added), ``commit``.
-Every rank writes ``OUT_DIR/pid-<pid>.json`` (rank, pid) at start, and
+Every rank writes ``OUT_DIR/pid-<pid>.json`` (rank, pid, host: its slot) at start, and
 ``OUT_DIR/final-<pid>.json`` (rank, size, weights) at the end.
 
 ``--sabotage`` restores the step counter but not the weights on a failure (what a state that
@@ -48,8 +48,8 @@ def build() -> tuple[keras.Model, keras.optimizers.Optimizer]:
 def main() -> None:
     out, sabotage = Path(sys.argv[1]), "--sabotage" in sys.argv
     hvd.init()
-    (out / f"pid-{os.getpid()}.json").write_text(json.dumps({"rank": hvd.rank(),
-                                                              "pid": os.getpid()}))
+    slot = {"rank": hvd.rank(), "pid": os.getpid(), "host": os.environ.get("HOROVOD_HOSTNAME")}
+    (out / f"pid-{os.getpid()}.json").write_text(json.dumps(slot))
     model, optimizer = build()
     loss_fn = keras.losses.MeanSquaredError()
     state = hvd.elastic.TensorFlowKerasState(model, optimizer, step=0)
