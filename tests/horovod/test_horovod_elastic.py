@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.horovod, pytest.mark.multiprocess, pytest.mark.slow]
 ATOL = 1e-5
 """float32 training against a float64 replay of ~130 steps."""
 SABOTAGE_GAP = 1e-4
-"""10 x `ATOL`: the sabotaged runs measured 2e-3."""
+"""10 x `ATOL`: the sabotaged runs measured 1.7e-3 and 2.1e-3."""
 SIZE_ONE_STEPS = 8
 """Steps rank 0 runs alone before the killed slot is listed again."""
 SLOTS = ["127.0.1.1:1", "127.0.1.2:1"]
