@@ -17,7 +17,8 @@ from tfdist.horovod.data import slice_bounds, split_global_batches
 horovod = pytest.mark.horovod
 
 DOCTESTED = ["tfdist.horovod.runtime", "tfdist.horovod.ops", "tfdist.horovod.data",
-             "tfdist.horovod.optimizer", "tfdist.horovod.callbacks", "tfdist.strategies.horovod"]
+             "tfdist.horovod.optimizer", "tfdist.horovod.callbacks", "tfdist.horovod.checks",
+             "tfdist.strategies.horovod"]
 
 
 @horovod

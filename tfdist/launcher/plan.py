@@ -31,6 +31,7 @@ from typing import Any, Literal
 from tfdist.cluster import ClusterSpec, Task, release_ports
 from tfdist.cluster.roles import ROLES
 from tfdist.errors import StrategyConfigError, TfdistError
+from tfdist.horovod.checks import check_controller
 from tfdist.launcher.hosts import (
     HostOptions,
     has_remote_host,
@@ -425,8 +426,9 @@ def _horovodrun(plan: JobPlan) -> Placement:
             rank_command = (sys.executable, "-m", "tfdist.launcher.remote", "--", *rank_command)
     if plan.options.mpi:
         _check_mpirun()
-    controller = "--mpi" if plan.options.mpi else "--gloo"
-    runner = (horovodrun_path(), *host_args, controller, *rank_command)
+    controller = "mpi" if plan.options.mpi else "gloo"
+    check_controller(controller)
+    runner = (horovodrun_path(), *host_args, f"--{controller}", *rank_command)
     unset = ("TF_CONFIG",)
     ranks = tuple(
         TaskPlan(f"rank:{r}", Task("worker", r), host, None, rank_command, env=env,
