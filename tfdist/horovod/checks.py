@@ -76,7 +76,8 @@ def job_size(environ: Mapping[str, str]) -> tuple[int, str]:
     if view is not None:
         tasks = sum(view.count(role) for role in view.roles)
         if tasks > 1:
-            return tasks, f"TF_CONFIG with {tasks} tasks (this one {view.task_type}:{view.task_index})"
+            this = f"{view.task_type}:{view.task_index}"
+            return tasks, f"TF_CONFIG with {tasks} tasks (this one {this})"
     for name in WORLD_SIZE_VARIABLES:
         value = environ.get(name, "").strip()
         if value.isdigit() and int(value) > 1:
