@@ -50,6 +50,7 @@ def test_a_library_without_the_controllers_names_neither():
     assert checks.built_in_library("mpi", Path(json.__file__)) is None  # not an ELF: unknown
 
 
+@pytest.mark.horovod  # Horovod's own answer imports TensorFlow in a child process: ~10 s
 def test_horovods_library_names_what_it_was_built_with():
     library = checks.op_library()
     if library is None:
