@@ -31,6 +31,7 @@ from typing import Any, Literal
 from tfdist.cluster import ClusterSpec, Task, release_ports
 from tfdist.cluster.roles import ROLES
 from tfdist.errors import StrategyConfigError, TfdistError
+from tfdist.horovod.checks import check_controller
 from tfdist.launcher.elastic import (
     HOSTS_FILE_ENV,
     Discovery,
@@ -463,8 +464,9 @@ def _horovodrun(plan: JobPlan) -> Placement:
             rank_command = (sys.executable, "-m", "tfdist.launcher.remote", "--", *rank_command)
     if plan.options.mpi:
         _check_mpirun()
-    controller = "--mpi" if plan.options.mpi else "--gloo"
-    runner = (horovodrun_path(), *host_args, controller, *rank_command)
+    controller = "mpi" if plan.options.mpi else "gloo"
+    check_controller(controller)
+    runner = (horovodrun_path(), *host_args, f"--{controller}", *rank_command)
     unset = ("TF_CONFIG",)
     ranks = tuple(
         TaskPlan(f"rank:{r}", Task("worker", r), host, None, rank_command, env=env,
@@ -479,6 +481,7 @@ def _elastic_horovodrun(plan: JobPlan) -> Placement:
     """``horovodrun`` in elastic mode: each slot a host of its own (`tfdist.launcher.elastic`)."""
     options, count = plan.options, plan.roles["worker"]
     assert options.min_workers is not None and options.max_workers is not None
+    check_controller("gloo")  # elastic Horovod runs on Gloo only
     hosts = slot_addresses(count)
     discovery = Discovery([f"{host}:1" for host in hosts])
     env = (*plan.env.items(), (HOSTS_FILE_ENV, discovery.hosts_file))
