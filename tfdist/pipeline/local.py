@@ -8,6 +8,7 @@ the order `tfdist.pipeline.schedule.simulate` finds for the stages' schedules. E
 are placed on its device (``tf.device``); TensorFlow copies a tensor that crosses devices.
 
 Example:
+    >>> from tfdist.pipeline.transport import ACTIVATION
     >>> mailbox = Mailbox()
     >>> sent = mailbox.link(0, 1).send("activation", ACTIVATION, micro_batch=2)
     >>> mailbox.link(1, 0).recv(None, None, ACTIVATION, micro_batch=2)
@@ -28,7 +29,7 @@ from tfdist.errors import StrategyConfigError, format_error
 from tfdist.pipeline import schedule as schedules
 from tfdist.pipeline.engine import StageEngine
 from tfdist.pipeline.layout import PipelineLayout
-from tfdist.pipeline.transport import ACTIVATION, EVALUATE, REDUCE, TRAIN
+from tfdist.pipeline.transport import EVALUATE, REDUCE, TRAIN
 
 __all__ = ["Mailbox", "LocalLink", "LocalPipeline", "resolve_devices"]
 
