@@ -1,8 +1,8 @@
 """All pipeline stages in one process, each on its own logical CPU: ``fit`` with K=2 (GPipe) and
 K=3 (1F1B), M=4, ends with the weights of the whole model trained in one process, in both
-Kerases; so does a fit with sample weights (its weighted metric equals Keras's, its unweighted
-one too); stage k's variables and optimizer slots live on device k; zeroing the gradients the
-stages hand back breaks parity.
+Kerases (evaluate, predict and the saved model too); so does a fit with sample weights (its
+weighted metric equals Keras's, its unweighted one too); stage k's variables and optimizer slots
+live on device k; zeroing the gradients the stages hand back breaks parity.
 
 The script runs in a fresh interpreter: logical CPUs must be configured before TensorFlow starts.
 """
@@ -38,7 +38,8 @@ def run_cases(tmp_path: Path, flavour: str) -> dict:
     env.pop("TF_CONFIG", None)
     if flavour == "tf_keras":
         env["TF_USE_LEGACY_KERAS"] = "1"
-    done = subprocess.run([sys.executable, str(SCRIPTS / "pipeline_devices.py"), *CASES],
+    done = subprocess.run([sys.executable, str(SCRIPTS / "pipeline_devices.py"), str(tmp_path),
+                           *CASES],
                           env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((tmp_path / "chief_0.json").read_text())
@@ -61,6 +62,10 @@ def test_stages_on_the_devices_of_one_process_match_one_device(tmp_path, flavour
         assert max_gap(got["trained"], got["initial"]) > 0.05, "training did not move weights"
         assert max_gap(got["trained"], got["reference"]) <= PARITY_ATOL
         assert max_gap(got["predict"], got["reference_predict"]) <= PARITY_ATOL
+        assert sorted(got["evaluate"]) == ["loss", "mae", "weighted_mae"]
+        for name, value in got["reference_evaluate"].items():
+            np.testing.assert_allclose(got["evaluate"][name], value, rtol=1e-5, err_msg=name)
+        assert max_gap(got["reloaded"], got["trained"]) == 0.0  # saved whole, loads on one device
         for name, values in got["reference_history"].items():
             np.testing.assert_allclose(got["history"][name], values, rtol=1e-5, err_msg=name)
         # Stage k's variables live on device k only, and so do their momentum slots.

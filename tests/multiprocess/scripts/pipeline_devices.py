@@ -2,13 +2,15 @@
 ``pipeline_parity.py`` with ``model.fit`` for each case and reports, per case, the weights, the
 one-process reference, where each stage's variables live, and the losses.
 
-Args: ``case [case ...]``, each ``stages:micro_batches:schedule[:weighted][:sabotage]``.
+Args: ``save_dir case [case ...]``, each ``stages:micro_batches:schedule[:weighted][:sabotage]``.
 ``weighted`` fits ``(x, y, sample_weight)``; ``sabotage`` zeroes every gradient a stage hands
-back (the parity check must then fail). Prints one JSON object (``tfdist.testing.report``).
+back (the parity check must then fail). Each case's trained model is saved in ``save_dir`` and
+loaded back. Reports one JSON object (``tfdist.testing.report``).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import tensorflow as tf
@@ -57,7 +59,7 @@ def fit(keras, model, x, y, weight):
     return history.history
 
 
-def run_case(keras, case):
+def run_case(keras, save_dir, case):
     stages, micro, schedule, *flags = case.split(":")
     strategy = tfdist.get_strategy("pipeline", stages=int(stages), micro_batches=int(micro),
                                    schedule=schedule)
@@ -74,7 +76,12 @@ def run_case(keras, case):
     reference = build(keras)
     reference.set_weights(initial)
     ref_history = fit(keras, reference, x, y, weight)
+    saved = strategy.save_model(model, os.path.join(save_dir, case.replace(":", "_") + ".keras"))
     return {
+        "evaluate": model.evaluate(x, y, batch_size=GLOBAL, verbose=0, return_dict=True),
+        "reference_evaluate": reference.evaluate(x, y, batch_size=GLOBAL, verbose=0,
+                                                 return_dict=True),
+        "reloaded": [w.tolist() for w in keras.models.load_model(saved).get_weights()],
         "describe": strategy.describe(), "history": history, "reference_history": ref_history,
         "trained": [w.tolist() for w in strategy.gather_weights(model)],
         "reference": [w.tolist() for w in reference.get_weights()],
@@ -89,11 +96,11 @@ def run_case(keras, case):
     }
 
 
-def main(cases):
+def main(save_dir, *cases):
     keras = compat.get_keras()
     report({"flavour": compat.keras_flavour(),
-            "cases": {case: run_case(keras, case) for case in cases}})
+            "cases": {case: run_case(keras, save_dir, case) for case in cases}})
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(*sys.argv[1:])
