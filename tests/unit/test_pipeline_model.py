@@ -178,3 +178,27 @@ def test_one_process_pipeline_with_micro_batches_trains_like_the_plain_model(
 
     with pytest.raises(StrategyConfigError, match="cannot be cut into 1 replica"):
         model.fit(x[:10], y[:10], batch_size=10, epochs=1, verbose=0)
+
+
+def test_the_custom_loop_step_takes_sample_weights_like_fit(monkeypatch):
+    from tfdist.strategies.pipeline import PipelineStrategy
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    keras.utils.set_random_seed(4)
+    whole = chain()
+    initial = whole.get_weights()
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(32, 3)).astype("float32")
+    y = (x[:, :1] - x[:, 2:]).astype("float32")
+    weight = rng.uniform(0.0, 2.0, size=32).astype("float32")
+    strategy = PipelineStrategy(micro_batches=4)
+    model = strategy.build_model(whole)
+    step = strategy.train_step(model, "mse", keras.optimizers.SGD(0.1))
+    losses = [float(step(x[i:i + 16], y[i:i + 16], weight[i:i + 16])) for i in (0, 16)]
+    plain = chain()
+    plain.set_weights(initial)
+    plain.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    history = plain.fit(x, y, sample_weight=weight, batch_size=16, shuffle=False, verbose=0)
+    assert max(float(np.max(np.abs(a - b)))
+               for a, b in zip(model.get_weights(), plain.get_weights(), strict=True)) < 1e-5
+    assert np.mean(losses) == pytest.approx(history.history["loss"][0], rel=1e-5)

@@ -292,11 +292,13 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         return model
 
     def train_step(self, model: Any, loss: Any, optimizer: Any) -> Any:
-        """The custom-loop path: a ``tf.function`` ``step(x, y) -> loss`` of one pipelined step.
+        """The custom-loop path: a ``tf.function`` ``step(x, y, sample_weight=None) -> loss`` of
+        one pipelined step.
 
         Every process calls ``step`` with the same global batch; stage 0 reads ``x``, the last
-        stage ``y``; each stage applies its own gradients with ``optimizer``; the returned loss
-        (the whole model's mean over the global batch) is the same on every process.
+        stage ``y`` (and the sample weights); each stage applies its own gradients with
+        ``optimizer``; the returned loss (the whole model's mean over the global batch, weighted
+        as Keras weighs it) is the same on every process.
 
         Args:
             model: This process's stage, from `build_model`.
@@ -318,10 +320,11 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         engine = model._engine  # noqa: SLF001
 
         @tf.function
-        def step(x: Any, y: Any) -> Any:
+        def step(x: Any, y: Any, sample_weight: Any = None) -> Any:
             self.check_batch(x)
             total, _ = apply_step(model, engine, optimizer, engine.replica_rows(x),
-                                  engine.replica_rows(y), loss_fn)
+                                  engine.replica_rows(y), loss_fn,
+                                  engine.replica_rows(sample_weight))
             value = None
             if engine.layout.is_last:
                 value = engine.average_over_replicas(
