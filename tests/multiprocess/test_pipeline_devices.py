@@ -2,7 +2,8 @@
 K=3 (1F1B), M=4, ends with the weights of the whole model trained in one process, in both
 Kerases (evaluate, predict and the saved model too); so does a fit with sample weights (its
 weighted metric equals Keras's, its unweighted one too); stage k's variables and optimizer slots
-live on device k; zeroing the gradients the stages hand back breaks parity.
+live on device k (building them inside the strategy's scope is refused); zeroing the gradients
+the stages hand back breaks parity.
 
 The script runs in a fresh interpreter: logical CPUs must be configured before TensorFlow starts.
 """
@@ -44,6 +45,8 @@ def run_cases(tmp_path: Path, flavour: str) -> dict:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((tmp_path / "chief_0.json").read_text())
     assert result["flavour"] == flavour
+    assert result["error_in_scope"].startswith("Stage 1's variables are not on its device.")
+    assert "outside any strategy.scope()" in result["error_in_scope"]
     return result["cases"]
 
 

@@ -31,7 +31,7 @@ from tfdist.pipeline.engine import StageEngine
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.transport import EVALUATE, REDUCE, TRAIN
 
-__all__ = ["Mailbox", "LocalLink", "LocalPipeline", "resolve_devices"]
+__all__ = ["Mailbox", "LocalLink", "LocalPipeline", "resolve_devices", "check_placement"]
 
 _Key = tuple[int, int, int, int, int, int]
 
@@ -230,3 +230,26 @@ def _check_devices(devices: Sequence[str], stages: int, processes: int) -> tuple
             fix="name distinct local devices; create logical CPUs with "
             "tf.config.set_logical_device_configuration before TensorFlow starts"))
     return names
+
+
+def _placed_on(variable: Any) -> str:
+    device = getattr(variable, "device", None) or variable.value.device  # Keras 3: .value
+    spec = tf.DeviceSpec.from_string(device)
+    return f"/device:{spec.device_type}:{spec.device_index}"
+
+
+def check_placement(stage_weights: Sequence[Sequence[Any]], devices: Sequence[str]) -> None:
+    """Raises unless stage ``k``'s variables all sit on ``devices[k]``.
+
+    Raises:
+        StrategyConfigError: some did not (built inside a strategy's scope, which places every
+            variable on its own device).
+    """
+    for k, (weights, device) in enumerate(zip(stage_weights, devices, strict=True)):
+        wrong = sorted({_placed_on(w) for w in weights} - {device})
+        if wrong:
+            raise StrategyConfigError(format_error(
+                f"Stage {k}'s variables are not on its device.",
+                received=f"stage {k} on {wrong}", expected=f"on {device}",
+                fix="call strategy.build_model(...) outside any strategy.scope(): a scope "
+                "places every variable on its own device"))

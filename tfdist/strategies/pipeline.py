@@ -285,6 +285,7 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         for k, device in enumerate(self.devices):
             with tf.device(device):
                 stages.append(stage.build_stage(spec, bounds, k))
+        local.check_placement([s.weights for s in stages], self.devices)
         model = local_stages_model(spec.flavour, stages, self.devices, spec.name)
         engines = tuple(self._engine(PipelineLayout(self.stages, self.stages, k))
                         for k in range(self.stages))

@@ -5,7 +5,8 @@ one-process reference, where each stage's variables live, and the losses.
 Args: ``save_dir case [case ...]``, each ``stages:micro_batches:schedule[:weighted][:sabotage]``.
 ``weighted`` fits ``(x, y, sample_weight)``; ``sabotage`` zeroes every gradient a stage hands
 back (the parity check must then fail). Each case's trained model is saved in ``save_dir`` and
-loaded back. Reports one JSON object (``tfdist.testing.report``).
+loaded back; then the stages are built inside ``strategy.scope()``, which must be refused.
+Reports one JSON object (``tfdist.testing.report``).
 """
 
 from __future__ import annotations
@@ -96,10 +97,22 @@ def run_case(keras, save_dir, case):
     }
 
 
+def error_in_scope(keras):
+    """The error of building the stages inside the strategy's scope (one device for all)."""
+    strategy = tfdist.get_strategy("pipeline", stages=2, micro_batches=2)
+    try:
+        with strategy.scope():
+            strategy.build_model(lambda: build(keras))
+    except tfdist.StrategyConfigError as err:
+        return str(err)
+    return None
+
+
 def main(save_dir, *cases):
     keras = compat.get_keras()
     report({"flavour": compat.keras_flavour(),
-            "cases": {case: run_case(keras, save_dir, case) for case in cases}})
+            "cases": {case: run_case(keras, save_dir, case) for case in cases},
+            "error_in_scope": error_in_scope(keras)})
 
 
 if __name__ == "__main__":
