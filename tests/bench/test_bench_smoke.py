@@ -68,5 +68,14 @@ def test_quick_run_writes_complete_results(tmp_path: Path) -> None:
     for row in rows:
         _positive_finite(row, ("samples_per_s", "spe_speedup"))
 
+    rows = result["pipeline"]["rows"]
+    assert [(r["mode"], r["micro_batches"]) for r in rows] == [
+        ("default", "-"), ("pipeline", 1), ("pipeline", 4), ("multi_worker", "-")]
+    for row in rows:
+        _positive_finite(row, ("fit_step_s", "speedup_vs_default"))
+    for row in rows[1:3]:
+        _positive_finite(row, ("step_s", "ideal_s", "measured_over_ideal"))
+        assert row["bubble"] == pytest.approx(1 / (row["micro_batches"] + 1))
+
     assert Path(result["files"]["plot"]).stat().st_size > 0
     assert "| backend | size |" in (tmp_path / path.name.replace(".json", ".md")).read_text()

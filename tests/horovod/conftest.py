@@ -7,6 +7,7 @@ flavour is chosen in the child's environment (``TF_USE_LEGACY_KERAS``), before T
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -53,7 +54,9 @@ def horovod_run() -> Callable[..., tuple[dict[str, Any], dict[str, Any]]]:
             pytest.skip("OpenMPI's mpirun is not installed (bash launch/setup.sh installs it)")
         argv = ["horovodrun", "-np", str(RANKS), f"--{controller}", sys.executable,
                 str(SCRIPTS / script), *args]
-        env = {"PYTHONPATH": str(REPO_ROOT), "TF_CPP_MIN_LOG_LEVEL": "2",
+        # The caller's PYTHONPATH stays after the repo (e.g. a patched Horovod on trial).
+        python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+        env = {"PYTHONPATH": python_path, "TF_CPP_MIN_LOG_LEVEL": "2",
                "TF_USE_LEGACY_KERAS": "1" if flavour == "tf_keras" else "0"}
         results = run_tasks({"horovodrun": argv}, env={"horovodrun": env}, timeout=timeout)
         assert sorted(results) == ["rank:0", "rank:1"], f"ranks that reported: {sorted(results)}"

@@ -104,7 +104,7 @@ def test_collectives_give_the_expected_numbers(horovod_run) -> None:
         assert got["fp16_dtype"] == "float32"
         assert abs(got["fp16"][0] - (1 / 3 + 0.5)) < 1e-3 and got["fp16"][0] != 1 / 3 + 0.5
         assert got["gather0"] == [[0, 0], [1, 1]] and got["gather1"] == [[0, 0, 1, 1]]
-        assert got["broadcast_count"] == 2 and got["broadcast"] == [6.0, 8.0]  # from rank 1
+        assert got["broadcast"] == [6.0, 8.0]  # from rank 1
         assert got["logs"] == {"loss": 0.5, "accuracy": 1.0, "note": "x"}
     for rank, got in enumerate((rank0["strategy"], rank1["strategy"])):
         assert got["mean"] == 2.0 and got["reduce_mean"] == 1.5

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import json
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +20,8 @@ from tfdist.horovod.data import slice_bounds, split_global_batches
 horovod = pytest.mark.horovod
 
 DOCTESTED = ["tfdist.horovod.runtime", "tfdist.horovod.ops", "tfdist.horovod.data",
-             "tfdist.horovod.optimizer", "tfdist.horovod.callbacks", "tfdist.strategies.horovod"]
+             "tfdist.horovod.optimizer", "tfdist.horovod.callbacks", "tfdist.horovod.checks",
+             "tfdist.strategies.horovod"]
 
 
 @horovod
@@ -87,6 +91,7 @@ def test_distributed_optimizer_binds_per_flavour(flavour: str, method: str) -> N
     wrapped = DistributedOptimizer(DistributedOptimizer(plain), op="sum")
     cls = type(wrapped)
     assert method in vars(cls) and cls.__bases__ == (type(plain),)  # re-wrapping does not stack
+    assert vars(cls)["_allreduce"].__module__ == "horovod._keras"  # Horovod's implementation
     assert (cls.__name__, cls.__module__) == (type(plain).__name__, type(plain).__module__)
     assert wrapped.get_config() == plain.get_config()
     variable = tf.Variable([1.0, 2.0])
@@ -145,3 +150,58 @@ def test_horovod_strategy_on_one_rank_trains_like_one_device() -> None:
     for got, want in zip(*models, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-6)
     assert np.abs(models[0][0] - weights[0]).max() > 1e-3
+
+
+@horovod
+def test_distributed_optimizer_steps_aside_in_horovod_strategy_and_saves_as_keras() -> None:
+    import keras
+
+    from tfdist.horovod import DistributedOptimizer
+    from tfdist.strategies.horovod import HorovodStrategy
+
+    plain = keras.optimizers.SGD(0.1)
+    with HorovodStrategy().scope():
+        assert DistributedOptimizer(plain) is plain  # the strategy already all-reduces
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=DistributedOptimizer(plain), loss="mse")
+    model.fit(np.ones((4, 2)), np.ones((4, 1)), verbose=0)
+    path = Path(tempfile.mkdtemp()) / "model.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)  # needs the Keras module in the saved config
+    assert type(loaded.optimizer) is keras.optimizers.SGD
+    np.testing.assert_allclose(loaded.get_weights()[0], model.get_weights()[0])
+
+
+@horovod
+def test_callbacks_are_horovods_implementation_bound_per_flavour() -> None:
+    from horovod._keras import callbacks as horovod_callbacks
+
+    from tfdist.compat import get_keras
+    from tfdist.horovod import BroadcastVariablesCallback, MetricAverageCallback
+
+    for flavour in ("keras3", "tf_keras"):
+        broadcast = BroadcastVariablesCallback(1, flavour=flavour)
+        average = MetricAverageCallback(flavour=flavour)
+        assert isinstance(broadcast, horovod_callbacks.BroadcastGlobalVariablesCallbackImpl)
+        assert isinstance(average, horovod_callbacks.MetricAverageCallbackImpl)
+        assert isinstance(broadcast, get_keras(flavour).callbacks.Callback)
+        assert isinstance(broadcast, BroadcastVariablesCallback) and broadcast.root_rank == 1
+
+
+@horovod
+@pytest.mark.parametrize("get", ["init", "strategy"])
+def test_horovod_without_ranks_in_a_multi_task_job_is_refused(
+        monkeypatch: pytest.MonkeyPatch, get: str) -> None:
+    import tfdist.strategies
+
+    tf_config = {"cluster": {"worker": ["localhost:1", "localhost:2"]},
+                 "task": {"type": "worker", "index": 0}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+    with pytest.raises(StrategyConfigError) as info:
+        runtime.init() if get == "init" else tfdist.strategies.get_strategy("horovod")
+    message = str(info.value)
+    assert message.startswith("Horovod has no ranks: this process trains alone")
+    assert "Received: TF_CONFIG with 2 tasks (this one worker:0)" in message
+    assert "Fix: launch with `tfdist-launch --strategy horovod --workers 2 script.py`" in message
+    monkeypatch.delenv("TF_CONFIG")
+    assert runtime.init().size() == 1  # alone on purpose: Horovod's single-process mode

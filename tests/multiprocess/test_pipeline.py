@@ -1,8 +1,9 @@
 """Pipeline strategy with real processes (one per stage, collective send/recv over gRPC): the
 reassembled weights equal one process training the whole model on the same global batches, for
 K=2 and K=3 stages, M=1 and M=4 micro-batches, both schedules, both Kerases, and D=2 x K=2
-hybrid; zeroing the gradients sent between stages breaks it; a stage built from a build function
-holds about 1/K of the model; the saved model loads whole on one device; tfdist-launch runs it."""
+hybrid (with sample weights); zeroing the gradients sent between stages breaks it; a stage built
+from a build function holds about 1/K of the model; the saved model loads whole on one device;
+tfdist-launch runs it."""
 
 from __future__ import annotations
 
@@ -71,8 +72,9 @@ def test_stages_match_one_process_on_the_same_global_batches(
 
 
 def test_hybrid_two_replicas_of_two_stages_match_one_process(cluster_runner):
-    results = run_pipeline(cluster_runner, processes=4, stages=2, args=["3", "2", "gpipe"],
-                           timeout=240)
+    # With sample weights: each replica must weigh its own rows (the reference weighs them too).
+    results = run_pipeline(cluster_runner, processes=4, stages=2,
+                           args=["3", "2", "gpipe", "--sample-weight"], timeout=240)
     chief = results["worker:0"]
     assert chief["replicas"] == 2
     assert [results[f"worker:{r}"]["stage"]["replica"] for r in range(4)] == [0, 0, 1, 1]

@@ -25,6 +25,7 @@ MODULES = [
     "tfdist.strategies.traits",
     "tfdist.server",
     "tfdist.launcher.plan",
+    "tfdist.launcher.elastic",
     "tfdist.launcher.export",
     "tfdist.launcher.hosts",
     "tfdist.launcher.slurm_task",

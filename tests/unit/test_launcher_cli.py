@@ -115,6 +115,10 @@ def test_mpi_starts_horovodrun_with_its_mpi_controller(script):
 
     if shutil.which("mpirun") is None:
         pytest.skip("mpirun is not installed: --mpi is refused (see the next test)")
+    from tfdist.horovod.checks import built_in_library
+
+    if built_in_library("mpi") is False:
+        pytest.skip("Horovod is built without MPI: --mpi is refused (test_horovod_checks.py)")
     assert "--mpi" in runner(True) and "--gloo" not in runner(True)
     assert "--gloo" in runner(False) and "--mpi" not in runner(False)
 

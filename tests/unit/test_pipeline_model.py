@@ -30,6 +30,7 @@ def chain(widths=(6, 6, 4), features=3, batch_norm=False):
 
 
 @pytest.mark.parametrize("name", ["tfdist.pipeline.stage", "tfdist.pipeline.keras_model",
+                                  "tfdist.pipeline.local",
                                   "tfdist.strategies.pipeline"])
 def test_docstring_examples_run(name):
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
@@ -110,7 +111,39 @@ def test_stages_without_processes_name_the_launch_command(monkeypatch):
         PipelineStrategy(schedule="zigzag")
 
 
-def test_one_process_pipeline_with_micro_batches_trains_like_the_plain_model(monkeypatch):
+def test_devices_are_checked_before_anything_starts():
+    from tfdist.pipeline.local import resolve_devices
+
+    cases = [
+        (dict(devices=["/cpu:0", "/cpu:0"], stages=2, processes=2),
+         "devices= places every stage in one process; this job has several."),
+        (dict(devices=["/cpu:0"], stages=2, processes=1),
+         "devices must name one device per stage."),
+        (dict(devices=["/cpu:0", "not a device"], stages=2, processes=1),
+         "A pipeline device must name a local device."),
+        (dict(devices=["/cpu:0", "/cpu:7"], stages=2, processes=1),
+         "Each stage needs its own device of this process."),
+        (dict(devices=["/cpu:0", "/device:CPU:0"], stages=2, processes=1),
+         "Each stage needs its own device of this process."),
+    ]
+    for kwargs, words in cases:
+        with pytest.raises(StrategyConfigError) as info:
+            resolve_devices(**kwargs)
+        assert words in str(info.value) and "Fix:" in str(info.value), kwargs
+    assert resolve_devices(None, stages=2, processes=2) == ()
+    assert resolve_devices(["/cpu:0"], stages=1, processes=1) == ("/device:CPU:0",)
+
+
+def _fit(model, x, y, weight):
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", metrics=["mae"],
+                  weighted_metrics=["mae"])
+    return model.fit(x, y, sample_weight=weight, batch_size=16, epochs=2, shuffle=False,
+                     verbose=0).history
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_one_process_pipeline_with_micro_batches_trains_like_the_plain_model(
+        monkeypatch, weighted):
     from tfdist.strategies.pipeline import PipelineStrategy
 
     monkeypatch.delenv("TF_CONFIG", raising=False)
@@ -120,23 +153,52 @@ def test_one_process_pipeline_with_micro_batches_trains_like_the_plain_model(mon
     rng = np.random.default_rng(1)
     x = rng.normal(size=(48, 3)).astype("float32")
     y = (x[:, :1] * x[:, 1:2]).astype("float32")
+    weight = rng.uniform(0.0, 2.0, size=48).astype("float32") if weighted else None
 
     strategy = PipelineStrategy(micro_batches=4)
     model = strategy.build_model(whole)
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", metrics=["mae"])
-    history = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
-
+    history = _fit(model, x, y, weight)
     plain = chain()
     plain.set_weights(initial)
-    plain.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", metrics=["mae"])
-    reference = plain.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    reference = _fit(plain, x, y, weight)
     gap = max(float(np.max(np.abs(a - b)))
               for a, b in zip(model.get_weights(), plain.get_weights(), strict=True))
     assert gap < 1e-5
     assert max(float(np.max(np.abs(a - b)))
                for a, b in zip(model.get_weights(), initial, strict=True)) > 1e-2
-    np.testing.assert_allclose(history.history["loss"], reference.history["loss"], rtol=1e-5)
-    np.testing.assert_allclose(history.history["mae"], reference.history["mae"], rtol=1e-5)
+    assert sorted(history) == sorted(reference) == ["loss", "mae", "weighted_mae"]
+    for name, values in reference.items():
+        np.testing.assert_allclose(history[name], values, rtol=1e-5, err_msg=name)
+    if weighted:  # the weights changed training: the unweighted model ends elsewhere
+        unweighted = chain()
+        unweighted.set_weights(initial)
+        _fit(unweighted, x, y, None)
+        assert max(float(np.max(np.abs(a - b))) for a, b in zip(
+            model.get_weights(), unweighted.get_weights(), strict=True)) > 1e-3
 
     with pytest.raises(StrategyConfigError, match="cannot be cut into 1 replica"):
         model.fit(x[:10], y[:10], batch_size=10, epochs=1, verbose=0)
+
+
+def test_the_custom_loop_step_takes_sample_weights_like_fit(monkeypatch):
+    from tfdist.strategies.pipeline import PipelineStrategy
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    keras.utils.set_random_seed(4)
+    whole = chain()
+    initial = whole.get_weights()
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(32, 3)).astype("float32")
+    y = (x[:, :1] - x[:, 2:]).astype("float32")
+    weight = rng.uniform(0.0, 2.0, size=32).astype("float32")
+    strategy = PipelineStrategy(micro_batches=4)
+    model = strategy.build_model(whole)
+    step = strategy.train_step(model, "mse", keras.optimizers.SGD(0.1))
+    losses = [float(step(x[i:i + 16], y[i:i + 16], weight[i:i + 16])) for i in (0, 16)]
+    plain = chain()
+    plain.set_weights(initial)
+    plain.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    history = plain.fit(x, y, sample_weight=weight, batch_size=16, shuffle=False, verbose=0)
+    assert max(float(np.max(np.abs(a - b)))
+               for a, b in zip(model.get_weights(), plain.get_weights(), strict=True)) < 1e-5
+    assert np.mean(losses) == pytest.approx(history.history["loss"][0], rel=1e-5)

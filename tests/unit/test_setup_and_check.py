@@ -55,7 +55,7 @@ SDIST = Path.home() / ".cache" / "tfdist" / "sdist" / "horovod-0.28.1.tar.gz"
 
 def test_every_horovod_patch_says_what_it_fixes():
     patches = sorted(PATCHES.glob("*.patch"))
-    assert len(patches) >= 8
+    assert len(patches) >= 9
     for patch in patches:
         head = patch.read_text().split("\n--- a/", 1)[0]
         comment = [line for line in head.splitlines() if line.startswith("# ")]
@@ -74,6 +74,7 @@ def test_the_patches_apply_to_horovods_sdist(tmp_path):
     assert "gloo_iface_ = global_context.gloo_iface_;" in (
         src / "horovod/common/gloo/gloo_context.cc").read_text()
     assert "def _keras3_apply(" in (src / "horovod/_keras/__init__.py").read_text()
+    assert "def on_train_begin(" in (src / "horovod/_keras/callbacks.py").read_text()
     gloo_cmake = (src / "third_party/gloo/CMakeLists.txt").read_text()
     assert "cmake_minimum_required(VERSION 3.5" in gloo_cmake
 

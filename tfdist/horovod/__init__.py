@@ -1,12 +1,13 @@
 """Horovod for TensorFlow 2.21 with Keras 3 or tf-keras, without a strategy.
 
-Horovod 0.28.1's own ``horovod.tensorflow.keras`` is broken on Keras 3 (its
-``DistributedOptimizer`` silently does not synchronise; its broadcast callback fails). This
-package offers the same three pieces, for both Keras flavours:
+One implementation: Horovod's own ``horovod.tensorflow.keras``, which tfdist's build patches for
+TensorFlow 2.21 and both Keras flavours (``launch/horovod-patches``). This package binds it thinly:
 
-* `DistributedOptimizer`: averages gradients over all ranks before each update.
-* `BroadcastVariablesCallback`: copies rank 0's variables to every rank when ``fit`` starts.
-* `MetricAverageCallback`: averages the epoch-end logs over ranks.
+* `DistributedOptimizer`: Horovod's Keras ``DistributedOptimizer`` (gradients averaged over all
+  ranks before each update), with tfdist's option names and checks.
+* `BroadcastVariablesCallback`: Horovod's broadcast callback logic (rank 0's variables to every
+  rank when ``fit`` starts and after its first batch), bound to the Keras flavour asked for.
+* `MetricAverageCallback`: Horovod's metric averaging (epoch-end logs averaged over ranks).
 
 plus `init` (with the tensor-fusion knobs), `rank`, `size`, `local_rank` and `is_available`. For
 the ``tf.distribute`` way (``strategy.scope()``), see `tfdist.strategies.horovod.HorovodStrategy`.

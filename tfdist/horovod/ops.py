@@ -1,4 +1,8 @@
-"""The Horovod collectives tfdist uses, on plain tensors and on variables of either Keras flavour.
+"""The Horovod collectives `tfdist.strategies.horovod.HorovodStrategy` reduces and gathers with.
+
+Horovod has no ``tf.distribute`` strategy, so these are the strategy's own: its replica-context
+all-reduce, ``reduce``/``gather`` and the broadcast of each variable's initial value. Everything
+else in `tfdist.horovod` (optimizer, callbacks, variable broadcasts) is Horovod's own code.
 
 Horovod matches a collective across processes by its *name*: every rank must submit the same name
 with the same shape and dtype. Horovod's default names come from TensorFlow tensor names, which
@@ -18,12 +22,11 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import tensorflow as tf
 
-from tfdist import compat
 from tfdist.horovod.runtime import hvd, init
 from tfdist.options import check_choice
 
@@ -35,8 +38,6 @@ __all__ = [
     "allreduce",
     "allgather",
     "broadcast_tensor",
-    "broadcast_variables",
-    "average_scalars",
 ]
 
 REDUCE_OPS = ("average", "sum")
@@ -158,71 +159,3 @@ def broadcast_tensor(value: Any, root_rank: int = 0, dtype: Any = None) -> Any:
     if tensor.dtype.base_dtype not in _BROADCASTABLE:
         return tensor
     return init().broadcast(tensor, root_rank, name=_name("broadcast"), ignore_name_scope=True)
-
-
-def _unique_tf_variables(variables: Sequence[Any]) -> list[tf.Variable]:
-    seen: set[int] = set()
-    unique = []
-    for variable in variables:
-        tf_var = compat.tf_variable(variable)
-        if id(tf_var) not in seen and tf_var.dtype.base_dtype in _BROADCASTABLE:
-            seen.add(id(tf_var))
-            unique.append(tf_var)
-    return unique
-
-
-def broadcast_variables(variables: Sequence[Any], root_rank: int = 0) -> int:
-    """Overwrites every variable with its value on ``root_rank``, in one traced function.
-
-    Accepts tf.Variables and Keras 3 variables (their ``.value``); duplicates are sent once and
-    dtypes Horovod cannot send (strings, resources) are skipped. Every rank must pass the same
-    variables (same shapes, same order).
-
-    Returns:
-        How many variables were broadcast.
-
-    Example:
-        >>> v = tf.Variable([1.0, 2.0])
-        >>> broadcast_variables([v])  # one process: a no-op copy
-        1
-    """
-    tf_vars = _unique_tf_variables(variables)
-    if not tf_vars:
-        return 0
-    module = init()
-
-    @tf.function(autograph=False)
-    def assign_all() -> None:
-        for i, var in enumerate(tf_vars):
-            var.assign(module.broadcast(var.read_value(), root_rank, name=f"tfdist_bcast_{i}",
-                                        ignore_name_scope=True))
-
-    assign_all()
-    return len(tf_vars)
-
-
-def average_scalars(values: Mapping[str, Any]) -> dict[str, float]:
-    """Averages every numeric entry of ``values`` over all ranks (one all-reduce).
-
-    Non-numeric entries are left out of the result. Every rank must hold the same numeric keys.
-
-    Example:
-        >>> average_scalars({"loss": 0.5, "name": "x"})  # one process
-        {'loss': 0.5}
-    """
-    keys = sorted(k for k, v in values.items() if _is_scalar(v))
-    if not keys:
-        return {}
-    vector = tf.constant([float(values[k]) for k in keys], dtype=tf.float64)
-    averaged = init().allreduce(vector, op=hvd().Average, name=_name("average_scalars"),
-                                ignore_name_scope=True)
-    return {k: float(v) for k, v in zip(keys, averaged.numpy(), strict=True)}
-
-
-def _is_scalar(value: Any) -> bool:
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, (int, float)):
-        return True
-    shape = getattr(value, "shape", None)
-    return shape is not None and len(shape) == 0 and getattr(value, "dtype", None) is not None

@@ -1,39 +1,28 @@
-"""`DistributedOptimizer`: a Keras optimizer (either flavour) whose gradients are Horovod-averaged.
+"""`DistributedOptimizer`: Horovod's Keras ``DistributedOptimizer``, with tfdist's checks and names.
 
 For training without a strategy, Horovod style: every process runs the script on its own shard
 of the data, and the optimizer averages the gradients over all processes before each update, so
 every rank applies the same update. Start from equal weights (`BroadcastVariablesCallback`).
 
-One implementation (`GradientAllreducer`: one grouped, fused Horovod all-reduce of all gradients),
-bound thinly per flavour:
-
-* Keras 3 calls ``optimizer.apply(grads, variables)`` (``apply_gradients`` goes through it), so
-  the binding overrides ``apply``. Horovod's own ``horovod.tensorflow.keras.DistributedOptimizer``
-  hooks methods Keras 3 never calls, and silently does not synchronise.
-* tf-keras (and its legacy optimizers) funnel ``minimize`` into ``apply_gradients``, which the
-  binding overrides.
-
-The gradients are reduced before clipping, loss-scale checks and the update, so those act on the
-global gradient, as they would in one process on the whole global batch. Inside a
-`tfdist.strategies.horovod.HorovodStrategy` scope the strategy already reduces the gradients and
-the wrapper steps aside (no second all-reduce).
+There is one implementation: ``horovod.tensorflow.keras.DistributedOptimizer``, which tfdist's
+build patches for Keras 3 (``launch/horovod-patches/07``: it all-reduces in ``apply``, the method
+Keras 3's ``fit`` calls; tf-keras all-reduces in ``compute_gradients``/``minimize``). This module
+only validates the arguments, maps tfdist's option names to Horovod's, does not stack wrappers,
+and steps aside inside a `tfdist.strategies.horovod.HorovodStrategy` scope, whose optimizer
+updates are already all-reduced (a second all-reduce would cost as much again).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import tensorflow as tf
 
 from tfdist import compat
 from tfdist.errors import KerasCompatibilityError, format_error
-from tfdist.horovod import ops
+from tfdist.horovod import ops, runtime
 
-__all__ = ["DistributedOptimizer", "GradientAllreducer", "inside_horovod_strategy"]
-
-_CLASSES: dict[type, type] = {}
+__all__ = ["DistributedOptimizer", "inside_horovod_strategy", "is_distributed"]
 
 
 def inside_horovod_strategy() -> bool:
@@ -46,64 +35,29 @@ def inside_horovod_strategy() -> bool:
     return bool(getattr(tf.distribute.get_strategy().extended, "_tfdist_horovod", False))
 
 
-@dataclass(frozen=True)
-class GradientAllreducer:
-    """Reduces a list of gradients (None entries kept) over all Horovod ranks.
-
-    Attributes:
-        op: ``"average"`` (default: the mean gradient, as one process would compute on the whole
-            global batch of a mean loss) or ``"sum"``.
-        compression: None or ``"fp16"``.
-        sparse_as_dense: Densify ``tf.IndexedSlices`` (embedding gradients) before reducing.
+def is_distributed(optimizer: Any) -> bool:
+    """Whether ``optimizer`` is already wrapped by Horovod's Keras ``DistributedOptimizer``.
 
     Example:
-        >>> reducer = GradientAllreducer(op="sum")
-        >>> [float(g) for g in reducer([tf.constant(1.5)])]  # one process
-        [1.5]
+        >>> import keras
+        >>> is_distributed(keras.optimizers.SGD()), is_distributed(DistributedOptimizer(
+        ...     keras.optimizers.SGD()))
+        (False, True)
     """
-
-    op: str = "average"
-    compression: str | None = None
-    sparse_as_dense: bool = False
-
-    def __post_init__(self) -> None:
-        ops.check_op(self.op)
-        ops.check_compression(self.compression)
-
-    def __call__(self, grads: Sequence[Any]) -> list[Any]:
-        if inside_horovod_strategy():
-            return list(grads)
-        return ops.allreduce(grads, op=self.op, compression=self.compression,
-                             sparse_as_dense=self.sparse_as_dense)
+    return "_allreduce" in vars(type(optimizer))
 
 
-def _keras3_methods(base: type) -> dict[str, Callable[..., Any]]:
-    def apply(self: Any, grads: Sequence[Any], trainable_variables: Any = None) -> Any:
-        return base.apply(self, self._tfdist_allreduce(list(grads)), trainable_variables)
-
-    return {"apply": apply}
-
-
-def _tf_keras_methods(base: type) -> dict[str, Callable[..., Any]]:
-    def apply_gradients(self: Any, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
-        pairs = list(grads_and_vars)
-        grads = self._tfdist_allreduce([g for g, _ in pairs])
-        reduced = list(zip(grads, [v for _, v in pairs], strict=True))
-        return base.apply_gradients(self, reduced, *args, **kwargs)
-
-    return {"apply_gradients": apply_gradients}
-
-
-_BINDINGS = {"keras3": _keras3_methods, "tf_keras": _tf_keras_methods}
-
-
-def _distributed_class(base: type, flavour: compat.KerasFlavour) -> type:
-    """A subclass of ``base`` with the same name and module (saved models load without tfdist)."""
-    if base not in _CLASSES:
-        namespace = {**_BINDINGS[flavour](base), "__module__": base.__module__,
-                     "__qualname__": base.__qualname__, "_tfdist_distributed": True}
-        _CLASSES[base] = type(base.__name__, (base,), namespace)
-    return _CLASSES[base]
+def _check_keras_optimizer(optimizer: Any) -> None:
+    if compat.flavour_of(optimizer) is None or not hasattr(optimizer, "get_config"):
+        raise KerasCompatibilityError(
+            format_error(
+                "DistributedOptimizer wraps Keras optimizers only.",
+                received=type(optimizer).__module__ + "." + type(optimizer).__name__,
+                expected="a keras.optimizers or tf_keras.optimizers optimizer",
+                fix="pass e.g. keras.optimizers.SGD(0.01); for tf.compat.v1 optimizers use "
+                "horovod.tensorflow.DistributedOptimizer",
+            )
+        )
 
 
 def DistributedOptimizer(  # noqa: N802 - named like the class it returns, as in Horovod
@@ -115,8 +69,11 @@ def DistributedOptimizer(  # noqa: N802 - named like the class it returns, as in
 ) -> Any:
     """Returns a copy of ``optimizer`` that all-reduces gradients with Horovod before updating.
 
-    Works for Keras 3 and tf-keras optimizers (the flavour is read from the optimizer's class).
-    The copy is made with ``from_config``, so create it before training starts.
+    Works for Keras 3 and tf-keras optimizers (Horovod reads the flavour from the optimizer's
+    class). The copy is made with ``from_config``, so create it before training starts; it has
+    the class name and module of ``optimizer`` (saved models load without Horovod). Wrapping a
+    wrapped optimizer again replaces the options rather than reducing twice. Inside a
+    `HorovodStrategy` scope it returns ``optimizer`` itself: the strategy already all-reduces.
 
     Args:
         optimizer: A Keras 3 or tf-keras optimizer (incl. legacy and loss-scale optimizers).
@@ -124,8 +81,8 @@ def DistributedOptimizer(  # noqa: N802 - named like the class it returns, as in
         compression: None, or ``"fp16"`` to send float gradients as float16.
         sparse_as_dense: All-reduce embedding gradients densely instead of all-gathering them.
 
-    Tensor fusion: all gradients go to Horovod in one grouped call, and Horovod packs them into
-    buffers of up to ``HOROVOD_FUSION_THRESHOLD`` bytes; set it (or ``fusion_threshold_bytes`` in
+    Tensor fusion: Horovod packs the gradients queued in one cycle into buffers of up to
+    ``HOROVOD_FUSION_THRESHOLD`` bytes; set it (or ``fusion_threshold_bytes`` in
     `tfdist.horovod.init`) before Horovod initialises.
 
     Raises:
@@ -135,24 +92,22 @@ def DistributedOptimizer(  # noqa: N802 - named like the class it returns, as in
     Example:
         >>> import keras
         >>> opt = DistributedOptimizer(keras.optimizers.SGD(0.1), compression="fp16")
-        >>> type(opt).__name__, round(float(opt.learning_rate), 6)
-        ('SGD', 0.1)
+        >>> type(opt).__name__, type(opt).__module__, round(float(opt.learning_rate), 6)
+        ('SGD', 'keras.src.optimizers.sgd', 0.1)
     """
-    flavour = compat.flavour_of(optimizer)
-    if flavour is None or not hasattr(optimizer, "get_config"):
-        raise KerasCompatibilityError(
-            format_error(
-                "DistributedOptimizer wraps Keras optimizers only.",
-                received=type(optimizer).__module__ + "." + type(optimizer).__name__,
-                expected="a keras.optimizers or tf_keras.optimizers optimizer",
-                fix="pass e.g. keras.optimizers.SGD(0.01); for tf.compat.v1 optimizers use "
-                "horovod.tensorflow.DistributedOptimizer",
-            )
-        )
-    reducer = GradientAllreducer(op=op, compression=compression, sparse_as_dense=sparse_as_dense)
-    base = type(optimizer)
-    if getattr(base, "_tfdist_distributed", False):
-        base = base.__bases__[0]
-    wrapped = _distributed_class(base, flavour).from_config(optimizer.get_config())
-    wrapped._tfdist_allreduce = reducer
-    return wrapped
+    _check_keras_optimizer(optimizer)
+    ops.check_op(op)
+    compressor = ops.check_compression(compression)
+    if inside_horovod_strategy():
+        return optimizer
+    if is_distributed(optimizer):
+        optimizer = type(optimizer).__bases__[0].from_config(optimizer.get_config())
+    hvd = runtime.init()
+    keras_api = runtime.keras_api()
+    return keras_api.DistributedOptimizer(
+        optimizer,
+        op=hvd.Sum if op == "sum" else hvd.Average,
+        compression=keras_api.Compression.fp16 if compressor == "fp16" else
+        keras_api.Compression.none,
+        sparse_as_dense=sparse_as_dense,
+    )

@@ -22,12 +22,14 @@ import os
 from types import ModuleType
 
 from tfdist.errors import MissingDependencyError, StrategyConfigError, format_error
+from tfdist.horovod import checks
 from tfdist.options import check_positive_int, check_positive_number
 
 __all__ = [
     "FUSION_THRESHOLD_ENV",
     "CYCLE_TIME_ENV",
     "hvd",
+    "keras_api",
     "is_available",
     "init",
     "rank",
@@ -67,6 +69,20 @@ def hvd() -> ModuleType:
         ) from err
 
 
+def keras_api() -> ModuleType:
+    """``horovod.tensorflow.keras`` (the implementation behind `tfdist.horovod`'s Keras pieces).
+
+    Raises:
+        MissingDependencyError: Horovod (with TensorFlow support) is not importable.
+
+    Example:
+        >>> keras_api().DistributedOptimizer.__module__
+        'horovod.tensorflow.keras'
+    """
+    hvd()
+    return importlib.import_module("horovod.tensorflow.keras")
+
+
 def is_available() -> bool:
     """Whether ``horovod.tensorflow`` can be imported (imports it).
 
@@ -102,7 +118,9 @@ def init(
             environment's value (default 1 ms).
 
     Raises:
-        StrategyConfigError: Horovod is already initialised with a different value.
+        StrategyConfigError: Horovod is already initialised with a different value, or it has
+            one process while the environment says the job has several (`checks.ranks_problem`:
+            a Horovod script started by the wrong launcher).
         MissingDependencyError: Horovod is not installed.
 
     Example:
@@ -113,9 +131,12 @@ def init(
     module = hvd()
     if module.is_initialized():
         _check_unchanged(knobs)
-        return module
-    os.environ.update(knobs)
-    module.init()
+    else:
+        os.environ.update(knobs)
+        module.init()
+    problem = checks.ranks_problem(module.size(), os.environ)
+    if problem:
+        raise StrategyConfigError(problem)
     return module
 
 

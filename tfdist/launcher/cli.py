@@ -5,6 +5,7 @@ Examples::
     tfdist-launch --workers 2 train.py --epochs 3          # multi-worker, 2 processes
     tfdist-launch --ps 1 --workers 2 --evaluator train.py  # parameter server + sidecar evaluator
     tfdist-launch --strategy horovod --workers 2 train.py  # through horovodrun --gloo
+    tfdist-launch --strategy horovod --workers 2 --min-workers 1 --max-workers 2 train.py  # elastic
     tfdist-launch --dry-run --workers 2 train.py           # print each task's TF_CONFIG and command
     tfdist-launch --check                                  # what is installed
     tfdist-launch --hosts n1:2,n2:2 --workers 4 train.py   # tasks on n1, n2 (over ssh)
@@ -74,6 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="worker tasks, or Horovod ranks (env TFDIST_LAUNCH_WORKERS; default 1 for the "
         "default and mirrored strategies, which run one process, else 2)",
     )
+    job.add_argument(
+        "--min-workers", type=int, metavar="A",
+        help="horovod, elastic (hvd.elastic.run): the job goes on with as few as A ranks when "
+        "ranks die, and a rank starts again on a slot that comes back; with --max-workers")
+    job.add_argument("--max-workers", type=int, metavar="B",
+                     help="horovod, elastic: the most ranks the job grows to (slots 127.0.1.1 .. "
+                     "127.0.1.B; the hosts file the launcher names lists those in use)")
     job.add_argument("--ps", type=int, default=0, help="parameter-server tasks (default 0)")
     chief = job.add_mutually_exclusive_group()
     chief.add_argument("--chief", dest="chief", action="store_true", default=None,
@@ -216,6 +224,11 @@ def _validate(args: argparse.Namespace) -> str | None:
             math.isfinite(args.startup_timeout) and args.startup_timeout > 0):
         return (f"--startup-timeout must be a positive number of seconds. Received: "
                 f"{args.startup_timeout}. Fix: e.g. --startup-timeout 120")
+    elastic = (args.min_workers, args.max_workers) != (None, None)
+    if elastic and (args.ray is not None or args.export):
+        return ("--min-workers/--max-workers run horovodrun's elastic mode on this machine; "
+                f"{'--export' if args.export else '--ray'} cannot carry them. Fix: drop them, or "
+                "drop --ray/--export")
     if args.log_dir is not None and not args.dry_run and not args.export:
         problem = _unwritable_dir(args.log_dir)
         if problem:
@@ -244,6 +257,7 @@ def options_from_args(args: argparse.Namespace) -> JobOptions:
         startup_timeout=args.startup_timeout, preemption_grace=args.preemption_grace,
         mpi=args.mpi,
         verbose=args.verbose, script_on_all_tasks=args.script_on_all_tasks,
+        min_workers=args.min_workers, max_workers=args.max_workers,
         strategy_options={option: str(getattr(args, option))
                           for option in ("stages", "micro_batches", "schedule")
                           if getattr(args, option) is not None},

@@ -19,7 +19,7 @@ import signal
 import sys
 from types import FrameType
 
-from tfdist.errors import TaskFailedError, TaskTimeoutError
+from tfdist.errors import LaunchError, TaskFailedError, TaskTimeoutError
 from tfdist.launcher.netns import NetworkIsolationError, PrivateNetwork
 from tfdist.launcher.output import LineFilter, shown_tasks, task_filters
 from tfdist.launcher.plan import JobPlan, Placement, TaskPlan, place
@@ -62,7 +62,11 @@ def run_placement(placement: Placement) -> int:
     """
     plan = placement.plan
     filters = _output_filters(placement)
-    network = _private_network(placement)
+    try:
+        network = _private_network(placement)
+    except LaunchError:
+        placement.release()
+        raise
     group = ProcessGroup(log_dir=plan.options.log_dir, sidecar_grace=plan.options.evaluator_grace,
                          join_network=network.join if network else None)
     previous = signal.signal(signal.SIGTERM, _raise_preempted)
@@ -169,13 +173,20 @@ def _private_network(placement: Placement) -> PrivateNetwork | None:
     if not placement.private_network:
         return None
     try:
-        network = PrivateNetwork().start()
+        network = PrivateNetwork(placement.loopback_addresses).start()
     except NetworkIsolationError as err:
+        if placement.loopback_addresses:  # an elastic job's slots exist only in the namespace
+            raise LaunchError(f"{err}. An elastic job (--min-workers/--max-workers) names each "
+                              "slot by a loopback address of its private network. Fix: run "
+                              "tfdist-launch as root (CAP_SYS_ADMIN)") from err
         _log(f"warning: {err}. The job runs on this machine's network: its TF servers listen on "
              "every interface, unauthenticated. Run as root (CAP_SYS_ADMIN) to isolate it, or "
              "pass --network host to accept this and silence the warning")
         return None
     _log("tasks share a private network with only loopback (--network host to opt out)")
+    if placement.discovery is not None:
+        _log(f"elastic: slots {', '.join(placement.loopback_addresses)}; the ranks' hosts are "
+             f"listed in {placement.discovery.hosts_file} (edit it to remove or add slots)")
     return network
 
 

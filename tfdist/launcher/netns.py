@@ -8,9 +8,11 @@ only ``lo``: nothing they listen on can be reached from outside the job, not eve
 machine's own non-loopback address. Outbound network is gone too (a script that reads from
 cloud storage needs ``--network host``).
 
-How: a small holder process (``python -m tfdist.launcher.netns``) calls ``unshare(CLONE_NEWNET)``,
-brings ``lo`` up and waits; each task joins its namespace (``setns``) between fork and exec. The
-namespace disappears with the last of them. This needs ``CAP_SYS_ADMIN`` (root, as in containers
+How: a small holder process (``python -m tfdist.launcher.netns [ADDRESS...]``) calls
+``unshare(CLONE_NEWNET)``, brings ``lo`` up, adds the extra loopback addresses the job asked for
+(an elastic Horovod job names each slot by its own, `tfdist.launcher.elastic`) and waits; each
+task joins its namespace (``setns``) between fork and exec. The namespace disappears with the
+last of them. This needs ``CAP_SYS_ADMIN`` (root, as in containers
 and CI); where it is missing, `PrivateNetwork.start` raises `NetworkIsolationError` and the
 launcher says so and runs the job on the host network.
 
@@ -37,6 +39,8 @@ __all__ = ["PrivateNetwork", "NetworkIsolationError", "CLONE_NEWNET"]
 CLONE_NEWNET = 0x40000000
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _READY = "ready"
+_RTM_NEWADDR, _NLMSG_ERROR, _IFA_ADDRESS, _IFA_LOCAL, _RT_SCOPE_HOST = 20, 2, 1, 2, 254
+_NLM_F_REQUEST_ACK_CREATE = 0x1 | 0x4 | 0x400
 _START_TIMEOUT = 10.0
 
 
@@ -56,13 +60,42 @@ def _loopback_up() -> None:
         fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
 
 
-def hold() -> int:
-    """The holder process: a new network namespace with ``lo`` up, kept until stdin closes."""
+def _add_loopback_address(address: str) -> None:
+    """Adds ``address``/32 to ``lo`` (netlink ``RTM_NEWADDR``, what ``ip addr add`` sends).
+
+    Raises:
+        OSError: The kernel refused, with its errno.
+    """
+    packed = socket.inet_aton(address)
+    attrs = b"".join(struct.pack("HH", 4 + len(packed), kind) + packed
+                     for kind in (_IFA_LOCAL, _IFA_ADDRESS))
+    body = struct.pack("BBBBI", socket.AF_INET, 32, 0, _RT_SCOPE_HOST,
+                       socket.if_nametoindex("lo")) + attrs
+    message = struct.pack("IHHII", 16 + len(body), _RTM_NEWADDR, _NLM_F_REQUEST_ACK_CREATE,
+                          1, 0) + body
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
+        sock.sendto(message, (0, 0))
+        reply = sock.recv(4096)
+    kind = struct.unpack_from("H", reply, 4)[0]
+    error = -struct.unpack_from("i", reply, 16)[0] if kind == _NLMSG_ERROR else 0
+    if error:
+        raise OSError(error, f"cannot add {address} to lo: {os.strerror(error)}")
+
+
+def hold(addresses: list[str]) -> int:
+    """The holder process: a new network namespace with ``lo`` up (and ``addresses`` on it),
+    kept until stdin closes."""
     if _libc().unshare(CLONE_NEWNET) != 0:
         errno = ctypes.get_errno()
         print(f"unshare(CLONE_NEWNET) failed: {os.strerror(errno)}", flush=True)
         return 1
     _loopback_up()
+    try:
+        for address in addresses:
+            _add_loopback_address(address)
+    except OSError as err:
+        print(str(err), flush=True)
+        return 1
     print(_READY, flush=True)
     sys.stdin.read()  # the launcher holds the other end; EOF when it exits or dies
     return 0
@@ -72,9 +105,13 @@ class PrivateNetwork:
     """A network namespace with only loopback that tasks join between fork and exec.
 
     Use as a context manager; pass `join` as (part of) a child's ``preexec_fn``.
+
+    Args:
+        addresses: Extra loopback addresses (``127.0.1.1``) for ``lo`` in the namespace.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, addresses: tuple[str, ...] = ()) -> None:
+        self._addresses = addresses
         self._holder: subprocess.Popen[str] | None = None
         self.path: str | None = None
 
@@ -87,8 +124,8 @@ class PrivateNetwork:
         from tfdist.launcher.process import _die_with_parent
 
         holder = subprocess.Popen(
-            [sys.executable, "-m", "tfdist.launcher.netns"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [sys.executable, "-m", "tfdist.launcher.netns", *self._addresses],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             preexec_fn=_die_with_parent,
         )
         line = _read_line(holder.stdout, _START_TIMEOUT)
@@ -144,4 +181,4 @@ def _read_line(stream: IO[str] | None, timeout: float) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(hold())
+    sys.exit(hold(sys.argv[1:]))

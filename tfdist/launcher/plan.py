@@ -31,6 +31,14 @@ from typing import Any, Literal
 from tfdist.cluster import ClusterSpec, Task, release_ports
 from tfdist.cluster.roles import ROLES
 from tfdist.errors import StrategyConfigError, TfdistError
+from tfdist.horovod.checks import check_controller
+from tfdist.launcher.elastic import (
+    HOSTS_FILE_ENV,
+    Discovery,
+    elastic_args,
+    elastic_problem,
+    slot_addresses,
+)
 from tfdist.launcher.hosts import (
     HostOptions,
     has_remote_host,
@@ -91,6 +99,9 @@ class JobOptions:
         script_on_all_tasks: Run the script on the strategy's server roles too (ParameterServer
             ``worker`` and ``ps``), instead of ``python -m tfdist.server``: for a script that
             serves them itself, as TensorFlow's guide writes it.
+        min_workers: Elastic Horovod: the fewest ranks the job goes on with (None: not elastic;
+            `tfdist.launcher.elastic`).
+        max_workers: Elastic Horovod: the most ranks the job grows to.
     """
 
     script: str
@@ -113,6 +124,13 @@ class JobOptions:
     mpi: bool = False
     verbose: bool = False
     script_on_all_tasks: bool = False
+    min_workers: int | None = None
+    max_workers: int | None = None
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the job's size may change while it runs (``--min-workers``/``--max-workers``)."""
+        return self.min_workers is not None or self.max_workers is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,16 +227,32 @@ class Placement:
     """The processes of one run of a `JobPlan`, and the cluster they form (None: one process).
 
     Horovod ranks are started by ``horovodrun`` (the one task); they are in ``ranks`` so that
-    ``--dry-run`` shows them.
+    ``--dry-run`` shows them. An elastic job's ranks are those it starts with; its ``discovery``
+    (script and hosts file) lives until `release`, and ``--dry-run`` shows ``horovodrun`` too.
     """
 
     plan: JobPlan
     tasks: tuple[TaskPlan, ...]
     cluster: ClusterSpec | None = None
     ranks: tuple[TaskPlan, ...] = ()
+    discovery: Discovery | None = None
 
     def describe(self) -> list[dict[str, Any]]:
-        return [t.describe() for t in (self.ranks or self.tasks)]
+        lines = [t.describe() for t in (self.ranks or self.tasks)]
+        if self.discovery is not None:
+            options = self.plan.options
+            elastic = {"min_workers": options.min_workers, "max_workers": options.max_workers,
+                       "hosts_file": self.discovery.hosts_file,
+                       "slots": list(self.loopback_addresses)}
+            lines.append({**self.tasks[0].describe(), "elastic": elastic})
+        return lines
+
+    @property
+    def loopback_addresses(self) -> tuple[str, ...]:
+        """Extra loopback addresses its private network needs (an elastic job's slots)."""
+        if self.discovery is None or self.plan.options.max_workers is None:
+            return ()
+        return slot_addresses(self.plan.options.max_workers)
 
     @property
     def private_network(self) -> bool:
@@ -232,6 +266,8 @@ class Placement:
         """Releases the ports this placement holds (after its run, or when it will not run)."""
         if self.cluster is not None:
             release_ports(self.cluster.ports())
+        if self.discovery is not None:
+            self.discovery.remove()
 
 
 def plan_job(options: JobOptions, environ: Mapping[str, str] | None = None) -> JobPlan:
@@ -298,7 +334,8 @@ def layout_problem(options: JobOptions, strategy: str, traits: StrategyTraits) -
                 "already runs the script. Fix: drop --script-on-all-tasks (it is for "
                 "parameter_server scripts that serve their own worker and ps tasks)")
     problem = (_strategy_options_problem(options, strategy, traits)
-               or _mpi_problem(options, strategy, traits))
+               or _mpi_problem(options, strategy, traits)
+               or elastic_problem(options, strategy, traits))
     if problem:
         return problem
     flags = {"evaluator": "--evaluator" if options.evaluator else None,
@@ -413,6 +450,8 @@ def _horovodrun(plan: JobPlan) -> Placement:
     horovodrun stops a rank by killing its local ssh client, which alone leaves the remote
     process running.
     """
+    if plan.options.elastic:
+        return _elastic_horovodrun(plan)
     hosts, count = plan.options.hosts, plan.roles["worker"]
     env = tuple(plan.env.items())
     rank_command = plan.task_argv("worker")
@@ -425,8 +464,9 @@ def _horovodrun(plan: JobPlan) -> Placement:
             rank_command = (sys.executable, "-m", "tfdist.launcher.remote", "--", *rank_command)
     if plan.options.mpi:
         _check_mpirun()
-    controller = "--mpi" if plan.options.mpi else "--gloo"
-    runner = (horovodrun_path(), *host_args, controller, *rank_command)
+    controller = "mpi" if plan.options.mpi else "gloo"
+    check_controller(controller)
+    runner = (horovodrun_path(), *host_args, f"--{controller}", *rank_command)
     unset = ("TF_CONFIG",)
     ranks = tuple(
         TaskPlan(f"rank:{r}", Task("worker", r), host, None, rank_command, env=env,
@@ -435,3 +475,22 @@ def _horovodrun(plan: JobPlan) -> Placement:
     )
     runner_task = TaskPlan("horovodrun", None, "localhost", None, runner, env=env, unset_env=unset)
     return Placement(plan, (runner_task,), ranks=ranks)
+
+
+def _elastic_horovodrun(plan: JobPlan) -> Placement:
+    """``horovodrun`` in elastic mode: each slot a host of its own (`tfdist.launcher.elastic`)."""
+    options, count = plan.options, plan.roles["worker"]
+    assert options.min_workers is not None and options.max_workers is not None
+    check_controller("gloo")  # elastic Horovod runs on Gloo only
+    hosts = slot_addresses(count)
+    discovery = Discovery([f"{host}:1" for host in hosts])
+    env = (*plan.env.items(), (HOSTS_FILE_ENV, discovery.hosts_file))
+    rank_command = plan.task_argv("worker")
+    runner = (horovodrun_path(), "-np", str(count),
+              *elastic_args(options.min_workers, options.max_workers, discovery.script),
+              "--gloo", *rank_command)
+    unset = ("TF_CONFIG",)
+    ranks = tuple(TaskPlan(f"rank:{r}", Task("worker", r), host, None, rank_command, env=env,
+                           unset_env=unset) for r, host in enumerate(hosts))
+    runner_task = TaskPlan("horovodrun", None, "localhost", None, runner, env=env, unset_env=unset)
+    return Placement(plan, (runner_task,), ranks=ranks, discovery=discovery)

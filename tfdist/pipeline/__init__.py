@@ -3,7 +3,8 @@
 Words:
 
 * **stage**: a contiguous slice of the model's layers, held by one process (its variables exist
-  there only). Stages are numbered ``0..K-1`` from the input.
+  there only), or by one device of a process that holds them all (`local`). Stages are
+  numbered ``0..K-1`` from the input.
 * **micro-batch**: one of the ``M`` equal slices of a replica's batch that flow through the stages
   one after another, so that stages work at the same time (GPipe, arXiv 1811.06965).
 * **pipeline replica**: one copy of the whole K-stage pipeline. ``D`` replicas train on disjoint
@@ -12,7 +13,8 @@ Words:
 Modules, by concept: `partition` (where to split; pure), `schedule` (which op runs when; pure),
 `layout` (which process holds which stage; pure), `transport` (send/recv between processes over
 TensorFlow collective ops), `stage` (building only this stage's layers), `engine` (one training
-step from a schedule), `keras_model` (``model.fit`` on a stage).
+step from a schedule), `keras_model` (``model.fit`` on a stage), `local` (all stages in one
+process, one per local device, tensors handed over in-process).
 
 Example:
     >>> from tfdist.pipeline import schedule

@@ -44,9 +44,30 @@ from tfdist.pipeline.transport import (
     instance_key,
 )
 
-__all__ = ["StageEngine"]
+__all__ = ["StageEngine", "StageStep"]
 
-LossFn = Callable[[Any, Any], Any]
+LossFn = Callable[[Any, Any, Any], Any]
+
+
+@dataclasses.dataclass
+class StageStep:
+    """What one stage's step has built so far: per micro-batch tapes, inputs, outputs and losses,
+    the summed gradients, the sends to tie to the step's outputs, and the last op (``chain``)."""
+
+    call: Callable[[Any], Any]
+    variables: list[Any]
+    loss_fn: LossFn
+    rows: Any
+    xs: list[Any] | None
+    ys: list[Any] | None
+    weights: list[Any] | None
+    grads: list[Any]
+    tapes: dict[int, Any] = dataclasses.field(default_factory=dict)
+    inputs: dict[int, Any] = dataclasses.field(default_factory=dict)
+    outputs: dict[int, Any] = dataclasses.field(default_factory=dict)
+    losses: dict[int, Any] = dataclasses.field(default_factory=dict)
+    sends: list[Any] = dataclasses.field(default_factory=list)
+    chain: list[Any] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +83,9 @@ class StageEngine:
         micro_batches: M.
         schedule: ``"gpipe"`` or ``"1f1b"``.
         timeout: Seconds each transfer may wait for its peer (0: no limit).
+        connect: Makes the link ``connect(rank, peer, timeout)`` to a neighbour: `Link`
+            (collectives between processes), or an in-process mailbox's
+            (`tfdist.pipeline.local`).
     """
 
     layout: PipelineLayout
@@ -72,17 +96,18 @@ class StageEngine:
     micro_batches: int
     schedule: str = "gpipe"
     timeout: float = 0.0
+    connect: Callable[[int, int, float], Any] = Link
 
     # ----------------------------------------------------------------- links
     @property
     def previous(self) -> Link | None:
         prev = self.layout.previous
-        return None if prev is None else Link(self.layout.rank, prev, self.timeout)
+        return None if prev is None else self.connect(self.layout.rank, prev, self.timeout)
 
     @property
     def next(self) -> Link | None:
         nxt = self.layout.next
-        return None if nxt is None else Link(self.layout.rank, nxt, self.timeout)
+        return None if nxt is None else self.connect(self.layout.rank, nxt, self.timeout)
 
     def ops(self) -> schedules.Schedule:
         """This stage's schedule of one training step."""
@@ -111,6 +136,7 @@ class StageEngine:
         x: Any,
         y: Any,
         loss_fn: LossFn,
+        sample_weight: Any = None,
     ) -> tuple[Any, list[Any], list[Any]]:
         """Builds one pipelined step of this stage (inside a ``tf.function``).
 
@@ -119,7 +145,9 @@ class StageEngine:
             variables: The stage's trainable variables, in the order of the returned gradients.
             x: This replica's input rows (used by stage 0; its row count by every stage).
             y: This replica's targets (used by the last stage).
-            loss_fn: ``loss_fn(y, y_pred)`` -> the mean loss of a micro-batch (last stage).
+            loss_fn: ``loss_fn(y, y_pred, sample_weight)`` -> the mean loss of a micro-batch
+                (last stage).
+            sample_weight: This replica's sample weights, or None (used by the last stage).
 
         Returns:
             ``(loss, gradients, outputs)``: on the last stage the replica's mean loss and its
@@ -127,35 +155,44 @@ class StageEngine:
             gradients are summed over micro-batches, not yet averaged over replicas. Every send
             of the step is a control input of ``loss`` and of each gradient.
         """
-        layout, micro = self.layout, self.micro_batches
-        rows = self._micro_rows(tf.shape(x)[0])
-        xs = self._split(x) if layout.is_first else None
-        ys = self._split(y) if layout.is_last else None
-        variables = list(variables)
-        tapes: dict[int, tf.GradientTape] = {}
-        inputs: dict[int, Any] = {}
-        outputs: dict[int, Any] = {}
-        losses: dict[int, Any] = {}
-        grads: list[Any] = [None] * len(variables)
-        sends: list[Any] = []
-        chain: list[Any] = []
+        step = self.begin(call, variables, x, y, loss_fn, sample_weight)
         for op, m in self.ops():
-            with tf.control_dependencies(chain):
-                if op == schedules.FORWARD:
-                    marker = self._forward_op(call, m, rows, xs, ys, loss_fn, tapes, inputs,
-                                              outputs, losses, sends)
-                else:
-                    marker = self._backward_op(m, rows, variables, grads, tapes, inputs,
-                                               outputs, losses, sends)
-            chain = [marker]
+            self.run_op(step, op, m)
+        return self.finish(step)
+
+    def begin(self, call: Callable[[Any], Any], variables: Sequence[Any], x: Any, y: Any,
+              loss_fn: LossFn, sample_weight: Any = None) -> StageStep:
+        """The empty state of one step of this stage (see `train`'s arguments)."""
+        layout = self.layout
+        last = layout.is_last
+        return StageStep(
+            call=call, variables=list(variables), loss_fn=loss_fn,
+            rows=self._micro_rows(tf.shape(x)[0]),
+            xs=self._split(x) if layout.is_first else None,
+            ys=self._split(y) if last else None,
+            weights=self._split(sample_weight) if last and sample_weight is not None else None,
+            grads=[None] * len(variables))
+
+    def run_op(self, step: StageStep, op: str, m: int) -> None:
+        """Builds one ``(op, micro_batch)`` of the schedule, after the stage's previous op."""
+        with tf.control_dependencies(step.chain):
+            if op == schedules.FORWARD:
+                marker = self._forward_op(step, m)
+            else:
+                marker = self._backward_op(step, m)
+        step.chain = [marker]
+
+    def finish(self, step: StageStep) -> tuple[Any, list[Any], list[Any]]:
+        """``train``'s result from a step whose schedule has been built."""
+        layout, micro = self.layout, self.micro_batches
         grads = [tf.zeros_like(v) if g is None else g
-                 for g, v in zip(grads, variables, strict=True)]
-        with tf.control_dependencies(sends + chain):
+                 for g, v in zip(step.grads, step.variables, strict=True)]
+        with tf.control_dependencies(step.sends + step.chain):
             grads = [tf.identity(g) for g in grads]
-            loss = tf.add_n([losses[m] for m in range(micro)]) if layout.is_last else None
+            loss = tf.add_n([step.losses[m] for m in range(micro)]) if layout.is_last else None
             if loss is not None:
                 loss = tf.identity(loss)
-        ordered = [outputs[m] for m in range(micro)] if layout.is_last else []
+        ordered = [step.outputs[m] for m in range(micro)] if layout.is_last else []
         return loss, grads, ordered
 
     def _input(self, m: int, rows: Any, xs: list[Any] | None, phase: int) -> Any:
@@ -165,32 +202,33 @@ class StageEngine:
         return self.previous.recv(self._shape(rows, self.input_shape),  # type: ignore[union-attr]
                                   self.input_dtype, ACTIVATION, m, phase=phase)
 
-    def _forward_op(self, call, m, rows, xs, ys, loss_fn, tapes, inputs, outputs, losses, sends):
+    def _forward_op(self, step: StageStep, m: int) -> Any:
         layout = self.layout
-        inp = self._input(m, rows, xs, TRAIN)
+        inp = self._input(m, step.rows, step.xs, TRAIN)
         tape = tf.GradientTape(persistent=False)
         with tape:
             if not layout.is_first:
                 tape.watch(inp)
-            out = call(inp)
+            out = step.call(inp)
             if layout.is_last:
-                losses[m] = loss_fn(ys[m], out) / self.micro_batches
-        tapes[m], inputs[m], outputs[m] = tape, inp, out
+                weight = None if step.weights is None else step.weights[m]
+                step.losses[m] = step.loss_fn(step.ys[m], out, weight) / self.micro_batches
+        step.tapes[m], step.inputs[m], step.outputs[m] = tape, inp, out
         if layout.is_last:
-            return losses[m]
-        sends.append(self.next.send(out, ACTIVATION, m))  # type: ignore[union-attr]
+            return step.losses[m]
+        step.sends.append(self.next.send(out, ACTIVATION, m))  # type: ignore[union-attr]
         return out
 
-    def _backward_op(self, m, rows, variables, grads, tapes, inputs, outputs, losses, sends):
-        layout = self.layout
-        sources = variables if layout.is_first else [*variables, inputs[m]]
-        tape = tapes.pop(m)
+    def _backward_op(self, step: StageStep, m: int) -> Any:
+        layout, variables, grads = self.layout, step.variables, step.grads
+        sources = variables if layout.is_first else [*variables, step.inputs[m]]
+        tape = step.tapes.pop(m)
         if layout.is_last:
-            result = tape.gradient(losses[m], sources)
+            result = tape.gradient(step.losses[m], sources)
         else:
-            upstream = self.next.recv(self._shape(rows, self.output_shape),  # type: ignore[union-attr]
-                                      self.output_dtype, GRADIENT, m)
-            result = tape.gradient(outputs[m], sources, output_gradients=upstream)
+            upstream = self.next.recv(  # type: ignore[union-attr]
+                self._shape(step.rows, self.output_shape), self.output_dtype, GRADIENT, m)
+            result = tape.gradient(step.outputs[m], sources, output_gradients=upstream)
         for i, g in enumerate(result[:len(variables)]):
             if g is not None:
                 g = tf.convert_to_tensor(g)
@@ -199,7 +237,7 @@ class StageEngine:
             done = [g for g in grads if g is not None]
             return tf.group(done) if done else tf.no_op()
         back = result[-1]
-        sends.append(self.previous.send(back, GRADIENT, m))  # type: ignore[union-attr]
+        step.sends.append(self.previous.send(back, GRADIENT, m))  # type: ignore[union-attr]
         return back
 
     def forward(self, call: Callable[[Any], Any], x: Any, phase: int = EVALUATE) -> list[Any]:

@@ -26,7 +26,8 @@ from tfdist.errors import StrategyConfigError, format_error
 from tfdist.pipeline.engine import StageEngine
 from tfdist.pipeline.transport import EVALUATE, METRICS, PREDICT, TRAIN
 
-__all__ = ["stage_model_class", "resolve_metric", "mean_loss", "apply_step"]
+__all__ = ["stage_model_class", "local_stages_model", "resolve_metric", "mean_loss",
+           "apply_step"]
 
 _ACCURACY_BY_LOSS = {
     "sparse_categorical_crossentropy": "SparseCategoricalAccuracy",
@@ -41,48 +42,93 @@ def _loss_name(loss: Any) -> str:
     return str(name)
 
 
-def resolve_metric(keras: Any, metric: Any, loss: Any) -> Any:
-    """A metric object for ``metric`` as ``compile`` would pick it (``"accuracy"`` by the loss).
+def resolve_metric(keras: Any, metric: Any, loss: Any, prefix: str = "") -> Any:
+    """A metric object for ``metric`` as ``compile`` would pick it (``"accuracy"`` by the loss);
+    a metric named by a string gets ``prefix`` before its name (compile's ``weighted_``).
 
     Example:
         >>> keras = compat.get_keras()
         >>> type(resolve_metric(keras, "accuracy", "sparse_categorical_crossentropy")).__name__
         'SparseCategoricalAccuracy'
     """
+    name = f"{prefix}{metric}"
     if isinstance(metric, str) and metric in ("accuracy", "acc"):
         cls = _ACCURACY_BY_LOSS.get(_loss_name(loss), "Accuracy")
-        return getattr(keras.metrics, cls)(name=metric)
+        return getattr(keras.metrics, cls)(name=name)
     if isinstance(metric, str):  # named as given, as compile names it ("mae", not its class)
         resolved = keras.metrics.get(metric)
         if isinstance(resolved, type):
-            return resolved(name=metric)
+            return resolved(name=name)
         if not hasattr(resolved, "update_state"):
-            return keras.metrics.MeanMetricWrapper(resolved, name=metric)
-        return type(resolved).from_config({**resolved.get_config(), "name": metric})
+            return keras.metrics.MeanMetricWrapper(resolved, name=name)
+        return type(resolved).from_config({**resolved.get_config(), "name": name})
     return metric
+
+
+def _same_rank(weight: Any, values: Any) -> Any:
+    """Sample weights shaped like the per-sample losses, as Keras squeezes or expands them."""
+    if weight.shape.rank == values.shape.rank + 1 and weight.shape[-1] == 1:
+        return tf.squeeze(weight, -1)
+    if weight.shape.rank == values.shape.rank - 1:
+        return tf.expand_dims(weight, -1)
+    return weight
 
 
 def mean_loss(loss_fn: Any) -> Any:
     """``loss_fn`` reduced to one mean over the batch (what ``compile``'s loss reports).
 
-    A Loss object is called through its unreduced ``call``: tf-keras refuses its own default
-    reduction inside a distribution strategy (the pipeline's ``fit`` runs in one).
+    The result takes optional sample weights: ``sum(loss_i * w_i) / rows``, as both Kerases'
+    default reduction. A sum over rows divided by the row count: the micro-batches' losses,
+    each over its rows and divided by M, add up to the batch's. A Loss object is called through
+    its unreduced ``call``: tf-keras refuses its own default reduction inside a distribution
+    strategy (the pipeline's ``fit`` runs in one).
     """
     per_sample = loss_fn.call if hasattr(loss_fn, "reduction") and hasattr(loss_fn, "call") \
         else loss_fn
-    return lambda y, y_pred: tf.reduce_mean(per_sample(y, y_pred))
+
+    def reduced(y: Any, y_pred: Any, sample_weight: Any = None) -> Any:
+        values = per_sample(y, y_pred)
+        if sample_weight is None:
+            return tf.reduce_mean(values)
+        values = values * _same_rank(tf.cast(sample_weight, values.dtype), values)
+        return tf.reduce_sum(values) / tf.cast(tf.size(values), values.dtype)
+
+    return reduced
 
 
-def apply_step(model: Any, engine: StageEngine, optimizer: Any, x: Any, y: Any,
-               loss: Any) -> tuple[Any, list[Any]]:
-    """One training step of a stage on its replica's rows ``x``, ``y`` (inside a tf.function):
-    the schedule, the gradients averaged over replicas, one update. Returns the engine's
-    ``(loss, outputs)`` (both only on the last stage)."""
+def apply_step(model: Any, engine: Any, optimizer: Any, x: Any, y: Any, loss: Any,
+               sample_weight: Any = None) -> tuple[Any, list[Any]]:
+    """One training step of a stage model (or of all stages of a process) on its replica's rows
+    ``x``, ``y`` (inside a tf.function): the schedule, the gradients averaged over replicas,
+    one update. Returns the engine's ``(loss, outputs)`` (both only on the last stage)."""
     variables = list(model.trainable_variables)
-    total, grads, outs = engine.train(
-        lambda a: model(a, training=True), variables, x, y, loss)
+    total, grads, outs = engine.train(model.stage_calls(training=True), model.stage_variables(),
+                                      x, y, loss, sample_weight)
     optimizer.apply_gradients(zip(engine.average_over_replicas(grads), variables, strict=True))
     return total, outs
+
+
+def _resolve_metrics(keras: Any, metrics: Any, weighted_metrics: Any,
+                     loss: Any) -> list[tuple[Any, bool]]:
+    """``(metric object, weighted)`` for ``metrics`` then ``weighted_metrics``, named as
+    ``compile`` names them (a weighted metric whose name is taken gets ``weighted_``)."""
+    for given, arg in ((metrics, "metrics"), (weighted_metrics, "weighted_metrics")):
+        if isinstance(given, dict):
+            raise StrategyConfigError(format_error(
+                "Per-output metrics do not apply: a pipeline model has one output.",
+                received=f"{arg}={given!r}", expected="a list of metrics",
+                fix=f"pass {arg}=[...]"))
+    real = [(resolve_metric(keras, m, loss), False) for m in metrics or []]
+    taken = {m.name for m, _ in real}
+    for metric in weighted_metrics or []:
+        prefix = "weighted_" if isinstance(metric, str) and metric in taken else ""
+        real.append((resolve_metric(keras, metric, loss, prefix), True))
+    names = [m.name for m, _ in real]
+    if len(set(names)) != len(names) or "loss" in names:
+        raise StrategyConfigError(format_error(
+            "Metric names must be distinct and not 'loss'.", received=f"{names}",
+            expected="distinct names", fix="give the metrics distinct name= arguments"))
+    return real
 
 
 class _StageModelMixin:
@@ -90,6 +136,14 @@ class _StageModelMixin:
 
     _engine: StageEngine
     _pipeline: Any  # tfdist.strategies.pipeline.PipelineStrategy
+
+    def stage_calls(self, training: bool) -> Any:
+        """What the engine runs on a micro-batch: this model."""
+        return lambda a: self(a, training=training)  # type: ignore[operator]
+
+    def stage_variables(self) -> Any:
+        """The variables the engine differentiates, in ``trainable_variables`` order."""
+        return list(self.trainable_variables)  # type: ignore[attr-defined]
 
     def _init_pipeline(self, engine: StageEngine, strategy: Any) -> None:
         self._engine = engine
@@ -101,32 +155,20 @@ class _StageModelMixin:
 
     # ------------------------------------------------------------ compile
     def compile(self, optimizer: Any = "rmsprop", loss: Any = None, metrics: Any = None,
-                **kwargs: Any) -> None:
-        """Like ``Model.compile``; ``loss`` and ``metrics`` are the whole model's."""
+                weighted_metrics: Any = None, **kwargs: Any) -> None:
+        """Like ``Model.compile``; ``loss`` and the metrics are the whole model's. As in Keras,
+        sample weights weigh the loss and ``weighted_metrics``, not ``metrics``."""
         keras = compat.get_keras(compat.flavour_of(self))
         if loss is None:
             raise StrategyConfigError(format_error(
                 "A pipeline stage needs the model's loss in compile().", received="loss=None",
                 expected="compile(optimizer, loss=..., metrics=[...])",
                 fix="pass the loss you would give the whole model"))
-        if isinstance(metrics, dict):
-            raise StrategyConfigError(format_error(
-                "Per-output metrics do not apply: a pipeline model has one output.",
-                received=f"metrics={metrics!r}", expected="a list of metrics",
-                fix="pass metrics=[...]"))
         self._pipeline_loss = mean_loss(keras.losses.get(loss))
-        names, real = [], []
-        for metric in metrics or []:
-            obj = resolve_metric(keras, metric, loss)
-            real.append(obj)
-            names.append(obj.name)
-        if len(set(names)) != len(names) or "loss" in names:
-            raise StrategyConfigError(format_error(
-                "Metric names must be distinct and not 'loss'.", received=f"{names}",
-                expected="distinct names", fix="give the metrics distinct name= arguments"))
+        real = _resolve_metrics(keras, metrics, weighted_metrics, loss)
         self._pipeline_real_metrics = real if self._engine.layout.is_last else []
         self._pipeline_tracker = keras.metrics.Mean(name="loss")
-        self._pipeline_mirrors = [keras.metrics.Mean(name=name) for name in names]
+        self._pipeline_mirrors = [keras.metrics.Mean(name=m.name) for m, _ in real]
         super().compile(optimizer=optimizer, **kwargs)  # type: ignore[misc]
 
     @property
@@ -137,7 +179,7 @@ class _StageModelMixin:
 
     def reset_metrics(self) -> None:
         super().reset_metrics()  # type: ignore[misc]
-        for metric in self._pipeline_real_metrics:
+        for metric, _ in self._pipeline_real_metrics:
             metric.reset_state()
 
     # ------------------------------------------------------------ entry points
@@ -171,36 +213,31 @@ class _StageModelMixin:
         return super().predict(x, batch_size, *args, **kwargs)  # type: ignore[misc]
 
     # ------------------------------------------------------------ steps
-    def _unpack(self, data: Any, by_replica: bool = True) -> tuple[Any, Any]:
-        """``(x, y)`` of a batch: this replica's rows when training (``by_replica``); every row
-        for evaluate and predict, which each replica runs whole (their results then need no
-        gathering)."""
+    def _unpack(self, data: Any, by_replica: bool = True) -> tuple[Any, Any, Any]:
+        """``(x, y, sample_weight)`` of a batch: this replica's rows when training
+        (``by_replica``); every row for evaluate and predict, which each replica runs whole
+        (their results then need no gathering)."""
+        x, y, weight = data, None, None
         if isinstance(data, (tuple, list)):
-            if len(data) > 2 and data[2] is not None:
-                raise StrategyConfigError(format_error(
-                    "Sample weights are not supported by the pipeline strategy.",
-                    received="(x, y, sample_weight) batches", expected="(x, y) batches",
-                    fix="fold the weights into the loss, or drop them"))
             x = data[0]
             y = data[1] if len(data) > 1 else None
-        else:
-            x, y = data, None
+            weight = data[2] if len(data) > 2 else None
         engine = self._engine
         self._pipeline.check_batch(x)
         if not by_replica:
-            return x, y
-        return engine.replica_rows(x), engine.replica_rows(y)
+            return x, y, weight
+        return engine.replica_rows(x), engine.replica_rows(y), engine.replica_rows(weight)
 
-    def _shared_logs(self, loss: Any | None, y: Any, y_pred: Any,
+    def _shared_logs(self, loss: Any | None, y: Any, y_pred: Any, sample_weight: Any = None,
                      phase: int = TRAIN) -> dict[str, Any]:
         """Updates the last stage's metrics; shares loss and metric values with every stage."""
         engine = self._engine
         if engine.layout.is_last:
-            for metric in self._pipeline_real_metrics:
-                metric.update_state(y, y_pred)
+            for metric, weighted in self._pipeline_real_metrics:
+                metric.update_state(y, y_pred, sample_weight=sample_weight if weighted else None)
             values = tf.stack([tf.cast(loss, tf.float32),
                                *[tf.cast(m.result(), tf.float32)
-                                 for m in self._pipeline_real_metrics]])
+                                 for m, _ in self._pipeline_real_metrics]])
             values = engine.average_over_replicas([values], kind=METRICS, phase=phase)[0]
         else:
             values = None
@@ -216,26 +253,27 @@ class _StageModelMixin:
         return logs
 
     def train_step(self, data: Any) -> dict[str, Any]:
-        x, y = self._unpack(data)
-        loss, outs = apply_step(self, self._engine, self.optimizer, x, y, self._pipeline_loss)
+        x, y, weight = self._unpack(data)
+        loss, outs = apply_step(self, self._engine, self.optimizer, x, y, self._pipeline_loss,
+                                weight)
         y_pred = tf.concat(outs, axis=0) if outs else None
-        return self._shared_logs(loss, y, y_pred)
+        return self._shared_logs(loss, y, y_pred, weight)
 
     def test_step(self, data: Any) -> dict[str, Any]:
-        x, y = self._unpack(data, by_replica=False)
+        x, y, weight = self._unpack(data, by_replica=False)
         engine = self._engine
-        outs = engine.forward(lambda a: self(a, training=False), x, EVALUATE)
+        outs = engine.forward(self.stage_calls(training=False), x, EVALUATE)
         if engine.layout.is_last:
             y_pred = tf.concat(outs, axis=0)
-            loss = self._pipeline_loss(y, y_pred)
-            return self._shared_logs(loss, y, y_pred, EVALUATE)
+            loss = self._pipeline_loss(y, y_pred, weight)
+            return self._shared_logs(loss, y, y_pred, weight, EVALUATE)
         with tf.control_dependencies(outs):  # this stage's sends
-            return self._shared_logs(None, y, None, EVALUATE)
+            return self._shared_logs(None, y, None, weight, EVALUATE)
 
     def predict_step(self, data: Any) -> Any:
-        x, _ = self._unpack(data, by_replica=False)
+        x, _, _ = self._unpack(data, by_replica=False)
         engine = self._engine
-        outs = engine.forward(lambda a: self(a, training=False), x, PREDICT)
+        outs = engine.forward(self.stage_calls(training=False), x, PREDICT)
         spec = self._pipeline.spec
         if engine.layout.is_last:
             return engine.share(tf.concat(outs, axis=0), None, spec.dtypes[-1], 1, PREDICT)
@@ -258,8 +296,66 @@ class _StageModelMixin:
             whole.save(filepath, *args, **kwargs)
 
 
+class _LocalStagesMixin(_StageModelMixin):
+    """All stages of a pipeline in one process (`tfdist.pipeline.local`): a model whose layers
+    are the stage models, each on its device, and whose steps run every stage's schedule."""
+
+    pipeline_stages: list[Any]
+    pipeline_devices: tuple[str, ...]
+
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """Like the stage model's; builds the optimizer now, eagerly: its slots then sit with
+        their variables, on each stage's device (built inside ``fit``, they would not)."""
+        super().compile(*args, **kwargs)
+        self.optimizer.build(self.trainable_variables)  # type: ignore[attr-defined]
+
+    def get_weights(self) -> list[Any]:
+        """The stages' weights in the whole model's order (tf-keras would add the metrics')."""
+        return [w for stage in self.pipeline_stages for w in stage.get_weights()]
+
+    def set_weights(self, weights: Any) -> None:
+        weights = list(weights)
+        for stage in self.pipeline_stages:
+            count = len(stage.weights)
+            stage.set_weights(weights[:count])
+            weights = weights[count:]
+
+    def call(self, inputs: Any, training: Any = None) -> Any:
+        for stage, device in zip(self.pipeline_stages, self.pipeline_devices, strict=True):
+            with tf.device(device):
+                inputs = stage(inputs, training=training)
+        return inputs
+
+    def stage_calls(self, training: bool) -> Any:
+        """One call per stage."""
+        return [functools.partial(stage, training=training) for stage in self.pipeline_stages]
+
+    def stage_variables(self) -> Any:
+        """Each stage's trainable variables (in stage order they are ``trainable_variables``)."""
+        return [list(stage.trainable_variables) for stage in self.pipeline_stages]
+
+
 @functools.cache
 def stage_model_class(flavour: str) -> type:
     """The stage model class for Keras ``flavour``: ``_StageModelMixin`` over its Sequential."""
     keras = compat.get_keras(flavour)  # type: ignore[arg-type]
     return type("PipelineStageModel", (_StageModelMixin, keras.Sequential), {})
+
+
+def local_stages_model(flavour: str, stages: list[Any], devices: tuple[str, ...],
+                       name: str) -> Any:
+    """A model holding ``stages`` (built stage models, stage ``k`` on ``devices[k]``) whose
+    steps run all K schedules in this process; call ``_init_pipeline`` on it next."""
+    model = _local_model_class(flavour)(name=name)
+    model.pipeline_stages = list(stages)
+    model.pipeline_devices = tuple(devices)
+    # Its stages are built; Keras 3's build() would also lock the model's state, and compile
+    # still adds the pipeline's metrics.
+    model.built = True
+    return model
+
+
+@functools.cache
+def _local_model_class(flavour: str) -> type:
+    keras = compat.get_keras(flavour)  # type: ignore[arg-type]
+    return type("PipelineLocalModel", (_LocalStagesMixin, keras.Model), {})

@@ -15,6 +15,8 @@ Keras's own callback is multi-worker aware only in tf-keras, and only for the st
   restores the same state. A rank that died before writing its last backup would resume one
   epoch behind the others: ranks must be restarted together, which is what
   ``tfdist-launch --max-restarts`` does.
+* The pipeline keeps per-rank backups too (each stage holds different weights). A rank is the
+  process's ``worker_index``: with ``--chief``, chief:0 is rank 0 and worker:i rank i+1.
 
 Saving on SIGTERM (`tfdist.preemption`), where the strategy's ``preemption_saves`` says so
 (MultiWorkerMirrored, tf-keras): tf-keras can save at the step a worker is in through TF's
@@ -80,8 +82,8 @@ def backup_callback(
     directory = os.fspath(directory)
     preempt = _preemption_wanted(strategy, save_before_preemption)
     per_rank = bool(getattr(strategy, "per_rank_backups", False))
-    if per_rank:
-        directory = os.path.join(directory, f"rank-{strategy.task_index}")
+    if per_rank:  # worker_index: chief 0, then the workers (task_index repeats across roles)
+        directory = os.path.join(directory, f"rank-{strategy.worker_index}")
     keras = compat.get_keras()
     if compat.keras_flavour() == "keras3":
         if strategy.is_chief or per_rank:

@@ -39,10 +39,15 @@ import tensorflow as tf
 from tfdist import compat
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.options import check_positive_number
-from tfdist.pipeline import partition, stage, transport
+from tfdist.pipeline import local, partition, stage, transport
 from tfdist.pipeline import schedule as schedules
 from tfdist.pipeline.engine import StageEngine
-from tfdist.pipeline.keras_model import apply_step, mean_loss, stage_model_class
+from tfdist.pipeline.keras_model import (
+    apply_step,
+    local_stages_model,
+    mean_loss,
+    stage_model_class,
+)
 from tfdist.pipeline.layout import PipelineLayout, check_processes
 from tfdist.strategies import traits as builtin
 from tfdist.strategies.base import TfdistStrategyMixin
@@ -107,10 +112,13 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
             then ends the job through the launcher).
         startup_timeout_seconds: Deadline for all processes to join (see `MultiWorkerMirrored`).
         tf_config: The TF_CONFIG to use instead of the environment's.
+        devices: One local device per stage, to hold all K stages in this one process
+            (``["/gpu:0", "/gpu:1"]``). None: in a single process with K > 1, the first K GPUs,
+            else the first K logical CPUs; in a multi-process job, one stage per process.
 
     Raises:
-        StrategyConfigError: bad stages/micro-batches/schedule, or a process count that is not
-            a multiple of K (raised before any waiting).
+        StrategyConfigError: bad stages/micro-batches/schedule/devices, or a process count that
+            is not a multiple of K (raised before any waiting).
 
     Example:
         >>> strategy = PipelineStrategy()   # one process: one stage, a plain model
@@ -132,6 +140,7 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         timeout_seconds: float | None = None,
         startup_timeout_seconds: float | None = None,
         tf_config: str | Mapping[str, Any] | None = None,
+        devices: Sequence[str] | None = None,
     ) -> None:
         self.stages = partition.check_stages(_from_env(STAGES_ENV, stages, 1, int))
         self.micro_batches = partition.check_micro_batches(
@@ -156,15 +165,10 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
             cluster, task = self._read_cluster(tf_config)
             processes = max(1, len(cluster.chief) + len(cluster.worker))
             rank = 0 if task.type == "chief" else len(cluster.chief) + task.index
-        if processes == 1 and self.stages > 1:
-            raise StrategyConfigError(format_error(
-                f"{self.stages} pipeline stages need {self.stages} processes (one per stage).",
-                received=f"stages={self.stages} in a single process",
-                expected="a job of D x K worker processes",
-                fix=f"tfdist-launch --strategy pipeline --stages {self.stages} "
-                f"--workers {self.stages} train.py"))
-        check_processes(processes, self.stages)
-        self.layout = PipelineLayout(processes=processes, stages=self.stages, rank=rank)
+        self.devices = local.resolve_devices(devices, self.stages, processes)
+        held = 1 if self.devices else self.stages  # stages per process in the layout
+        check_processes(processes, held)
+        self.layout = PipelineLayout(processes=processes, stages=held, rank=rank)
         if processes > 1:
             with startup_deadline(deadline, cluster, task, f"PipelineStrategy on {task}"):
                 transport.enable_collectives(cluster, task)
@@ -207,6 +211,9 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
             'pipeline: stage 0 of 1, replica 0 of 1, 1 micro-batch(es), gpipe, chief'
         """
         chief = ", chief" if self.is_chief else ""
+        if self.devices:
+            return (f"pipeline: {self.stages} stages on {', '.join(self.devices)}, "
+                    f"{self.micro_batches} micro-batch(es), {self.schedule}{chief}")
         return (f"pipeline: stage {self.layout.stage} of {self.stages}, replica "
                 f"{self.layout.replica} of {self.layout.replicas}, {self.micro_batches} "
                 f"micro-batch(es), {self.schedule}{chief}")
@@ -236,32 +243,63 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         """
         spec, bounds = self.plan_stages(model_or_fn)
         self.spec, self.bounds = spec, bounds
-        k = self.layout.stage
-        start, stop = bounds[k], bounds[k + 1]
-        engine = StageEngine(
-            layout=self.layout, input_shape=spec.shapes[start], input_dtype=spec.dtypes[start],
-            output_shape=spec.shapes[stop], output_dtype=spec.dtypes[stop],
-            micro_batches=self.micro_batches, schedule=self.schedule, timeout=self.timeout)
-        with self.scope():
-            model = stage.build_stage(spec, bounds, k, cls=stage_model_class(spec.flavour))
-        model._init_pipeline(engine, self)  # noqa: SLF001
+        if self.devices:
+            model = self._build_local_stages(spec, bounds)
+        else:
+            k = self.layout.stage
+            with self.scope():
+                model = stage.build_stage(spec, bounds, k, cls=stage_model_class(spec.flavour))
+            model._init_pipeline(self._engine(self.layout), self)  # noqa: SLF001
+        first, last = self._held_stages()
         if hasattr(model_or_fn, "layers"):
-            model.set_weights(stage.stage_weights(model_or_fn, spec, bounds, k))
+            model.set_weights([w for k in range(first, last + 1)
+                               for w in stage.stage_weights(model_or_fn, spec, bounds, k)])
         elif self.layout.replicas > 1:
             self._broadcast_from_first_replica(model)
         held = stage.weights_nbytes(model.weights)
         _log.info("pipeline %s: layers %s..%s, %.2f MB of %.2f MB parameters (%.0f%%)",
-                  self.describe(), spec.names[start], spec.names[stop - 1], held / 1e6,
-                  spec.total_param_bytes / 1e6,
+                  self.describe(), spec.names[bounds[first]], spec.names[bounds[last + 1] - 1],
+                  held / 1e6, spec.total_param_bytes / 1e6,
                   100.0 * held / max(1, spec.total_param_bytes))
         return model
 
+    def _engine(self, layout: PipelineLayout) -> StageEngine:
+        """The engine of ``layout.stage`` (its boundary shapes from the split model)."""
+        assert self.spec is not None and self.bounds is not None
+        spec, start, stop = self.spec, self.bounds[layout.stage], self.bounds[layout.stage + 1]
+        return StageEngine(
+            layout=layout, input_shape=spec.shapes[start], input_dtype=spec.dtypes[start],
+            output_shape=spec.shapes[stop], output_dtype=spec.dtypes[stop],
+            micro_batches=self.micro_batches, schedule=self.schedule, timeout=self.timeout)
+
+    def _held_stages(self) -> tuple[int, int]:
+        """The first and last stage this process holds."""
+        if self.devices:
+            return 0, self.stages - 1
+        return self.layout.stage, self.layout.stage
+
+    def _build_local_stages(self, spec: stage.ModelSpec, bounds: tuple[int, ...]) -> Any:
+        """Every stage in this process, stage k's variables on ``devices[k]`` (outside this
+        strategy's scope, whose one device would hold them all)."""
+        stages = []
+        for k, device in enumerate(self.devices):
+            with tf.device(device):
+                stages.append(stage.build_stage(spec, bounds, k))
+        local.check_placement([s.weights for s in stages], self.devices)
+        model = local_stages_model(spec.flavour, stages, self.devices, spec.name)
+        engines = tuple(self._engine(PipelineLayout(self.stages, self.stages, k))
+                        for k in range(self.stages))
+        model._init_pipeline(local.LocalPipeline(engines, self.devices), self)  # noqa: SLF001
+        return model
+
     def train_step(self, model: Any, loss: Any, optimizer: Any) -> Any:
-        """The custom-loop path: a ``tf.function`` ``step(x, y) -> loss`` of one pipelined step.
+        """The custom-loop path: a ``tf.function`` ``step(x, y, sample_weight=None) -> loss`` of
+        one pipelined step.
 
         Every process calls ``step`` with the same global batch; stage 0 reads ``x``, the last
-        stage ``y``; each stage applies its own gradients with ``optimizer``; the returned loss
-        (the whole model's mean over the global batch) is the same on every process.
+        stage ``y`` (and the sample weights); each stage applies its own gradients with
+        ``optimizer``; the returned loss (the whole model's mean over the global batch, weighted
+        as Keras weighs it) is the same on every process.
 
         Args:
             model: This process's stage, from `build_model`.
@@ -280,13 +318,14 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         """
         keras = compat.get_keras(compat.flavour_of(model))
         loss_fn = mean_loss(keras.losses.get(loss))
-        engine: StageEngine = model._engine  # noqa: SLF001
+        engine = model._engine  # noqa: SLF001
 
         @tf.function
-        def step(x: Any, y: Any) -> Any:
+        def step(x: Any, y: Any, sample_weight: Any = None) -> Any:
             self.check_batch(x)
             total, _ = apply_step(model, engine, optimizer, engine.replica_rows(x),
-                                  engine.replica_rows(y), loss_fn)
+                                  engine.replica_rows(y), loss_fn,
+                                  engine.replica_rows(sample_weight))
             value = None
             if engine.layout.is_last:
                 value = engine.average_over_replicas(
@@ -301,10 +340,11 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
             raise StrategyConfigError(format_error(
                 "No model yet.", received="stage_report() before build_model()",
                 expected="build_model() first", fix="call strategy.build_model(...)"))
-        k = self.layout.stage
-        start, stop = self.bounds[k], self.bounds[k + 1]
+        k, last = self._held_stages()
+        start, stop = self.bounds[k], self.bounds[last + 1]
         return {
             "stage": k, "stages": self.stages, "replica": self.layout.replica,
+            "devices": list(self.devices),
             "layers": list(self.spec.names[start:stop]),
             "param_bytes": int(sum(self.spec.param_bytes[start:stop])),
             "model_param_bytes": self.spec.total_param_bytes,

@@ -89,6 +89,8 @@ class StrategyTraits:
         env: Variables every task of the job needs (beside `STRATEGY_ENV` and TF_CONFIG).
         launch_options: Launcher options the strategy takes (``--stages``), each with the
             variable that carries it to the tasks.
+        elastic: Whether a running job can change its number of tasks (``--min-workers``,
+            ``--max-workers``: Horovod's elastic mode, `tfdist.launcher.elastic`).
 
     Example:
         >>> PARAMETER_SERVER.task_kind("ps"), PARAMETER_SERVER.task_kind("chief")
@@ -109,6 +111,7 @@ class StrategyTraits:
     keras_unsupported: str = ""
     env: Mapping[str, str] = dataclasses.field(default_factory=_no_entries)
     launch_options: Mapping[str, str] = dataclasses.field(default_factory=_no_entries)
+    elastic: bool = False
 
     @property
     def single_process(self) -> bool:
@@ -200,7 +203,7 @@ PARAMETER_SERVER = StrategyTraits(
 """Both Kerases: tf-keras's ``model.fit`` drives the coordinator; Keras 3's cannot (keras#18624),
 so `tfdist.fit` runs its steps through a ``ClusterCoordinator`` (`tfdist.training`)."""
 
-HOROVOD = StrategyTraits(launch="ranks", roles=("worker",))
+HOROVOD = StrategyTraits(launch="ranks", roles=("worker",), elastic=True)
 
 PIPELINE = StrategyTraits(
     roles=("chief", "worker"),

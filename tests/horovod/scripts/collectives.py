@@ -1,5 +1,8 @@
 """The collectives of `tfdist.horovod.ops` and `HorovodStrategy`, under ``horovodrun -np 2``.
 
+Also Horovod's ``broadcast_variables`` (tf and Keras variables) and tfdist's binding of Horovod's
+metric-average callback (a non-numeric log entry is left alone).
+
 Rank r contributes values built from r; each rank reports what it got back.
 """
 
@@ -27,7 +30,7 @@ def plain_ops(rank: int) -> dict:
     out["gather1"] = ops.allgather(tf.constant([[rank, rank]]), axis=1).numpy().tolist()
     keras = get_keras()
     variables = [tf.Variable([rank + 5.0]), keras.Variable(float(rank + 7))]
-    out["broadcast_count"] = ops.broadcast_variables(variables, root_rank=1)
+    thvd.init().broadcast_variables(variables, root_rank=1)  # Horovod's, on Keras 3 variables too
     out["broadcast"] = [float(tf.reduce_sum(tf.convert_to_tensor(v))) for v in variables]
     logs = {"loss": float(rank), "accuracy": 2.0 * rank, "note": "x"}
     thvd.MetricAverageCallback().on_epoch_end(0, logs)

@@ -1,14 +1,16 @@
 """One process of a pipeline job (D replicas x K stages): trains a deep MLP split into stages with
 ``model.fit`` and reports the reassembled weights, and the single-process reference.
 
-Args: ``steps micro_batches schedule [--sabotage] [--save DIR] [--custom-loop]``. Every process
+Args: ``steps micro_batches schedule [--sabotage] [--save DIR] [--custom-loop]
+[--sample-weight]``. Every process
 builds the whole model once with a fixed seed (so the stages start from the reference's weights),
 takes its stage with ``strategy.build_model(model)``, and fits ``steps`` global batches of
 ``GLOBAL`` rows (or runs ``strategy.train_step`` on them: ``--custom-loop``). The chief then
 computes, in one process: the reference (the whole model fitted on the same global batches) and a
 control that trains on the first half of each global batch only (a pipeline that lost
 micro-batches or replicas would look like it). ``--sabotage`` zeroes every gradient sent back
-between stages: the parity check must then fail.
+between stages: the parity check must then fail. ``--sample-weight`` fits ``(x, y,
+sample_weight)`` (the reference and the control too).
 """
 
 from __future__ import annotations
@@ -56,11 +58,12 @@ def sabotage_gradient_sends():
     transport.Link.send = zero_gradients
 
 
-def fitted(keras, initial, x, y, batch):
+def fitted(keras, initial, x, y, batch, weight=None):
     model = build(keras)
     model.set_weights(initial)
     model.compile(optimizer=keras.optimizers.SGD(LR), loss="mse")
-    history = model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+    history = model.fit(x, y, sample_weight=weight, batch_size=batch, epochs=1, shuffle=False,
+                        verbose=0)
     return model, history
 
 
@@ -77,13 +80,16 @@ def main(argv):
     del whole
     model.compile(optimizer=keras.optimizers.SGD(LR), loss="mse")
     x, y = data(steps)
+    weight = None
+    if "--sample-weight" in argv:
+        weight = np.random.default_rng(3).uniform(0.0, 2.0, size=len(x)).astype("float32")
     if "--custom-loop" in argv:  # strategy.train_step instead of fit; the mean loss per epoch
         step = strategy.train_step(model, "mse", keras.optimizers.SGD(LR))
         losses = [float(step(x[i:i + GLOBAL], y[i:i + GLOBAL])) for i in range(0, len(x), GLOBAL)]
         loss = [float(np.mean(losses))]
     else:
-        loss = model.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False,
-                         verbose=0).history["loss"]
+        loss = model.fit(x, y, sample_weight=weight, batch_size=GLOBAL, epochs=1,
+                         shuffle=False, verbose=0).history["loss"]
     result = {
         "strategy": strategy.name, "stage": strategy.stage_report(),
         "loss": loss, "flavour": compat.flavour_of(model),
@@ -96,10 +102,11 @@ def main(argv):
         result["saved"] = strategy.save_model(model, os.path.join(save_dir, "model.keras"))
     trained = strategy.gather_weights(model)
     if strategy.is_chief:
-        reference, ref_history = fitted(keras, initial, x, y, GLOBAL)
+        reference, ref_history = fitted(keras, initial, x, y, GLOBAL, weight)
         part = GLOBAL // 2
         keep = (np.arange(len(x)) % GLOBAL) < part
-        control, _ = fitted(keras, initial, x[keep], y[keep], part)
+        control, _ = fitted(keras, initial, x[keep], y[keep], part,
+                            None if weight is None else weight[keep])
         result.update(
             trained=[w.tolist() for w in trained], initial=[w.tolist() for w in initial],
             reference=[w.tolist() for w in reference.get_weights()],

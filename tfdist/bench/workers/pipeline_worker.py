@@ -2,9 +2,12 @@
 TF_CONFIG), ``multi_worker`` (same processes, data parallel) or ``default`` (one process).
 
 Usage: ``python -m tfdist.bench.workers.pipeline_worker --mode pipeline --micro-batches 4``.
-Each process first times its own stage alone (forward and backward of one micro-batch, no
-transfers): the GPipe bound of a step is ``(M + K - 1)`` times the slowest stage's time. Then it
-times ``fit`` over ``--steps`` global batches (after a warm-up fit) and reports seconds per step.
+Under ``pipeline`` each process times, in alternating rounds, its own stage alone (forward and
+backward of one micro-batch, no transfers) and the pipelined step of the custom-loop path
+(``strategy.train_step``): the GPipe bound of a step is ``(M + K - 1)`` times the slowest stage's
+time, and alternating keeps both medians under the same machine load (this machine is shared).
+Every mode then times ``fit`` over ``--steps`` global batches (after a warm-up fit), which adds
+Keras's per-step cost (callbacks, the data adapter, the metrics) to the same step.
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ def build(keras: Any, width: int, depth: int) -> Any:
     return keras.Sequential(layers, name="deep_mlp")
 
 
-def stage_seconds(model: Any, rows: int, repeats: int = 20) -> float:
-    """Median seconds of one forward and backward of ``model`` on ``rows`` rows."""
+def stage_alone(model: Any, rows: int) -> Any:
+    """A ``tf.function``: one forward and backward of ``model`` on ``rows`` rows, no transfers."""
     import tensorflow as tf
 
     x = tf.random.normal([rows, *model.inputs[0].shape[1:]])
@@ -42,8 +45,41 @@ def stage_seconds(model: Any, rows: int, repeats: int = 20) -> float:
             total = tf.reduce_sum(out)
         return tape.gradient(total, model.trainable_variables + [x])
 
-    step()
-    return median([time_call(step) for _ in range(repeats)])
+    return step
+
+
+def interleaved(step: Any, alone: Any, slots: int, rounds: int = 6, per_round: int = 4
+                ) -> dict[str, float]:
+    """``step()`` and ``alone()`` timed in alternating rounds under the same machine load.
+
+    Returns the medians of both, and ``over_bound``: the median over rounds of one round's step
+    median over ``slots`` times the stage median of the round just before it (the ratio of
+    neighbouring measurements is steadier than the ratio of medians on a shared machine).
+    """
+    step(), alone()
+    steps: list[float] = []
+    stages: list[float] = []
+    ratios: list[float] = []
+    for _ in range(rounds):
+        stage_round = [time_call(alone) for _ in range(per_round)]
+        step_round = [time_call(step) for _ in range(per_round)]
+        ratios.append(median(step_round) / (slots * median(stage_round)))
+        steps += step_round
+        stages += stage_round
+    return {"loop_step_s": median(steps), "stage_s": median(stages),
+            "over_bound": median(ratios)}
+
+
+def pipeline_seconds(strategy: Any, model: Any, keras: Any, x: Any, y: Any,
+                     micro_batches: int) -> dict[str, float]:
+    """The pipelined step (custom loop) and the stage alone, timed in alternating rounds."""
+    import tensorflow as tf
+
+    step = strategy.train_step(model, "mse", keras.optimizers.SGD(1e-4))
+    xs, ys = tf.constant(x), tf.constant(y)
+    rows = len(x) // (micro_batches * strategy.num_replicas)
+    slots = micro_batches + strategy.stages - 1
+    return interleaved(lambda: float(step(xs, ys)), stage_alone(model, rows), slots)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -65,14 +101,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     strategy = tfdist.get_strategy(args.mode, **options)
     model = strategy.build_model(lambda: build(keras, args.width, args.depth))
     result: dict[str, Any] = {"mode": args.mode, "processes": strategy.num_workers}
-    if args.mode == "pipeline":
-        rows = args.batch // (args.micro_batches * strategy.num_replicas)
-        result["stage_s"] = stage_seconds(model, rows)
-        result["stage"] = strategy.stage_report()
-    model.compile(optimizer=keras.optimizers.SGD(1e-4), loss="mse")
     samples = args.batch * args.steps
     rng = np.random.default_rng(0)
     x = rng.normal(size=(samples, FEATURES)).astype("float32")
+    if args.mode == "pipeline":
+        result.update(pipeline_seconds(strategy, model, keras, x[: args.batch],
+                                       x[: args.batch] * 0.5, args.micro_batches))
+        result["stage"] = strategy.stage_report()
+    model.compile(optimizer=keras.optimizers.SGD(1e-4), loss="mse")
     if args.mode == "multi_worker":  # each worker reads its half of every global batch
         per = args.batch // strategy.num_replicas
         x = x.reshape(args.steps, strategy.num_replicas, per, FEATURES)[:, strategy.worker_index]
