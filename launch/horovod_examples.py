@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -180,6 +181,20 @@ def compare_ranks(run_dir: Path, flavour: str) -> tuple[bool, float, int, str]:
     return identical, change, local, ""
 
 
+def first_error(output: str) -> str:
+    """The first exception line a rank printed (horovodrun's and mpirun's own reports skipped).
+
+    Example:
+        >>> first_error("[1]<stderr>:ValueError: bad\\nRuntimeError: Horovod detected that ...")
+        'ValueError: bad'
+    """
+    for line in output.splitlines():
+        found = re.search(r"\b(\w+(?:Error|Exception)): .*", line)
+        if found and "Horovod detected that" not in line:
+            return found.group(0)
+    return "no exception line"
+
+
 def launch(command: list[str], run_dir: Path, env: dict[str, str]) -> tuple[str, int]:
     """Runs tfdist-launch (its own ``--timeout`` stops the job first); (output, exit status).
 
@@ -214,7 +229,7 @@ def run_one(script: Path, example: Example, flavour: str, controller: str) -> Re
             if expected and expected[1] in output:
                 result.status, result.detail = "keras2-only", expected[0]
             else:
-                result.detail = f"exit {code}; last lines:\n" + "\n".join(
+                result.detail = f"exit {code}: {first_error(output)}; last lines:\n" + "\n".join(
                     output.splitlines()[-20:])
             return result
         (result.identical, result.change, result.local_differ,
