@@ -195,6 +195,23 @@ def first_error(output: str) -> str:
     return "no exception line"
 
 
+def failure(script: str, flavour: str, code: int, output: str) -> tuple[str, str]:
+    """(status, detail) of a run that exited ``code``: expected only for its listed cause.
+
+    Example:
+        >>> cause = "TypeError: 'list' object is not callable"
+        >>> failure("tensorflow2_mnist.py", "keras3", 1, cause)[0]
+        'keras2-only'
+        >>> failure("tensorflow2_mnist.py", "tf-keras", 1, cause)[0]
+        'fail'
+    """
+    expected = KERAS2_ONLY.get(script) if flavour == "keras3" else None
+    if expected and expected[1] in output:
+        return "keras2-only", expected[0]
+    tail = "\n".join(output.splitlines()[-20:])
+    return "fail", f"exit {code}: {first_error(output)}; last lines:\n{tail}"
+
+
 def launch(command: list[str], run_dir: Path, env: dict[str, str]) -> tuple[str, int]:
     """Runs tfdist-launch (its own ``--timeout`` stops the job first); (output, exit status).
 
@@ -225,12 +242,7 @@ def run_one(script: Path, example: Example, flavour: str, controller: str) -> Re
                               run_env(run_dir, flavour))
         result = Result(script.name, flavour, controller, "fail", time.monotonic() - started)
         if code != 0:
-            expected = KERAS2_ONLY.get(script.name) if flavour == "keras3" else None
-            if expected and expected[1] in output:
-                result.status, result.detail = "keras2-only", expected[0]
-            else:
-                result.detail = f"exit {code}: {first_error(output)}; last lines:\n" + "\n".join(
-                    output.splitlines()[-20:])
+            result.status, result.detail = failure(script.name, flavour, code, output)
             return result
         (result.identical, result.change, result.local_differ,
          result.detail) = compare_ranks(run_dir, flavour)

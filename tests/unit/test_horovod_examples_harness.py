@@ -69,3 +69,15 @@ def test_dry_run_prints_each_launch(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert len(lines) == 4  # 2 flavours x (gloo, mpi)
     assert lines[1].startswith("TF_USE_LEGACY_KERAS=0 ") and "--strategy horovod" in lines[1]
     assert "--mpi" in lines[1] and lines[3].startswith("TF_USE_LEGACY_KERAS=1 ")
+
+
+def test_a_keras3_failure_is_expected_only_for_the_listed_cause() -> None:
+    cause = "TypeError: Trainer.compile() got an unexpected keyword argument " \
+            "'experimental_run_tf_function'"
+    assert harness.failure("tensorflow2_keras_mnist.py", "keras3", 1, cause)[0] == "keras2-only"
+    status, detail = harness.failure("tensorflow2_keras_mnist.py", "keras3", 1,
+                                     "[1]<stderr>:ValueError: Weights for model 'sequential'\n"
+                                     "RuntimeError: Horovod detected that one process exited")
+    assert status == "fail"
+    assert detail.startswith("exit 1: ValueError: Weights for model 'sequential'; last lines:")
+    assert harness.failure("tensorflow2_keras_mnist.py", "tf-keras", 1, cause)[0] == "fail"
