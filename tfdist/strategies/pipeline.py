@@ -80,6 +80,16 @@ def _wait_for_every_process_at_exit(processes: int) -> None:
     atexit.register(lambda: failed or transport.exit_barrier(processes))
 
 
+def _warn_if_one_inter_op_thread() -> None:
+    """With one inter-op thread a stage's transfers wait behind its compute: no overlap."""
+    if tf.config.threading.get_inter_op_parallelism_threads() == 1:
+        _log.warning(
+            "tfdist pipeline: inter_op_parallelism_threads is 1, so this stage's sends and "
+            "receives wait behind its compute and the stages run one after the other "
+            "(measured: 1.95x the GPipe bound at M=8, 1.2x with 2 threads). Fix: set it to 2 "
+            "or more (tf.config.threading.set_inter_op_parallelism_threads(2)).")
+
+
 def _from_env(name: str, value: Any, default: Any, cast: Callable[[str], Any]) -> Any:
     if value is not None:
         return value
@@ -170,6 +180,7 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         check_processes(processes, held)
         self.layout = PipelineLayout(processes=processes, stages=held, rank=rank)
         if processes > 1:
+            _warn_if_one_inter_op_thread()
             with startup_deadline(deadline, cluster, task, f"PipelineStrategy on {task}"):
                 transport.enable_collectives(cluster, task)
             _wait_for_every_process_at_exit(processes)

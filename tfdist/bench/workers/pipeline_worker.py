@@ -33,17 +33,24 @@ def build(keras: Any, width: int, depth: int) -> Any:
 
 
 def stage_alone(model: Any, rows: int) -> Any:
-    """A ``tf.function``: one forward and backward of ``model`` on ``rows`` rows, no transfers."""
+    """A ``tf.function``: this stage's work on one micro-batch of ``rows`` rows, no transfers.
+
+    The work a stage does per micro-batch in a pipelined step: forward, backward (weights and
+    input), and adding the weight gradients into the step's sums.
+    """
     import tensorflow as tf
 
     x = tf.random.normal([rows, *model.inputs[0].shape[1:]])
+    sums = [tf.Variable(tf.zeros_like(v), trainable=False) for v in model.trainable_variables]
 
     @tf.function
     def step() -> Any:
         with tf.GradientTape() as tape:
+            tape.watch(x)
             out = model(x, training=True)
             total = tf.reduce_sum(out)
-        return tape.gradient(total, model.trainable_variables + [x])
+        *grads, back = tape.gradient(total, [*model.trainable_variables, x])
+        return [s.assign_add(g) for s, g in zip(sums, grads, strict=True)], back
 
     return step
 
