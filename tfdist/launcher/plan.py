@@ -24,7 +24,7 @@ import dataclasses
 import os
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -453,7 +453,6 @@ def _horovodrun(plan: JobPlan) -> Placement:
     if plan.options.elastic:
         return _elastic_horovodrun(plan)
     hosts, count = plan.options.hosts, plan.roles["worker"]
-    env = tuple(plan.env.items())
     rank_command = plan.task_argv("worker")
     host_names = ["localhost"] * count
     host_args: tuple[str, ...] = ("-np", str(count))
@@ -466,31 +465,34 @@ def _horovodrun(plan: JobPlan) -> Placement:
         _check_mpirun()
     controller = "mpi" if plan.options.mpi else "gloo"
     check_controller(controller)
-    runner = (horovodrun_path(), *host_args, f"--{controller}", *rank_command)
-    unset = ("TF_CONFIG",)
-    ranks = tuple(
-        TaskPlan(f"rank:{r}", Task("worker", r), host, None, rank_command, env=env,
-                 unset_env=unset)
-        for r, host in enumerate(host_names)
-    )
-    runner_task = TaskPlan("horovodrun", None, "localhost", None, runner, env=env, unset_env=unset)
-    return Placement(plan, (runner_task,), ranks=ranks)
+    return _horovodrun_placement(plan, (*host_args, f"--{controller}"), rank_command, host_names,
+                                 tuple(plan.env.items()))
 
 
 def _elastic_horovodrun(plan: JobPlan) -> Placement:
     """``horovodrun`` in elastic mode: each slot a host of its own (`tfdist.launcher.elastic`)."""
     options, count = plan.options, plan.roles["worker"]
     assert options.min_workers is not None and options.max_workers is not None
-    check_controller("gloo")  # elastic Horovod runs on Gloo only
+    check_controller("gloo")  # elastic Horovod runs on Gloo only; checked before any file exists
     hosts = slot_addresses(count)
     discovery = Discovery([f"{host}:1" for host in hosts])
+    args = ("-np", str(count),
+            *elastic_args(options.min_workers, options.max_workers, discovery.script), "--gloo")
     env = (*plan.env.items(), (HOSTS_FILE_ENV, discovery.hosts_file))
-    rank_command = plan.task_argv("worker")
-    runner = (horovodrun_path(), "-np", str(count),
-              *elastic_args(options.min_workers, options.max_workers, discovery.script),
-              "--gloo", *rank_command)
+    return _horovodrun_placement(plan, args, plan.task_argv("worker"), hosts, env, discovery)
+
+
+def _horovodrun_placement(plan: JobPlan, args: tuple[str, ...], rank_command: tuple[str, ...],
+                          host_names: Sequence[str], env: tuple[tuple[str, str], ...],
+                          discovery: Discovery | None = None) -> Placement:
+    """The one ``horovodrun ARGS RANK_COMMAND`` task and the ranks it starts (for --dry-run);
+    no TF_CONFIG for either (horovodrun passes its whole environment on to the ranks)."""
+    runner = (horovodrun_path(), *args, *rank_command)
     unset = ("TF_CONFIG",)
-    ranks = tuple(TaskPlan(f"rank:{r}", Task("worker", r), host, None, rank_command, env=env,
-                           unset_env=unset) for r, host in enumerate(hosts))
+    ranks = tuple(
+        TaskPlan(f"rank:{r}", Task("worker", r), host, None, rank_command, env=env,
+                 unset_env=unset)
+        for r, host in enumerate(host_names)
+    )
     runner_task = TaskPlan("horovodrun", None, "localhost", None, runner, env=env, unset_env=unset)
     return Placement(plan, (runner_task,), ranks=ranks, discovery=discovery)
