@@ -23,8 +23,11 @@ def test_probe_fits_constants_that_predict_the_measured_allreduce(tmp_path):
     assert 0.01 < tf_link.bandwidth_gbps < 100, tf_link
     assert 0.05 < net.p2p.bandwidth_gbps < 200, net.p2p
     assert 0 < net.gamma < 1e-8
-    # Each measured all-reduce time against the ring formula with the fitted constants; a
-    # probe that mixed up sizes or units would be off by orders of magnitude.
+    # Each measured all-reduce time against the ring formula with the fitted constants, within a
+    # factor of 3: a probe that mixed up bits and bytes would be 8x off, one that mixed up sizes or
+    # seconds and milliseconds by orders of magnitude. A tighter band fails on a shared machine:
+    # CI once saw the 64 KiB point, where the latency term dominates, 1.5x off the fitted line.
     for nbytes, seconds in net.samples["tf"]:
-        assert model.ring_allreduce_s(2, nbytes, tf_link) == pytest.approx(seconds, rel=0.5)
+        predicted = model.ring_allreduce_s(2, nbytes, tf_link)
+        assert seconds / 3 < predicted < seconds * 3, (nbytes, seconds, predicted, tf_link)
     assert network.load(network.save(net, tmp_path / "net.json")) == net
