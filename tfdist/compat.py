@@ -211,6 +211,43 @@ def optimizer_variables(optimizer: Any) -> list[Any]:
     return list(variables() if callable(variables) else variables)
 
 
+def weight_losses(model: Any) -> list[Any]:
+    """``model.losses`` that depend on variables only (weight regularizers; in tf-keras also
+    callables given to ``add_loss``), computed now: tf-keras keeps them as callables per layer,
+    Keras 3 as each variable's ``regularizer``.
+
+    Example:
+        >>> keras = get_keras()
+        >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(
+        ...     1, kernel_initializer="ones", kernel_regularizer=keras.regularizers.L2(0.5))])
+        >>> [float(loss) for loss in weight_losses(model)]
+        [1.0]
+    """
+    if flavour_of(model) == "tf_keras":
+        found = (c() for layer in model._flatten_layers() for c in layer._callable_losses)
+        return [loss for loss in found if loss is not None]
+    return [v.regularizer(v) for v in model.trainable_weights if v.regularizer is not None]
+
+
+def call_losses(model: Any) -> list[Any]:
+    """The losses ``model``'s last call added (activity regularizers, ``add_loss`` in
+    ``call``): read them right after the call, in the same graph. Both Kerases clear them when
+    a call starts; tf-keras keeps a functional model's symbolic ones apart.
+
+    Example:
+        >>> import numpy as np
+        >>> keras = get_keras()
+        >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(
+        ...     1, kernel_initializer="ones", activity_regularizer=keras.regularizers.L1(1.0))])
+        >>> _ = model(np.ones((2, 2), "float32"))
+        >>> [float(loss) for loss in call_losses(model)]  # |2| + |2|, over 2 rows
+        [2.0]
+    """
+    if flavour_of(model) == "tf_keras":
+        return [loss for layer in model._flatten_layers() for loss in layer._eager_losses]
+    return [loss for layer in model._flatten_layers() for loss in layer._get_own_losses()]
+
+
 @contextlib.contextmanager
 def abstract_build(flavour: KerasFlavour | None = None) -> Iterator[None]:
     """A context where building a Keras model allocates no variable memory.

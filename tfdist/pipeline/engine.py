@@ -14,6 +14,12 @@ step inside the caller's ``tf.function`` (Keras's ``train_step``, or a custom lo
   to be taken. Every send is tied to the step's outputs: one that nothing uses would be pruned
   from the ``tf.function`` and its receiver would wait for ever.
 * `forward` runs forwards only (evaluate, predict).
+* A stage's losses beyond the compiled one (`LossTerms`): the weight regularizers are
+  differentiated once per step (in `finish`); the losses a call adds (activity regularizers,
+  each a mean over the call's rows, as both Kerases make them) join micro-batch ``m``'s
+  backward pass, divided by ``M`` like the loss. Each stage adds its terms' values to the sum it
+  receives from the previous stage and sends it on (`carry`), so the last stage reports the
+  compiled loss plus every stage's terms, as Keras reports ``loss`` on one device.
 * `share` broadcasts the last stage's values (loss, metrics, predictions) to the other stages of
   its pipeline replica, `average_over_replicas` averages over the D replicas of a stage.
 
@@ -44,15 +50,38 @@ from tfdist.pipeline.transport import (
     instance_key,
 )
 
-__all__ = ["StageEngine", "StageStep"]
+__all__ = ["StageEngine", "StageStep", "LossTerms"]
 
 LossFn = Callable[[Any, Any, Any], Any]
+TERMS_INDEX = 1
+"""The carried loss terms travel as tensor 1 of micro-batch 0's ACTIVATION transfer."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LossTerms:
+    """A stage's losses besides the compiled loss, as functions the engine calls in its graph.
+
+    Attributes:
+        weights: The sum of the losses that depend on variables only (weight regularizers),
+            or None if there are none; called once per step.
+        added: The sum of the losses the stage's last call added (activity regularizers,
+            ``add_loss`` in ``call``), or None; called right after each call.
+
+    Example:
+        >>> terms = LossTerms(weights=lambda: None, added=lambda: tf.constant(0.5))
+        >>> float(terms.added())
+        0.5
+    """
+
+    weights: Callable[[], Any]
+    added: Callable[[], Any]
 
 
 @dataclasses.dataclass
 class StageStep:
     """What one stage's step has built so far: per micro-batch tapes, inputs, outputs and losses,
-    the summed gradients, the sends to tie to the step's outputs, and the last op (``chain``)."""
+    the summed gradients, the losses its calls added (already divided by M), the sends to tie
+    to the step's outputs, and the last op (``chain``)."""
 
     call: Callable[[Any], Any]
     variables: list[Any]
@@ -62,6 +91,8 @@ class StageStep:
     ys: list[Any] | None
     weights: list[Any] | None
     grads: list[Any]
+    terms: LossTerms | None = None
+    added: dict[int, Any] = dataclasses.field(default_factory=dict)
     tapes: dict[int, Any] = dataclasses.field(default_factory=dict)
     inputs: dict[int, Any] = dataclasses.field(default_factory=dict)
     outputs: dict[int, Any] = dataclasses.field(default_factory=dict)
@@ -137,6 +168,7 @@ class StageEngine:
         y: Any,
         loss_fn: LossFn,
         sample_weight: Any = None,
+        terms: LossTerms | None = None,
     ) -> tuple[Any, list[Any], list[Any]]:
         """Builds one pipelined step of this stage (inside a ``tf.function``).
 
@@ -148,20 +180,23 @@ class StageEngine:
             loss_fn: ``loss_fn(y, y_pred, sample_weight)`` -> the mean loss of a micro-batch
                 (last stage).
             sample_weight: This replica's sample weights, or None (used by the last stage).
+            terms: This stage's regularization losses, or None.
 
         Returns:
-            ``(loss, gradients, outputs)``: on the last stage the replica's mean loss and its
+            ``(loss, gradients, outputs)``: on the last stage the replica's mean loss (with
+            every stage's terms) and its
             outputs per micro-batch; elsewhere ``loss`` is None and ``outputs`` empty. The
             gradients are summed over micro-batches, not yet averaged over replicas. Every send
             of the step is a control input of ``loss`` and of each gradient.
         """
-        step = self.begin(call, variables, x, y, loss_fn, sample_weight)
+        step = self.begin(call, variables, x, y, loss_fn, sample_weight, terms)
         for op, m in self.ops():
             self.run_op(step, op, m)
         return self.finish(step)
 
     def begin(self, call: Callable[[Any], Any], variables: Sequence[Any], x: Any, y: Any,
-              loss_fn: LossFn, sample_weight: Any = None) -> StageStep:
+              loss_fn: LossFn, sample_weight: Any = None,
+              terms: LossTerms | None = None) -> StageStep:
         """The empty state of one step of this stage (see `train`'s arguments)."""
         layout = self.layout
         last = layout.is_last
@@ -171,7 +206,7 @@ class StageEngine:
             xs=self._split(x) if layout.is_first else None,
             ys=self._split(y) if last else None,
             weights=self._split(sample_weight) if last and sample_weight is not None else None,
-            grads=[None] * len(variables))
+            grads=[None] * len(variables), terms=terms)
 
     def run_op(self, step: StageStep, op: str, m: int) -> None:
         """Builds one ``(op, micro_batch)`` of the schedule, after the stage's previous op."""
@@ -185,15 +220,55 @@ class StageEngine:
     def finish(self, step: StageStep) -> tuple[Any, list[Any], list[Any]]:
         """``train``'s result from a step whose schedule has been built."""
         layout, micro = self.layout, self.micro_batches
+        own = self._weight_terms(step)
+        if not layout.is_last:
+            own += list(step.added.values())
+        carried = self.carry(own, step.sends, TRAIN)
         grads = [tf.zeros_like(v) if g is None else g
                  for g, v in zip(step.grads, step.variables, strict=True)]
         with tf.control_dependencies(step.sends + step.chain):
             grads = [tf.identity(g) for g in grads]
-            loss = tf.add_n([step.losses[m] for m in range(micro)]) if layout.is_last else None
-            if loss is not None:
-                loss = tf.identity(loss)
+            loss = None
+            if layout.is_last:
+                loss = tf.add_n([step.losses[m] for m in range(micro)])
+                loss = tf.identity(loss + tf.cast(carried, loss.dtype))
         ordered = [step.outputs[m] for m in range(micro)] if layout.is_last else []
         return loss, grads, ordered
+
+    def _weight_terms(self, step: StageStep) -> list[Any]:
+        """Adds the gradients of the stage's weight regularization (once per step) into the
+        step's sums; returns its value (``[]`` if none)."""
+        if step.terms is None:
+            return []
+        with tf.GradientTape() as tape:
+            value = step.terms.weights()
+        if value is None:
+            return []
+        for i, g in enumerate(tape.gradient(value, step.variables)):
+            if g is not None:
+                g = tf.convert_to_tensor(g)
+                step.grads[i] = g if step.grads[i] is None else step.grads[i] + g
+        return [value]
+
+    def _added(self, terms: LossTerms | None) -> Any | None:
+        """The losses the call just made added, divided by M (each is a mean over its rows)."""
+        value = None if terms is None else terms.added()
+        return None if value is None else value / self.micro_batches
+
+    def carry(self, own: Sequence[Any], sends: list[Any], phase: int) -> Any | None:
+        """The sum of stages ``0..k``'s loss terms: ``own`` (this stage's) plus what the previous
+        stage sends; sent on to the next stage (the send joins ``sends``). Returns the whole
+        pipeline's sum on the last stage, None elsewhere. Every stage takes part, with zero if
+        it has no terms: a stage cannot know whether the others have some."""
+        total = tf.add_n([tf.cast(t, tf.float32) for t in own]) if own else tf.zeros([])
+        if not self.layout.is_first:
+            total += self.previous.recv(  # type: ignore[union-attr]
+                [], tf.float32, ACTIVATION, 0, index=TERMS_INDEX, phase=phase)
+        if self.layout.is_last:
+            return total
+        sends.append(self.next.send(  # type: ignore[union-attr]
+            total, ACTIVATION, 0, index=TERMS_INDEX, phase=phase))
+        return None
 
     def _input(self, m: int, rows: Any, xs: list[Any] | None, phase: int) -> Any:
         """Micro-batch ``m``'s input: stage 0's slice of the data, else the previous stage's."""
@@ -210,9 +285,14 @@ class StageEngine:
             if not layout.is_first:
                 tape.watch(inp)
             out = step.call(inp)
+            added = self._added(step.terms)
+            if added is not None:
+                step.added[m] = added
             if layout.is_last:
                 weight = None if step.weights is None else step.weights[m]
                 step.losses[m] = step.loss_fn(step.ys[m], out, weight) / self.micro_batches
+                if added is not None:
+                    step.losses[m] += tf.cast(added, step.losses[m].dtype)
         step.tapes[m], step.inputs[m], step.outputs[m] = tape, inp, out
         if layout.is_last:
             return step.losses[m]
@@ -228,7 +308,11 @@ class StageEngine:
         else:
             upstream = self.next.recv(  # type: ignore[union-attr]
                 self._shape(step.rows, self.output_shape), self.output_dtype, GRADIENT, m)
-            result = tape.gradient(step.outputs[m], sources, output_gradients=upstream)
+            targets, heads = [step.outputs[m]], [upstream]
+            if m in step.added:
+                targets.append(step.added[m])
+                heads.append(tf.ones_like(step.added[m]))
+            result = tape.gradient(targets, sources, output_gradients=heads)
         for i, g in enumerate(result[:len(variables)]):
             if g is not None:
                 g = tf.convert_to_tensor(g)
@@ -240,32 +324,43 @@ class StageEngine:
         step.sends.append(self.previous.send(back, GRADIENT, m))  # type: ignore[union-attr]
         return back
 
-    def forward(self, call: Callable[[Any], Any], x: Any, phase: int = EVALUATE) -> list[Any]:
+    def forward(self, call: Callable[[Any], Any], x: Any, phase: int = EVALUATE,
+                terms: LossTerms | None = None) -> tuple[list[Any], Any | None]:
         """Builds a forward-only pass (evaluate, predict); the last stage gets the outputs.
 
+        With ``terms`` (evaluate), the stages' loss terms are carried to the last stage, which
+        adds them to the loss as Keras's ``evaluate`` does.
+
         Returns:
-            The outputs per micro-batch on the last stage (empty elsewhere; every send is a
-            control input of the returned tensors, or of `tf.no_op` ``[marker]`` elsewhere).
+            ``(outputs, terms)``: the outputs per micro-batch and the sum of every stage's
+            terms (None without ``terms``) on the last stage; elsewhere ``[marker]``, a
+            `tf.no_op` with every send as a control input, and None.
         """
         layout = self.layout
         rows = self._micro_rows(tf.shape(x)[0])
         xs = self._split(x) if layout.is_first else None
         chain: list[Any] = []
         sends: list[Any] = []
-        outs = []
+        outs, added = [], []
         for m in range(self.micro_batches):
             with tf.control_dependencies(chain):
                 out = call(self._input(m, rows, xs, phase))
+                added.append(self._added(terms))
                 if layout.is_last:
                     outs.append(out)
                 else:
                     sends.append(self.next.send(  # type: ignore[union-attr]
                         out, ACTIVATION, m, phase=phase))
             chain = [out]
+        carried = None
+        if terms is not None:
+            weights = terms.weights()
+            own = [t for t in [weights, *added] if t is not None]
+            carried = self.carry(own, sends, phase)
         if layout.is_last:
-            return outs
+            return outs, carried
         with tf.control_dependencies(sends + chain):
-            return [tf.no_op()]
+            return [tf.no_op()], None
 
     # ----------------------------------------------------------------- replicas
     def average_over_replicas(self, tensors: Sequence[Any], kind: int = REDUCE,

@@ -23,11 +23,11 @@ import tensorflow as tf
 
 from tfdist import compat
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.pipeline.engine import StageEngine
+from tfdist.pipeline.engine import LossTerms, StageEngine
 from tfdist.pipeline.transport import EVALUATE, METRICS, PREDICT, TRAIN
 
 __all__ = ["stage_model_class", "local_stages_model", "resolve_metric", "mean_loss",
-           "apply_step"]
+           "apply_step", "loss_terms"]
 
 _ACCURACY_BY_LOSS = {
     "sparse_categorical_crossentropy": "SparseCategoricalAccuracy",
@@ -96,6 +96,25 @@ def mean_loss(loss_fn: Any) -> Any:
     return reduced
 
 
+def _sum(losses: list[Any]) -> Any | None:
+    return tf.add_n([tf.cast(loss, tf.float32) for loss in losses]) if losses else None
+
+
+def loss_terms(model: Any) -> LossTerms:
+    """The engine's view of ``model.losses``: weight regularizers apart from the losses a call
+    adds (activity regularizers, ``add_loss`` in ``call``), in either Keras.
+
+    Example:
+        >>> keras = compat.get_keras()
+        >>> stage = keras.Sequential([keras.Input((2,)), keras.layers.Dense(
+        ...     1, kernel_initializer="ones", kernel_regularizer=keras.regularizers.L1(0.5))])
+        >>> float(loss_terms(stage).weights()), loss_terms(stage).added()
+        (1.0, None)
+    """
+    return LossTerms(weights=lambda: _sum(compat.weight_losses(model)),
+                     added=lambda: _sum(compat.call_losses(model)))
+
+
 def apply_step(model: Any, engine: Any, optimizer: Any, x: Any, y: Any, loss: Any,
                sample_weight: Any = None) -> tuple[Any, list[Any]]:
     """One training step of a stage model (or of all stages of a process) on its replica's rows
@@ -103,7 +122,7 @@ def apply_step(model: Any, engine: Any, optimizer: Any, x: Any, y: Any, loss: An
     one update. Returns the engine's ``(loss, outputs)`` (both only on the last stage)."""
     variables = list(model.trainable_variables)
     total, grads, outs = engine.train(model.stage_calls(training=True), model.stage_variables(),
-                                      x, y, loss, sample_weight)
+                                      x, y, loss, sample_weight, model.stage_loss_terms())
     optimizer.apply_gradients(zip(engine.average_over_replicas(grads), variables, strict=True))
     return total, outs
 
@@ -144,6 +163,10 @@ class _StageModelMixin:
     def stage_variables(self) -> Any:
         """The variables the engine differentiates, in ``trainable_variables`` order."""
         return list(self.trainable_variables)  # type: ignore[attr-defined]
+
+    def stage_loss_terms(self) -> Any:
+        """This stage's regularization losses, for the engine."""
+        return loss_terms(self)
 
     def _init_pipeline(self, engine: StageEngine, strategy: Any) -> None:
         self._engine = engine
@@ -262,10 +285,12 @@ class _StageModelMixin:
     def test_step(self, data: Any) -> dict[str, Any]:
         x, y, weight = self._unpack(data, by_replica=False)
         engine = self._engine
-        outs = engine.forward(self.stage_calls(training=False), x, EVALUATE)
+        outs, terms = engine.forward(self.stage_calls(training=False), x, EVALUATE,
+                                     self.stage_loss_terms())
         if engine.layout.is_last:
             y_pred = tf.concat(outs, axis=0)
             loss = self._pipeline_loss(y, y_pred, weight)
+            loss += tf.cast(terms, loss.dtype)
             return self._shared_logs(loss, y, y_pred, weight, EVALUATE)
         with tf.control_dependencies(outs):  # this stage's sends
             return self._shared_logs(None, y, None, weight, EVALUATE)
@@ -273,7 +298,7 @@ class _StageModelMixin:
     def predict_step(self, data: Any) -> Any:
         x, _, _ = self._unpack(data, by_replica=False)
         engine = self._engine
-        outs = engine.forward(self.stage_calls(training=False), x, PREDICT)
+        outs, _ = engine.forward(self.stage_calls(training=False), x, PREDICT)
         spec = self._pipeline.spec
         if engine.layout.is_last:
             return engine.share(tf.concat(outs, axis=0), None, spec.dtypes[-1], 1, PREDICT)
@@ -333,6 +358,10 @@ class _LocalStagesMixin(_StageModelMixin):
     def stage_variables(self) -> Any:
         """Each stage's trainable variables (in stage order they are ``trainable_variables``)."""
         return [list(stage.trainable_variables) for stage in self.pipeline_stages]
+
+    def stage_loss_terms(self) -> Any:
+        """Each stage's regularization losses."""
+        return [loss_terms(stage) for stage in self.pipeline_stages]
 
 
 @functools.cache

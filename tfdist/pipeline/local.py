@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.pipeline import schedule as schedules
-from tfdist.pipeline.engine import StageEngine
+from tfdist.pipeline.engine import LossTerms, StageEngine
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.transport import EVALUATE, REDUCE, TRAIN
 
@@ -109,15 +109,19 @@ class LocalPipeline:
         return [dataclasses.replace(e, connect=mailbox.link) for e in self.engines]
 
     def train(self, calls: Sequence[Callable[[Any], Any]], variables: Sequence[Sequence[Any]],
-              x: Any, y: Any, loss_fn: Any, sample_weight: Any = None
+              x: Any, y: Any, loss_fn: Any, sample_weight: Any = None,
+              terms: Sequence[LossTerms | None] | None = None
               ) -> tuple[Any, list[Any], list[Any]]:
-        """`StageEngine.train` for all stages: ``calls`` and ``variables`` per stage; returns the
-        loss, every stage's gradients in stage order, and the outputs per micro-batch."""
+        """`StageEngine.train` for all stages: ``calls``, ``variables`` and ``terms`` per stage;
+        returns the loss, every stage's gradients in stage order, and the outputs per
+        micro-batch."""
+        terms = terms or [None] * len(self.engines)
         engines = self._connected()
         steps = []
         for k, engine in enumerate(engines):
             with tf.device(self.devices[k]):
-                steps.append(engine.begin(calls[k], variables[k], x, y, loss_fn, sample_weight))
+                steps.append(engine.begin(calls[k], variables[k], x, y, loss_fn, sample_weight,
+                                          terms[k]))
         for k, op, m in schedules.simulate([engine.ops() for engine in engines]):
             with tf.device(self.devices[k]):
                 engines[k].run_op(steps[k], op, m)
@@ -128,14 +132,16 @@ class LocalPipeline:
         loss, _, outputs = results[-1]
         return loss, [g for _, grads, _ in results for g in grads], outputs
 
-    def forward(self, calls: Sequence[Callable[[Any], Any]], x: Any,
-                phase: int = EVALUATE) -> list[Any]:
-        """`StageEngine.forward` for all stages: the outputs per micro-batch."""
-        outputs: list[Any] = []
+    def forward(self, calls: Sequence[Callable[[Any], Any]], x: Any, phase: int = EVALUATE,
+                terms: Sequence[LossTerms | None] | None = None) -> tuple[list[Any], Any]:
+        """`StageEngine.forward` for all stages: the outputs per micro-batch and the stages'
+        carried loss terms (None without ``terms``)."""
+        result: tuple[list[Any], Any] = ([], None)
+        terms = terms or [None] * len(self.engines)
         for k, engine in enumerate(self._connected()):
             with tf.device(self.devices[k]):
-                outputs = engine.forward(calls[k], x, phase)
-        return outputs
+                result = engine.forward(calls[k], x, phase, terms[k])
+        return result
 
     @staticmethod
     def replica_rows(tensor: Any) -> Any:
