@@ -1,7 +1,9 @@
 """All pipeline stages in one process, each on its own logical CPU: ``fit`` with K=2 (GPipe) and
 K=3 (1F1B), M=4, ends with the weights of the whole model trained in one process, in both
 Kerases (evaluate, predict and the saved model too); so does a fit with sample weights (its
-weighted metric equals Keras's, its unweighted one too); stage k's variables and optimizer slots
+weighted metric equals Keras's, its unweighted one too), and fits whose layers carry weight and
+activity regularizers on both stages (weights, logged loss and evaluate equal Keras's; dropping
+stage 1's regularization breaks both); stage k's variables and optimizer slots
 live on device k (building them inside the strategy's scope is refused); zeroing the gradients
 the stages hand back breaks parity.
 
@@ -30,7 +32,10 @@ PARITY_ATOL = 1e-5
 """float32 tolerance against the whole model in one process (measured gap: 6e-8)."""
 SABOTAGE_MIN_GAP = 1e-2
 """Zeroed gradient hand-overs must miss the reference by more (measured: 0.06)."""
-CASES = ["2:4:gpipe", "3:4:1f1b:weighted", "2:4:gpipe:sabotage"]
+DROPPED_MIN_GAP = 1e-2
+"""Dropping stage 1's regularization must miss the reference by more (measured: 0.044)."""
+PARITY = ["2:4:gpipe", "3:4:1f1b:weighted:regularize", "2:4:1f1b:regularize"]
+CASES = [*PARITY, "2:4:gpipe:sabotage", "2:4:1f1b:regularize:drop"]
 
 
 def run_cases(tmp_path: Path, flavour: str) -> dict:
@@ -58,7 +63,7 @@ def device_index(name: str) -> int:
 @pytest.mark.parametrize("flavour", ["keras3", "tf_keras"])
 def test_stages_on_the_devices_of_one_process_match_one_device(tmp_path, flavour):
     cases = run_cases(tmp_path, flavour)
-    for case in ("2:4:gpipe", "3:4:1f1b:weighted"):
+    for case in PARITY:
         got = cases[case]
         stages = int(case[0])
         assert got["describe"].startswith(f"pipeline: {stages} stages on /device:CPU:0, ")
@@ -77,8 +82,17 @@ def test_stages_on_the_devices_of_one_process_match_one_device(tmp_path, flavour
         slots = sorted(device_index(d) for d in got["slot_devices"])
         assert set(slots) == set(range(stages)) and len(slots) == 12
         assert got["layers"] == ["d0", "d1", "d2", "d3", "d4", "out"]
-    weighted = cases["3:4:1f1b:weighted"]["history"]
+        loss_gap = np.max(np.abs(np.subtract(got["history"]["loss"],
+                                             got["reference_history"]["loss"])))
+        assert loss_gap <= PARITY_ATOL, (case, loss_gap)
+    weighted = cases["3:4:1f1b:weighted:regularize"]["history"]
     # The weights weigh the loss and weighted_metrics only (as in Keras), and they matter.
     assert abs(weighted["weighted_mae"][0] - weighted["mae"][0]) > 1e-2
     sabotaged = cases["2:4:gpipe:sabotage"]
     assert max_gap(sabotaged["trained"], sabotaged["reference"]) > SABOTAGE_MIN_GAP
+    # The same checks fail when stage 1's regularization losses are dropped.
+    dropped = cases["2:4:1f1b:regularize:drop"]
+    assert max_gap(dropped["trained"], dropped["reference"]) > DROPPED_MIN_GAP
+    loss_gap = np.max(np.abs(np.subtract(dropped["history"]["loss"],
+                                         dropped["reference_history"]["loss"])))
+    assert loss_gap > 10 * PARITY_ATOL, loss_gap

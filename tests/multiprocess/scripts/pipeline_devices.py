@@ -2,11 +2,13 @@
 ``pipeline_parity.py`` with ``model.fit`` for each case and reports, per case, the weights, the
 one-process reference, where each stage's variables live, and the losses.
 
-Args: ``save_dir case [case ...]``, each ``stages:micro_batches:schedule[:weighted][:sabotage]``.
-``weighted`` fits ``(x, y, sample_weight)``; ``sabotage`` zeroes every gradient a stage hands
-back (the parity check must then fail). Each case's trained model is saved in ``save_dir`` and
-loaded back; then the stages are built inside ``strategy.scope()``, which must be refused.
-Reports one JSON object (``tfdist.testing.report``).
+Args: ``save_dir case [case ...]``, each
+``stages:micro_batches:schedule[:weighted][:sabotage][:regularize][:drop]``. ``weighted`` fits
+``(x, y, sample_weight)``; ``sabotage`` zeroes every gradient a stage hands back (the parity
+check must then fail); ``regularize`` adds ``pipeline_parity``'s regularizers; ``drop`` drops
+stage 1's regularization losses (the parity check must then fail). Each case's trained model
+is saved in ``save_dir`` and loaded back; then the stages are built inside
+``strategy.scope()``, which must be refused. Reports one JSON object (``tfdist.testing.report``).
 """
 
 from __future__ import annotations
@@ -48,6 +50,21 @@ def sabotage():
     return send
 
 
+def drop_stage1_regularization():
+    """Stage 1 loses its regularization losses (weights and activity); returns the undo."""
+    saved = compat.weight_losses, compat.call_losses
+
+    def dropping(original):
+        return lambda model: [] if model.name.endswith("_stage1") else original(model)
+
+    compat.weight_losses, compat.call_losses = (dropping(f) for f in saved)
+
+    def restore():
+        compat.weight_losses, compat.call_losses = saved
+
+    return restore
+
+
 def device(variable):
     return getattr(variable, "device", None) or variable.value.device
 
@@ -64,17 +81,21 @@ def run_case(keras, save_dir, case):
     stages, micro, schedule, *flags = case.split(":")
     strategy = tfdist.get_strategy("pipeline", stages=int(stages), micro_batches=int(micro),
                                    schedule=schedule)
+    regularize = "regularize" in flags
     keras.utils.set_random_seed(1)
-    whole = build(keras)
+    whole = build(keras, regularize)
     initial = [w.copy() for w in whole.get_weights()]
     model = strategy.build_model(whole)
     x, y = data(STEPS)
     weight = sample_weights(len(x)) if "weighted" in flags else None
     restore = sabotage() if "sabotage" in flags else None
+    undo = drop_stage1_regularization() if "drop" in flags else None
     history = fit(keras, model, x, y, weight)
     if restore is not None:
         local.LocalLink.send = restore
-    reference = build(keras)
+    if undo is not None:
+        undo()
+    reference = build(keras, regularize)
     reference.set_weights(initial)
     ref_history = fit(keras, reference, x, y, weight)
     saved = strategy.save_model(model, os.path.join(save_dir, case.replace(":", "_") + ".keras"))

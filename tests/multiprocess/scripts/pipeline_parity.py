@@ -2,7 +2,7 @@
 ``model.fit`` and reports the reassembled weights, and the single-process reference.
 
 Args: ``steps micro_batches schedule [--sabotage] [--save DIR] [--custom-loop]
-[--sample-weight]``. Every process
+[--sample-weight] [--regularize]``. Every process
 builds the whole model once with a fixed seed (so the stages start from the reference's weights),
 takes its stage with ``strategy.build_model(model)``, and fits ``steps`` global batches of
 ``GLOBAL`` rows (or runs ``strategy.train_step`` on them: ``--custom-loop``). The chief then
@@ -10,7 +10,9 @@ computes, in one process: the reference (the whole model fitted on the same glob
 control that trains on the first half of each global batch only (a pipeline that lost
 micro-batches or replicas would look like it). ``--sabotage`` zeroes every gradient sent back
 between stages: the parity check must then fail. ``--sample-weight`` fits ``(x, y,
-sample_weight)`` (the reference and the control too).
+sample_weight)`` (the reference and the control too). ``--regularize`` gives the layers L2
+kernel regularizers (every layer), an L1 bias regularizer and L2 activity regularizers (early
+and last layer), in the reference too.
 """
 
 from __future__ import annotations
@@ -25,13 +27,30 @@ from tfdist import compat
 from tfdist.testing import report
 
 GLOBAL, FEATURES, LR = 24, 5, 0.1
+REGULARIZATION = 0.05
 
 
-def build(keras):
+def regularizers(keras, name):
+    """Layer ``name``'s regularizers with ``--regularize``: an L2 kernel term on every layer, an
+    L1 bias term on d2, L2 activity terms on d1 (stage 0 of two) and on the output."""
+    rate = REGULARIZATION
+    found = {"kernel_regularizer": keras.regularizers.L2(rate)}
+    if name == "d2":
+        found["bias_regularizer"] = keras.regularizers.L1(rate)
+    if name in ("d1", "out"):
+        found["activity_regularizer"] = keras.regularizers.L2(rate)
+    return found
+
+
+def build(keras, regularize=False):
+    def extra(name):
+        return regularizers(keras, name) if regularize else {}
+
     layers = [keras.Input((FEATURES,))]
     for i, width in enumerate((8, 8, 6, 6, 4)):
-        layers.append(keras.layers.Dense(width, activation="tanh", name=f"d{i}"))
-    layers.append(keras.layers.Dense(1, name="out"))
+        layers.append(keras.layers.Dense(width, activation="tanh", name=f"d{i}",
+                                         **extra(f"d{i}")))
+    layers.append(keras.layers.Dense(1, name="out", **extra("out")))
     return keras.Sequential(layers, name="deep_mlp")
 
 
@@ -58,8 +77,8 @@ def sabotage_gradient_sends():
     transport.Link.send = zero_gradients
 
 
-def fitted(keras, initial, x, y, batch, weight=None):
-    model = build(keras)
+def fitted(keras, initial, x, y, batch, weight=None, regularize=False):
+    model = build(keras, regularize)
     model.set_weights(initial)
     model.compile(optimizer=keras.optimizers.SGD(LR), loss="mse")
     history = model.fit(x, y, sample_weight=weight, batch_size=batch, epochs=1, shuffle=False,
@@ -73,8 +92,9 @@ def main(argv):
         sabotage_gradient_sends()
     keras = compat.get_keras()
     strategy = tfdist.get_strategy("auto", micro_batches=micro_batches, schedule=schedule)
+    regularize = "--regularize" in argv
     keras.utils.set_random_seed(1)
-    whole = build(keras)
+    whole = build(keras, regularize)
     initial = [w.copy() for w in whole.get_weights()]
     model = strategy.build_model(whole)
     del whole
@@ -102,11 +122,11 @@ def main(argv):
         result["saved"] = strategy.save_model(model, os.path.join(save_dir, "model.keras"))
     trained = strategy.gather_weights(model)
     if strategy.is_chief:
-        reference, ref_history = fitted(keras, initial, x, y, GLOBAL, weight)
+        reference, ref_history = fitted(keras, initial, x, y, GLOBAL, weight, regularize)
         part = GLOBAL // 2
         keep = (np.arange(len(x)) % GLOBAL) < part
         control, _ = fitted(keras, initial, x[keep], y[keep], part,
-                            None if weight is None else weight[keep])
+                            None if weight is None else weight[keep], regularize)
         result.update(
             trained=[w.tolist() for w in trained], initial=[w.tolist() for w in initial],
             reference=[w.tolist() for w in reference.get_weights()],
