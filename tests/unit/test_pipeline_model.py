@@ -1,6 +1,7 @@
 """Pipeline stages in one process: describing a model without its weights, splitting it, the
-errors for models a pipeline cannot train, and a one-process pipeline (K=1, M micro-batches)
-that trains exactly like the plain model."""
+errors for models a pipeline cannot train (a loss added in ``call`` among them), and a
+one-process pipeline (K=1, M micro-batches) that trains exactly like the plain model, with
+regularizers too."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import importlib
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tfdist import compat
 from tfdist.errors import StrategyConfigError
@@ -19,10 +21,14 @@ pytestmark = pytest.mark.unit
 keras = compat.get_keras()
 
 
-def chain(widths=(6, 6, 4), features=3, batch_norm=False):
+def chain(widths=(6, 6, 4), features=3, batch_norm=False, regularize=False):
     layers = [keras.Input((features,))]
     for i, width in enumerate(widths):
-        layers.append(keras.layers.Dense(width, activation="tanh", name=f"d{i}"))
+        extra = {}
+        if regularize:  # weight terms on every layer, an activity term on one
+            extra = {"kernel_regularizer": keras.regularizers.L2(0.05),
+                     "activity_regularizer": keras.regularizers.L1(0.05) if i == 1 else None}
+        layers.append(keras.layers.Dense(width, activation="tanh", name=f"d{i}", **extra))
         if batch_norm and i == 0:
             layers.append(keras.layers.BatchNormalization(name="bn"))
     layers.append(keras.layers.Dense(1, name="out"))
@@ -91,6 +97,53 @@ def test_batch_normalization_is_refused_with_micro_batches_and_allowed_without()
     stage.split_model(chain(batch_norm=True), stages=2, micro_batches=1)
 
 
+@keras.saving.register_keras_serializable("test_pipeline_model")
+class AddsMean(keras.layers.Layer):
+    """Adds a loss computed from its inputs in ``call``."""
+
+    def call(self, x):
+        self.add_loss(tf.reduce_mean(tf.square(x)))
+        return x
+
+
+@keras.saving.register_keras_serializable("test_pipeline_model")
+class Passes(keras.layers.Layer):
+    def call(self, x):
+        return x
+
+
+def odd_rows(x):
+    """An activity regularizer that is not a sum over the rows."""
+    return tf.square(tf.reduce_sum(x))
+
+
+@pytest.mark.parametrize("layer, what", [
+    (lambda: AddsMean(name="adds"), "add_loss() in call()"),
+    (lambda: keras.layers.Dense(6, activity_regularizer=odd_rows, name="adds"),
+     "activity_regularizer function"),
+])
+def test_a_loss_added_in_call_is_refused_with_micro_batches_and_allowed_without(layer, what):
+    def model():
+        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(6, name="d0"), layer(),
+                                 keras.layers.Dense(1, name="out")])
+
+    with pytest.raises(StrategyConfigError) as info:
+        stage.split_model(model(), stages=2, micro_batches=4)
+    message = str(info.value)
+    assert f"Layer 'adds' adds a loss in each call ({what}" in message
+    assert "micro_batches=4" in message and "Fix: use micro_batches=1" in message
+    stage.split_model(model(), stages=2, micro_batches=1)
+
+
+def test_regularizers_that_micro_batches_reproduce_are_accepted():
+    model = keras.Sequential([
+        keras.Input((3,)), keras.layers.Dense(6, name="d0", activity_regularizer="l2",
+                                              kernel_regularizer="l1"),
+        Passes(name="passes"), keras.layers.ActivityRegularization(0.1, 0.1, name="act"),
+        keras.layers.Dense(1, name="out", activity_regularizer=keras.regularizers.L1L2(0.1))])
+    assert stage.split_model(model, stages=2, micro_batches=4)[1][-1] == 4
+
+
 def test_unknown_sequence_length_is_refused():
     model = keras.Sequential([keras.Input((None, 3)), keras.layers.Dense(2, name="a"),
                               keras.layers.Dense(1, name="b")])
@@ -141,14 +194,14 @@ def _fit(model, x, y, weight):
                      verbose=0).history
 
 
-@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("weighted, regularize", [(False, False), (True, False), (False, True)])
 def test_one_process_pipeline_with_micro_batches_trains_like_the_plain_model(
-        monkeypatch, weighted):
+        monkeypatch, weighted, regularize):
     from tfdist.strategies.pipeline import PipelineStrategy
 
     monkeypatch.delenv("TF_CONFIG", raising=False)
     keras.utils.set_random_seed(3)
-    whole = chain()
+    whole = chain(regularize=regularize)
     initial = whole.get_weights()
     rng = np.random.default_rng(1)
     x = rng.normal(size=(48, 3)).astype("float32")
@@ -158,7 +211,7 @@ def test_one_process_pipeline_with_micro_batches_trains_like_the_plain_model(
     strategy = PipelineStrategy(micro_batches=4)
     model = strategy.build_model(whole)
     history = _fit(model, x, y, weight)
-    plain = chain()
+    plain = chain(regularize=regularize)
     plain.set_weights(initial)
     reference = _fit(plain, x, y, weight)
     gap = max(float(np.max(np.abs(a - b)))
@@ -169,6 +222,17 @@ def test_one_process_pipeline_with_micro_batches_trains_like_the_plain_model(
     assert sorted(history) == sorted(reference) == ["loss", "mae", "weighted_mae"]
     for name, values in reference.items():
         np.testing.assert_allclose(history[name], values, rtol=1e-5, err_msg=name)
+    if regularize:  # evaluate adds the regularization too, as Keras's does
+        got = model.evaluate(x, y, batch_size=16, verbose=0, return_dict=True)
+        expected = plain.evaluate(x, y, batch_size=16, verbose=0, return_dict=True)
+        assert sorted(got) == sorted(expected)
+        for name, value in expected.items():
+            assert got[name] == pytest.approx(value, rel=1e-5), name
+        unregularized = chain()
+        unregularized.set_weights(initial)
+        _fit(unregularized, x, y, None)
+        assert max(float(np.max(np.abs(a - b))) for a, b in zip(
+            model.get_weights(), unregularized.get_weights(), strict=True)) > 1e-3
     if weighted:  # the weights changed training: the unweighted model ends elsewhere
         unweighted = chain()
         unweighted.set_weights(initial)

@@ -31,6 +31,7 @@ __all__ = [
     "stage_costs",
     "check_edges",
     "check_layer_classes",
+    "check_added_losses",
     "UNSUPPORTED_LAYERS",
 ]
 
@@ -261,3 +262,27 @@ def check_layer_classes(classes: Sequence[str], names: Sequence[str], micro_batc
                 received=f"{name!r} ({cls}), micro_batches={micro_batches}",
                 expected=f"no {cls} when micro_batches > 1",
                 fix="use micro_batches=1, or LayerNormalization/GroupNormalization instead"))
+
+
+def check_added_losses(added: Sequence[str | None], names: Sequence[str],
+                       micro_batches: int) -> None:
+    """Raises for a layer whose per-call loss micro-batches cannot reproduce (``added[i]`` says
+    what it adds, None for nothing or an exact term; see `tfdist.pipeline.stage.added_loss`).
+
+    Example:
+        >>> check_added_losses([None, None], ["a", "b"], micro_batches=4)
+    """
+    if micro_batches == 1:
+        return
+    for what, name in zip(added, names, strict=True):
+        if what is not None:
+            raise StrategyConfigError(format_error(
+                f"Layer {name!r} adds a loss in each call ({what}): with "
+                f"micro_batches={micro_batches} it would be computed per micro-batch, and how "
+                "it combines over rows is unknown, so training could differ from one device "
+                "on the whole batch.",
+                received=f"{name!r}: {what}, micro_batches={micro_batches}",
+                expected="weight regularizers and L1/L2/L1L2 activity regularizers only, "
+                "when micro_batches > 1",
+                fix="use micro_batches=1, or an L1/L2/L1L2 activity_regularizer or a weight "
+                "regularizer instead"))

@@ -149,7 +149,7 @@ def split_model(
     Raises:
         StrategyConfigError: too many stages, bad split points, a layer whose output is used
             beyond the next layer (skip connections), or a layer the pipeline cannot train
-            exactly with ``micro_batches`` (BatchNormalization).
+            exactly with ``micro_batches`` (BatchNormalization, a loss added in ``call``).
 
     Example:
         >>> keras = compat.get_keras()
@@ -181,7 +181,47 @@ def split_model(
         bounds = partition.balanced_bounds([max(p, 1) for p in spec.params], stages)
     partition.check_edges(spec.edges, bounds, spec.names)
     partition.check_layer_classes(spec.classes, spec.names, micro_batches)
+    if micro_batches > 1:
+        partition.check_added_losses([added_loss(spec, i) for i in range(len(spec.names))],
+                                     spec.names, micro_batches)
     return spec, bounds
+
+
+ROW_ADDITIVE_REGULARIZERS = ("L1", "L2", "L1L2")
+"""Keras's activity regularizers that are sums over the rows: divided by the rows (as both
+Kerases do), micro-batches' terms divided by M add up to the whole batch's."""
+
+
+def _from_keras(config: dict[str, Any]) -> bool:
+    return str(config.get("module") or "").startswith("keras")
+
+
+def added_loss(spec: ModelSpec, i: int) -> str | None:
+    """What layer ``i`` adds to the loss in each call that micro-batches cannot reproduce
+    exactly: an activity regularizer other than `ROW_ADDITIVE_REGULARIZERS`, or ``add_loss``
+    in the ``call`` of a layer that is not one of Keras's (found by calling a copy of it once on
+    zeros). None if nothing.
+
+    Example:
+        >>> keras = compat.get_keras()
+        >>> spec = describe_model(keras.Sequential([keras.Input((2,)), keras.layers.Dense(
+        ...     1, activity_regularizer=keras.regularizers.L2(0.1))]))
+        >>> added_loss(spec, 0) is None
+        True
+    """
+    config = spec.configs[i]
+    activity = config.get("config", {}).get("activity_regularizer")
+    if activity is not None and not (
+            _from_keras(activity) and activity.get("class_name") in ROW_ADDITIVE_REGULARIZERS):
+        return f"activity_regularizer {activity.get('class_name')}"
+    if str(config.get("module") or "").startswith("keras.layers"):
+        return None
+    keras = compat.get_keras(spec.flavour)  # type: ignore[arg-type]
+    layer = keras.layers.deserialize(config)
+    layer(np.zeros((2, *spec.shapes[i]), spec.dtypes[i]))
+    if len(compat.call_losses(layer)) > (activity is not None):
+        return "add_loss() in call()"
+    return None
 
 
 def build_stage(spec: ModelSpec, bounds: Sequence[int], stage: int, cls: type | None = None,
