@@ -211,6 +211,29 @@ def optimizer_variables(optimizer: Any) -> list[Any]:
     return list(variables() if callable(variables) else variables)
 
 
+def bind_unbuilt_optimizer(optimizer: Any, strategy: Any) -> bool:
+    """Makes a Keras 3 optimizer not yet built create its slots under ``strategy``; returns
+    whether it did.
+
+    Keras 3's TensorFlow optimizer keeps the strategy in scope when it was constructed and creates
+    its slots (Adam's moments, SGD's momentum) under that strategy: one constructed outside
+    ``strategy.scope()`` fails in its first ``fit`` with "Mixing different tf.distribute.Strategy
+    objects". Only for a strategy whose variables are plain per process (the pipeline): under a
+    mirrored strategy the optimizer's own variables must be mirrored too, so there the optimizer
+    has to be constructed inside the scope. tf-keras optimizers need none of this.
+
+    Example:
+        >>> import keras
+        >>> import tensorflow as tf
+        >>> bind_unbuilt_optimizer(keras.optimizers.Adam(), tf.distribute.get_strategy())
+        True
+    """
+    if getattr(optimizer, "built", True) or not hasattr(optimizer, "_distribution_strategy"):
+        return False
+    optimizer._distribution_strategy = strategy
+    return True
+
+
 def weight_losses(model: Any) -> list[Any]:
     """``model.losses`` that depend on variables only (weight regularizers; in tf-keras also
     callables given to ``add_loss``), computed now: tf-keras keeps them as callables per layer,

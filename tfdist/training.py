@@ -89,7 +89,7 @@ def fit(model: Any, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
     if not compat.fit_needs_coordinator(strategy, model):
         if isinstance(x, (tf.data.Dataset, tf.distribute.DistributedDataset)):
             kwargs.setdefault("shuffle", False)  # fit ignores it for datasets; Keras 3 warns
-        return model.fit(x, y, **kwargs)
+        return _model_fit(model, x, y, kwargs)
     unsupported = sorted(set(kwargs) - set(_COORDINATOR_FIT_ARGS))
     if y is not None or unsupported or not isinstance(x, PerWorkerInput):
         given = ", ".join(unsupported + (["y"] if y is not None else []))
@@ -106,6 +106,30 @@ def fit(model: Any, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
             received="steps_per_epoch=None", expected="a positive int",
             fix="repeat the dataset in dataset_fn and pass steps_per_epoch"))
     return _coordinator_fit(model, strategy, x, **kwargs)
+
+
+_WRONG_SCOPE = "Mixing different tf.distribute.Strategy objects"
+
+
+def _model_fit(model: Any, x: Any, y: Any, kwargs: dict[str, Any]) -> Any:
+    """``model.fit``, with Keras 3's error for an optimizer made outside the model's strategy
+    scope (raised while building, before the first step) turned into one that names the fix."""
+    try:
+        return model.fit(x, y, **kwargs)
+    except RuntimeError as err:
+        made_under = getattr(model.optimizer, "_distribution_strategy", None)
+        if _WRONG_SCOPE not in str(err) or made_under is model.distribute_strategy:
+            raise
+        raise StrategyConfigError(format_error(
+            "The model's optimizer was made outside the strategy's scope: Keras 3 creates the "
+            "optimizer's slots (Adam's moments, SGD's momentum) under the strategy that was in "
+            "scope when the optimizer was made, so fit stopped before its first step.",
+            received=f"{type(model.optimizer).__name__} made under "
+            f"{type(made_under).__name__}, the model under "
+            f"{type(model.distribute_strategy).__name__}",
+            expected="the optimizer made inside the model's strategy.scope()",
+            fix="call model.compile(optimizer=...) inside the `with strategy.scope():` block "
+            "that builds the model")) from err
 
 
 def _coordinator_fit(model: Any, strategy: Any, data: PerWorkerInput, *, steps_per_epoch: int,

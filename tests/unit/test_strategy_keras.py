@@ -141,3 +141,29 @@ def test_fit_refuses_what_the_coordinator_cannot_honour(keras3, monkeypatch):
     with pytest.raises(StrategyConfigError, match="needs steps_per_epoch"):
         training.fit(model, data, epochs=1)
     assert "tfdist.fit(model, this, ...)" in repr(data)
+
+
+@pytest.mark.parametrize("inside_scope", [True, False])
+def test_an_optimizer_made_outside_the_scope_is_named_with_the_fix(keras3, inside_scope):
+    import numpy as np
+
+    keras = compat.get_keras()
+    if compat.flavour_of(keras.Sequential()) != "keras3":
+        pytest.skip("Keras 3 only: tf-keras optimizers build their slots under the model's scope")
+    strategy = tfdist.get_strategy("mirrored")
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        if inside_scope:
+            model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    if not inside_scope:
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    x, y = np.ones((8, 2), "float32"), np.ones((8, 1), "float32")
+    if inside_scope:
+        assert len(tfdist.fit(model, x, y, epochs=1, verbose=0).history["loss"]) == 1
+        return
+    with pytest.raises(StrategyConfigError) as info:
+        tfdist.fit(model, x, y, epochs=1, verbose=0)
+    message = str(info.value)
+    assert "Adam made under _DefaultDistributionStrategy, the model under MirroredStrategy" \
+        in message
+    assert "Fix: call model.compile(optimizer=...) inside the `with strategy.scope():`" in message

@@ -193,6 +193,8 @@ class _StageModelMixin:
         self._pipeline_tracker = keras.metrics.Mean(name="loss")
         self._pipeline_mirrors = [keras.metrics.Mean(name=m.name) for m, _ in real]
         super().compile(optimizer=optimizer, **kwargs)  # type: ignore[misc]
+        # A stage's variables are plain, so an optimizer made outside strategy.scope() is fine.
+        compat.bind_unbuilt_optimizer(self.optimizer, self._pipeline)  # type: ignore[attr-defined]
 
     @property
     def metrics(self) -> list[Any]:

@@ -47,7 +47,8 @@ def build():
 
 keras.utils.set_random_seed(3)
 model = strategy.build_model(build())
-model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+# Adam: its moments and step count must come back from the backup too.
+model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
 backup = strategy.backup_callback(sys.argv[1])
 history = model.fit(x, y, batch_size=GLOBAL, epochs=EPOCHS, shuffle=False, verbose=0,
                     callbacks=[backup, KillInEpoch()])
