@@ -9,8 +9,12 @@
 # Options:
 #   --with-slurm        also install Slurm (slurmctld, slurmd, slurm-client) and munge with apt,
 #                       for the tests that submit jobs to a private Slurm cluster (make slurm)
+#   --horovod-wheel DIR only build the patched Horovod wheel into DIR with the venv's TensorFlow
+#                       (no cache, nothing installed): to try a toolchain, e.g. a newer cmake first
+#                       on PATH: bash launch/setup.sh --horovod-wheel /tmp/hvd-wheel
 #
 # Environment:
+#   TFDIST_VENV         the venv to set up or build with (default: .venv at the repository root)
 #   TFDIST_PYTHON       interpreter to build the venv from (default: python3.11, then python3)
 #   TFDIST_CACHE_DIR    where built wheels are kept (default: ~/.cache/tfdist)
 #   TFDIST_SKIP_HOROVOD=1   do not install Horovod (its tests then skip with a reason)
@@ -19,7 +23,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="$ROOT/.venv"
+VENV="${TFDIST_VENV:-$ROOT/.venv}"
 CACHE_DIR="${TFDIST_CACHE_DIR:-$HOME/.cache/tfdist}"
 HOROVOD_VERSION="0.28.1"
 HOROVOD_PATCHES="$ROOT/launch/horovod-patches"
@@ -227,13 +231,27 @@ install_horovod() {
   horovod_installed || die "Horovod installed but does not import with Gloo; run: $VENV/bin/horovodrun --check-build"
 }
 
+# --horovod-wheel DIR: the build alone, into DIR, with an existing venv that has TensorFlow.
+build_horovod_wheel_only() {
+  local out_dir="$1"
+  [[ -n "$out_dir" ]] || die "--horovod-wheel needs a directory: bash launch/setup.sh --horovod-wheel DIR"
+  "$VENV/bin/python" -c 'import tensorflow' 2>/dev/null \
+    || die "--horovod-wheel builds against the venv's TensorFlow, but $VENV has none. Run bash launch/setup.sh first or set TFDIST_VENV."
+  ensure_system_tools
+  log "toolchain: $(cmake --version | head -1), $(g++ --version | head -1)"
+  build_horovod_wheel "$out_dir"
+  log "built $(ls "$out_dir"/horovod-*.whl)"
+}
+
 main() {
-  local with_slurm=0 arg
-  for arg in "$@"; do
-    case "$arg" in
+  local with_slurm=0
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
       --with-slurm) with_slurm=1 ;;
-      *) die "unknown option $arg (known: --with-slurm)" ;;
+      --horovod-wheel) build_horovod_wheel_only "${2:-}"; return ;;
+      *) die "unknown option $1 (known: --with-slurm, --horovod-wheel DIR)" ;;
     esac
+    shift
   done
   create_venv
   install_python_deps
