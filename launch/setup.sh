@@ -50,8 +50,14 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 run_with_progress() {
   local label="$1" log="$2" every="${TFDIST_PROGRESS_SECONDS:-30}" pid step waited=0
   shift 2
-  "$@" >"$log" 2>&1 &
+  # Its own process group, so that set-up interrupted or terminated stops the whole build
+  # (pip, cmake, make, the compilers) rather than leave it running.
+  setsid "$@" >"$log" 2>&1 &
   pid=$!
+  # shellcheck disable=SC2064  # the pid is known now, not when the trap runs
+  trap "kill -- -$pid 2>/dev/null; exit 130" INT
+  # shellcheck disable=SC2064
+  trap "kill -- -$pid 2>/dev/null; exit 143" TERM
   while kill -0 "$pid" 2>/dev/null; do
     sleep 1
     waited=$((waited + 1))
@@ -60,6 +66,7 @@ run_with_progress() {
       log "$label: $((waited / 60))m$((waited % 60))s${step:+, at $step}"
     fi
   done
+  trap - INT TERM
   wait "$pid"
 }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
@@ -186,6 +193,15 @@ horovod_build_key() {
   echo "horovod-$HOROVOD_VERSION-p$(horovod_patches_hash)-tf$TF_VERSION-$pyver-$(uname -m)-$(horovod_controllers)"
 }
 
+# Prints a failed build's first compiler or CMake errors with the lines that explain them (CMake
+# says why on the next lines, g++ shows the code), else pip's last error lines.
+show_first_errors() {
+  local log="$1" first
+  first="$(grep -E -m3 -A3 ': (fatal )?error:|CMake Error' "$log" || true)"
+  [[ -n "$first" ]] || first="$(grep -E 'error|Error|ERROR' "$log" | grep -v '^ *-' | tail -5 || true)"
+  printf '%s\n' "$first" | head -16 >&2
+}
+
 build_horovod_wheel() {
   local out_dir="$1" work build_log="$CACHE_DIR/logs/horovod-build.log"
   work="$(mktemp -d)"
@@ -203,8 +219,9 @@ build_horovod_wheel() {
            run_with_progress "building Horovod" "$build_log" \
              "$VENV/bin/python" -m pip wheel -v --no-deps --no-build-isolation \
                -w "$work/dist" "$work/horovod-$HOROVOD_VERSION" ); then
-    grep -E 'error|Error|ERROR' "$build_log" | grep -v '^ *-' | head -5 >&2 || true
-    die "Horovod build failed. Full log: $build_log (first errors above). Set TFDIST_SKIP_HOROVOD=1 to set up without Horovod."
+    rm -rf "$work"
+    show_first_errors "$build_log"
+    die "Horovod build failed ($(cmake --version | head -1), $(g++ --version | head -1)). Full log: $build_log (first errors above). Set TFDIST_SKIP_HOROVOD=1 to set up without Horovod."
   fi
   mkdir -p "$out_dir"
   cp "$work"/dist/horovod-*.whl "$out_dir/"
