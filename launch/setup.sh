@@ -120,12 +120,13 @@ horovod_controllers() {
   if command -v mpicxx >/dev/null 2>&1; then echo "gloo-mpi"; else echo "gloo"; fi
 }
 
-# What the multi-host tests use: ssh, sshd and ip (network namespaces). Optional: without them
+# What the multi-host tests use: ssh, sshd and ip (network namespaces); include-what-you-use for
+# the check of Horovod's standard headers (launch/horovod_headers.py). Optional: without them
 # (not root) those tests skip and say why.
 ensure_test_tools() {
   local missing
-  if ! missing="$(apt_install_missing ssh:openssh-client ssh-keygen:openssh-client /usr/sbin/sshd:openssh-server ip:iproute2)"; then
-    log "could not install ${missing//$'\n'/ } (needs root and apt-get): the multi-host tests will skip"
+  if ! missing="$(apt_install_missing ssh:openssh-client ssh-keygen:openssh-client /usr/sbin/sshd:openssh-server ip:iproute2 include-what-you-use:iwyu)"; then
+    log "could not install ${missing//$'\n'/ } (needs root and apt-get): the multi-host and header-check tests will skip"
   fi
 }
 

@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -217,3 +218,40 @@ def _running(pid: int) -> bool:
         return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
+
+
+def _patched_sdist(tmp_path: Path, patches: list[Path]) -> Path:
+    if not SDIST.exists():
+        pytest.skip(f"{SDIST} is not cached (launch/setup.sh keeps it when it builds Horovod)")
+    with tarfile.open(SDIST) as sdist:
+        sdist.extractall(tmp_path, filter="data")
+    chosen = tmp_path / "patches"
+    chosen.mkdir()
+    for patch in patches:
+        shutil.copy(patch, chosen)
+    src = tmp_path / "horovod-0.28.1"
+    result = _bash(f"source {SETUP} && HOROVOD_PATCHES={chosen} patch_horovod_source {src}")
+    assert result.returncode == 0, result.stderr
+    return src
+
+
+@pytest.mark.parametrize("with_patch_03", [False, True])
+def test_the_header_check_finds_what_gcc13_broke_and_patch_03_fixes_it(tmp_path, with_patch_03):
+    if shutil.which("include-what-you-use") is None:
+        pytest.skip("include-what-you-use is not installed (apt-get install iwyu; "
+                    "launch/setup.sh does as root)")
+    patches = sorted(PATCHES.glob("0[1-4]-*.patch"))
+    if not with_patch_03:
+        patches = [p for p in patches if not p.name.startswith("03-")]
+    src = _patched_sdist(tmp_path, patches)
+    files = ["horovod/common/group_table.h", "horovod/common/common.h"]
+    result = subprocess.run([sys.executable, str(REPO / "launch" / "horovod_headers.py"),
+                             str(src), *files], capture_output=True, text=True, timeout=120)
+    if with_patch_03:
+        assert (result.returncode, result.stdout) == (0, ""), result.stdout + result.stderr
+        return
+    assert result.returncode == 1, result.stderr
+    # The two errors GCC 13 reported, and what it would have reported next.
+    assert "horovod/common/group_table.h: <string> (for string" in result.stdout
+    assert "horovod/common/common.h: <stdexcept> (for logic_error)" in result.stdout
+    assert "horovod/common/group_table.h: <cstdint> (for int32_t)" in result.stdout
