@@ -142,10 +142,12 @@ def missing_headers(src: Path, files: list[str]) -> list[tuple[str, str, str]]:
     gaps = []
     with tempfile.TemporaryDirectory() as generated:
         write_gloo_config(src, Path(generated))
-        dirs = include_dirs(src, Path(generated))
-        if any(f.startswith("horovod/tensorflow/") for f in files):
-            dirs += tensorflow_include()
+        common = include_dirs(src, Path(generated))
+        # TensorFlow's files build against TF's headers first, its Eigen not Horovod's copy.
+        tf_dirs = (tensorflow_include() + [d for d in common if d.name != "eigen"]
+                   if any(f.startswith("horovod/tensorflow/") for f in files) else [])
         for file in files:
+            dirs = tf_dirs if file.startswith("horovod/tensorflow/") else common
             have = explicit_std_includes((src / file).resolve(), dirs)
             for header, names in suggested(src, file, dirs).items():
                 if (header in have or IMPLIED_BY.get(header, set()) & have

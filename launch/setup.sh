@@ -10,7 +10,7 @@
 #   --with-slurm        also install Slurm (slurmctld, slurmd, slurm-client) and munge with apt,
 #                       for the tests that submit jobs to a private Slurm cluster (make slurm)
 #   --horovod-wheel DIR only build the patched Horovod wheel into DIR with the venv's TensorFlow
-#                       (no cache, nothing installed): to try a toolchain, e.g. a newer cmake first
+#                       (neither cached nor installed): to try a toolchain, e.g. a newer cmake first
 #                       on PATH: bash launch/setup.sh --horovod-wheel /tmp/hvd-wheel
 #
 # Environment:
