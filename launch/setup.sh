@@ -9,8 +9,12 @@
 # Options:
 #   --with-slurm        also install Slurm (slurmctld, slurmd, slurm-client) and munge with apt,
 #                       for the tests that submit jobs to a private Slurm cluster (make slurm)
+#   --horovod-wheel DIR only build the patched Horovod wheel into DIR with the venv's TensorFlow
+#                       (neither cached nor installed): to try a toolchain, e.g. a newer cmake first
+#                       on PATH: bash launch/setup.sh --horovod-wheel /tmp/hvd-wheel
 #
 # Environment:
+#   TFDIST_VENV         the venv to set up or build with (default: .venv at the repository root)
 #   TFDIST_PYTHON       interpreter to build the venv from (default: python3.11, then python3)
 #   TFDIST_CACHE_DIR    where built wheels are kept (default: ~/.cache/tfdist)
 #   TFDIST_SKIP_HOROVOD=1   do not install Horovod (its tests then skip with a reason)
@@ -19,7 +23,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="$ROOT/.venv"
+VENV="${TFDIST_VENV:-$ROOT/.venv}"
 CACHE_DIR="${TFDIST_CACHE_DIR:-$HOME/.cache/tfdist}"
 HOROVOD_VERSION="0.28.1"
 HOROVOD_PATCHES="$ROOT/launch/horovod-patches"
@@ -46,8 +50,14 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 run_with_progress() {
   local label="$1" log="$2" every="${TFDIST_PROGRESS_SECONDS:-30}" pid step waited=0
   shift 2
-  "$@" >"$log" 2>&1 &
+  # Its own process group, so that set-up interrupted or terminated stops the whole build
+  # (pip, cmake, make, the compilers) rather than leave it running.
+  setsid "$@" >"$log" 2>&1 &
   pid=$!
+  # shellcheck disable=SC2064  # the pid is known now, not when the trap runs
+  trap "kill -- -$pid 2>/dev/null; exit 130" INT
+  # shellcheck disable=SC2064
+  trap "kill -- -$pid 2>/dev/null; exit 143" TERM
   while kill -0 "$pid" 2>/dev/null; do
     sleep 1
     waited=$((waited + 1))
@@ -56,6 +66,7 @@ run_with_progress() {
       log "$label: $((waited / 60))m$((waited % 60))s${step:+, at $step}"
     fi
   done
+  trap - INT TERM
   wait "$pid"
 }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
@@ -109,12 +120,13 @@ horovod_controllers() {
   if command -v mpicxx >/dev/null 2>&1; then echo "gloo-mpi"; else echo "gloo"; fi
 }
 
-# What the multi-host tests use: ssh, sshd and ip (network namespaces). Optional: without them
+# What the multi-host tests use: ssh, sshd and ip (network namespaces); include-what-you-use for
+# the check of Horovod's standard headers (launch/horovod_headers.py). Optional: without them
 # (not root) those tests skip and say why.
 ensure_test_tools() {
   local missing
-  if ! missing="$(apt_install_missing ssh:openssh-client ssh-keygen:openssh-client /usr/sbin/sshd:openssh-server ip:iproute2)"; then
-    log "could not install ${missing//$'\n'/ } (needs root and apt-get): the multi-host tests will skip"
+  if ! missing="$(apt_install_missing ssh:openssh-client ssh-keygen:openssh-client /usr/sbin/sshd:openssh-server ip:iproute2 include-what-you-use:iwyu)"; then
+    log "could not install ${missing//$'\n'/ } (needs root and apt-get): the multi-host and header-check tests will skip"
   fi
 }
 
@@ -182,6 +194,15 @@ horovod_build_key() {
   echo "horovod-$HOROVOD_VERSION-p$(horovod_patches_hash)-tf$TF_VERSION-$pyver-$(uname -m)-$(horovod_controllers)"
 }
 
+# Prints a failed build's first compiler or CMake errors with the lines that explain them (CMake
+# says why on the next lines, g++ shows the code), else pip's last error lines.
+show_first_errors() {
+  local log="$1" first
+  first="$(grep -E -m3 -A3 ': (fatal )?error:|CMake Error' "$log" || true)"
+  [[ -n "$first" ]] || first="$(grep -E 'error|Error|ERROR' "$log" | grep -v '^ *-' | tail -5 || true)"
+  printf '%s\n' "$first" | head -16 >&2
+}
+
 build_horovod_wheel() {
   local out_dir="$1" work build_log="$CACHE_DIR/logs/horovod-build.log"
   work="$(mktemp -d)"
@@ -199,8 +220,9 @@ build_horovod_wheel() {
            run_with_progress "building Horovod" "$build_log" \
              "$VENV/bin/python" -m pip wheel -v --no-deps --no-build-isolation \
                -w "$work/dist" "$work/horovod-$HOROVOD_VERSION" ); then
-    grep -E 'error|Error|ERROR' "$build_log" | grep -v '^ *-' | head -5 >&2 || true
-    die "Horovod build failed. Full log: $build_log (first errors above). Set TFDIST_SKIP_HOROVOD=1 to set up without Horovod."
+    rm -rf "$work"
+    show_first_errors "$build_log"
+    die "Horovod build failed ($(cmake --version | head -1), $(g++ --version | head -1)). Full log: $build_log (first errors above). Set TFDIST_SKIP_HOROVOD=1 to set up without Horovod."
   fi
   mkdir -p "$out_dir"
   cp "$work"/dist/horovod-*.whl "$out_dir/"
@@ -227,13 +249,27 @@ install_horovod() {
   horovod_installed || die "Horovod installed but does not import with Gloo; run: $VENV/bin/horovodrun --check-build"
 }
 
+# --horovod-wheel DIR: the build alone, into DIR, with an existing venv that has TensorFlow.
+build_horovod_wheel_only() {
+  local out_dir="$1"
+  [[ -n "$out_dir" ]] || die "--horovod-wheel needs a directory: bash launch/setup.sh --horovod-wheel DIR"
+  "$VENV/bin/python" -c 'import tensorflow' 2>/dev/null \
+    || die "--horovod-wheel builds against the venv's TensorFlow, but $VENV has none. Run bash launch/setup.sh first or set TFDIST_VENV."
+  ensure_system_tools
+  log "toolchain: $(cmake --version | head -1), $(g++ --version | head -1)"
+  build_horovod_wheel "$out_dir"
+  log "built $(ls "$out_dir"/horovod-*.whl)"
+}
+
 main() {
-  local with_slurm=0 arg
-  for arg in "$@"; do
-    case "$arg" in
+  local with_slurm=0
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
       --with-slurm) with_slurm=1 ;;
-      *) die "unknown option $arg (known: --with-slurm)" ;;
+      --horovod-wheel) build_horovod_wheel_only "${2:-}"; return ;;
+      *) die "unknown option $1 (known: --with-slurm, --horovod-wheel DIR)" ;;
     esac
+    shift
   done
   create_venv
   install_python_deps

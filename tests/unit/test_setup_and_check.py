@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
+import signal
 import subprocess
+import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -76,7 +80,13 @@ def test_the_patches_apply_to_horovods_sdist(tmp_path):
     assert "def _keras3_apply(" in (src / "horovod/_keras/__init__.py").read_text()
     assert "def on_train_begin(" in (src / "horovod/_keras/callbacks.py").read_text()
     gloo_cmake = (src / "third_party/gloo/CMakeLists.txt").read_text()
-    assert "cmake_minimum_required(VERSION 3.5" in gloo_cmake
+    assert "cmake_minimum_required(VERSION 3.5...3.10" in gloo_cmake
+    # What GCC 13's libstdc++ no longer brings in transitively (patch 03)
+    common = src / "horovod/common"
+    assert {"#include <string>", "#include <cstdint>"} <= set(
+        (common / "group_table.h").read_text().splitlines())
+    assert {"#include <stdexcept>", "#include <cstdint>"} <= set(
+        (common / "common.h").read_text().splitlines())
 
 
 def test_a_horovod_source_the_patch_does_not_fit_stops_the_build(tmp_path):
@@ -124,5 +134,124 @@ def test_setup_refuses_an_unknown_option_before_doing_anything(tmp_path):
     shutil.copy(SETUP, tmp_path / "launch" / "setup.sh")
     result = _bash(f"bash {tmp_path}/launch/setup.sh --with-slrum")
     assert result.returncode == 1
-    assert "unknown option --with-slrum (known: --with-slurm)" in result.stderr
+    assert "unknown option --with-slrum (known: --with-slurm, --horovod-wheel DIR)" in result.stderr
     assert not (tmp_path / ".venv").exists()
+
+
+def _fake_build(tmp_path: Path, pip_output: str) -> subprocess.CompletedProcess[str]:
+    """Runs build_horovod_wheel on a one-file sdist; a stand-in pip prints OUTPUT and fails."""
+    src = tmp_path / "horovod-0.28.1"
+    src.mkdir()
+    (src / "setup.py").write_text("v = 1\n")
+    (tmp_path / "cache" / "sdist").mkdir(parents=True)
+    with tarfile.open(tmp_path / "cache" / "sdist" / "horovod-0.28.1.tar.gz", "w:gz") as sdist:
+        sdist.add(src, arcname="horovod-0.28.1")
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    (patches / "01.patch").write_text(
+        "--- a/setup.py\n+++ b/setup.py\n@@ -1 +1 @@\n-v = 1\n+v = 2\n")
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f"#!/bin/sh\ncat <<'OUT'\n{pip_output}\nOUT\nexit 1\n")
+    python.chmod(0o755)
+    (tmp_path / "tmp").mkdir()
+    return _bash(f"export TMPDIR={tmp_path}/tmp TFDIST_CACHE_DIR={tmp_path}/cache; "
+                 f"source {SETUP} && VENV={tmp_path}/venv HOROVOD_PATCHES={patches} "
+                 f"build_horovod_wheel {tmp_path}/wheels")
+
+
+def test_a_failed_horovod_build_shows_its_first_error_and_names_the_log(tmp_path):
+    output = ("-- Looking for strerror_r\n"
+              "  CMake Error at third_party/gloo/CMakeLists.txt:1 (cmake_minimum_required):\n"
+              "    Compatibility with CMake < 3.5 has been removed from CMake.\n"
+              "  error: subprocess-exited-with-error")
+    result = _fake_build(tmp_path, output)
+    log = tmp_path / "cache" / "logs" / "horovod-build.log"
+    assert result.returncode == 1
+    assert "CMake Error at third_party/gloo/CMakeLists.txt:1" in result.stderr
+    assert "Compatibility with CMake < 3.5 has been removed" in result.stderr  # the why, too
+    assert "strerror_r" not in result.stderr
+    assert "Horovod build failed (cmake version" in result.stderr
+    assert f"Full log: {log} (first errors above)" in result.stderr
+    assert "subprocess-exited-with-error" in log.read_text()
+    assert not list((tmp_path / "tmp").iterdir()), "the unpacked sdist must not stay behind"
+
+
+def test_a_failed_compile_shows_the_compilers_error(tmp_path):
+    output = ("  [ 40%] Building CXX object common.cc.o\n"
+              "  horovod/common/group_table.h:31:8: error: 'string' in namespace 'std' does not "
+              "name a type\n"
+              "     31 |   std::string name;\n"
+              "  error: subprocess-exited-with-error")
+    result = _fake_build(tmp_path, output)
+    assert result.returncode == 1
+    assert "group_table.h:31:8: error: 'string' in namespace 'std'" in result.stderr
+    assert "std::string name;" in result.stderr
+
+
+def test_stopping_set_up_stops_the_whole_build(tmp_path):
+    # The stand-in build is a process tree (like pip -> cmake -> make -> c++); TERM to set-up
+    # must end all of it. Without its own process group the grandchild would keep running.
+    pid_file = tmp_path / "grandchild"
+    build = f"sleep 120 & echo $! > {pid_file}; wait"
+    setup = subprocess.Popen(
+        ["bash", "-c", f"source {SETUP} && run_with_progress 'building X' {tmp_path}/log "
+                       f"bash -c '{build}'"], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while not (pid_file.exists() and pid_file.read_text().strip()):
+        assert time.monotonic() < deadline, "the stand-in build did not start"
+        time.sleep(0.1)
+    grandchild = int(pid_file.read_text())
+    setup.send_signal(signal.SIGTERM)
+    try:
+        assert setup.wait(timeout=10) == 143
+        time.sleep(0.5)
+        assert not _running(grandchild), "the build outlived set-up"
+    finally:
+        if _running(grandchild):
+            os.kill(grandchild, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def _patched_sdist(tmp_path: Path, patches: list[Path]) -> Path:
+    if not SDIST.exists():
+        pytest.skip(f"{SDIST} is not cached (launch/setup.sh keeps it when it builds Horovod)")
+    with tarfile.open(SDIST) as sdist:
+        sdist.extractall(tmp_path, filter="data")
+    chosen = tmp_path / "patches"
+    chosen.mkdir()
+    for patch in patches:
+        shutil.copy(patch, chosen)
+    src = tmp_path / "horovod-0.28.1"
+    result = _bash(f"source {SETUP} && HOROVOD_PATCHES={chosen} patch_horovod_source {src}")
+    assert result.returncode == 0, result.stderr
+    return src
+
+
+@pytest.mark.parametrize("with_patch_03", [False, True])
+def test_the_header_check_finds_what_gcc13_broke_and_patch_03_fixes_it(tmp_path, with_patch_03):
+    if shutil.which("include-what-you-use") is None:
+        pytest.skip("include-what-you-use is not installed (apt-get install iwyu; "
+                    "launch/setup.sh does as root)")
+    patches = sorted(PATCHES.glob("0[1-4]-*.patch"))
+    if not with_patch_03:
+        patches = [p for p in patches if not p.name.startswith("03-")]
+    src = _patched_sdist(tmp_path, patches)
+    files = ["horovod/common/group_table.h", "horovod/common/common.h"]
+    result = subprocess.run([sys.executable, str(REPO / "launch" / "horovod_headers.py"),
+                             str(src), *files], capture_output=True, text=True, timeout=120)
+    if with_patch_03:
+        assert (result.returncode, result.stdout) == (0, ""), result.stdout + result.stderr
+        return
+    assert result.returncode == 1, result.stderr
+    # The two errors GCC 13 reported, and what it would have reported next.
+    assert "horovod/common/group_table.h: <string> (for string" in result.stdout
+    assert "horovod/common/common.h: <stdexcept> (for logic_error)" in result.stdout
+    assert "horovod/common/group_table.h: <cstdint> (for int32_t)" in result.stdout
