@@ -34,7 +34,7 @@ SABOTAGE_MIN_GAP = 1e-2
 """Zeroed gradient hand-overs must miss the reference by more (measured: 0.06)."""
 DROPPED_MIN_GAP = 1e-2
 """Dropping stage 1's regularization must miss the reference by more (measured: 0.044)."""
-PARITY = ["2:4:gpipe", "3:4:1f1b:weighted:regularize", "2:4:1f1b:regularize"]
+PARITY = ["2:4:gpipe", "3:4:1f1b:weighted:regularize", "2:4:1f1b:regularize:scoped"]
 CASES = [*PARITY, "2:4:gpipe:sabotage", "2:4:1f1b:regularize:drop"]
 
 

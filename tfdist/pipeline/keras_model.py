@@ -17,6 +17,7 @@ a single device loads with ``keras.models.load_model``.
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
 import tensorflow as tf
@@ -193,7 +194,11 @@ class _StageModelMixin:
         self._pipeline_tracker = keras.metrics.Mean(name="loss")
         self._pipeline_mirrors = [keras.metrics.Mean(name=m.name) for m, _ in real]
         super().compile(optimizer=optimizer, **kwargs)  # type: ignore[misc]
-        # A stage's variables are plain, so an optimizer made outside strategy.scope() is fine.
+        self._adopt_optimizer()
+
+    def _adopt_optimizer(self) -> None:
+        """Lets an optimizer made outside ``strategy.scope()`` create its slots in ``fit``: a
+        stage's variables are plain, so where the optimizer was made does not matter."""
         compat.bind_unbuilt_optimizer(self.optimizer, self._pipeline)  # type: ignore[attr-defined]
 
     @property
@@ -331,10 +336,31 @@ class _LocalStagesMixin(_StageModelMixin):
     pipeline_devices: tuple[str, ...]
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
-        """Like the stage model's; builds the optimizer now, eagerly: its slots then sit with
-        their variables, on each stage's device (built inside ``fit``, they would not)."""
-        super().compile(*args, **kwargs)
-        self.optimizer.build(self.trainable_variables)  # type: ignore[attr-defined]
+        """Like the stage model's, as if outside any strategy scope, even when called inside
+        ``strategy.scope()`` as the README's scripts do: the stages' variables were made outside
+        it (so that each sits on its stage's device), and Keras wants the optimizer's slots made
+        where the variables were. It runs in a thread of its own, whose distribution context is
+        the default one."""
+        failure: list[BaseException] = []
+
+        def compile_here() -> None:
+            try:
+                super(_LocalStagesMixin, self).compile(*args, **kwargs)
+            except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+                failure.append(err)
+
+        thread = threading.Thread(target=compile_here, name="tfdist-pipeline-compile")
+        thread.start()
+        thread.join()
+        if failure:
+            raise failure[0]
+
+    def _adopt_optimizer(self) -> None:
+        """Builds the optimizer now, eagerly: its slots then sit with their variables, on each
+        stage's device (built inside ``fit``, they would not)."""
+        optimizer = self.optimizer  # type: ignore[attr-defined]
+        compat.bind_unbuilt_optimizer(optimizer, tf.distribute.get_strategy())
+        optimizer.build(self.trainable_variables)  # type: ignore[attr-defined]
 
     def get_weights(self) -> list[Any]:
         """The stages' weights in the whole model's order (tf-keras would add the metrics')."""

@@ -6,13 +6,15 @@ Args: ``save_dir case [case ...]``, each
 ``stages:micro_batches:schedule[:weighted][:sabotage][:regularize][:drop]``. ``weighted`` fits
 ``(x, y, sample_weight)``; ``sabotage`` zeroes every gradient a stage hands back (the parity
 check must then fail); ``regularize`` adds ``pipeline_parity``'s regularizers; ``drop`` drops
-stage 1's regularization losses (the parity check must then fail). Each case's trained model
+stage 1's regularization losses (the parity check must then fail); ``scoped`` compiles inside
+``strategy.scope()``. Each case's trained model
 is saved in ``save_dir`` and loaded back; then the stages are built inside
 ``strategy.scope()``, which must be refused. Reports one JSON object (``tfdist.testing.report``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -69,9 +71,10 @@ def device(variable):
     return getattr(variable, "device", None) or variable.value.device
 
 
-def fit(keras, model, x, y, weight):
-    model.compile(optimizer=keras.optimizers.SGD(LR, momentum=0.5), loss="mse", metrics=["mae"],
-                  weighted_metrics=["mae"])
+def fit(keras, model, x, y, weight, scope=None):
+    with scope or contextlib.nullcontext():  # the README's scripts compile in strategy.scope()
+        model.compile(optimizer=keras.optimizers.SGD(LR, momentum=0.5), loss="mse",
+                      metrics=["mae"], weighted_metrics=["mae"])
     history = model.fit(x, y, sample_weight=weight, batch_size=GLOBAL, epochs=1, shuffle=False,
                         verbose=0)
     return history.history
@@ -90,7 +93,7 @@ def run_case(keras, save_dir, case):
     weight = sample_weights(len(x)) if "weighted" in flags else None
     restore = sabotage() if "sabotage" in flags else None
     undo = drop_stage1_regularization() if "drop" in flags else None
-    history = fit(keras, model, x, y, weight)
+    history = fit(keras, model, x, y, weight, strategy.scope() if "scoped" in flags else None)
     if restore is not None:
         local.LocalLink.send = restore
     if undo is not None:
