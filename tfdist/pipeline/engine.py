@@ -57,6 +57,14 @@ TERMS_INDEX = 1
 """The carried loss terms travel as tensor 1 of micro-batch 0's ACTIVATION transfer."""
 
 
+def _accumulate(sums: list[Any], gradients: Sequence[Any]) -> None:
+    """Adds ``gradients`` into ``sums`` in place (None: no gradient, left as it is)."""
+    for i, g in enumerate(gradients):
+        if g is not None:
+            g = tf.convert_to_tensor(g)
+            sums[i] = g if sums[i] is None else sums[i] + g
+
+
 @dataclasses.dataclass(frozen=True)
 class LossTerms:
     """A stage's losses besides the compiled loss, as functions the engine calls in its graph.
@@ -244,10 +252,7 @@ class StageEngine:
             value = step.terms.weights()
         if value is None:
             return []
-        for i, g in enumerate(tape.gradient(value, step.variables)):
-            if g is not None:
-                g = tf.convert_to_tensor(g)
-                step.grads[i] = g if step.grads[i] is None else step.grads[i] + g
+        _accumulate(step.grads, tape.gradient(value, step.variables))
         return [value]
 
     def _added(self, terms: LossTerms | None) -> Any | None:
@@ -313,10 +318,7 @@ class StageEngine:
                 targets.append(step.added[m])
                 heads.append(tf.ones_like(step.added[m]))
             result = tape.gradient(targets, sources, output_gradients=heads)
-        for i, g in enumerate(result[:len(variables)]):
-            if g is not None:
-                g = tf.convert_to_tensor(g)
-                grads[i] = g if grads[i] is None else grads[i] + g
+        _accumulate(grads, result[:len(variables)])
         if layout.is_first:
             done = [g for g in grads if g is not None]
             return tf.group(done) if done else tf.no_op()

@@ -26,11 +26,11 @@ tf.config.set_logical_device_configuration(
     [tf.config.LogicalDeviceConfiguration()] * LOGICAL_CPUS)
 
 import numpy as np  # noqa: E402
-from pipeline_parity import GLOBAL, LR, build, data  # noqa: E402
+from pipeline_parity import GLOBAL, LR, build, data, sabotage_gradient_sends  # noqa: E402
 
 import tfdist  # noqa: E402
 from tfdist import compat  # noqa: E402
-from tfdist.pipeline import local, transport  # noqa: E402
+from tfdist.pipeline import local  # noqa: E402
 from tfdist.testing import report  # noqa: E402
 
 STEPS = 3
@@ -38,18 +38,6 @@ STEPS = 3
 
 def sample_weights(rows):
     return np.random.default_rng(3).uniform(0.0, 2.0, size=rows).astype("float32")
-
-
-def sabotage():
-    send = local.LocalLink.send
-
-    def zero_gradients(self, tensor, kind, *args, **kwargs):
-        if kind == transport.GRADIENT:
-            tensor = tf.zeros_like(tensor)
-        return send(self, tensor, kind, *args, **kwargs)
-
-    local.LocalLink.send = zero_gradients
-    return send
 
 
 def drop_stage1_regularization():
@@ -91,7 +79,7 @@ def run_case(keras, save_dir, case):
     model = strategy.build_model(whole)
     x, y = data(STEPS)
     weight = sample_weights(len(x)) if "weighted" in flags else None
-    restore = sabotage() if "sabotage" in flags else None
+    restore = sabotage_gradient_sends(local.LocalLink) if "sabotage" in flags else None
     undo = drop_stage1_regularization() if "drop" in flags else None
     history = fit(keras, model, x, y, weight, strategy.scope() if "scoped" in flags else None)
     if restore is not None:

@@ -61,20 +61,23 @@ def data(steps):
     return x, y
 
 
-def sabotage_gradient_sends():
-    """Every gradient a stage sends back becomes zeros (the mechanism under test, broken)."""
+def sabotage_gradient_sends(link_class=None):
+    """Every gradient a stage sends back through ``link_class`` (default: the processes'
+    `transport.Link`) becomes zeros (the mechanism under test, broken). Returns the real send."""
     import tensorflow as tf
 
     from tfdist.pipeline import transport
 
-    send = transport.Link.send
+    link_class = link_class or transport.Link
+    send = link_class.send
 
     def zero_gradients(self, tensor, kind, *args, **kwargs):
         if kind == transport.GRADIENT:
             tensor = tf.zeros_like(tensor)
         return send(self, tensor, kind, *args, **kwargs)
 
-    transport.Link.send = zero_gradients
+    link_class.send = zero_gradients
+    return send
 
 
 def fitted(keras, initial, x, y, batch, weight=None, regularize=False):
