@@ -154,9 +154,9 @@ def test_distribute_dataset_needs_a_function():
 
 def test_default_strategy_fit_matches_plain_fit():
     """Keras (this process's flavour) trains from `distribute_dataset` exactly as from arrays."""
-    from tfdist import compat
+    from tfdist.core import flavour
 
-    keras = compat.get_keras()
+    keras = flavour.get_keras()
     x = tf.reshape(tf.range(16, dtype=tf.float32) / 16.0, (8, 2)).numpy()
     y = (x @ [[1.0], [-1.0]]).astype("float32")
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from tfdist.core.detect import RANK_VARIABLES, detect
 from tfdist.errors import ClusterConfigError, StrategyConfigError
-from tfdist.strategies.detect import RANK_VARIABLES, detect
 
 pytestmark = pytest.mark.unit
 

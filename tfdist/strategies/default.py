@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfdist.core import traits as builtin
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.strategies import traits as builtin
 from tfdist.strategies.base import TfdistStrategyMixin
 
 __all__ = ["DefaultStrategy"]

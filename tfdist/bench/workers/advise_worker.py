@@ -154,6 +154,6 @@ if __name__ == "__main__":
     arguments = parse_args()
     apply_threads()
     sys.path.insert(0, str(_EXAMPLES_DIR))
-    from tfdist import compat
+    from tfdist.core import flavour
 
-    report((profile if arguments.profile else train)(arguments, compat.get_keras()))
+    report((profile if arguments.profile else train)(arguments, flavour.get_keras()))
