@@ -192,3 +192,14 @@ def test_saving_on_sigterm_is_refused_where_the_strategy_cannot(tmp_path):
     with pytest.raises(StrategyConfigError, match=r"Received: strategy 'default'.*Fix: use "
                        r"get_strategy\('multi_worker'\)"):
         strategy.preemption_handler(tf.train.Checkpoint(), tmp_path)
+
+
+def test_a_backup_directory_under_a_file_is_refused_when_the_callback_is_made(tmp_path):
+    strategy = tfdist.strategies.get_strategy("default")
+    (tmp_path / "taken").write_text("a file")
+    for directory in (tmp_path / "taken", tmp_path / "taken" / "backups"):
+        with pytest.raises(StrategyConfigError, match=r"The backup directory cannot be written: "
+                           r"'.*taken' is a file, not a directory\. Received: .*taken"):
+            strategy.backup_callback(directory)
+    assert type(strategy.backup_callback(tmp_path / "new" / "backups")).__name__ == (
+        "BackupAndRestore")

@@ -36,6 +36,7 @@ from typing import Any
 
 from tfdist.core import flavour
 from tfdist.errors import StrategyConfigError, format_error
+from tfdist.paths import directory_problem
 
 __all__ = ["backup_callback", "model_checkpoint_callback"]
 
@@ -77,9 +78,16 @@ def backup_callback(
         **kwargs: Passed to Keras's ``BackupAndRestore`` (e.g. ``save_freq``).
 
     Raises:
-        StrategyConfigError: ``save_before_preemption=True`` where it cannot work.
+        StrategyConfigError: ``save_before_preemption=True`` where it cannot work, or a
+            ``directory`` that cannot be written (checked now, not after the first epoch).
     """
     directory = os.fspath(directory)
+    problem = directory_problem(directory)
+    if problem:
+        raise StrategyConfigError(format_error(
+            f"The backup directory cannot be written: {problem}.", received=directory,
+            expected="a directory this process can create and write",
+            fix="pass backup_callback a directory path that is not under a file"))
     preempt = _preemption_wanted(strategy, save_before_preemption)
     per_rank = bool(getattr(strategy, "per_rank_backups", False))
     if per_rank:  # worker_index: chief 0, then the workers (task_index repeats across roles)
