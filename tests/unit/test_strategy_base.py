@@ -11,7 +11,8 @@ import tensorflow as tf
 import tfdist.strategies
 from tfdist.cluster import ClusterSpec, Task
 from tfdist.errors import StrategyConfigError
-from tfdist.strategies.base import SINGLE_HOST_CLUSTER, TfdistStrategyMixin, shard_for
+from tfdist.strategies.base import SINGLE_HOST_CLUSTER, TfdistStrategyMixin
+from tfdist.strategies.input import shard_for
 
 pytestmark = pytest.mark.unit
 
