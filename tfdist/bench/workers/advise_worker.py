@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from tfdist.bench.workers.common import apply_threads, median, time_call
+from tfdist.probe.common import apply_threads, median, time_call
 from tfdist.testing import report
 
 _EXAMPLES_DIR = Path(__file__).resolve().parents[3] / "keras_examples"

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tfdist.bench.workers.common import apply_threads, median, time_call
+from tfdist.probe.common import apply_threads, median, time_call
 from tfdist.testing import report
 
 FEATURES = 256
