@@ -18,7 +18,7 @@ import tensorflow as tf
 __all__ = ["SavingMixin"]
 
 _TEMP_PREFIX = ".tfdist-tmp-"
-
+"""The folder a non-chief worker writes its share of a collective save to (then deleted)."""
 
 
 class SavingMixin:
