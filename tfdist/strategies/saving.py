@@ -11,15 +11,18 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import tempfile
 from typing import Any
 
 import tensorflow as tf
+
+from tfdist.errors import StrategyConfigError, format_error
+from tfdist.paths import file_problem
 
 __all__ = ["SavingMixin"]
 
 _TEMP_PREFIX = ".tfdist-tmp-"
 """The folder a non-chief worker writes its share of a collective save to (then deleted)."""
-
 
 class SavingMixin:
     """Saving once, for `TfdistStrategyMixin` (which supplies ``is_chief``, ``task_type``,
@@ -145,11 +148,25 @@ class SavingMixin:
         written = self.write_path(filepath)
         if written is None:
             return None
-        os.makedirs(os.path.dirname(written) or ".", exist_ok=True)
-        with self._writing():
-            model.save(written, **kwargs)
+        problem = file_problem(written)
+        target = written if problem is None else _rescue_path(written)
+        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+        with self._writing():  # every process saves even to a rescue path: it is a collective
+            model.save(target, **kwargs)
+        if problem is not None:
+            self._refuse_unwritable_save(os.fspath(filepath), problem, target)
         self._discard(written)
         return written if self.is_chief else None
+
+    def _refuse_unwritable_save(self, filepath: str, problem: str, rescued: str) -> None:
+        if not self.is_chief:
+            shutil.rmtree(os.path.dirname(rescued), ignore_errors=True)
+        where = (f"the trained model was saved to {rescued} instead" if self.is_chief
+                 else "the chief saved the trained model elsewhere (its error names where)")
+        raise StrategyConfigError(format_error(
+            f"save_model cannot write {filepath!r}: {problem}; {where}.", received=filepath,
+            expected="a path whose directories can be created and written",
+            fix="save to a path that is not under a file (move the rescued model there)"))
 
     def save_checkpoint(
         self,
@@ -205,3 +222,8 @@ class SavingMixin:
         if latest is not None:
             checkpoint.restore(latest)
         return latest
+
+
+def _rescue_path(path: str) -> str:
+    """Where a trained model goes when ``path`` cannot be written: a new private temp dir."""
+    return os.path.join(tempfile.mkdtemp(prefix="tfdist-rescued-model-"), os.path.basename(path))
