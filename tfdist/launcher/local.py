@@ -63,8 +63,8 @@ class LocalTasks(ProcessGroup):
 
     def launch(self) -> None:
         """Starts every task of the placement, in its private network where it has one."""
-        self.network = _private_network(self.placement)
         filters = _output_filters(self.placement)
+        self.network = _private_network(self.placement)
         for task in self.placement.tasks:
             started = self.start(task.name, task.command, env=task.environ(), kind=task.kind,
                                  max_restarts=task.max_restarts, stdin=task.stdin,
