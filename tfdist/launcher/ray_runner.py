@@ -48,6 +48,7 @@ from typing import Any
 
 from tfdist.cluster import ClusterSpec, Task
 from tfdist.cluster.address import join_address
+from tfdist.core.traits import TaskKind
 from tfdist.errors import LaunchError, MissingDependencyError, TaskFailedError, format_error
 from tfdist.launcher import supervisor
 from tfdist.launcher.output import LineFilter, shown_tasks, task_filters
@@ -56,7 +57,6 @@ from tfdist.launcher.ray_actor import TaskActor
 from tfdist.launcher.ray_options import RayOptions
 from tfdist.launcher.ssh import forwarded_env
 from tfdist.launcher.supervisor import Member, log
-from tfdist.strategies.traits import TaskKind
 
 __all__ = ["RayOptions", "GangUnschedulableError", "RayGang", "run_on_ray", "describe"]
 

@@ -52,9 +52,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from tfdist.core.traits import TaskKind
 from tfdist.errors import LaunchError, TaskFailedError, TaskTimeoutError
 from tfdist.preemption import PREEMPTED_EXIT_STATUS, PREEMPTED_MARKER
-from tfdist.strategies.traits import TaskKind
 
 if TYPE_CHECKING:
     from tfdist.launcher.plan import JobPlan
