@@ -36,6 +36,8 @@ MODULES = [
     "tfdist.launcher.slurm_task",
     "tfdist.launcher.ssh",
     "tfdist.launcher.remote",
+    "tfdist.launcher.supervisor",
+    "tfdist.launcher.local",
     "tfdist.launcher.ray_runner",
     "tfdist.launcher.ray_actor",
     "tfdist.launcher.ray_options",

@@ -9,7 +9,8 @@ when the group is left.
 Children also ask the kernel to kill them if the process that started them dies
 (``PR_SET_PDEATHSIG``), so a launcher that is itself SIGKILLed leaves no task behind.
 
-Tasks have a *kind*:
+`wait` supervises the tasks with the one failure policy of every runner
+(`tfdist.launcher.supervisor.Supervisor`; the group is its local `TaskGroup`). Tasks have a *kind*:
 
 * ``"main"``: the job is done when every main task has exited with status 0.
 * ``"service"``: runs until stopped (a ParameterServer worker or ps task); exiting on its own,
@@ -25,6 +26,7 @@ fails, even if the job goes on (a sidecar, a task restarted alone).
 A task started with ``max_restarts=N`` that fails (a ParameterServer worker: TF's
 ``ClusterCoordinator`` re-dispatches its work once it is back) is restarted alone, with the same
 command and environment, up to N times; each restart is announced. Its next failure stops the job.
+Tasks started on other hosts are local ``ssh`` processes (`tfdist.launcher.ssh`) of this group.
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Literal
 
-from tfdist.errors import LaunchError, TaskFailedError, TaskTimeoutError
+from tfdist.errors import LaunchError
 from tfdist.launcher.output import LineFilter
+from tfdist.launcher.supervisor import Member, Supervisor
 
 TaskKind = Literal["main", "service", "sidecar"]
 
@@ -101,6 +104,8 @@ class ProcessGroup:
         [worker:0] hi
         {'worker:0': 0}
     """
+
+    poll_interval = _POLL_SECONDS
 
     def __init__(
         self,
@@ -211,32 +216,21 @@ class ProcessGroup:
         if self._join_network is not None:
             self._join_network()
 
-    def restart(self, name: str) -> TaskProcess:
-        """Starts the exited task ``name`` again, alone (same argv, env and cwd); announces it.
+    def restart(self, name: str) -> int:
+        """Starts the exited task ``name`` again, alone (same argv, env and cwd); its new pid.
 
-        `wait` does this itself for tasks started with ``max_restarts``; a runner that applies
-        the restart policy elsewhere (`tfdist.launcher.ray_runner`) calls it.
+        `wait` does this for tasks started with ``max_restarts``, as `Supervisor` decides.
         """
         task = self.tasks[name]
-        self._restart(task)
-        return task
-
-    def _restart(self, task: TaskProcess) -> None:
-        """Starts ``task`` again (same argv, env and cwd) after it failed."""
-        code = task.popen.returncode
         _signal_group(task.popen, signal.SIGKILL)  # leftovers of its process group
         task.reader.join(timeout=5)
         task.restarts += 1
-        self._announce(
-            f"{task.name} exited with status {code}; restarting it alone "
-            f"({task.restarts}/{task.max_restarts}){self._hidden_tail(task)}"
-        )
         task.popen, task.reader = self._spawn(
             task.name, task.argv, task.env, task.cwd, task.tail, log_mode="a", stdin=task.stdin,
             show=task.show,
         )
         task.reader.start()
-        self._announce(f"{task.name} restarted (pid {task.pid})")
+        return task.pid
 
     def _pump(
         self,
@@ -281,8 +275,8 @@ class ProcessGroup:
             self.output_failures.setdefault(name, f"cannot write its log: {err}")
             return None
 
-    def wait(self, timeout: float) -> dict[str, int]:
-        """Waits until every main task has succeeded, then stops the rest.
+    def wait(self, timeout: float) -> dict[str, int | None]:
+        """Waits until every main task has succeeded, then stops the rest (`Supervisor.watch`).
 
         Returns:
             Exit status per task (services and sidecars stopped by the group report theirs).
@@ -291,90 +285,53 @@ class ProcessGroup:
             TaskFailedError: A main or service task failed; every other task has been stopped.
             TaskTimeoutError: ``timeout`` seconds passed first; every task has been stopped.
         """
-        deadline = time.monotonic() + timeout
-        main = [t for t in self.tasks.values() if t.kind == "main"]
-        if not main:
-            raise LaunchError("A job needs at least one main task to wait for.")
-        while True:
-            if self.output_failures:
-                name, why = next(iter(self.output_failures.items()))
-                self.stop()
-                raise LaunchError(f"Task {name}: {why}. Every task was stopped. Fix: pass a "
-                                  "--log-dir that can be created and written, or none")
-            failed = self._first_failure()
-            if failed is not None:
-                self.stop()
-                raise TaskFailedError(failed.name, failed.popen.returncode, failed.output_tail())
-            if all(t.returncode == 0 for t in main):
-                break
-            if time.monotonic() > deadline:
-                running = [t.name for t in main if t.returncode is None]
-                self.stop()
-                raise TaskTimeoutError(
-                    f"The job did not finish within {timeout:g} s; still running: "
-                    f"{', '.join(running)}. Every task was stopped. Fix: raise the timeout, or "
-                    f"check these tasks' output for a hang (a wrong address in TF_CONFIG waits "
-                    f"forever for its peers)."
-                )
-            time.sleep(_POLL_SECONDS)
-        self._wait_for_sidecars(min(self._sidecar_grace, max(0.0, deadline - time.monotonic())))
-        self.stop()
-        return {name: task.popen.returncode for name, task in self.tasks.items()}
+        supervisor = Supervisor(timeout=timeout, sidecar_grace=self._sidecar_grace)
+        self.sidecar_failures = supervisor.sidecar_failures
+        return supervisor.watch(self)
 
-    def _wait_for_sidecars(self, grace: float) -> None:
-        """Gives running sidecars up to ``grace`` seconds to exit on their own."""
-        running = [t for t in self.tasks.values() if t.kind == "sidecar" and t.returncode is None]
-        if not running or grace <= 0:
-            return
-        names = ", ".join(t.name for t in running)
-        self._announce(f"main tasks done; waiting up to {grace:.3g} s for sidecar(s) {names}")
-        deadline = time.monotonic() + grace
-        while any(t.returncode is None for t in running) and time.monotonic() < deadline:
-            time.sleep(_POLL_SECONDS)
-        self._first_failure()  # reports a sidecar that failed meanwhile
-        late = [t.name for t in running if t.returncode is None]
-        if late:
-            self._announce(f"sidecar(s) {', '.join(late)} still running after {grace:.3g} s; "
-                           f"stopping them")
+    # The `TaskGroup` that `Supervisor` drives.
 
-    def _first_failure(self) -> TaskProcess | None:
-        main_done = all(t.returncode == 0 for t in self.tasks.values() if t.kind == "main")
-        for task in self.tasks.values():
-            code = task.returncode
-            if code is None or (code == 0 and task.kind != "service"):
-                continue
-            if task.kind == "sidecar":
-                if task.name not in self.sidecar_failures:
-                    self.sidecar_failures[task.name] = code
-                    self._announce(f"sidecar {task.name} exited with status {code}; job goes "
-                                   f"on{self._hidden_tail(task)}")
-                continue
-            if task.kind == "service" and main_done:
-                continue
-            if task.restarts < task.max_restarts:
-                self._restart(task)
-                continue
-            return task
-        return None
+    def launch(self) -> None:
+        """Nothing: this group's tasks are started one by one, with `start`."""
 
-    @staticmethod
-    def _hidden_tail(task: TaskProcess) -> str:
-        """The last lines of a task whose output is filtered, to append to a message about it."""
-        if task.show is None:
-            return ""
-        task.reader.join(timeout=5)  # it exited: its last lines are on their way
-        return f". Its last lines:\n{task.output_tail()}"
+    def members(self) -> list[Member]:
+        """Its tasks, as the supervisor sees them."""
+        return [Member(t.name, t.kind, t.max_restarts, "all" if t.show is None else "filtered")
+                for t in self.tasks.values()]
 
-    def _announce(self, message: str) -> None:
+    def poll(self) -> dict[str, int | None]:
+        """Each task's exit status (None: running).
+
+        Raises:
+            LaunchError: A task's output could not be read or logged (a full pipe would hang it).
+        """
+        if self.output_failures:
+            name, why = next(iter(self.output_failures.items()))
+            raise LaunchError(f"Task {name}: {why}. Every task was stopped. Fix: pass a "
+                              "--log-dir that can be created and written, or none")
+        return {name: task.returncode for name, task in self.tasks.items()}
+
+    def tail(self, name: str, lines: int = 20) -> str:
+        """The last ``lines`` lines task ``name`` printed (all of them, once it has exited)."""
+        task = self.tasks[name]
+        if task.returncode is not None:
+            task.reader.join(timeout=5)  # its last lines are on their way
+        return task.output_tail(lines)
+
+    def announce(self, message: str) -> None:
+        """Prints ``[tfdist] message`` among the tasks' output."""
         with self._lock:
             stream = self._stream or sys.stdout
             stream.write(f"[tfdist] {message}\n")
             stream.flush()
 
-    def stop(self, grace_period: float | None = None) -> None:
+    def stop(self, grace_period: float | None = None) -> dict[str, int | None]:
         """Stops every task that is still running: SIGTERM, then SIGKILL after the grace period.
 
         Signals go to each task's whole process group, so its own children stop too.
+
+        Returns:
+            Each task's exit status.
         """
         grace = self._grace_period if grace_period is None else grace_period
         running = [t for t in self.tasks.values() if t.returncode is None]
@@ -392,6 +349,7 @@ class ProcessGroup:
             task.popen.wait()
         for task in self.tasks.values():
             task.reader.join(timeout=5)
+        return {name: task.popen.returncode for name, task in self.tasks.items()}
 
 
 def _signal_group(popen: subprocess.Popen[bytes], sig: signal.Signals) -> None:

@@ -62,7 +62,7 @@ class TaskActor:
               kind: TaskKind, log_dir: str | None, unset: Sequence[str],
               max_restarts: int = 0, show: Callable[[str], bool] | None = None) -> int:
         """Runs ``command`` (its environment: this node's, less ``unset``, plus ``env``);
-        ``max_restarts``: the runner's budget for `restart`, shown when it restarts; ``show``:
+        ``max_restarts``: the runner's budget for `restart` (its `Supervisor` decides); ``show``:
         which lines are passed on (all are kept in its tail and log)."""
         from tfdist.launcher.process import ProcessGroup
 
@@ -84,11 +84,11 @@ class TaskActor:
             lines, self._lines = "".join(self._lines), []
         return task.returncode, lines
 
-    def tail(self) -> str:
-        return self._group.tasks[self._name].output_tail()
+    def tail(self, lines: int = 20) -> str:
+        return str(self._group.tail(self._name, lines))
 
     def restart(self) -> int:
-        return self._group.restart(self._name).pid
+        return int(self._group.restart(self._name))
 
     def wait(self, timeout: float) -> tuple[int | None, str]:
         """`poll` once its task has exited, or after ``timeout`` seconds."""

@@ -17,11 +17,12 @@ so the whole gang is scheduled together or not at all:
 3. **Run.** Each actor runs its task's command, the one the local runner runs, as a child process
    (`ProcessGroup`: its own session, killed with the actor), and keeps its output, which this
    process prints with the task's prefix (``[worker:1] ...``).
-4. **Policy.** As the local runner (`tfdist.launcher.local`): a failed task stops every actor
-   (the failing one is named, with its last lines); a role the strategy restarts alone is
-   restarted by its actor; ``--max-restarts`` reruns the whole gang on a fresh placement group;
-   a sidecar evaluator may fail; SIGTERM is forwarded with ``--preemption-grace``. Every wait on
-   Ray has a timeout, and every actor is killed and the placement group removed on the way out.
+4. **Policy.** The one of every runner (`tfdist.launcher.supervisor.Supervisor`; `RayGang` is
+   its Ray `TaskGroup`): a failed task stops every actor (the failing one is named, with its
+   last lines); a role the strategy restarts alone is restarted by its actor; ``--max-restarts``
+   reruns the whole gang on a fresh placement group; a sidecar evaluator may fail; SIGTERM is
+   forwarded with ``--preemption-grace``. Every wait on Ray has a timeout, and every actor is
+   killed and the placement group removed on the way out.
 
 Tasks run with the node's environment, the job's variables (`JobPlan.env`), the variables a
 remote task of ``--hosts`` would get (`tfdist.launcher.ssh.forwarded_env`: ``PYTHONPATH`` and
@@ -37,39 +38,30 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-import signal
 import sys
-import threading
-import time
-from collections.abc import Sequence
-from types import FrameType, ModuleType
+from collections.abc import Iterator, Sequence
+from types import ModuleType
 from typing import Any
 
 from tfdist.cluster import ClusterSpec, Task
 from tfdist.cluster.address import join_address
 from tfdist.core.traits import TaskKind
-from tfdist.errors import (
-    LaunchError,
-    MissingDependencyError,
-    TaskFailedError,
-    TaskTimeoutError,
-    format_error,
-)
-from tfdist.launcher.local import NOT_RESTARTED, exit_status, failure_message
+from tfdist.errors import LaunchError, MissingDependencyError, TaskFailedError, format_error
+from tfdist.launcher import supervisor
 from tfdist.launcher.output import LineFilter, shown_tasks, task_filters
 from tfdist.launcher.plan import JobPlan
 from tfdist.launcher.ray_actor import TaskActor
 from tfdist.launcher.ray_options import RayOptions
 from tfdist.launcher.ssh import forwarded_env
-from tfdist.preemption import PREEMPTED_EXIT_STATUS
+from tfdist.launcher.supervisor import Member, log
 
-__all__ = ["RayOptions", "GangUnschedulableError", "run_on_ray", "describe"]
+__all__ = ["RayOptions", "GangUnschedulableError", "RayGang", "run_on_ray", "describe"]
 
 _POLL_SECONDS = 0.2
 _CALL_TIMEOUT = 60.0  # one call to an actor that is up; they answer in milliseconds
-_SIGTERM_STATUS = 128 + signal.SIGTERM
 # A node's Ray token (token authentication): the tasks run user code and need no cluster access.
 _CLUSTER_SECRETS = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
@@ -87,10 +79,6 @@ def _ray() -> ModuleType:
             expected="ray 2.x", fix="pip install 'tfdist[ray]' (or: pip install 'ray[default]')",
         )) from err
     return ray
-
-
-def _log(message: str) -> None:
-    print(f"[tfdist-launch] {message}", file=sys.stderr, flush=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,18 +115,68 @@ class _Running:
 
     spec: _TaskSpec
     actor: Any
-    returncode: int | None = None
-    restarts: int = 0
-    sidecar_failed: bool = False
 
 
-class _Gang:
-    """The placement group of one attempt and the actors in it; `close` removes both."""
+class RayGang:
+    """The Ray runner's `TaskGroup`: one attempt's placement group, its actors and tasks.
 
-    def __init__(self, ray: ModuleType, specs: list[_TaskSpec], options: RayOptions) -> None:
-        self.ray, self.specs, self.options = ray, specs, options
+    `launch` reserves the gang, starts an actor per task and then (two-phase) the tasks; the
+    context manager's exit stops them, kills every actor and removes the placement group.
+    """
+
+    poll_interval = _POLL_SECONDS
+
+    def __init__(self, plan: JobPlan, options: RayOptions | None = None) -> None:
+        self.plan, self.options = plan, options or RayOptions()
+        self.specs = _task_specs(plan)
+        self.ray: Any = None
         self.group: Any = None
         self.tasks: list[_Running] = []
+        self.rendezvous: Any = None
+
+    @classmethod
+    @contextlib.contextmanager
+    def session(cls, options: RayOptions | None) -> Iterator[None]:
+        """Connected to the cluster for every attempt of a job (disconnects if it connected)."""
+        options = options or RayOptions()
+        ray = _ray()
+        connected = _connect(ray, options)
+        try:
+            yield
+        finally:
+            if connected:
+                ray.shutdown()
+
+    def __enter__(self) -> RayGang:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            self.stop(grace=5.0)
+        finally:
+            self.close()
+            if self.rendezvous is not None:
+                self.rendezvous.stop()
+
+    def members(self) -> list[Member]:
+        specs = [t.spec for t in self.tasks] or self.specs
+        shown = shown_tasks([s.name for s in specs], {s.name: s.kind for s in specs})
+        verbose = self.plan.options.verbose
+        return [Member(s.name, s.kind, s.max_restarts,
+                       "all" if verbose else "filtered" if s.name in shown else "hidden")
+                for s in specs]
+
+    def launch(self) -> None:
+        """Reserves the gang, starts its actors, then its tasks with their TF_CONFIGs."""
+        self.ray = _ray()
+        self.reserve()
+        log(f"gang of {len(self.specs)} task(s) placed ({self.options.placement}, "
+            f"{self.options.cpus_per_task:g} CPU each)")
+        located = self.spawn()
+        envs, self.rendezvous, unset = _environments(self.ray, self.plan, self, located)
+        for task, where in zip(self.tasks, located, strict=True):
+            log(f"task {task.spec.name} on {where['address']} (port {where['port']})")
+        self.start(envs, (*unset, *_CLUSTER_SECRETS))
 
     def reserve(self) -> None:
         """Creates the placement group and waits (bounded) until all of it is held."""
@@ -179,20 +217,54 @@ class _Gang:
                               "stopped. Fix: check `ray status`, or raise --ray-gang-timeout"
                               ) from None
 
-    def start(self, envs: list[dict[str, str]], plan: JobPlan, unset: Sequence[str]) -> None:
+    def start(self, envs: list[dict[str, str]], unset: Sequence[str]) -> None:
         """Phase 2: every actor starts its task with its environment and output view."""
-        cwd, log_dir = os.getcwd(), plan.options.log_dir
-        shows = _output_filters(self.tasks, envs, plan)
+        cwd, log_dir = os.getcwd(), self.plan.options.log_dir
+        shows = _output_filters(self.tasks, envs, self.plan)
         refs = [t.actor.start.remote(t.spec.name, t.spec.command, env, cwd, t.spec.kind, log_dir,
                                      unset, t.spec.max_restarts, shows[t.spec.name])
                 for t, env in zip(self.tasks, envs, strict=True)]
         pids = self._get(refs, _CALL_TIMEOUT, "start its process")
         for task, pid in zip(self.tasks, pids, strict=True):
-            _log(f"started {task.spec.name} (pid {pid} on its node)")
+            log(f"started {task.spec.name} (pid {pid} on its node)")
 
-    def stop(self, grace: float) -> dict[str, int | None]:
+    def poll(self) -> dict[str, int | None]:
+        """Prints what every task printed since the last poll; each one's exit status.
+
+        Raises:
+            TaskFailedError: A task's actor was lost (its node died).
+        """
+        refs = [t.actor.poll.remote() for t in self.tasks]
+        codes: dict[str, int | None] = {}
+        for task, ref in zip(self.tasks, refs, strict=True):
+            try:
+                codes[task.spec.name], lines = self.ray.get(ref, timeout=_CALL_TIMEOUT)
+            except (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError) as err:
+                raise TaskFailedError(task.spec.name, -9, f"its Ray actor was lost: {err}"
+                                      ) from None
+            if lines:
+                sys.stdout.write(lines)
+                sys.stdout.flush()
+        return codes
+
+    def _actor(self, name: str) -> Any:
+        return next(t.actor for t in self.tasks if t.spec.name == name)
+
+    def restart(self, name: str) -> int:
+        return int(self.ray.get(self._actor(name).restart.remote(), timeout=_CALL_TIMEOUT))
+
+    def tail(self, name: str, lines: int = 20) -> str:
+        return str(self.ray.get(self._actor(name).tail.remote(lines), timeout=_CALL_TIMEOUT))
+
+    def announce(self, message: str) -> None:
+        print(f"[tfdist] {message}", flush=True)
+
+    def stop(self, grace: float | None = None) -> dict[str, int | None]:
         """Stops every task (SIGTERM, then SIGKILL after ``grace``); their exit statuses."""
+        grace = 5.0 if grace is None else grace
         refs = {t.spec.name: t.actor.stop.remote(grace) for t in self.tasks}
+        if not refs:
+            return {}
         ready, _ = self.ray.wait(list(refs.values()), num_returns=len(refs),
                                  timeout=grace + _CALL_TIMEOUT)
         codes: dict[str, int | None] = {}
@@ -207,6 +279,8 @@ class _Gang:
 
     def close(self) -> None:
         """Kills every actor (and so its task) and removes the placement group."""
+        if self.ray is None:
+            return
         from ray.util.placement_group import remove_placement_group
 
         for task in self.tasks:
@@ -222,7 +296,7 @@ def _output_filters(tasks: list[_Running], envs: list[dict[str, str]], plan: Job
     shown = shown_tasks([n for n, _, _ in named], {n: kind for n, kind, _ in named})
     hidden = [name for name, _, _ in named if name not in shown]
     if hidden and not plan.options.verbose:
-        _log(f"output of {', '.join(hidden)} hidden unless it fails (--verbose shows it)")
+        log(f"output of {', '.join(hidden)} hidden unless it fails (--verbose shows it)")
     return task_filters(named, plan.options.verbose)
 
 
@@ -256,7 +330,7 @@ def _check_fits(ray: ModuleType, count: int, options: RayOptions) -> None:
             ray, count, options, "the whole cluster has fewer CPUs"))
 
 
-def _environments(ray: ModuleType, plan: JobPlan, gang: _Gang, located: list[dict[str, Any]]
+def _environments(ray: ModuleType, plan: JobPlan, gang: RayGang, located: list[dict[str, Any]]
                   ) -> tuple[list[dict[str, str]], Any, tuple[str, ...]]:
     """Each task's variables from where the actors are (phase 2), the Horovod rendezvous (or
     None), and the variables no task may inherit from its node."""
@@ -275,7 +349,7 @@ def _environments(ray: ModuleType, plan: JobPlan, gang: _Gang, located: list[dic
     return envs, None, ()
 
 
-def _rank_environments(ray: ModuleType, gang: _Gang, located: list[dict[str, Any]],
+def _rank_environments(ray: ModuleType, gang: RayGang, located: list[dict[str, Any]],
                        base: dict[str, str]) -> tuple[list[dict[str, str]], Any]:
     """Horovod ranks host-major over the actors' nodes, with a Gloo rendezvous served here."""
     from tfdist.horovod.rendezvous import GlooRendezvous, rank_order
@@ -290,136 +364,6 @@ def _rank_environments(ray: ModuleType, gang: _Gang, located: list[dict[str, Any
         task.spec = dataclasses.replace(task.spec, name=f"rank:{rank}", task=Task("worker", rank))
         envs.append({**base, **rendezvous.rank_env(rank, where["interface"])})
     return envs, rendezvous
-
-
-def _poll(gang: _Gang) -> None:
-    """Prints what every task printed since the last poll and records which have exited."""
-    refs = [t.actor.poll.remote() for t in gang.tasks]
-    for task, ref in zip(gang.tasks, refs, strict=True):
-        try:
-            task.returncode, lines = gang.ray.get(ref, timeout=_CALL_TIMEOUT)
-        except (gang.ray.exceptions.RayActorError, gang.ray.exceptions.GetTimeoutError) as err:
-            raise TaskFailedError(task.spec.name, -9, f"its Ray actor was lost: {err}") from None
-        if lines:
-            sys.stdout.write(lines)
-            sys.stdout.flush()
-
-
-def _first_failure(gang: _Gang) -> _Running | None:
-    """The task whose exit ends the job, after restarting alone those the strategy restarts
-    (the local runner's policy, `ProcessGroup.wait`)."""
-    main_done = all(t.returncode == 0 for t in gang.tasks if t.spec.kind == "main")
-    for task in gang.tasks:
-        code, kind = task.returncode, task.spec.kind
-        if code is None or (code == 0 and kind != "service"):
-            continue
-        if kind == "sidecar":
-            if not task.sidecar_failed:
-                task.sidecar_failed = True
-                print(f"[tfdist] sidecar {task.spec.name} exited with status {code}; job goes on",
-                      flush=True)
-            continue
-        if kind == "service" and main_done:
-            continue
-        if task.restarts < task.spec.max_restarts:
-            task.restarts += 1
-            gang.ray.get(task.actor.restart.remote(), timeout=_CALL_TIMEOUT)
-            task.returncode = None
-            continue
-        return task
-    return None
-
-
-def _watch(gang: _Gang, plan: JobPlan) -> None:
-    """Waits until every main task succeeded (then gives sidecars their grace).
-
-    Raises:
-        TaskFailedError: A task failed for good (named, with its last lines).
-        TaskTimeoutError: The job's ``--timeout`` passed first.
-    """
-    timeout = plan.options.timeout
-    deadline = time.monotonic() + timeout
-    main = [t for t in gang.tasks if t.spec.kind == "main"]
-    while True:
-        _poll(gang)
-        failed = _first_failure(gang)
-        if failed is not None:
-            tail = gang.ray.get(failed.actor.tail.remote(), timeout=_CALL_TIMEOUT)
-            raise TaskFailedError(failed.spec.name, failed.returncode or 1, tail)
-        if all(t.returncode == 0 for t in main):
-            break
-        if time.monotonic() > deadline:
-            running = ", ".join(t.spec.name for t in main if t.returncode is None)
-            raise TaskTimeoutError(f"The job did not finish within {timeout:g} s; still "
-                                   f"running: {running}. Every task was stopped. Fix: raise "
-                                   "--timeout, or check these tasks' output for a hang.")
-        time.sleep(_POLL_SECONDS)
-    grace_end = min(deadline, time.monotonic() + plan.options.evaluator_grace)
-    sidecars = [t for t in gang.tasks if t.spec.kind == "sidecar"]
-    while any(t.returncode is None for t in sidecars) and time.monotonic() < grace_end:
-        time.sleep(_POLL_SECONDS)
-        _poll(gang)
-    _first_failure(gang)
-
-
-class _Preempted(Exception):
-    """This process received SIGTERM."""
-
-
-def _raise_preempted(signum: int, frame: FrameType | None) -> None:
-    raise _Preempted
-
-
-def _preemption_outcome(gang: _Gang, grace: float) -> int:
-    _log(f"received SIGTERM: forwarding it to every task; {grace:g} s to save and exit")
-    codes = gang.stop(grace)
-    main = [codes.get(t.spec.name) for t in gang.tasks if t.spec.kind == "main"]
-    if all(code == 0 for code in main):
-        return 0
-    if all(code == PREEMPTED_EXIT_STATUS for code in main):
-        _log(f"job preempted: every training task saved and exited with status "
-             f"{PREEMPTED_EXIT_STATUS}. Run the same command again to resume from that step.")
-        return PREEMPTED_EXIT_STATUS
-    _log(f"job stopped by SIGTERM; exit statuses of the training tasks: {main}")
-    return _SIGTERM_STATUS
-
-
-def _run_gang(ray: ModuleType, plan: JobPlan, options: RayOptions) -> int:
-    """One attempt: reserve the gang, start it in two phases, watch it, tear it down."""
-    gang, rendezvous = _Gang(ray, _task_specs(plan), options), None
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _raise_preempted) if in_main_thread else None
-    try:
-        gang.reserve()
-        _log(f"gang of {len(gang.specs)} task(s) placed ({options.placement}, "
-             f"{options.cpus_per_task:g} CPU each)")
-        located = gang.spawn()
-        envs, rendezvous, unset = _environments(ray, plan, gang, located)
-        for task, where in zip(gang.tasks, located, strict=True):
-            _log(f"task {task.spec.name} on {where['address']} (port {where['port']})")
-        gang.start(envs, plan, (*unset, *_CLUSTER_SECRETS))
-        _watch(gang, plan)
-        _log(f"job finished: {len(gang.tasks)} task(s) succeeded")
-        return 0
-    except TaskFailedError as err:
-        _log(failure_message(plan, err))
-        return exit_status(err.returncode) or 1
-    except TaskTimeoutError as err:
-        _log(str(err))
-        return 124
-    except _Preempted:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        return _preemption_outcome(gang, plan.options.preemption_grace)
-    except KeyboardInterrupt:
-        _log("interrupted; stopping every task")
-        return 130
-    finally:
-        gang.stop(grace=5.0)
-        gang.close()
-        if rendezvous is not None:
-            rendezvous.stop()
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def _connect(ray: ModuleType, options: RayOptions) -> bool:
@@ -457,19 +401,4 @@ def run_on_ray(plan: JobPlan, options: RayOptions | None = None) -> int:
         >>> run_on_ray(plan, RayOptions(address="127.0.0.1:6379"))  # doctest: +SKIP
         0
     """
-    options = options or RayOptions()
-    ray = _ray()
-    connected = _connect(ray, options)
-    try:
-        status = _run_gang(ray, plan, options)
-        max_restarts = plan.options.max_restarts
-        for attempt in range(1, max_restarts + 1):
-            if status in NOT_RESTARTED:
-                break
-            _log(f"restarting the whole job ({attempt}/{max_restarts}) after exit status "
-                 f"{status}")
-            status = _run_gang(ray, plan, options)
-        return status
-    finally:
-        if connected:
-            ray.shutdown()
+    return supervisor.run_job(plan, "ray", options)

@@ -1,0 +1,70 @@
+"""A task for the supervision scenarios (no TensorFlow): ``supervision_task.py MODE MARKER_DIR``.
+
+It names itself from TF_CONFIG, records each start as ``MARKER_DIR/<task>.start.<pid>``, and:
+
+* ``fail_worker1``: worker:1 prints "worker 1 gives up" and exits 3; the rest sleep.
+* ``fail_evaluator``: the evaluator exits 4 at once; the others exit 0 after 2 s.
+* ``restart_worker1``: worker:1's first run exits 9, its later runs serve (sleep); the chief
+  exits 0 after 4 s; the other servers sleep.
+* ``kill_ps``: ps:0 exits 9 after 1 s; the rest sleep.
+* ``fail_once``: worker:1's first run exits 5; every later run of every task exits 0.
+* ``sleep``: every task sleeps.
+* ``save_on_sigterm``, ``worker1_ignores_sigterm``: every task writes ``<task>.ready`` and sleeps;
+  on SIGTERM it prints tfdist's preemption line and exits 75 (worker:1 of the second mode
+  ignores SIGTERM).
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+
+from tfdist.preemption import PREEMPTED_EXIT_STATUS, marker_line
+
+mode, marker_dir = sys.argv[1], sys.argv[2]
+spec = json.loads(os.environ["TF_CONFIG"])["task"]
+task = f"{spec['type']}:{spec['index']}"
+runs = len([f for f in os.listdir(marker_dir) if f.startswith(f"{task}.start.")])
+open(os.path.join(marker_dir, f"{task}.start.{os.getpid()}"), "w").close()
+print(f"{task} started ({mode})", flush=True)
+
+
+def save_and_exit(signum, frame):
+    print(marker_line(f"step 7 in /ckpt/{task}"), flush=True)
+    sys.exit(PREEMPTED_EXIT_STATUS)
+
+
+if mode == "fail_worker1" and task == "worker:1":
+    time.sleep(1)
+    print("worker 1 gives up", flush=True)
+    sys.exit(3)
+if mode == "fail_evaluator":
+    if task == "evaluator:0":
+        print("evaluator gives up", flush=True)
+        sys.exit(4)
+    time.sleep(2)
+    sys.exit(0)
+if mode == "restart_worker1":
+    if task == "worker:1" and runs == 0:
+        print("worker 1 dies", flush=True)
+        sys.exit(9)
+    if task == "chief:0":
+        time.sleep(4)
+        sys.exit(0)
+if mode == "kill_ps" and task == "ps:0":
+    time.sleep(1)
+    print("ps 0 dies", flush=True)
+    sys.exit(9)
+if mode == "fail_once":
+    if task == "worker:1" and runs == 0:
+        time.sleep(0.5)
+        sys.exit(5)
+    if runs > 0 or task != "worker:1":
+        time.sleep(1)
+        sys.exit(0)
+if mode in ("save_on_sigterm", "worker1_ignores_sigterm"):
+    ignore = mode == "worker1_ignores_sigterm" and task == "worker:1"
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if ignore else save_and_exit)
+    open(os.path.join(marker_dir, f"{task}.ready"), "w").close()
+time.sleep(300)
