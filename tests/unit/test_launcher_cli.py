@@ -107,7 +107,8 @@ def test_dry_run_horovod_lists_ranks_without_tf_config(script, capsys):
 
 
 def test_mpi_starts_horovodrun_with_its_mpi_controller(script):
-    from tfdist.launcher.plan import JobOptions, place, plan_job
+    from tfdist.launcher.placement import place
+    from tfdist.launcher.plan import JobOptions, plan_job
 
     def runner(mpi: bool) -> tuple[str, ...]:
         placement = place(plan_job(JobOptions(script, strategy="horovod", mpi=mpi)))

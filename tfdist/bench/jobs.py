@@ -17,7 +17,7 @@ from typing import IO, Any
 import tfdist
 from tfdist.bench.workers.common import RING_PORTS_ENV
 from tfdist.cluster import ClusterSpec, release_ports, reserve_ports
-from tfdist.launcher.plan import horovodrun_path
+from tfdist.launcher.placement import horovodrun_path
 from tfdist.testing import run_cluster, run_tasks
 
 __all__ = ["WORKERS", "base_env", "first_report", "ring_ports", "run_horovod", "run_local",

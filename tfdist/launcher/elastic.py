@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from tfdist.launcher.plan import JobOptions
+    from tfdist.launcher.options import JobOptions
     from tfdist.strategies.traits import StrategyTraits
 
 __all__ = [

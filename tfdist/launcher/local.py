@@ -22,7 +22,8 @@ from types import FrameType
 from tfdist.errors import LaunchError, TaskFailedError, TaskTimeoutError
 from tfdist.launcher.netns import NetworkIsolationError, PrivateNetwork
 from tfdist.launcher.output import LineFilter, shown_tasks, task_filters
-from tfdist.launcher.plan import JobPlan, Placement, TaskPlan, place
+from tfdist.launcher.placement import Placement, TaskPlan, place
+from tfdist.launcher.plan import JobPlan
 from tfdist.launcher.process import ProcessGroup, TaskProcess
 from tfdist.preemption import PREEMPTED_EXIT_STATUS, PREEMPTED_MARKER
 
