@@ -27,6 +27,7 @@ from tfdist.cluster.roles import ROLES
 from tfdist.errors import StrategyConfigError, TfdistError
 from tfdist.launcher.elastic import elastic_problem
 from tfdist.launcher.options import JobOptions, StrategyOptions
+from tfdist.pipeline.config import PipelineConfig
 from tfdist.pipeline.layout import check_processes
 from tfdist.strategies.detect import launch_strategy
 from tfdist.strategies.registry import strategy_traits
@@ -135,8 +136,8 @@ def _resolve_strategy(options: JobOptions) -> str:
 
 
 def strategy_env(strategy_options: StrategyOptions, traits: StrategyTraits) -> dict[str, str]:
-    """The variables that carry the strategy's own options to its tasks (the one place they
-    become text).
+    """The variables that carry the strategy's own options to its tasks: those given, written by
+    `PipelineConfig.env` (checked there), which the tasks' `PipelineConfig.from_env` reads back.
 
     Example:
         >>> from tfdist.strategies.traits import PIPELINE
@@ -144,7 +145,11 @@ def strategy_env(strategy_options: StrategyOptions, traits: StrategyTraits) -> d
         {'TFDIST_PIPELINE_STAGES': '2', 'TFDIST_PIPELINE_MICRO_BATCHES': '4'}
     """
     given = strategy_options.given()
-    return {traits.launch_options[option]: str(value) for option, value in given.items()}
+    if not given:
+        return {}
+    written = PipelineConfig(**given).env()
+    return {traits.launch_options[option]: written[traits.launch_options[option]]
+            for option in given}
 
 
 def layout_problem(options: JobOptions, strategy: str, traits: StrategyTraits) -> str | None:
