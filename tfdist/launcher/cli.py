@@ -76,20 +76,22 @@ def parse_args(argv: Sequence[str] | None = None) -> Launch:
     problem = _export_problem(args) or _ray_problem(args)
     if problem:
         parser.error(problem)
-    plan, layout = _plan(parser, job_options(args))
+    plan = _plan(parser, job_options(args))
+    layout = plan if isinstance(plan, str) else None
     problem = _argument_problem(args) or layout or _host_problem(args)
-    if problem or plan is None:
-        parser.error(problem or "no plan")
+    if problem:
+        parser.error(problem)
+    assert isinstance(plan, JobPlan)
     return Launch(plan, dry_run=args.dry_run)
 
 
-def _plan(parser: argparse.ArgumentParser,
-          options: JobOptions) -> tuple[JobPlan | None, str | None]:
-    """The plan, or the layout problem that stopped it; an unknown strategy exits at once."""
+def _plan(parser: argparse.ArgumentParser, options: JobOptions) -> JobPlan | str:
+    """The plan, or the layout problem that stopped it (named after the job's own arguments);
+    an unknown strategy exits at once."""
     try:
-        return plan_job(options), None
+        return plan_job(options)
     except LayoutError as err:
-        return None, str(err)
+        return str(err)
     except TfdistError as err:
         parser.error(str(err))
 

@@ -113,8 +113,16 @@ def plan_job(options: JobOptions, environ: Mapping[str, str] | None = None) -> J
     problem = layout_problem(options, strategy, traits)
     if problem:
         raise LayoutError(problem)
+    script_argv = (options.script, *options.script_args)
+    return JobPlan(strategy, traits, _roles(options, traits), script_argv,
+                   _task_env(options, traits, environ), options)
+
+
+def _task_env(options: JobOptions, traits: StrategyTraits,
+              environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables every task of the job gets (TF_CONFIG aside)."""
     env = {
-        **traits.task_env(strategy, environ),
+        **traits.task_env(options.strategy, environ),
         "PYTHONUNBUFFERED": "1",
         # TensorFlow's C++ INFO/WARNING lines drown the training output; set 0 to see them.
         "TF_CPP_MIN_LOG_LEVEL": environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
@@ -122,8 +130,7 @@ def plan_job(options: JobOptions, environ: Mapping[str, str] | None = None) -> J
     if options.startup_timeout is not None:
         env[STARTUP_TIMEOUT_ENV] = f"{options.startup_timeout:g}"
     env.update(strategy_env(options.strategy_options, traits))
-    script_argv = (options.script, *options.script_args)
-    return JobPlan(strategy, traits, _roles(options, traits), script_argv, env, options)
+    return env
 
 
 def _resolve_strategy(options: JobOptions) -> str:
@@ -162,6 +169,24 @@ def layout_problem(options: JobOptions, strategy: str, traits: StrategyTraits) -
         >>> layout_problem(JobOptions("t.py", workers=2, evaluator=True), "horovod", HOROVOD)[:46]
         '--evaluator was given with --strategy horovod,'
     """
+    problem = (_count_problem(options, strategy, traits)
+               or _role_problem(options, strategy, traits)
+               or _strategy_options_problem(options, strategy, traits)
+               or _mpi_problem(options, strategy, traits)
+               or elastic_problem(options, strategy, traits))
+    if problem:
+        return problem
+    flags = {"evaluator": "--evaluator" if options.evaluator else None,
+             "chief": "--chief" if options.chief and not traits.single_process else None}
+    for role, flag in flags.items():
+        if flag and not traits.has_role(role):
+            return (f"{flag} was given with --strategy {strategy}, which has no {role} task. "
+                    f"Fix: drop {flag}, or use a strategy with one (multi_worker, "
+                    "parameter_server)")
+    return None
+
+
+def _count_problem(options: JobOptions, strategy: str, traits: StrategyTraits) -> str | None:
     assert options.workers is not None, "plan_job decides the workers first"
     if options.hosts is not None and traits.single_process:
         return (f"--strategy {strategy} runs one process on this machine; --hosts/--hostfile "
@@ -173,6 +198,10 @@ def layout_problem(options: JobOptions, strategy: str, traits: StrategyTraits) -
     if traits.single_process and options.workers > 1:
         return (f"--strategy {strategy} runs one process (several devices in it), but "
                 f"--workers {options.workers} was given. Fix: use --strategy multi_worker")
+    return None
+
+
+def _role_problem(options: JobOptions, strategy: str, traits: StrategyTraits) -> str | None:
     if options.ps and not traits.has_role("ps"):
         return (f"--ps {options.ps} was given with --strategy {strategy}, which has no parameter "
                 f"servers. Fix: drop --ps, or use --strategy parameter_server")
@@ -186,18 +215,6 @@ def layout_problem(options: JobOptions, strategy: str, traits: StrategyTraits) -
         return (f"--script-on-all-tasks was given with --strategy {strategy}, whose every task "
                 "already runs the script. Fix: drop --script-on-all-tasks (it is for "
                 "parameter_server scripts that serve their own worker and ps tasks)")
-    problem = (_strategy_options_problem(options, strategy, traits)
-               or _mpi_problem(options, strategy, traits)
-               or elastic_problem(options, strategy, traits))
-    if problem:
-        return problem
-    flags = {"evaluator": "--evaluator" if options.evaluator else None,
-             "chief": "--chief" if options.chief and not traits.single_process else None}
-    for role, flag in flags.items():
-        if flag and not traits.has_role(role):
-            return (f"{flag} was given with --strategy {strategy}, which has no {role} task. "
-                    f"Fix: drop {flag}, or use a strategy with one (multi_worker, "
-                    "parameter_server)")
     return None
 
 
