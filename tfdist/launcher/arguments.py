@@ -18,11 +18,11 @@ import dataclasses
 import os
 
 from tfdist.cluster.hosts import DEFAULT_BASE_PORT
+from tfdist.core.registry import available_strategies
 from tfdist.launcher.hosts import HostOptions
 from tfdist.launcher.options import EXPORT_FORMATS, ExportOptions, JobOptions, StrategyOptions
 from tfdist.launcher.ray_options import RayOptions
 from tfdist.launcher.ssh import SshOptions
-from tfdist.strategies.registry import available_strategies
 
 __all__ = ["ENV_PREFIX", "EXPORT_ONLY", "build_parser", "job_options", "export_options",
            "ray_options", "host_options"]

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tfdist.cluster import ClusterSpec, Task, release_ports
+from tfdist.core.traits import TaskKind
 from tfdist.errors import StrategyConfigError
 from tfdist.horovod.checks import check_controller
 from tfdist.launcher.elastic import HOSTS_FILE_ENV, Discovery, elastic_args, slot_addresses
@@ -36,7 +37,6 @@ from tfdist.launcher.hosts import (
     task_command,
 )
 from tfdist.launcher.plan import JobPlan
-from tfdist.strategies.traits import TaskKind
 
 __all__ = ["TaskPlan", "Placement", "place", "horovodrun_path"]
 

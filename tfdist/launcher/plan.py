@@ -24,15 +24,15 @@ from collections.abc import Mapping
 
 from tfdist.cluster import Task
 from tfdist.cluster.roles import ROLES
+from tfdist.core.detect import launch_strategy
+from tfdist.core.registry import strategy_traits
+from tfdist.core.traits import STRATEGY_ENV, StrategyTraits, TaskKind
 from tfdist.errors import StrategyConfigError, TfdistError
 from tfdist.launcher.elastic import elastic_problem
 from tfdist.launcher.options import JobOptions, StrategyOptions
 from tfdist.pipeline.config import PipelineConfig
 from tfdist.pipeline.layout import check_processes
-from tfdist.strategies.detect import launch_strategy
-from tfdist.strategies.registry import strategy_traits
 from tfdist.strategies.startup import STARTUP_TIMEOUT_ENV
-from tfdist.strategies.traits import STRATEGY_ENV, StrategyTraits, TaskKind
 
 __all__ = [
     "STRATEGY_ENV",
@@ -147,7 +147,7 @@ def strategy_env(strategy_options: StrategyOptions, traits: StrategyTraits) -> d
     `PipelineConfig.env` (checked there), which the tasks' `PipelineConfig.from_env` reads back.
 
     Example:
-        >>> from tfdist.strategies.traits import PIPELINE
+        >>> from tfdist.core.traits import PIPELINE
         >>> strategy_env(StrategyOptions(stages=2, micro_batches=4), PIPELINE)
         {'TFDIST_PIPELINE_STAGES': '2', 'TFDIST_PIPELINE_MICRO_BATCHES': '4'}
     """
@@ -165,7 +165,7 @@ def layout_problem(options: JobOptions, strategy: str, traits: StrategyTraits) -
     ``options.workers`` is decided (`plan_job` passes the strategy's default for None).
 
     Example:
-        >>> from tfdist.strategies.traits import HOROVOD
+        >>> from tfdist.core.traits import HOROVOD
         >>> layout_problem(JobOptions("t.py", workers=2, evaluator=True), "horovod", HOROVOD)[:46]
         '--evaluator was given with --strategy horovod,'
     """
