@@ -130,18 +130,7 @@ def sbatch_script(plan: JobPlan, export: ExportOptions) -> str:
             "Slurm nodes must be between 1 and the number of tasks.",
             received=f"--nodes {nodes} for {ntasks} task(s)", expected=f"1..{ntasks}",
             fix="lower --nodes, or add workers"))
-    shim = [export.python, "-m", "tfdist.launcher.slurm_task", "--strategy", strategy,
-            "--ps", str(roles.get("ps", 0))]
-    if not plan.traits.single_process:
-        shim += ["--chief"] * ("chief" in roles) + ["--evaluator"] * ("evaluator" in roles)
-        shim += ["--script-on-all-tasks"] * plan.options.script_on_all_tasks
-    done = ""
-    if plan.traits.server_roles:  # servers serve forever: the chief's end tells them to stop
-        done = ' --done-file "${SLURM_SUBMIT_DIR:-.}/.tfdist-${SLURM_JOB_ID:-0}.done"'
-    command = shlex.join(shim) + done + " -- " + shlex.join(plan.task_argv("chief", export.python))
-    srun = f"srun --kill-on-bad-exit=1 --label {command}"
-    if plan.traits.launch == "ranks":  # Gloo's rendezvous, served on this node beside srun
-        srun = f"{export.python} -m tfdist.launcher.slurm_horovod -- {srun}"
+    srun = _srun_line(plan, export)
     per_node = f"#SBATCH --ntasks-per-node={ntasks // nodes}\n" if ntasks % nodes == 0 else ""
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in plan.env.items())
     summary = ", ".join(f"{role}={count}" for role, count in roles.items())
@@ -158,6 +147,24 @@ def sbatch_script(plan: JobPlan, export: ExportOptions) -> str:
         "# and SLURM_LOCALID (any --distribution works); a failing task stops the step.\n"
         f"{srun}\n"
     )
+
+
+def _srun_line(plan: JobPlan, export: ExportOptions) -> str:
+    """The batch script's ``srun`` line: every task through the ``slurm_task`` shim."""
+    roles = plan.roles
+    shim = [export.python, "-m", "tfdist.launcher.slurm_task", "--strategy", plan.strategy,
+            "--ps", str(roles.get("ps", 0))]
+    if not plan.traits.single_process:
+        shim += ["--chief"] * ("chief" in roles) + ["--evaluator"] * ("evaluator" in roles)
+        shim += ["--script-on-all-tasks"] * plan.options.script_on_all_tasks
+    done = ""
+    if plan.traits.server_roles:  # servers serve forever: the chief's end tells them to stop
+        done = ' --done-file "${SLURM_SUBMIT_DIR:-.}/.tfdist-${SLURM_JOB_ID:-0}.done"'
+    command = shlex.join(shim) + done + " -- " + shlex.join(plan.task_argv("chief", export.python))
+    srun = f"srun --kill-on-bad-exit=1 --label {command}"
+    if plan.traits.launch == "ranks":  # Gloo's rendezvous, served on this node beside srun
+        srun = f"{export.python} -m tfdist.launcher.slurm_horovod -- {srun}"
+    return srun
 
 
 def _check_format(plan: JobPlan, fmt: str) -> None:
