@@ -21,7 +21,8 @@ from tfdist.cluster import ClusterSpec, release_ports
 from tfdist.core import registry
 from tfdist.errors import ClusterConfigError
 from tfdist.launcher.export import export_job
-from tfdist.launcher.plan import JobOptions, place, plan_job
+from tfdist.launcher.placement import place
+from tfdist.launcher.plan import JobOptions, plan_job
 
 HERE = Path(__file__).parent / "custom_strategy"
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -147,7 +147,8 @@ def test_a_crashing_evaluator_is_reported_and_training_goes_on(tmp_path):
 def test_a_task_that_cannot_start_stops_the_gang(tmp_path):
     from tfdist.cluster import Task
     from tfdist.launcher.local import run_placement
-    from tfdist.launcher.plan import JobOptions, Placement, TaskPlan, plan_job
+    from tfdist.launcher.placement import Placement, TaskPlan
+    from tfdist.launcher.plan import JobOptions, plan_job
 
     sleeper = TaskPlan("worker:0", Task("worker", 0), "localhost", None,
                        (sys.executable, "-c", "import time; time.sleep(120)"))

@@ -107,7 +107,8 @@ def test_dry_run_horovod_lists_ranks_without_tf_config(script, capsys):
 
 
 def test_mpi_starts_horovodrun_with_its_mpi_controller(script):
-    from tfdist.launcher.plan import JobOptions, place, plan_job
+    from tfdist.launcher.placement import place
+    from tfdist.launcher.plan import JobOptions, plan_job
 
     def runner(mpi: bool) -> tuple[str, ...]:
         placement = place(plan_job(JobOptions(script, strategy="horovod", mpi=mpi)))
@@ -160,3 +161,31 @@ def test_a_bad_environment_default_is_a_usage_error_not_a_traceback(script, monk
         cli.main([script])
     assert exit_info.value.code == 2
     assert "argument --workers: invalid int value: 'abc'" in capsys.readouterr().err
+
+
+def test_pipeline_options_reach_the_tasks_as_the_strategy_reads_them(script, capsys):
+    from tfdist.pipeline.config import PipelineConfig
+
+    lines = _dry_run(capsys, ["--stages", "2", "--micro-batches", "3", "--schedule", "1f1b",
+                              "--workers", "4", script])
+    assert {line["env"]["TFDIST_STRATEGY"] for line in lines} == {"pipeline"}
+    configs = {PipelineConfig.from_env(line["env"]) for line in lines}
+    assert configs == {PipelineConfig(stages=2, micro_batches=3, schedule="1f1b")}
+    only_stages = _dry_run(capsys, ["--stages", "2", "--workers", "2", script])[0]["env"]
+    assert "TFDIST_PIPELINE_MICRO_BATCHES" not in only_stages  # only what was given is written
+
+
+def test_plan_job_decides_auto_workers_and_layout_once_for_python_callers(script):
+    from tfdist.launcher.hosts import HostOptions
+    from tfdist.launcher.options import ExportOptions, StrategyOptions
+    from tfdist.launcher.plan import JobOptions, LayoutError, plan_job
+
+    plan = plan_job(JobOptions(script, strategy="mirrored"))
+    assert (plan.strategy, plan.options.workers, plan.roles) == ("mirrored", 1, {"chief": 1})
+    auto = plan_job(JobOptions(script, export=ExportOptions("mpijob")))
+    assert (auto.strategy, auto.options.strategy, auto.roles) == ("horovod", "horovod",
+                                                                   {"worker": 2})
+    staged = plan_job(JobOptions(script, strategy_options=StrategyOptions(stages=2)))
+    assert staged.strategy == "pipeline" and staged.env["TFDIST_PIPELINE_STAGES"] == "2"
+    with pytest.raises(LayoutError, match="need a multi-process strategy"):
+        plan_job(JobOptions(script, strategy="default", hosts=HostOptions(hosts="n9:1")))

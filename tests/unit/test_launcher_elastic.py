@@ -15,7 +15,8 @@ import pytest
 from tfdist.core.registry import strategy_traits
 from tfdist.launcher import cli
 from tfdist.launcher.elastic import HOSTS_FILE_ENV, Discovery, write_hosts
-from tfdist.launcher.plan import JobOptions, place, plan_job
+from tfdist.launcher.placement import place
+from tfdist.launcher.plan import JobOptions, plan_job
 
 pytestmark = pytest.mark.unit
 

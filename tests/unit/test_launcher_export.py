@@ -18,7 +18,8 @@ from tfdist.cluster import ClusterSpec
 from tfdist.errors import StrategyConfigError
 from tfdist.launcher import cli, slurm_task
 from tfdist.launcher.export import export_job as export_plan
-from tfdist.launcher.plan import JobOptions, place, plan_job
+from tfdist.launcher.placement import place
+from tfdist.launcher.plan import JobOptions, plan_job
 
 KUBEFLOW = {"Chief": "chief", "Worker": "worker", "PS": "ps", "Evaluator": "evaluator"}
 JOBS = [

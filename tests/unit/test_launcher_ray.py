@@ -12,7 +12,7 @@ import pytest
 
 from tfdist.errors import MissingDependencyError
 from tfdist.horovod.rendezvous import GlooRendezvous, rank_order
-from tfdist.launcher import cli, ray_options, ray_runner
+from tfdist.launcher import cli, ray_runner
 
 
 @pytest.fixture
@@ -23,11 +23,11 @@ def script(tmp_path: Path) -> str:
 
 
 def test_ray_without_an_address_means_auto(script):
-    args = cli.parse_args(["--workers", "2", "--ray", "--", script])
-    options = ray_options.ray_options_from_args(args)
+    options = cli.parse_args(["--workers", "2", "--ray", "--", script]).plan.options.ray
     assert (options.address, options.cpus_per_task, options.placement) == ("auto", 1.0, "SPREAD")
-    assert cli.parse_args(["--ray", "10.0.0.1:6379", script]).ray == "10.0.0.1:6379"
-    assert cli.parse_args([script]).ray is None
+    assert cli.parse_args(["--ray", "10.0.0.1:6379", script]).plan.options.ray.address == (
+        "10.0.0.1:6379")
+    assert cli.parse_args([script]).plan.options.ray is None
 
 
 @pytest.mark.parametrize(
@@ -53,8 +53,8 @@ def test_bad_ray_arguments_are_refused_with_the_fix(capsys, script, argv, messag
 
 def test_env_names_reach_the_ray_options(script, monkeypatch):
     monkeypatch.setenv("MY_SETTING", "on")
-    args = cli.parse_args(["--env", "MY_SETTING", "--ray", "auto", script])
-    assert ray_options.ray_options_from_args(args).env_names == ("MY_SETTING",)
+    options = cli.parse_args(["--env", "MY_SETTING", "--ray", "auto", script]).plan.options
+    assert options.ray.env_names == ("MY_SETTING",)
 
 
 def _dry_run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> list[dict]:

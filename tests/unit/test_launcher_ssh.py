@@ -14,7 +14,8 @@ import pytest
 from tfdist.errors import ClusterConfigError
 from tfdist.launcher import cli
 from tfdist.launcher.hosts import HostOptions
-from tfdist.launcher.plan import JobOptions, place, plan_job
+from tfdist.launcher.placement import place
+from tfdist.launcher.plan import JobOptions, plan_job
 from tfdist.launcher.ssh import SshOptions, env_payload, forwarded_env, is_local_host, ssh_command
 
 NASTY = {"TF_CONFIG": '{"task": {"type": "worker", "index": 1}}', "X": "it's $HOME; `id` \"q\""}

@@ -2,8 +2,14 @@
 
 Modules:
 
-* `tfdist.launcher.cli`: the ``tfdist-launch`` command line (``main``).
-* `tfdist.launcher.plan`: launcher options -> one entry per task (command, environment, role).
+* `tfdist.launcher.cli`: the ``tfdist-launch`` command line (``main``): parse, plan, dispatch.
+* `tfdist.launcher.arguments`: its parser, one function per argument group, and the namespace
+  turned into typed options (`job_options`).
+* `tfdist.launcher.options`: those options (`JobOptions`, `StrategyOptions`, `ExportOptions`).
+* `tfdist.launcher.plan`: `plan_job`, options -> the `JobPlan` every runner reads (``auto``,
+  traits and layout checks decided there only).
+* `tfdist.launcher.placement`: `place`, a plan -> processes here or on hosts (ports, TF_CONFIG,
+  ``horovodrun``/``mpirun`` arguments, elastic ``horovodrun``).
 * `tfdist.launcher.local`: runs a plan on this machine (gang start, stop all on failure).
 * `tfdist.launcher.process`: the process group that starts and stops a job's tasks together.
 * `tfdist.launcher.hosts`: ``--hosts`` / ``--hostfile``: laying a job out over several machines.

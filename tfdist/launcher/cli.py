@@ -17,14 +17,14 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
 import sys
 from collections.abc import Sequence
 
-from tfdist.core.detect import launch_strategy
-from tfdist.core.registry import available_strategies, strategy_traits
+from tfdist.cluster.address import MAX_PORT
 from tfdist.errors import (
     ClusterConfigError,
     LaunchError,
@@ -32,178 +32,106 @@ from tfdist.errors import (
     StrategyConfigError,
     TfdistError,
 )
-from tfdist.launcher.export import add_export_arguments, check_export_arguments, run_export
-from tfdist.launcher.hosts import add_host_arguments, check_host_arguments, host_options_from_args
-from tfdist.launcher.plan import JobOptions, JobPlan, layout_problem, place, plan_job
-from tfdist.launcher.ray_options import (
-    add_ray_arguments,
-    check_ray_arguments,
-    ray_options_from_args,
-)
+from tfdist.launcher import arguments
+from tfdist.launcher.arguments import EXPORT_ONLY, job_options, ray_options
+from tfdist.launcher.export import run_export
+from tfdist.launcher.options import JobOptions
+from tfdist.launcher.placement import place
+from tfdist.launcher.plan import JobPlan, LayoutError, plan_job
 
-_ENV_PREFIX = "TFDIST_LAUNCH_"
+__all__ = ["Launch", "build_parser", "parse_args", "main"]
 
 
-def _env_default(name: str, default: str) -> str:
-    return os.environ.get(_ENV_PREFIX + name, default)
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """What ``tfdist-launch`` was asked to do.
 
+    Attributes:
+        plan: The job, decided (None with ``--check``); its ``options`` are the parsed ones.
+        dry_run: Print what would run (or the export) instead.
+        check: Report what is installed, and nothing else.
+    """
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, received {value}")
-    return value
+    plan: JobPlan | None
+    dry_run: bool = False
+    check: bool = False
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="tfdist-launch",
-        description="Run a TensorFlow/Keras training script on a distributed topology.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("Examples::", 1)[1],
-    )
-    job = parser.add_argument_group("job")
-    job.add_argument(
-        "--strategy", default=_env_default("STRATEGY", "auto"), metavar="NAME",
-        help=f"one of {', '.join(available_strategies())}, a registered name, or "
-        "package.module:Class (env TFDIST_LAUNCH_STRATEGY; default auto: --ps>0 -> "
-        "parameter_server, --workers>1 -> multi_worker, else one process)",
-    )
-    job.add_argument(
-        "--workers", type=int,
-        default=os.environ.get(_ENV_PREFIX + "WORKERS"),  # argparse converts (and rejects) it
-        help="worker tasks, or Horovod ranks (env TFDIST_LAUNCH_WORKERS; default 1 for the "
-        "default and mirrored strategies, which run one process, else 2)",
-    )
-    job.add_argument(
-        "--min-workers", type=int, metavar="A",
-        help="horovod, elastic (hvd.elastic.run): the job goes on with as few as A ranks when "
-        "ranks die, and a rank starts again on a slot that comes back; with --max-workers")
-    job.add_argument("--max-workers", type=int, metavar="B",
-                     help="horovod, elastic: the most ranks the job grows to (slots 127.0.1.1 .. "
-                     "127.0.1.B; the hosts file the launcher names lists those in use)")
-    job.add_argument("--ps", type=int, default=0, help="parameter-server tasks (default 0)")
-    chief = job.add_mutually_exclusive_group()
-    chief.add_argument("--chief", dest="chief", action="store_true", default=None,
-                       help="add a chief task (always on for parameter_server: the coordinator)")
-    chief.add_argument("--no-chief", dest="chief", action="store_false")
-    job.add_argument("--evaluator", action="store_true",
-                     help="add a sidecar evaluator task (its crash does not stop training)")
-    job.add_argument(
-        "--script-on-all-tasks", action="store_true",
-        help="parameter_server: run the script on worker and ps tasks too, instead of tfdist's "
-        "own server, for a script written from TensorFlow's guide (its worker/ps branch starts "
-        "tf.distribute.Server and joins it, after setting e.g. GRPC_FAIL_FAST)")
-    job.add_argument(
-        "--evaluator-grace", type=float, default=_env_default("EVALUATOR_GRACE", "60"),
-        help="seconds the evaluator may run on after training is done, to evaluate the last "
-        "checkpoint, before it is stopped (env TFDIST_LAUNCH_EVALUATOR_GRACE; default 60)",
-    )
-    pipeline = parser.add_argument_group("pipeline (--strategy pipeline)")
-    pipeline.add_argument(
-        "--stages", type=_positive_int, metavar="K",
-        help="split the model into K stages, one process each; --workers is D x K (D data-"
-        "parallel replicas of the pipeline)")
-    pipeline.add_argument("--micro-batches", type=_positive_int, metavar="M",
-                          help="micro-batches per replica batch (default 1)")
-    pipeline.add_argument("--schedule", choices=("gpipe", "1f1b"),
-                          help="gpipe (default) or 1f1b (keeps fewer activations)")
-    run = parser.add_argument_group("run")
-    run.add_argument(
-        "--timeout", type=float, default=_env_default("TIMEOUT", "3600"),
-        help="seconds before the whole job is stopped (env TFDIST_LAUNCH_TIMEOUT; default 3600)",
-    )
-    run.add_argument(
-        "--startup-timeout", type=float, default=None, metavar="SECONDS",
-        help="seconds each task waits for its peers before it stops with a message naming the "
-        "missing ones; progress is printed meanwhile (default: $TFDIST_STARTUP_TIMEOUT or 600)",
-    )
-    run.add_argument(
-        "--max-restarts", type=int, default=_env_default("MAX_RESTARTS", "0"),
-        help="after a failure, restart the whole job (fresh ports) up to this many times; with "
-        "BackupAndRestore in the script, training resumes from the last backup "
-        "(env TFDIST_LAUNCH_MAX_RESTARTS; default 0)",
-    )
-    run.add_argument(
-        "--max-worker-restarts", type=int, default=_env_default("MAX_WORKER_RESTARTS", "3"),
-        help="parameter_server: restart a dead worker task alone (same TF_CONFIG and port) up to "
-        "this many times; a dead ps stops the job (env TFDIST_LAUNCH_MAX_WORKER_RESTARTS; "
-        "default 3)",
-    )
-    run.add_argument(
-        "--preemption-grace", type=float, default=_env_default("PREEMPTION_GRACE", "25"),
-        metavar="SECONDS",
-        help="on SIGTERM the launcher forwards it to every task, which saves at its current step "
-        "and exits 75; tasks still running after this many seconds are SIGKILLed. Keep it below "
-        "your scheduler's own (Kubernetes terminationGracePeriodSeconds, Slurm KillWait) "
-        "(env TFDIST_LAUNCH_PREEMPTION_GRACE; default 25)",
-    )
-    run.add_argument(
-        "--mpi", action="store_true",
-        help="horovod: ranks talk over MPI (horovodrun --mpi; shared memory between ranks on one "
-        "host) instead of Gloo. Needs OpenMPI and Horovod built with it (bash launch/setup.sh "
-        "does both as root)",
-    )
-    run.add_argument("--log-dir", help="also write each task's whole output to LOG_DIR/<task>.log")
-    run.add_argument(
-        "-v", "--verbose", action="store_true",
-        default=_env_default("VERBOSE", "0") not in ("", "0"),
-        help="print every line of every task (TensorFlow's start-up chatter included) and each "
-        "task's plan; default: the chief's output, and a failed task's last lines "
-        "(env TFDIST_LAUNCH_VERBOSE=1)")
-    run.add_argument(
-        "--network", choices=("private", "host"), default=_env_default("NETWORK", "private"),
-        help="private (default): a job on this machine alone runs its tasks in a network "
-        "namespace with only loopback, so no TF server of it can be reached from outside (needs "
-        "root; else a warning, and host); host: this machine's network, e.g. for a script that "
-        "reads from the network (env TFDIST_LAUNCH_NETWORK)",
-    )
-    run.add_argument("--dry-run", action="store_true",
-                     help="start nothing; print one JSON object per task")
-    run.add_argument("--check", action="store_true", help="report what is installed and exit")
-    add_export_arguments(parser)
-    add_host_arguments(parser)
-    add_ray_arguments(parser)
-    parser.add_argument("script", nargs="?", help="the training script")
-    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
-    return parser
+    """The ``tfdist-launch`` parser (`tfdist.launcher.arguments`), with this module's examples."""
+    return arguments.build_parser(epilog=__doc__.split("Examples::", 1)[1])
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parses and validates ``argv``; exits with status 2 and a one-line message when invalid.
+def parse_args(argv: Sequence[str] | None = None) -> Launch:
+    """Parses ``argv`` into typed options and plans the job (`plan_job`, once); exits with status
+    2 and a one-line message when invalid.
 
-    ``auto`` is resolved here (``args.strategy`` is a concrete name afterwards), so that every
-    check below reads the strategy's traits.
+    Problems are named in this order: ``--export`` and ``--ray`` arguments, an unknown strategy,
+    the job's own arguments, the tasks' layout for the strategy, the ``--hosts`` arguments.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.check:
-        return args
-    problem = (check_export_arguments(args) or check_ray_arguments(args)
-               or _resolve_strategy(args) or _validate(args) or check_host_arguments(args))
+        return Launch(None, dry_run=args.dry_run, check=True)
+    problem = _export_problem(args) or _ray_problem(args)
     if problem:
         parser.error(problem)
-    return args
+    plan = _plan(parser, job_options(args))
+    layout = plan if isinstance(plan, str) else None
+    problem = _argument_problem(args) or layout or _host_problem(args)
+    if problem:
+        parser.error(problem)
+    assert isinstance(plan, JobPlan)
+    return Launch(plan, dry_run=args.dry_run)
 
 
-def _resolve_strategy(args: argparse.Namespace) -> str | None:
-    if args.strategy == "auto":
-        workers = 2 if args.workers is None else args.workers
-        args.strategy = launch_strategy(workers=workers, ps=args.ps,
-                                        ranks=args.export == "mpijob", stages=args.stages)
+def _plan(parser: argparse.ArgumentParser, options: JobOptions) -> JobPlan | str:
+    """The plan, or the layout problem that stopped it (named after the job's own arguments);
+    an unknown strategy exits at once."""
     try:
-        traits = strategy_traits(args.strategy)
-    except TfdistError as err:
+        return plan_job(options)
+    except LayoutError as err:
         return str(err)
-    if args.workers is None:
-        args.workers = 1 if traits.single_process else 2
-    if (args.hosts or args.hostfile) and traits.single_process:
-        return (f"--strategy {args.strategy} runs one process on this machine; --hosts/--hostfile "
-                "need a multi-process strategy. Fix: use multi_worker, parameter_server or horovod")
+    except TfdistError as err:
+        parser.error(str(err))
+
+
+def _export_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the ``--export`` arguments, or None."""
+    given = [name for name in EXPORT_ONLY if getattr(args, name) is not None]
+    if given and not args.export:
+        flag = "--" + given[0].replace("_", "-")
+        return (f"{flag} only applies with --export. Fix: add --export kubeflow|mpijob|slurm, "
+                f"or drop {flag}")
+    if args.image is not None and not args.image.strip():
+        return "--image is empty. Fix: name a container image that holds tfdist and the script"
+    if args.output is not None and os.path.isdir(args.output):
+        suffix = "sbatch" if args.export == "slurm" else "yaml"
+        return (f"--output {args.output!r} is a directory. Fix: name a file, e.g. "
+                f"{os.path.join(args.output, 'job.' + suffix)}")
     return None
 
 
-def _validate(args: argparse.Namespace) -> str | None:
+def _ray_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the ``--ray`` options, or None."""
+    if args.ray is None:
+        return None
+    if args.script is None and (args.ray.endswith(".py") or os.path.isfile(args.ray)):
+        return (f"--ray took {args.ray!r} as the cluster's ADDRESS, and no SCRIPT is left. Fix: "
+                f"name the address before the script (--ray auto {args.ray})")
+    if args.hosts or args.hostfile or args.export:
+        flag = "--export" if args.export else "--hosts/--hostfile"
+        return (f"--ray was given with {flag}: Ray places the tasks itself. Fix: drop one of "
+                "them")
+    try:
+        ray_options(args)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def _argument_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the job's own arguments (no strategy needed), or None."""
     if not args.script:
         return "missing SCRIPT: the training script to run (e.g. tfdist-launch train.py)"
     if not args.export and not os.path.isfile(args.script):  # exports name the script remotely
@@ -234,7 +162,7 @@ def _validate(args: argparse.Namespace) -> str | None:
         if problem:
             return (f"--log-dir {args.log_dir!r} cannot be used: {problem}. Fix: pass a directory "
                     "you can create and write, or drop --log-dir")
-    return layout_problem(options_from_args(args), args.strategy, strategy_traits(args.strategy))
+    return None
 
 
 def _unwritable_dir(path: str) -> str | None:
@@ -247,46 +175,57 @@ def _unwritable_dir(path: str) -> str | None:
     return None
 
 
-def options_from_args(args: argparse.Namespace) -> JobOptions:
-    return JobOptions(
-        script=args.script, script_args=tuple(args.script_args), strategy=args.strategy,
-        workers=args.workers, ps=args.ps, chief=args.chief, evaluator=args.evaluator,
-        timeout=args.timeout, evaluator_grace=args.evaluator_grace,
-        max_restarts=args.max_restarts, worker_restarts=args.max_worker_restarts,
-        log_dir=args.log_dir, hosts=host_options_from_args(args), network=args.network,
-        startup_timeout=args.startup_timeout, preemption_grace=args.preemption_grace,
-        mpi=args.mpi,
-        verbose=args.verbose, script_on_all_tasks=args.script_on_all_tasks,
-        min_workers=args.min_workers, max_workers=args.max_workers,
-        strategy_options={option: str(getattr(args, option))
-                          for option in ("stages", "micro_batches", "schedule")
-                          if getattr(args, option) is not None},
-    )
-
-
-def plan_from_args(args: argparse.Namespace) -> JobPlan:
-    """The `JobPlan` of parsed arguments: what every runner and export reads."""
-    return plan_job(options_from_args(args))
+def _host_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the ``--hosts`` and ssh arguments, or None."""
+    for flag, value in (("--hosts", args.hosts), ("--hostfile", args.hostfile)):
+        if value is not None and not value.strip():
+            return (f"{flag} is empty (an unset shell variable?). Received: {flag} {value!r}. "
+                    f"Fix: name the hosts, e.g. --hosts node1:2,node2:2, or drop {flag}")
+    if args.hosts and args.hostfile:
+        return (f"--hosts and --hostfile were both given. Received: --hosts {args.hosts!r}, "
+                f"--hostfile {args.hostfile!r}. Fix: pass one of them")
+    on_hosts = bool(args.hosts or args.hostfile)
+    for flag, value in (("--base-port", args.base_port), ("--ssh-port", args.ssh_port),
+                        ("--ssh-identity", args.ssh_identity),
+                        ("--ssh-known-hosts", args.ssh_known_hosts),
+                        ("--no-host-key-check", args.no_host_key_check or None),
+                        ("--env", None if args.ray else args.env_names or None),
+                        ("--network-interface", args.network_interface)):
+        if value is not None and not on_hosts:
+            return f"{flag} only applies with --hosts or --hostfile. Fix: add one, or drop {flag}"
+    if args.ssh_port is not None and not 1 <= int(args.ssh_port) <= MAX_PORT:
+        return f"--ssh-port must be in 1..{MAX_PORT}. Received: {args.ssh_port}"
+    missing = [name for name in args.env_names if name not in os.environ]
+    if missing:
+        return (f"--env {missing[0]}: no such variable in the launcher's environment. Fix: export "
+                f"it first, or drop --env {missing[0]}")
+    if args.ssh_known_hosts is not None and not os.path.isfile(args.ssh_known_hosts):
+        return (f"--ssh-known-hosts file not found. Received: {args.ssh_known_hosts!r}. "
+                "Fix: pass an existing known_hosts file (ssh-keyscan -p PORT HOST >> FILE)")
+    if args.ssh_identity is not None and not os.path.isfile(args.ssh_identity):
+        return (f"--ssh-identity file not found. Received: {args.ssh_identity!r}. "
+                "Fix: pass the path of an existing private key")
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.check:
+    launch = parse_args(argv)
+    if launch.check or launch.plan is None:
         from tfdist.launcher.check import format_report, installed_report
 
         print(format_report(installed_report()))
         return 0
+    plan = launch.plan
     try:
-        plan = plan_from_args(args)
-        if args.export:
-            return run_export(args, plan)
-        if args.ray is not None:
-            return _run_on_ray(args, plan)
+        if plan.options.export is not None:
+            return run_export(plan, dry_run=launch.dry_run)
+        if plan.options.ray is not None:
+            return _run_on_ray(plan, launch.dry_run)
         placement = place(plan)
     except (ClusterConfigError, StrategyConfigError, MissingDependencyError) as err:
         print(f"tfdist-launch: error: {err}", file=sys.stderr)
         return 2
-    if args.dry_run:
+    if launch.dry_run:
         placement.release()
         for line in placement.describe():
             print(json.dumps(line))
@@ -300,15 +239,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-def _run_on_ray(args: argparse.Namespace, plan: JobPlan) -> int:
+def _run_on_ray(plan: JobPlan, dry_run: bool) -> int:
     from tfdist.launcher.ray_runner import describe, run_on_ray
 
-    if args.dry_run:
-        for line in describe(plan, ray_options_from_args(args)):
+    assert plan.options.ray is not None
+    if dry_run:
+        for line in describe(plan, plan.options.ray):
             print(json.dumps(line))
         return 0
     try:
-        return run_on_ray(plan, ray_options_from_args(args))
+        return run_on_ray(plan, plan.options.ray)
     except (LaunchError, MissingDependencyError) as err:
         print(f"tfdist-launch: error: {err}", file=sys.stderr)
         return 1

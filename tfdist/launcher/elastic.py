@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tfdist.core.traits import StrategyTraits
-    from tfdist.launcher.plan import JobOptions
+    from tfdist.launcher.options import JobOptions
 
 __all__ = [
     "HOSTS_FILE_ENV",

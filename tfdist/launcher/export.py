@@ -26,85 +26,20 @@ Example:
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import os
 import re
 import shlex
 from pathlib import PurePath
 from typing import Any
 
 from tfdist.errors import MissingDependencyError, StrategyConfigError, format_error
+from tfdist.launcher.options import EXPORT_FORMATS, ExportOptions
 from tfdist.launcher.plan import JobPlan
 
-__all__ = ["EXPORT_FORMATS", "ExportOptions", "add_export_arguments", "export_job"]
+__all__ = ["EXPORT_FORMATS", "ExportOptions", "export_job", "export_text", "run_export"]
 
-EXPORT_FORMATS = ("kubeflow", "mpijob", "slurm")
 MPI_HOSTFILE = "/etc/mpi/hostfile"  # written by the MPI Operator v2 into the launcher pod
 TF_PORT = 2222  # the Kubeflow training operator's default TFJob port
 _KUBEFLOW_ROLES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
-
-
-@dataclasses.dataclass(frozen=True)
-class ExportOptions:
-    """Scheduler settings that a local run does not need.
-
-    Attributes:
-        image: Container image for Kubernetes formats (it must hold tfdist and the script).
-        name: Job name; default: the script's file name, made DNS-safe.
-        nodes: Slurm nodes to spread the tasks over.
-        slots_per_worker: Horovod ranks per MPIJob worker pod.
-        python: The Python executable inside the container or on the nodes.
-    """
-
-    image: str = "tfdist:latest"
-    name: str | None = None
-    nodes: int = 1
-    slots_per_worker: int = 1
-    python: str = "python"
-
-
-_EXPORT_ONLY = {"image": "tfdist:latest", "output": None, "name": None, "nodes": 1,
-                "slots_per_worker": 1}
-"""Options that only mean something with ``--export``, and their defaults there."""
-
-
-def add_export_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds the ``export`` argument group to ``tfdist-launch``'s parser."""
-    group = parser.add_argument_group("export (write a scheduler job instead of running)")
-    group.add_argument("--export", choices=EXPORT_FORMATS,
-                       help="print (or --output) a Kubeflow TFJob, an MPIJob, or a Slurm script")
-    group.add_argument("--image", help="container image for kubeflow/mpijob (default "
-                       "tfdist:latest)")
-    group.add_argument("--output", help="write the export to this file instead of stdout")
-    group.add_argument("--name", help="job name (default: the script's name)")
-    group.add_argument("--nodes", type=int, help="slurm: nodes (default 1)")
-    group.add_argument("--slots-per-worker", type=int,
-                       help="mpijob: Horovod ranks per worker pod (default 1)")
-
-
-def check_export_arguments(args: argparse.Namespace) -> str | None:
-    """The problem with the export arguments, as a one-line message, or None (fills defaults)."""
-    given = [name for name in _EXPORT_ONLY if getattr(args, name) is not None]
-    if given and not args.export:
-        flag = "--" + given[0].replace("_", "-")
-        return (f"{flag} only applies with --export. Fix: add --export kubeflow|mpijob|slurm, "
-                f"or drop {flag}")
-    if args.image is not None and not args.image.strip():
-        return "--image is empty. Fix: name a container image that holds tfdist and the script"
-    if args.output is not None and os.path.isdir(args.output):
-        suffix = "sbatch" if args.export == "slurm" else "yaml"
-        return (f"--output {args.output!r} is a directory. Fix: name a file, e.g. "
-                f"{os.path.join(args.output, 'job.' + suffix)}")
-    for name, default in _EXPORT_ONLY.items():
-        if getattr(args, name) is None:
-            setattr(args, name, default)
-    return None
-
-
-def export_options_from_args(args: argparse.Namespace) -> ExportOptions:
-    return ExportOptions(image=args.image, name=args.name, nodes=args.nodes,
-                         slots_per_worker=args.slots_per_worker)
 
 
 def job_name(plan: JobPlan, export: ExportOptions) -> str:
@@ -195,18 +130,7 @@ def sbatch_script(plan: JobPlan, export: ExportOptions) -> str:
             "Slurm nodes must be between 1 and the number of tasks.",
             received=f"--nodes {nodes} for {ntasks} task(s)", expected=f"1..{ntasks}",
             fix="lower --nodes, or add workers"))
-    shim = [export.python, "-m", "tfdist.launcher.slurm_task", "--strategy", strategy,
-            "--ps", str(roles.get("ps", 0))]
-    if not plan.traits.single_process:
-        shim += ["--chief"] * ("chief" in roles) + ["--evaluator"] * ("evaluator" in roles)
-        shim += ["--script-on-all-tasks"] * plan.options.script_on_all_tasks
-    done = ""
-    if plan.traits.server_roles:  # servers serve forever: the chief's end tells them to stop
-        done = ' --done-file "${SLURM_SUBMIT_DIR:-.}/.tfdist-${SLURM_JOB_ID:-0}.done"'
-    command = shlex.join(shim) + done + " -- " + shlex.join(plan.task_argv("chief", export.python))
-    srun = f"srun --kill-on-bad-exit=1 --label {command}"
-    if plan.traits.launch == "ranks":  # Gloo's rendezvous, served on this node beside srun
-        srun = f"{export.python} -m tfdist.launcher.slurm_horovod -- {srun}"
+    srun = _srun_line(plan, export)
     per_node = f"#SBATCH --ntasks-per-node={ntasks // nodes}\n" if ntasks % nodes == 0 else ""
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in plan.env.items())
     summary = ", ".join(f"{role}={count}" for role, count in roles.items())
@@ -223,6 +147,24 @@ def sbatch_script(plan: JobPlan, export: ExportOptions) -> str:
         "# and SLURM_LOCALID (any --distribution works); a failing task stops the step.\n"
         f"{srun}\n"
     )
+
+
+def _srun_line(plan: JobPlan, export: ExportOptions) -> str:
+    """The batch script's ``srun`` line: every task through the ``slurm_task`` shim."""
+    roles = plan.roles
+    shim = [export.python, "-m", "tfdist.launcher.slurm_task", "--strategy", plan.strategy,
+            "--ps", str(roles.get("ps", 0))]
+    if not plan.traits.single_process:
+        shim += ["--chief"] * ("chief" in roles) + ["--evaluator"] * ("evaluator" in roles)
+        shim += ["--script-on-all-tasks"] * plan.options.script_on_all_tasks
+    done = ""
+    if plan.traits.server_roles:  # servers serve forever: the chief's end tells them to stop
+        done = ' --done-file "${SLURM_SUBMIT_DIR:-.}/.tfdist-${SLURM_JOB_ID:-0}.done"'
+    command = shlex.join(shim) + done + " -- " + shlex.join(plan.task_argv("chief", export.python))
+    srun = f"srun --kill-on-bad-exit=1 --label {command}"
+    if plan.traits.launch == "ranks":  # Gloo's rendezvous, served on this node beside srun
+        srun = f"{export.python} -m tfdist.launcher.slurm_horovod -- {srun}"
+    return srun
 
 
 def _check_format(plan: JobPlan, fmt: str) -> None:
@@ -245,7 +187,7 @@ def export_job(plan: JobPlan, fmt: str, **export: Any) -> str:
     Args:
         plan: The job, as for a local run.
         fmt: One of `EXPORT_FORMATS`.
-        **export: Fields of `ExportOptions`.
+        **export: Fields of `ExportOptions` (its ``format`` is ``fmt``).
 
     Raises:
         StrategyConfigError: An unknown format, or one that cannot describe this strategy.
@@ -259,7 +201,12 @@ def export_job(plan: JobPlan, fmt: str, **export: Any) -> str:
         >>> sorted(yaml.safe_load(text)["spec"]["tfReplicaSpecs"])
         ['Chief', 'PS', 'Worker']
     """
-    settings = ExportOptions(**export)
+    return export_text(plan, ExportOptions(format=fmt, **export))
+
+
+def export_text(plan: JobPlan, settings: ExportOptions) -> str:
+    """The job as text in ``settings.format`` (see `export_job`)."""
+    fmt = settings.format
     if fmt == "slurm":
         return sbatch_script(plan, settings)
     if fmt not in EXPORT_FORMATS:
@@ -278,19 +225,23 @@ def export_job(plan: JobPlan, fmt: str, **export: Any) -> str:
     return yaml.safe_dump(document, sort_keys=False)
 
 
-def run_export(args: argparse.Namespace, plan: JobPlan) -> int:
-    """``tfdist-launch --export``: print the export, or write it to ``--output``."""
-    text = export_job(plan, args.export, **dataclasses.asdict(export_options_from_args(args)))
-    if args.output and not args.dry_run:
+def run_export(plan: JobPlan, *, dry_run: bool = False) -> int:
+    """``tfdist-launch --export``: print ``plan.options.export``, or write it to its ``output``
+    (printed instead with ``dry_run``)."""
+    export = plan.options.export
+    if export is None:
+        raise ValueError("run_export needs a plan with export options (tfdist-launch --export)")
+    text = export_text(plan, export)
+    if export.output and not dry_run:
         try:
-            with open(args.output, "w") as file:
+            with open(export.output, "w") as file:
                 file.write(text)
         except OSError as err:
             raise StrategyConfigError(format_error(
-                f"Cannot write the {args.export} job to --output.", received=repr(args.output),
+                f"Cannot write the {export.format} job to --output.", received=repr(export.output),
                 expected="a file path that can be written", fix=f"fix the path ({err.strerror})"
             )) from err
-        print(f"tfdist-launch: wrote {args.export} job to {args.output}")
+        print(f"tfdist-launch: wrote {export.format} job to {export.output}")
     else:
         print(text, end="")
     return 0

@@ -24,7 +24,8 @@ from tfdist.errors import LaunchError
 from tfdist.launcher import supervisor
 from tfdist.launcher.netns import NetworkIsolationError, PrivateNetwork
 from tfdist.launcher.output import LineFilter, shown_tasks, task_filters
-from tfdist.launcher.plan import JobPlan, Placement, TaskPlan, place
+from tfdist.launcher.placement import Placement, TaskPlan, place
+from tfdist.launcher.plan import JobPlan
 from tfdist.launcher.process import ProcessGroup
 from tfdist.launcher.supervisor import Member, Supervisor, log
 
