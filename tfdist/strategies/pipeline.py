@@ -222,7 +222,7 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         return dataset_fn(self.input_context())
 
     def describe(self) -> str:
-        """One line: stage, replica, micro-batches, schedule.
+        """One line: where this process's stages are (its mode), micro-batches, schedule.
 
         Example:
             >>> PipelineStrategy().describe()
