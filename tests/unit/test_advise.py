@@ -245,11 +245,11 @@ def test_docstring_examples_run(name, monkeypatch):
 
 
 def test_profile_finds_the_heavy_layer_and_the_split_isolates_it():
-    from tfdist import compat
     from tfdist.advise.profile import profile_model
+    from tfdist.core import flavour
     from tfdist.pipeline import stage
 
-    keras = compat.get_keras()
+    keras = flavour.get_keras()
 
     def chain():
         return keras.Sequential([keras.Input((64,)), keras.layers.Dense(8, name="thin_0"),

@@ -194,9 +194,9 @@ def load_target(target: str, kwargs: dict[str, Any]) -> Any:
             expected="'path/to/script.py:function' or 'package.module:function'",
             fix="name a function that returns a built Keras model")) from err
     if "keras" in inspect.signature(fn).parameters and "keras" not in kwargs:
-        from tfdist import compat
+        from tfdist.core import flavour
 
-        kwargs = {"keras": compat.get_keras(), **kwargs}
+        kwargs = {"keras": flavour.get_keras(), **kwargs}
     return lambda: fn(**kwargs)
 
 

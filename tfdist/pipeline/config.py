@@ -29,16 +29,16 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from tfdist.core.traits import (
+    PIPELINE_MICRO_BATCHES_ENV,
+    PIPELINE_SCHEDULE_ENV,
+    PIPELINE_STAGES_ENV,
+)
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.options import check_positive_number
 from tfdist.pipeline.layout import check_processes
 from tfdist.pipeline.partition import check_micro_batches, check_stages, read_layer_costs
 from tfdist.pipeline.schedule import SCHEDULES
-from tfdist.strategies.traits import (
-    PIPELINE_MICRO_BATCHES_ENV,
-    PIPELINE_SCHEDULE_ENV,
-    PIPELINE_STAGES_ENV,
-)
 
 __all__ = ["PipelineConfig", "STAGES_ENV", "MICRO_BATCHES_ENV", "SCHEDULE_ENV",
            "LAYER_COSTS_ENV"]

@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tfdist import compat
+from tfdist.core import flavour
+from tfdist.core import traits as builtin
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.options import check_positive_number
 from tfdist.pipeline import stage, transport
@@ -54,7 +55,6 @@ from tfdist.pipeline.keras_model import (
 )
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.modes import PipelineMode, choose_mode
-from tfdist.strategies import traits as builtin
 from tfdist.strategies.base import TfdistStrategyMixin
 from tfdist.strategies.startup import resolve_startup_timeout, startup_deadline
 
@@ -287,7 +287,7 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
 
         Example:
             >>> import numpy as np
-            >>> keras = compat.get_keras()
+            >>> keras = flavour.get_keras()
             >>> strategy = PipelineStrategy(micro_batches=2)
             >>> model = strategy.build_model(lambda: keras.Sequential(
             ...     [keras.Input((2,)), keras.layers.Dense(1, name="a")]))
@@ -295,7 +295,7 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
             >>> float(step(np.ones((4, 2), "float32"), np.zeros((4, 1), "float32"))) >= 0
             True
         """
-        keras = compat.get_keras(compat.flavour_of(model))
+        keras = flavour.get_keras(flavour.flavour_of(model))
         loss_fn = mean_loss(keras.losses.get(loss))
         engine = model._engine  # noqa: SLF001
 
