@@ -37,7 +37,7 @@ def chain(widths=(6, 6, 4), features=3, batch_norm=False, regularize=False):
 
 @pytest.mark.parametrize("name", ["tfdist.pipeline.stage", "tfdist.pipeline.keras_model",
                                   "tfdist.pipeline.local", "tfdist.pipeline.engine",
-                                  "tfdist.strategies.pipeline"])
+                                  "tfdist.pipeline.modes", "tfdist.strategies.pipeline"])
 def test_docstring_examples_run(name):
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
@@ -162,6 +162,26 @@ def test_stages_without_processes_name_the_launch_command(monkeypatch):
         PipelineStrategy(micro_batches=0)
     with pytest.raises(StrategyConfigError, match="Unknown pipeline schedule"):
         PipelineStrategy(schedule="zigzag")
+
+
+def test_both_engines_and_both_modes_answer_their_written_interface():
+    import dataclasses
+
+    from tfdist.pipeline import engine, local, modes
+
+    def asked(protocol):
+        return {name for name in vars(protocol) if not name.startswith("_")}
+
+    def offered(cls):
+        return set(dir(cls)) | {field.name for field in dataclasses.fields(cls)}
+
+    assert asked(engine.PipelineEngine) == {
+        "layout", "train", "forward", "replica_rows", "average_over_replicas", "share"}
+    for cls in (engine.StageEngine, local.LocalPipeline):
+        assert asked(engine.PipelineEngine) <= offered(cls), cls
+    assert asked(modes.PipelineMode) == {"layout", "devices", "where", "build"}
+    for cls in (modes.StagePerProcess, modes.StagesOnDevices):
+        assert asked(modes.PipelineMode) <= offered(cls), cls
 
 
 def test_devices_are_checked_before_anything_starts():

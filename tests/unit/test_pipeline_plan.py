@@ -18,7 +18,8 @@ NAMES = ["d0", "d1", "d2", "d3", "d4"]
 
 
 @pytest.mark.parametrize("name", ["tfdist.pipeline", "tfdist.pipeline.partition",
-                                  "tfdist.pipeline.schedule", "tfdist.pipeline.layout"])
+                                  "tfdist.pipeline.schedule", "tfdist.pipeline.layout",
+                                  "tfdist.pipeline.groups"])
 def test_docstring_examples_run(name):
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
@@ -138,6 +139,33 @@ def test_layout_of_hybrid_job():
     assert ranks[4].previous == 3 and ranks[4].next == 5 and ranks[4].stage_group == (1, 4)
     assert ranks[0].previous is None and ranks[2].next is None
     assert ranks[5].replica_ranks == (3, 4, 5)
+
+
+def test_groups_by_axis_keep_their_members_ranks_and_keys():
+    for rank in range(6):
+        layout = PipelineLayout(6, 3, rank)
+        pipe, data = layout.group("pipe"), layout.group("data")
+        assert pipe.members == layout.replica_ranks and pipe.rank == layout.stage
+        assert data.members == layout.stage_group and data.rank == layout.replica
+        # The keys the transport used before the layout named them.
+        assert pipe.key == (1 << 18) + layout.replica and data.key == (1 << 19) + layout.stage
+        assert layout.world().members == tuple(range(6)) and layout.world().rank == rank
+    pair = PipelineLayout(6, 3, 4).pair(3)
+    assert pair.key == (1 << 20) + 3 * 4096 + 4 and pair.peer == 3
+    with pytest.raises(StrategyConfigError, match="Unknown pipeline axis"):
+        PipelineLayout(6, 3, 4).group("tensor")
+
+
+def test_a_process_holding_every_stage_says_so():
+    layout = PipelineLayout(processes=1, stages=3, rank=0, stages_per_process=3)
+    assert layout.stages == 3 and layout.held == range(3) and layout.holds_all
+    assert layout.is_first and layout.is_last and layout.previous is None and layout.next is None
+    assert (layout.replicas, layout.replica, layout.stage) == (1, 0, 0)
+    assert layout.group("pipe").size == 1 and layout.group("data").size == 1
+    assert PipelineLayout(4, 2, 3).held == range(1, 2)
+    assert not PipelineLayout(4, 2, 3).holds_all
+    with pytest.raises(StrategyConfigError, match="A process holds one stage or all of them"):
+        PipelineLayout(processes=1, stages=4, rank=0, stages_per_process=2)
 
 
 def test_process_count_must_be_a_multiple_of_stages():

@@ -10,11 +10,14 @@ Words:
 * **pipeline replica**: one copy of the whole K-stage pipeline. ``D`` replicas train on disjoint
   parts of each global batch (data parallelism) and average each stage's gradients.
 
-Modules, by concept: `partition` (where to split; pure), `schedule` (which op runs when; pure),
-`layout` (which process holds which stage; pure), `transport` (send/recv between processes over
-TensorFlow collective ops), `stage` (building only this stage's layers), `engine` (one training
-step from a schedule), `keras_model` (``model.fit`` on a stage), `local` (all stages in one
-process, one per local device, tensors handed over in-process).
+Modules, by concept: `config` (the pipeline's settings, checked once; pure), `partition` (where
+to split; pure), `schedule` (which op runs when; pure), `groups` (collective groups by axis;
+pure), `layout` (which process holds which stages, and its groups; pure), `transport` (send/recv
+and all-reduce over TensorFlow collective ops), `stage` (building only this stage's layers),
+`engine` (one training step from a schedule, and the `PipelineEngine` interface), `keras_model`
+(``model.fit`` on a stage), `local` (all stages in one process, one per local device, tensors
+handed over in-process), `modes` (the two modes, one stage per process or all on devices,
+chosen once).
 
 Example:
     >>> from tfdist.pipeline import schedule

@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import tensorflow as tf
 
 from tfdist.pipeline import schedule as schedules
 from tfdist.pipeline import transport
+from tfdist.pipeline.groups import DATA, PIPE, ProcessGroup
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.transport import (
     ACTIVATION,
@@ -50,7 +51,7 @@ from tfdist.pipeline.transport import (
     instance_key,
 )
 
-__all__ = ["StageEngine", "StageStep", "LossTerms"]
+__all__ = ["PipelineEngine", "StageEngine", "StageStep", "LossTerms"]
 
 LossFn = Callable[[Any, Any, Any], Any]
 TERMS_INDEX = 1
@@ -83,6 +84,47 @@ class LossTerms:
 
     weights: Callable[[], Any]
     added: Callable[[], Any]
+
+
+class PipelineEngine(Protocol):
+    """What a stage model (`tfdist.pipeline.keras_model`) and `PipelineStrategy.train_step` call
+    on the engine of this process's stages: the one interface of the pipeline's two modes.
+
+    `StageEngine` implements it for a process that holds one stage (its neighbours in other
+    processes); `tfdist.pipeline.local.LocalPipeline` for a process that holds all K stages on
+    its devices. ``calls``, ``variables`` and ``terms`` are what the model's ``stage_calls``,
+    ``stage_variables`` and ``stage_loss_terms`` give: one stage's, or a list of K.
+    """
+
+    @property
+    def layout(self) -> PipelineLayout:
+        """This process's place (``layout.is_last``: it holds the last stage and the loss)."""
+        ...
+
+    def train(self, calls: Any, variables: Any, x: Any, y: Any, loss_fn: LossFn,
+              sample_weight: Any = None, terms: Any = None, /
+              ) -> tuple[Any, list[Any], list[Any]]:
+        """One training step: ``(loss, gradients, outputs)`` (see `StageEngine.train`)."""
+        ...
+
+    def forward(self, calls: Any, x: Any, phase: int = EVALUATE, terms: Any = None, /
+                ) -> tuple[list[Any], Any | None]:
+        """A forward-only pass: ``(outputs, terms)`` (see `StageEngine.forward`)."""
+        ...
+
+    def replica_rows(self, tensor: Any) -> Any:
+        """This replica's rows of a global batch."""
+        ...
+
+    def average_over_replicas(self, tensors: Sequence[Any], kind: int = REDUCE,
+                              phase: int = TRAIN) -> list[Any]:
+        """The mean of each tensor over this stage's D replicas."""
+        ...
+
+    def share(self, values: Any | None, shape: Any, dtype: Any, index: int = 0,
+              phase: int = TRAIN) -> Any:
+        """The last stage's ``values`` on every stage of this replica."""
+        ...
 
 
 @dataclasses.dataclass
@@ -122,9 +164,9 @@ class StageEngine:
         micro_batches: M.
         schedule: ``"gpipe"`` or ``"1f1b"``.
         timeout: Seconds each transfer may wait for its peer (0: no limit).
-        connect: Makes the link ``connect(rank, peer, timeout)`` to a neighbour: `Link`
-            (collectives between processes), or an in-process mailbox's
-            (`tfdist.pipeline.local`).
+        connect: Makes the link ``connect(pair, timeout)`` to a neighbour from the pair's
+            group (`PipelineLayout.pair`): `Link` (collectives between processes), or an
+            in-process mailbox's (`tfdist.pipeline.local`).
     """
 
     layout: PipelineLayout
@@ -135,18 +177,18 @@ class StageEngine:
     micro_batches: int
     schedule: str = "gpipe"
     timeout: float = 0.0
-    connect: Callable[[int, int, float], Any] = Link
+    connect: Callable[[ProcessGroup, float], Any] = Link
 
     # ----------------------------------------------------------------- links
     @property
     def previous(self) -> Link | None:
         prev = self.layout.previous
-        return None if prev is None else self.connect(self.layout.rank, prev, self.timeout)
+        return None if prev is None else self.connect(self.layout.pair(prev), self.timeout)
 
     @property
     def next(self) -> Link | None:
         nxt = self.layout.next
-        return None if nxt is None else self.connect(self.layout.rank, nxt, self.timeout)
+        return None if nxt is None else self.connect(self.layout.pair(nxt), self.timeout)
 
     def ops(self) -> schedules.Schedule:
         """This stage's schedule of one training step."""
@@ -368,10 +410,8 @@ class StageEngine:
     def average_over_replicas(self, tensors: Sequence[Any], kind: int = REDUCE,
                               phase: int = TRAIN) -> list[Any]:
         """The mean of each tensor over this stage's D replicas (identity when D = 1)."""
-        return transport.all_reduce_mean(
-            tensors, group_size=self.layout.replicas,
-            group_key=transport.stage_group_key(self.layout.stage), kind=kind, phase=phase,
-            timeout=self.timeout)
+        return transport.all_reduce_mean(tensors, group=self.layout.group(DATA), kind=kind,
+                                         phase=phase, timeout=self.timeout)
 
     def share(self, values: Any | None, shape: Any, dtype: Any, index: int = 0,
               phase: int = TRAIN) -> Any:
@@ -383,12 +423,11 @@ class StageEngine:
             dtype: Its dtype.
             index: Distinguishes several shares in one step.
         """
-        if self.layout.stages == 1:
+        group = self.layout.group(PIPE)
+        if group.size == 1:
             return values
         return transport.group_broadcast(
-            values if self.layout.is_last else None, shape, dtype,
-            group_size=self.layout.stages,
-            group_key=transport.replica_group_key(self.layout.replica),
+            values if self.layout.is_last else None, shape, dtype, group=group,
             instance=instance_key(SHARE, 0, index, phase), timeout=self.timeout)
 
     @staticmethod

@@ -25,7 +25,7 @@ import tensorflow as tf
 from tfdist.core.flavour import flavour_of, get_keras
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.pipeline import keras_compat
-from tfdist.pipeline.engine import LossTerms, StageEngine
+from tfdist.pipeline.engine import LossTerms, PipelineEngine
 from tfdist.pipeline.transport import EVALUATE, METRICS, PREDICT, TRAIN
 
 __all__ = ["stage_model_class", "local_stages_model", "resolve_metric", "mean_loss",
@@ -117,7 +117,7 @@ def loss_terms(model: Any) -> LossTerms:
                      added=lambda: _sum(keras_compat.call_losses(model)))
 
 
-def apply_step(model: Any, engine: Any, optimizer: Any, x: Any, y: Any, loss: Any,
+def apply_step(model: Any, engine: PipelineEngine, optimizer: Any, x: Any, y: Any, loss: Any,
                sample_weight: Any = None) -> tuple[Any, list[Any]]:
     """One training step of a stage model (or of all stages of a process) on its replica's rows
     ``x``, ``y`` (inside a tf.function): the schedule, the gradients averaged over replicas,
@@ -155,7 +155,7 @@ def _resolve_metrics(keras: Any, metrics: Any, weighted_metrics: Any,
 class _StageModelMixin:
     """The pipeline's ``train_step``/``test_step``/``predict_step``; mixed into a Sequential."""
 
-    _engine: StageEngine
+    _engine: PipelineEngine
     _pipeline: Any  # tfdist.strategies.pipeline.PipelineStrategy
 
     def stage_calls(self, training: bool) -> Any:
@@ -170,7 +170,7 @@ class _StageModelMixin:
         """This stage's regularization losses, for the engine."""
         return loss_terms(self)
 
-    def _init_pipeline(self, engine: StageEngine, strategy: Any) -> None:
+    def _init_pipeline(self, engine: PipelineEngine, strategy: Any) -> None:
         self._engine = engine
         self._pipeline = strategy
         self._pipeline_loss = None

@@ -7,11 +7,16 @@ gradient to the neighbouring stage inside the one traced step (no collectives, n
 the order `tfdist.pipeline.schedule.simulate` finds for the stages' schedules. Each stage's ops
 are placed on its device (``tf.device``); TensorFlow copies a tensor that crosses devices.
 
+Stage ``k``'s engine sees the pipeline as a job of K one-stage processes in which it is rank
+``k`` (``PipelineLayout(K, K, k)``): the mailbox addresses its links by those ranks. The process
+itself has the layout of one process holding every stage (`LocalPipeline.layout`).
+
 Example:
+    >>> from tfdist.pipeline.groups import pair_group
     >>> from tfdist.pipeline.transport import ACTIVATION
     >>> mailbox = Mailbox()
-    >>> sent = mailbox.link(0, 1).send("activation", ACTIVATION, micro_batch=2)
-    >>> mailbox.link(1, 0).recv(None, None, ACTIVATION, micro_batch=2)
+    >>> sent = mailbox.link(pair_group(0, 1)).send("activation", ACTIVATION, micro_batch=2)
+    >>> mailbox.link(pair_group(1, 0)).recv(None, None, ACTIVATION, micro_batch=2)
     'activation'
     >>> resolve_devices(None, stages=1, processes=1)
     ()
@@ -28,6 +33,7 @@ import tensorflow as tf
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.pipeline import schedule as schedules
 from tfdist.pipeline.engine import LossTerms, StageEngine
+from tfdist.pipeline.groups import ProcessGroup
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.transport import EVALUATE, REDUCE, TRAIN
 
@@ -42,10 +48,11 @@ class Mailbox:
     def __init__(self) -> None:
         self._box: dict[_Key, Any] = {}
 
-    def link(self, rank: int, peer: int, timeout: float = 0.0) -> LocalLink:
-        """The link from stage ``rank`` to stage ``peer`` (``timeout``: unused, nothing waits)."""
+    def link(self, pair: ProcessGroup, timeout: float = 0.0) -> LocalLink:
+        """The link from stage ``pair``'s own member to the other (``timeout``: unused, nothing
+        waits)."""
         del timeout
-        return LocalLink(self, rank, peer)
+        return LocalLink(self, pair.members[pair.rank], pair.peer)
 
     def put(self, key: _Key, tensor: Any) -> None:
         self._box[key] = tensor
@@ -83,12 +90,12 @@ class LocalLink:
 
 @dataclasses.dataclass(frozen=True)
 class LocalPipeline:
-    """The K stage engines of one process and their devices; the interface of `StageEngine`
-    that a stage model uses, for the whole pipeline (one replica, holding the first and the
-    last stage, so sharing and averaging are identities).
+    """The K stage engines of one process and their devices: the pipeline's engine
+    (`tfdist.pipeline.engine.PipelineEngine`) when one process holds every stage (one replica,
+    holding the first and the last stage, so sharing and averaging are identities).
 
     Attributes:
-        engines: Stage ``k``'s engine (a layout of K ranks, rank ``k``).
+        engines: Stage ``k``'s engine (a layout of K ranks, rank ``k``: see the module).
         devices: Stage ``k``'s device.
     """
 
@@ -97,12 +104,9 @@ class LocalPipeline:
 
     @property
     def layout(self) -> PipelineLayout:
-        """This process's place: the only one, first and last stage of the only replica."""
-        return PipelineLayout(processes=1, stages=1, rank=0)
-
-    @property
-    def micro_batches(self) -> int:
-        return self.engines[0].micro_batches
+        """This process's place: the only one, holding every stage of the only replica."""
+        stages = len(self.engines)
+        return PipelineLayout(processes=1, stages=stages, rank=0, stages_per_process=stages)
 
     def _connected(self) -> list[StageEngine]:
         mailbox = Mailbox()  # one per traced step: tensors never cross graphs

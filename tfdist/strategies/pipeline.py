@@ -40,7 +40,7 @@ from tfdist.core import flavour
 from tfdist.core import traits as builtin
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.options import check_positive_number
-from tfdist.pipeline import local, stage, transport
+from tfdist.pipeline import stage, transport
 from tfdist.pipeline.config import (
     LAYER_COSTS_ENV,
     MICRO_BATCHES_ENV,
@@ -48,14 +48,13 @@ from tfdist.pipeline.config import (
     STAGES_ENV,
     PipelineConfig,
 )
-from tfdist.pipeline.engine import StageEngine
+from tfdist.pipeline.groups import DATA, ProcessGroup
 from tfdist.pipeline.keras_model import (
     apply_step,
-    local_stages_model,
     mean_loss,
-    stage_model_class,
 )
-from tfdist.pipeline.layout import PipelineLayout, check_processes
+from tfdist.pipeline.layout import PipelineLayout
+from tfdist.pipeline.modes import PipelineMode, choose_mode
 from tfdist.strategies.base import TfdistStrategyMixin
 from tfdist.strategies.startup import resolve_startup_timeout, startup_deadline
 
@@ -67,7 +66,7 @@ _log = logging.getLogger("tfdist")
 
 
 @functools.cache  # once per process, like enable_collectives: one barrier, one instance key
-def _wait_for_every_process_at_exit(processes: int) -> None:
+def _wait_for_every_process_at_exit(world: ProcessGroup) -> None:
     """At a normal exit, `transport.exit_barrier`; not after an uncaught exception (the
     launcher should hear of a failure at once, not after the barrier's timeout)."""
     failed = []
@@ -78,7 +77,7 @@ def _wait_for_every_process_at_exit(processes: int) -> None:
         previous_hook(*exc_info)
 
     sys.excepthook = record_failure
-    atexit.register(lambda: failed or transport.exit_barrier(processes))
+    atexit.register(lambda: failed or transport.exit_barrier(world))
 
 
 def _warn_if_one_inter_op_thread() -> None:
@@ -113,6 +112,11 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
             (``["/gpu:0", "/gpu:1"]``). None: in a single process with K > 1, the first K GPUs,
             else the first K logical CPUs; in a multi-process job, one stage per process.
 
+    Attributes:
+        config: The settings above, validated (`tfdist.pipeline.config.PipelineConfig`).
+        mode: Where this process's stages live, chosen once here
+            (`tfdist.pipeline.modes`): one stage per process, or all K on local devices.
+
     Raises:
         StrategyConfigError: bad stages/micro-batches/schedule/devices, or a process count that
             is not a multiple of K (raised before any waiting).
@@ -143,9 +147,6 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
             stages=stages, micro_batches=micro_batches, schedule=schedule,
             split_points=split_points, layer_costs=layer_costs, timeout=timeout_seconds,
             devices=devices)
-        self.stages, self.micro_batches = self.config.stages, self.config.micro_batches
-        self.schedule, self.split_points = self.config.schedule, self.config.split_points
-        self.layer_costs, self.timeout = self.config.layer_costs, self.config.timeout or 0.0
         deadline = check_positive_number(
             "startup_timeout_seconds", resolve_startup_timeout(startup_timeout_seconds))
         self._check_keras()
@@ -155,21 +156,47 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
             cluster, task = self._read_cluster(tf_config)
             processes = max(1, len(cluster.chief) + len(cluster.worker))
             rank = 0 if task.type == "chief" else len(cluster.chief) + task.index
-        self.devices = local.resolve_devices(self.config.devices, self.stages, processes)
-        held = 1 if self.devices else self.stages  # stages per process in the layout
-        check_processes(processes, held)
-        self.layout = PipelineLayout(processes=processes, stages=held, rank=rank)
+        self.mode: PipelineMode = choose_mode(self.config, processes, rank)
         if processes > 1:
             _warn_if_one_inter_op_thread()
             with startup_deadline(deadline, cluster, task, f"PipelineStrategy on {task}"):
                 transport.enable_collectives(cluster, task)
-            _wait_for_every_process_at_exit(processes)
+            _wait_for_every_process_at_exit(self.layout.world())
         super().__init__("/cpu:0" if not tf.config.list_physical_devices("GPU") else "/gpu:0")
         self._init_tfdist(cluster, task)
         self.spec: stage.ModelSpec | None = None
         self.bounds: tuple[int, ...] | None = None
 
     # ----------------------------------------------------------------- surface
+    @property
+    def stages(self) -> int:
+        """K, the model's stages (all of them, whichever mode holds them)."""
+        return self.config.stages
+
+    @property
+    def micro_batches(self) -> int:
+        """M, micro-batches per replica batch."""
+        return self.config.micro_batches
+
+    @property
+    def schedule(self) -> str:
+        return self.config.schedule
+
+    @property
+    def timeout(self) -> float:
+        """Seconds each transfer between stages may wait (0: no limit)."""
+        return self.config.timeout or 0.0
+
+    @property
+    def layout(self) -> PipelineLayout:
+        """This process's place: its replica and the stages it holds (``layout.held``)."""
+        return self.mode.layout
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """Stage ``k``'s local device when this process holds every stage, else ``()``."""
+        return self.mode.devices
+
     @property
     def num_replicas(self) -> int:
         """D: the pipeline replicas whose gradients make one global step."""
@@ -195,19 +222,15 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         return dataset_fn(self.input_context())
 
     def describe(self) -> str:
-        """One line: stage, replica, micro-batches, schedule.
+        """One line: where this process's stages are (its mode), micro-batches, schedule.
 
         Example:
             >>> PipelineStrategy().describe()
             'pipeline: stage 0 of 1, replica 0 of 1, 1 micro-batch(es), gpipe, chief'
         """
         chief = ", chief" if self.is_chief else ""
-        if self.devices:
-            return (f"pipeline: {self.stages} stages on {', '.join(self.devices)}, "
-                    f"{self.micro_batches} micro-batch(es), {self.schedule}{chief}")
-        return (f"pipeline: stage {self.layout.stage} of {self.stages}, replica "
-                f"{self.layout.replica} of {self.layout.replicas}, {self.micro_batches} "
-                f"micro-batch(es), {self.schedule}{chief}")
+        return (f"pipeline: {self.mode.where()}, {self.micro_batches} micro-batch(es), "
+                f"{self.schedule}{chief}")
 
     # ----------------------------------------------------------------- the model
     def plan_stages(self, model_or_fn: Any) -> tuple[stage.ModelSpec, tuple[int, ...]]:
@@ -218,7 +241,7 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
                 (skip connections), or a layer the pipeline cannot train exactly.
         """
         return stage.split_model(model_or_fn, self.stages, self.micro_batches,
-                                 self.split_points, self.layer_costs)
+                                 self.config.split_points, self.config.layer_costs)
 
     def build_model(self, model_or_fn: Any) -> Any:
         """This process's stage of the model, ready to ``compile`` and ``fit``.
@@ -234,53 +257,18 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         """
         spec, bounds = self.plan_stages(model_or_fn)
         self.spec, self.bounds = spec, bounds
-        if self.devices:
-            model = self._build_local_stages(spec, bounds)
-        else:
-            k = self.layout.stage
-            with self.scope():
-                model = stage.build_stage(spec, bounds, k, cls=stage_model_class(spec.flavour))
-            model._init_pipeline(self._engine(self.layout), self)  # noqa: SLF001
-        first, last = self._held_stages()
+        model = self.mode.build(spec, bounds, self)
+        held = self.layout.held
         if hasattr(model_or_fn, "layers"):
-            model.set_weights([w for k in range(first, last + 1)
+            model.set_weights([w for k in held
                                for w in stage.stage_weights(model_or_fn, spec, bounds, k)])
         elif self.layout.replicas > 1:
             self._broadcast_from_first_replica(model)
-        held = stage.weights_nbytes(model.weights)
+        size = stage.weights_nbytes(model.weights)
         _log.info("pipeline %s: layers %s..%s, %.2f MB of %.2f MB parameters (%.0f%%)",
-                  self.describe(), spec.names[bounds[first]], spec.names[bounds[last + 1] - 1],
-                  held / 1e6, spec.total_param_bytes / 1e6,
-                  100.0 * held / max(1, spec.total_param_bytes))
-        return model
-
-    def _engine(self, layout: PipelineLayout) -> StageEngine:
-        """The engine of ``layout.stage`` (its boundary shapes from the split model)."""
-        assert self.spec is not None and self.bounds is not None
-        spec, start, stop = self.spec, self.bounds[layout.stage], self.bounds[layout.stage + 1]
-        return StageEngine(
-            layout=layout, input_shape=spec.shapes[start], input_dtype=spec.dtypes[start],
-            output_shape=spec.shapes[stop], output_dtype=spec.dtypes[stop],
-            micro_batches=self.micro_batches, schedule=self.schedule, timeout=self.timeout)
-
-    def _held_stages(self) -> tuple[int, int]:
-        """The first and last stage this process holds."""
-        if self.devices:
-            return 0, self.stages - 1
-        return self.layout.stage, self.layout.stage
-
-    def _build_local_stages(self, spec: stage.ModelSpec, bounds: tuple[int, ...]) -> Any:
-        """Every stage in this process, stage k's variables on ``devices[k]`` (outside this
-        strategy's scope, whose one device would hold them all)."""
-        stages = []
-        for k, device in enumerate(self.devices):
-            with tf.device(device):
-                stages.append(stage.build_stage(spec, bounds, k))
-        local.check_placement([s.weights for s in stages], self.devices)
-        model = local_stages_model(spec.flavour, stages, self.devices, spec.name)
-        engines = tuple(self._engine(PipelineLayout(self.stages, self.stages, k))
-                        for k in range(self.stages))
-        model._init_pipeline(local.LocalPipeline(engines, self.devices), self)  # noqa: SLF001
+                  self.describe(), spec.names[bounds[held.start]],
+                  spec.names[bounds[held.stop] - 1], size / 1e6, spec.total_param_bytes / 1e6,
+                  100.0 * size / max(1, spec.total_param_bytes))
         return model
 
     def train_step(self, model: Any, loss: Any, optimizer: Any) -> Any:
@@ -331,10 +319,10 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
             raise StrategyConfigError(format_error(
                 "No model yet.", received="stage_report() before build_model()",
                 expected="build_model() first", fix="call strategy.build_model(...)"))
-        k, last = self._held_stages()
-        start, stop = self.bounds[k], self.bounds[last + 1]
+        held = self.layout.held
+        start, stop = self.bounds[held.start], self.bounds[held.stop]
         return {
-            "stage": k, "stages": self.stages, "replica": self.layout.replica,
+            "stage": held.start, "stages": self.stages, "replica": self.layout.replica,
             "devices": list(self.devices),
             "layers": list(self.spec.names[start:stop]),
             "param_bytes": int(sum(self.spec.param_bytes[start:stop])),
@@ -370,12 +358,12 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
     # ----------------------------------------------------------------- weights
     def _broadcast_from_first_replica(self, model: Any) -> None:
         """Gives every replica of this stage replica 0's initial weights."""
-        first = self.layout.replica == 0
+        group = self.layout.group(DATA)
+        first = group.rank == 0
         for i, variable in enumerate(model.weights):
             value = transport.group_broadcast(
                 tf.convert_to_tensor(variable) if first else None, variable.shape,
-                tf.as_dtype(variable.dtype), group_size=self.layout.replicas,
-                group_key=transport.stage_group_key(self.layout.stage),
+                tf.as_dtype(variable.dtype), group=group,
                 instance=transport.instance_key(transport.WEIGHTS, 0, i), timeout=self.timeout)
             if not first:
                 variable.assign(value)
@@ -387,17 +375,17 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         if layout.replica != 0:
             return None
         own = [np.asarray(w) for w in model.get_weights()]
-        if layout.stages == 1:
+        if layout.holds_all:
             return own
         if layout.stage != 0:
-            link = transport.Link(layout.rank, 0, self.timeout)
+            link = transport.Link(layout.pair(layout.rank_of(0, 0)), self.timeout)
             for i, w in enumerate(own):
                 link.send(tf.constant(w), transport.WEIGHTS, 0, i)
             return None
         assert self.spec is not None and self.bounds is not None
         weights = own
         for k in range(1, layout.stages):
-            link = transport.Link(0, k, self.timeout)
+            link = transport.Link(layout.pair(layout.rank_of(0, k)), self.timeout)
             start, stop = self.bounds[k], self.bounds[k + 1]
             shapes = [w for layer in self.spec.weights[start:stop] for w in layer]
             for i, (shape, dtype) in enumerate(shapes):

@@ -1,0 +1,133 @@
+"""The pipeline's two modes, chosen once when the strategy is made (`choose_mode`).
+
+* `StagePerProcess`: each process of a job of D x K holds one stage; its engine is a
+  `StageEngine` whose neighbours are other processes (collectives, `tfdist.pipeline.transport`).
+* `StagesOnDevices`: one process holds all K stages, stage ``k`` on local device ``k``; its
+  engine is a `LocalPipeline` of K stage engines linked in-process.
+
+Both answer the `PipelineMode` interface: the process's `PipelineLayout` (K stages in both; the
+second holds them all), its devices, a description of where its stages are, and the Keras model
+of its stages with the engine (`tfdist.pipeline.engine.PipelineEngine`) attached. The strategy
+asks its mode and never branches on which one it has.
+
+Example:
+    >>> from tfdist.pipeline.config import PipelineConfig
+    >>> mode = choose_mode(PipelineConfig(), processes=1, rank=0)
+    >>> type(mode).__name__, mode.where(), mode.devices
+    ('StagePerProcess', 'stage 0 of 1, replica 0 of 1', ())
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+import tensorflow as tf
+
+from tfdist.pipeline import local, stage
+from tfdist.pipeline.config import PipelineConfig
+from tfdist.pipeline.engine import StageEngine
+from tfdist.pipeline.keras_model import local_stages_model, stage_model_class
+from tfdist.pipeline.layout import PipelineLayout
+
+__all__ = ["PipelineMode", "StagePerProcess", "StagesOnDevices", "choose_mode", "stage_engine"]
+
+
+class PipelineMode(Protocol):
+    """Where this process's stages live, and how their model is built."""
+
+    @property
+    def layout(self) -> PipelineLayout:
+        """This process's place in the job (``layout.held``: the stages it holds)."""
+        ...
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """Stage ``k``'s device when this process holds every stage, else ``()``."""
+        ...
+
+    def where(self) -> str:
+        """Where this process's stages are, in words (`PipelineStrategy.describe`)."""
+        ...
+
+    def build(self, spec: stage.ModelSpec, bounds: tuple[int, ...], strategy: Any) -> Any:
+        """The Keras model of this process's stages, its engine attached; ``strategy`` is the
+        `PipelineStrategy` the model reports to."""
+        ...
+
+
+def stage_engine(config: PipelineConfig, spec: stage.ModelSpec, bounds: tuple[int, ...],
+                 layout: PipelineLayout) -> StageEngine:
+    """The engine of ``layout.stage`` (its boundary shapes from the split model)."""
+    start, stop = bounds[layout.stage], bounds[layout.stage + 1]
+    return StageEngine(
+        layout=layout, input_shape=spec.shapes[start], input_dtype=spec.dtypes[start],
+        output_shape=spec.shapes[stop], output_dtype=spec.dtypes[stop],
+        micro_batches=config.micro_batches, schedule=config.schedule,
+        timeout=config.timeout or 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class StagePerProcess:
+    """One stage per process (a job of D x K processes, or one process and K = 1)."""
+
+    config: PipelineConfig
+    layout: PipelineLayout
+    devices: tuple[str, ...] = ()
+
+    def where(self) -> str:
+        layout = self.layout
+        return (f"stage {layout.stage} of {layout.stages}, replica {layout.replica} of "
+                f"{layout.replicas}")
+
+    def build(self, spec: stage.ModelSpec, bounds: tuple[int, ...], strategy: Any) -> Any:
+        """This stage's layers, made in ``strategy.scope()``."""
+        with strategy.scope():
+            model = stage.build_stage(spec, bounds, self.layout.stage,
+                                      cls=stage_model_class(spec.flavour))
+        engine = stage_engine(self.config, spec, bounds, self.layout)
+        model._init_pipeline(engine, strategy)  # noqa: SLF001
+        return model
+
+
+@dataclasses.dataclass(frozen=True)
+class StagesOnDevices:
+    """Every stage in this one process, stage ``k`` on ``devices[k]``."""
+
+    config: PipelineConfig
+    layout: PipelineLayout
+    devices: tuple[str, ...]
+
+    def where(self) -> str:
+        return f"{self.layout.stages} stages on {', '.join(self.devices)}"
+
+    def build(self, spec: stage.ModelSpec, bounds: tuple[int, ...], strategy: Any) -> Any:
+        """Stage ``k``'s variables on ``devices[k]``, made outside ``strategy.scope()``, whose
+        one device would hold them all."""
+        stages = []
+        for k, device in enumerate(self.devices):
+            with tf.device(device):
+                stages.append(stage.build_stage(spec, bounds, k))
+        local.check_placement([s.weights for s in stages], self.devices)
+        model = local_stages_model(spec.flavour, stages, self.devices, spec.name)
+        count = self.layout.stages
+        engines = tuple(stage_engine(self.config, spec, bounds, PipelineLayout(count, count, k))
+                        for k in range(count))
+        model._init_pipeline(local.LocalPipeline(engines, self.devices), strategy)  # noqa: SLF001
+        return model
+
+
+def choose_mode(config: PipelineConfig, processes: int, rank: int) -> PipelineMode:
+    """`StagesOnDevices` when this single process holds the stages (``config.devices``, or
+    K > 1 in one process), else `StagePerProcess`.
+
+    Raises:
+        StrategyConfigError: devices that do not fit (`local.resolve_devices`), or a process
+            count that is not a multiple of K.
+    """
+    devices = local.resolve_devices(config.devices, config.stages, processes)
+    if devices:
+        layout = PipelineLayout(processes, config.stages, rank,
+                                stages_per_process=config.stages)
+        return StagesOnDevices(config, layout, devices)
+    return StagePerProcess(config, PipelineLayout(processes, config.stages, rank))
