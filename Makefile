@@ -2,7 +2,7 @@
 VENV_BIN := .venv/bin
 MAIN_JOB := keras_examples/image_classifier.py
 
-.PHONY: setup slurm main test test-fast check lint wheel horovod-conformance horovod-examples
+.PHONY: setup slurm main test test-fast check lint docs wheel horovod-conformance horovod-examples
 
 setup:
 	bash launch/setup.sh
@@ -21,6 +21,9 @@ test-fast: setup  ## unit tests only: no cluster, well under a minute
 
 lint: setup
 	$(VENV_BIN)/ruff check .
+
+docs: setup  ## the manual (docs/, mkdocs.yml) into site/; any warning fails the build
+	NO_MKDOCS_2_WARNING=1 TF_CPP_MIN_LOG_LEVEL=3 $(VENV_BIN)/python -m mkdocs build --strict
 
 check: setup
 	$(VENV_BIN)/tfdist-launch --check

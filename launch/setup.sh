@@ -156,8 +156,8 @@ install_python_deps() {
   local want
   want="$({ cat "$ROOT/pyproject.toml"; printf '%s\n' "${pins[@]}"; } | sha256sum | cut -d' ' -f1)"
   if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then return; fi
-  log "installing ${pins[*]} and tfdist (editable, with its ray extra)"
-  pip_quiet install -q -e "$ROOT[test,ray]" "${pins[@]}"
+  log "installing ${pins[*]} and tfdist (editable, with its test, ray and docs extras)"
+  pip_quiet install -q -e "$ROOT[test,ray,docs]" "${pins[@]}"
   echo "$want" > "$stamp"
 }
 

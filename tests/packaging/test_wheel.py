@@ -109,7 +109,7 @@ def test_the_wheel_declares_version_scripts_and_dependency_ranges(wheel):
     for name in ("tensorflow", "tf-keras"):
         assert ">=" in core[name] and "<" in core[name] and "==" not in core[name], core[name]
     assert not [r for r in requires if "==" in r.split(";")[0]], "pins belong in launch/setup.sh"
-    assert set(meta.get_all("Provides-Extra")) == {"examples", "export", "test", "bench",
+    assert set(meta.get_all("Provides-Extra")) == {"examples", "export", "test", "docs", "bench",
                                                    "horovod", "ray"}
     assert 'pyyaml; extra == "export"' in requires and 'pyyaml; extra == "test"' in requires
 

@@ -41,7 +41,7 @@ def test_setup_pins_tensorflow_and_reinstalls_only_when_pyproject_changes(tmp_pa
     python.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
     python.chmod(0o755)
     install = f"source {tmp_path}/launch/setup.sh && install_python_deps"
-    want = (f"-m pip install -q -e {tmp_path}[test,ray] tensorflow==2.21.0 tf-keras==2.21.0 "
+    want = (f"-m pip install -q -e {tmp_path}[test,ray,docs] tensorflow==2.21.0 tf-keras==2.21.0 "
             "tensorboard==2.21.0")
 
     assert _bash(install).returncode == 0
