@@ -1,7 +1,10 @@
-"""Shared fixtures: a multi-process cluster runner and marker-based skips.
+"""Shared fixtures: a multi-process cluster runner, marker-based skips and the run's timing.
 
 Tests without a marker are treated as ``unit``. ``horovod`` tests skip (with the reason) when
-Horovod is not built; run ``bash launch/setup.sh`` to build it.
+Horovod is not built; run ``bash launch/setup.sh`` to build it. Every run ends with its wall time,
+the CPU cores and load it ran on, and its `SLOWEST` slowest tests (setup, call and teardown
+together), also under ``pytest -n 2`` (pytest-xdist), where the per-phase ``--durations`` list
+mixes the two workers' phases.
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import time
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +30,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TFDIST_LAUNCH_VERBOSE", "1")
 
 
+SLOWEST = 15
+_started = time.monotonic()
+_seconds_by_test: defaultdict[str, float] = defaultdict(float)
+
+
 def _horovod_available() -> bool:
     return importlib.util.find_spec("horovod") is not None
 
@@ -37,6 +47,55 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.unit)
         if "horovod" in item.keywords and not have_horovod:
             item.add_marker(skip_horovod)
+    items[:] = _longest_first(items)
+
+
+def _longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The modules in the order that keeps both pytest-xdist workers busy to the end.
+
+    First the modules whose tests share one cluster (an ``xdist_group``: they run in a row on one
+    worker), then those with slow tests, then other multi-process ones, unit tests last (short
+    ones fill the gaps). A module's tests stay together and in their order, so its module-scoped
+    fixtures are set up once.
+    """
+
+    def rank(item: pytest.Item) -> int:
+        marks = {m.name for m in item.iter_markers()}
+        return next((r for r, name in enumerate(("xdist_group", "slow", "multiprocess"))
+                     if name in marks), 3)
+
+    modules: dict[Any, int] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        modules[module] = min(modules.get(module, 3), rank(item))
+    order = {module: position for position, module in
+             enumerate(sorted(modules, key=lambda module: modules[module]))}
+    return sorted(items, key=lambda item: order[item.nodeid.split("::", 1)[0]])
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _started
+    _started = time.monotonic()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _seconds_by_test[report.nodeid] += report.duration
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """The run's wall time, the machine's cores and load, and its slowest tests."""
+    wall = time.monotonic() - _started
+    write = terminalreporter.write_line
+    terminalreporter.section(f"wall time and the {SLOWEST} slowest tests")
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    workers = getattr(config.option, "numprocesses", None) or 1  # pytest-xdist's -n
+    write(f"wall time: {wall / 60:.1f} min ({wall:.0f} s) for {len(_seconds_by_test)} tests, "
+          f"{workers} pytest worker(s) on {os.cpu_count()} CPU cores; load average at the end "
+          f"(1, 5, 15 min): {load}")
+    slowest = sorted(_seconds_by_test.items(), key=lambda item: -item[1])[:SLOWEST]
+    for nodeid, seconds in slowest:
+        write(f"{seconds:8.1f} s  {nodeid}")
 
 
 @pytest.fixture
