@@ -47,7 +47,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.unit)
         if "horovod" in item.keywords and not have_horovod:
             item.add_marker(skip_horovod)
+        group = _shared_fixture_module(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
     items[:] = _longest_first(items)
+
+
+def _shared_fixture_module(item: pytest.Item) -> str | None:
+    """The test module or conftest whose module- or session-scoped fixture ``item`` uses (a
+    cluster, a job launched once and read by several tests), else None.
+
+    Under ``--dist loadgroup`` the tests that share such a fixture run on one pytest-xdist
+    worker, so it is set up once, not once per worker.
+    """
+    info = getattr(item, "_fixtureinfo", None)
+    for name in sorted(info.name2fixturedefs if info is not None else ()):
+        for fixturedef in info.name2fixturedefs[name]:
+            if fixturedef.scope in ("module", "session") and fixturedef.baseid.startswith("tests"):
+                return fixturedef.baseid
+    return None
 
 
 def _longest_first(items: list[pytest.Item]) -> list[pytest.Item]:

@@ -25,8 +25,7 @@ from tfdist.testing import RESULT_DIR_ENV, _collect
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_hosts import FakeHosts, missing_requirement  # noqa: E402
 
-# One pytest-xdist worker runs the module: its tests share the fake hosts.
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.xdist_group("multihost")]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).parent / "scripts"

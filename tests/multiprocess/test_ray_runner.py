@@ -43,9 +43,7 @@ import pytest
 from tfdist.launcher.netns import NetworkIsolationError, PrivateNetwork
 from tfdist.testing import RESULT_DIR_ENV, _collect, wait_gone
 
-# One pytest-xdist worker runs the module: its tests share the Ray cluster.
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.multiprocess,
-              pytest.mark.xdist_group("ray")]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.multiprocess]
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).parent / "scripts"

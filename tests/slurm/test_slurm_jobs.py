@@ -29,8 +29,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "multiprocess"))
 sys.path.insert(0, str(Path(__file__).parent))
 from slurm_cluster import SlurmCluster, missing_requirement  # noqa: E402
 
-# One pytest-xdist worker runs the module: its tests share the Slurm cluster.
-pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm")]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).parent / "scripts" / "slurm_train.py"
