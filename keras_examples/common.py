@@ -25,9 +25,9 @@ from typing import Any
 
 import tfdist
 import tfdist.testing
-from tfdist import compat
+from tfdist.core import flavour
+from tfdist.core.traits import STRATEGY_ENV
 from tfdist.strategies import strategy_traits
-from tfdist.strategies.traits import STRATEGY_ENV
 
 CRASH_ENV = "TFDIST_EXAMPLE_CRASH_AFTER_EPOCH"
 CRASH_EXIT_STATUS = 42
@@ -179,7 +179,7 @@ def evaluate_checkpoints(args: argparse.Namespace, model: Any, evaluate_fn: Any,
     summary = {
         "role": "evaluator",
         "example": example,
-        "keras": compat.keras_flavour(),
+        "keras": flavour.keras_flavour(),
         "evaluations": len(results),
         "epochs_evaluated": [r.epoch for r in results],
         "final_epoch": results[-1].epoch,
@@ -212,7 +212,7 @@ def finish(strategy: Any, summary: dict[str, Any]) -> dict[str, Any]:
         "strategy": strategy.name,
         "replicas": strategy.num_replicas,
         "workers": strategy.num_workers,
-        "keras": compat.keras_flavour(),
+        "keras": flavour.keras_flavour(),
         **summary,
     }
     if strategy.is_chief:

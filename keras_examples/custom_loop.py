@@ -36,7 +36,7 @@ from image_classifier import SEED, build_model, held_out_accuracy, load_digits
 
 import tfdist.evaluator
 import tfdist.strategies
-from tfdist import compat
+from tfdist.core import flavour
 
 CHECKPOINT_DIR = common.CHECKPOINT_DIR
 
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
     refuse_parameter_server(common.strategy_name(args.strategy))
     import tensorflow as tf
 
-    keras = compat.get_keras()
+    keras = flavour.get_keras()
     keras.utils.set_random_seed(SEED)
     x_train, y_train, x_test, y_test = load_digits()
     if tfdist.evaluator.is_evaluator():

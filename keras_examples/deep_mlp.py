@@ -30,7 +30,7 @@ import common
 import numpy as np
 from image_classifier import SEED, load_digits
 
-from tfdist import compat
+from tfdist.core import flavour
 
 
 def parse_args(argv: list[str] | None = None):
@@ -66,7 +66,7 @@ def held_out_accuracy(model, x_test: np.ndarray, y_test: np.ndarray, batch: int)
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    keras = compat.get_keras()
+    keras = flavour.get_keras()
     keras.utils.set_random_seed(SEED)
     x_train, y_train, x_test, y_test = load_flat_digits()
     classes = int(y_train.max()) + 1

@@ -37,7 +37,7 @@ import common
 import numpy as np
 
 import tfdist.evaluator
-from tfdist import compat
+from tfdist.core import flavour
 
 SEED = 1234
 
@@ -116,7 +116,7 @@ def held_out_accuracy(model, x_test: np.ndarray, y_test: np.ndarray) -> float:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    keras = compat.get_keras()
+    keras = flavour.get_keras()
     keras.utils.set_random_seed(SEED)
     data = load_npz(args.data_dir) if args.data_dir else load_digits()
     x_train, y_train, x_test, y_test = data

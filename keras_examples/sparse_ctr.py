@@ -34,6 +34,7 @@ import numpy as np
 import tfdist.cluster
 import tfdist.evaluator
 from tfdist import compat
+from tfdist.core import flavour
 
 SEED = 4321
 VOCABS = {"user": 50_000, "item": 20_000, "advertiser": 5_000}
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
     import tensorflow as tf
     from sklearn.metrics import roc_auc_score
 
-    keras = compat.get_keras()
+    keras = flavour.get_keras()
     keras.utils.set_random_seed(SEED)
     x_test, y_test, p_test = generate(args.test_samples, seed=2)
     if tfdist.evaluator.is_evaluator():
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
             args, model, lambda m: {"auc": float(roc_auc_score(y_test, predict_logits(m, x_test)))},
             "auc", "sparse_ctr")
     # Keras 3 cannot shard variables (tfdist.compat.check_partitioner): whole tables, round-robin.
-    shards = ps_count() if compat.keras_flavour() == "tf_keras" else None
+    shards = ps_count() if flavour.keras_flavour() == "tf_keras" else None
     strategy = common.make_strategy(args.strategy, num_shards=args.num_shards or shards or None)
     common.log(strategy, strategy.describe())
     x_train, y_train, _ = generate(args.train_samples, seed=1)

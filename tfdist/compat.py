@@ -23,75 +23,17 @@ import logging
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
-from types import ModuleType
-from typing import Any, Literal
+from typing import Any
 
+from tfdist.core.flavour import KerasFlavour, flavour_of, get_keras, keras_flavour
+from tfdist.core.traits import StrategyTraits
 from tfdist.errors import KerasCompatibilityError, format_error
-from tfdist.strategies.traits import LEGACY_KERAS_ENV, StrategyTraits
-
-KerasFlavour = Literal["keras3", "tf_keras"]
-
-
-def legacy_keras_requested(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``TF_USE_LEGACY_KERAS`` asks ``tf.keras`` to be tf-keras.
-
-    Example:
-        >>> legacy_keras_requested({"TF_USE_LEGACY_KERAS": "1"})
-        True
-    """
-    env = os.environ if environ is None else environ
-    return env.get(LEGACY_KERAS_ENV, "").strip().lower() in ("1", "true", "yes")
-
-
-def keras_flavour(environ: Mapping[str, str] | None = None) -> KerasFlavour:
-    """The Keras that ``tf.keras`` resolves to in this process: ``"tf_keras"`` or ``"keras3"``.
-
-    Example:
-        >>> keras_flavour({})
-        'keras3'
-    """
-    return "tf_keras" if legacy_keras_requested(environ) else "keras3"
-
-
-def get_keras(flavour: KerasFlavour | None = None) -> ModuleType:
-    """The Keras module to build models with: ``tf_keras`` or ``keras``.
-
-    Example:
-        >>> keras = get_keras()
-        >>> model = keras.Sequential([keras.layers.Dense(1)])
-    """
-    flavour = flavour or keras_flavour()
-    if flavour == "tf_keras":
-        try:
-            return importlib.import_module("tf_keras")
-        except ImportError as err:
-            raise KerasCompatibilityError(
-                "tf-keras is not installed. Fix: pip install tf-keras==2.21.0."
-            ) from err
-    return importlib.import_module("keras")
-
-
-def flavour_of(obj: Any) -> KerasFlavour | None:
-    """The Keras a model, optimizer or layer comes from, by its class's module; None if neither.
-
-    Example:
-        >>> import keras
-        >>> flavour_of(keras.layers.Dense(1))
-        'keras3'
-    """
-    for cls in type(obj).__mro__:
-        root = cls.__module__.split(".", 1)[0]
-        if root == "tf_keras":
-            return "tf_keras"
-        if root == "keras":
-            return "keras3"
-    return None
 
 
 def _traits(strategy: str | StrategyTraits) -> StrategyTraits:
     if isinstance(strategy, StrategyTraits):
         return strategy
-    from tfdist.strategies.registry import strategy_traits
+    from tfdist.core.registry import strategy_traits
 
     return strategy_traits(strategy)
 
@@ -138,7 +80,7 @@ def check_supported(
                 expected="tf-keras for this strategy",
                 fix="set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported (tfdist-launch does "
                 "this for you) and build the model with `import tf_keras as keras` "
-                "(or tfdist.compat.get_keras()); or use strategy='horovod', which works with "
+                "(or tfdist.core.flavour.get_keras()); or use strategy='horovod', which works with "
                 "Keras 3",
             )
         )
@@ -152,26 +94,6 @@ def check_supported(
     )
 
 
-def check_model(model: Any, flavour: KerasFlavour | None = None) -> None:
-    """Raises if ``model`` comes from another Keras than the one ``tf.keras``/strategies use.
-
-    Mixing them (a Keras 3 model under ``TF_USE_LEGACY_KERAS=1``) fails deep in ``fit``.
-    """
-    flavour = flavour or keras_flavour()
-    found = flavour_of(model)
-    if found is None or found == flavour:
-        return
-    names = {"keras3": "Keras 3 (`import keras`)", "tf_keras": "tf-keras (`import tf_keras`)"}
-    raise KerasCompatibilityError(
-        format_error(
-            "The model was built with a different Keras than this process trains with.",
-            received=f"a {names[found]} model",
-            expected=f"a {names[flavour]} model (TF_USE_LEGACY_KERAS="
-            f"{os.environ.get(LEGACY_KERAS_ENV, '')!r})",
-            fix="build the model with tfdist.compat.get_keras(), or set/unset "
-            "TF_USE_LEGACY_KERAS before importing TensorFlow",
-        )
-    )
 
 
 def tf_variable(variable: Any) -> Any:

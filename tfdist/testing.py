@@ -23,11 +23,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfdist.cluster.environ import peek_tf_config
+from tfdist.core.detect import RANK_VARIABLES, launch_strategy
+from tfdist.core.environ import peek_tf_config
+from tfdist.core.registry import strategy_traits
 from tfdist.errors import LaunchError
 from tfdist.launcher.process import ProcessGroup, TaskKind
-from tfdist.strategies.detect import RANK_VARIABLES, launch_strategy
-from tfdist.strategies.registry import strategy_traits
 
 if TYPE_CHECKING:
     from tfdist.cluster import ClusterSpec

@@ -31,6 +31,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist import compat
+from tfdist.core import flavour
 from tfdist.errors import StrategyConfigError, format_error
 
 __all__ = ["fit", "PerWorkerInput"]
@@ -78,7 +79,7 @@ def fit(model: Any, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
 
     Example:
         >>> import numpy as np
-        >>> keras = compat.get_keras()
+        >>> keras = flavour.get_keras()
         >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
         >>> model.compile(optimizer="sgd", loss="mse")
         >>> history = fit(model, np.ones((8, 2)), np.ones((8, 1)), epochs=2, verbose=0)
@@ -136,7 +137,7 @@ def _coordinator_fit(model: Any, strategy: Any, data: PerWorkerInput, *, steps_p
                      epochs: int = 1, verbose: Any = "auto", callbacks: Sequence[Any] = (),
                      initial_epoch: int = 0) -> Any:
     """Keras 3 training driven by a `ClusterCoordinator` (see the module docstring)."""
-    keras = compat.get_keras("keras3")
+    keras = flavour.get_keras("keras3")
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
     _build(model, strategy, data)
     iterator = iter(coordinator.create_per_worker_dataset(

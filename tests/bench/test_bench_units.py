@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tfdist.bench import allreduce, cli, ps, report, train
+from tfdist.bench import cli, ps, report, train
+from tfdist.probe import allreduce, machine
 
 
 def test_allreduce_summary_takes_slowest_rank_then_median_and_nccl_busbw() -> None:
@@ -64,9 +65,9 @@ def test_bad_env_flag_says_what_was_received() -> None:
 
 
 def test_machine_note_and_table() -> None:
-    info = report.machine()
+    info = machine.machine()
     assert info["cores"] >= 1 and "tensorflow" in info["versions"]
-    assert "cores" in report.machine_note(info)
+    assert "cores" in machine.machine_note(info)
     table = report.markdown_table([{"x": 0.5}], [("x", "X", "{:.0%}")])
     assert table.splitlines()[-1] == "| 50% |"
 

@@ -83,7 +83,7 @@ def test_distributed_optimizer_checks_options(option: str, value: str) -> None:
 @horovod
 @pytest.mark.parametrize("flavour, method", [("keras3", "apply"), ("tf_keras", "apply_gradients")])
 def test_distributed_optimizer_binds_per_flavour(flavour: str, method: str) -> None:
-    from tfdist.compat import get_keras
+    from tfdist.core.flavour import get_keras
     from tfdist.horovod import DistributedOptimizer
 
     keras = get_keras(flavour)
@@ -176,7 +176,7 @@ def test_distributed_optimizer_steps_aside_in_horovod_strategy_and_saves_as_kera
 def test_callbacks_are_horovods_implementation_bound_per_flavour() -> None:
     from horovod._keras import callbacks as horovod_callbacks
 
-    from tfdist.compat import get_keras
+    from tfdist.core.flavour import get_keras
     from tfdist.horovod import BroadcastVariablesCallback, MetricAverageCallback
 
     for flavour in ("keras3", "tf_keras"):

@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from tfdist.cluster import ClusterSpec, release_ports
+from tfdist.core import registry
 from tfdist.errors import ClusterConfigError
 from tfdist.launcher.export import export_job
 from tfdist.launcher.plan import JobOptions, place, plan_job
-from tfdist.strategies import registry
 
 HERE = Path(__file__).parent / "custom_strategy"
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -7,6 +7,7 @@ import importlib
 import itertools
 import json
 import random
+import time
 
 import pytest
 
@@ -188,13 +189,41 @@ def test_candidates_and_command_lines():
         "tfdist-launch", "--strategy", "parameter_server", "--workers", "2", "--ps", "1", "t.py"]
 
 
+_MLP = "keras_examples/deep_mlp.py:build_model"
+
+
 def test_cli_dry_run_measures_nothing(capsys):
-    assert cli.main(["x.py:build", "--cluster", "localhost:2", "--batch", "32", "--dry-run",
+    assert cli.main(["keras_examples/deep_mlp.py:build_model", "--cluster", "localhost:2",
+                     "--batch", "32", "--dry-run",
                      "--micro-batches", "4", "--max-ps", "1"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["cluster"]["processes"] == 2 and out["batch"] == 32
     assert out["candidates"] == ["default x1", "multi_worker x2", "horovod x2",
                                  "parameter_server x2 +1ps", "pipeline K=2 M=4"]
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["missing_script.py:build", "--dry-run"], "The target's script 'missing_script.py' does not"),
+    (["missing_script.py:build"], "The target's script 'missing_script.py' does not exist"),
+    (["keras_examples/deep_mlp.py"], "The target names no build function"),
+    ([_MLP, "--micro-batches", "0"], "--micro-batches must list"),
+    ([_MLP, "--micro-batches", "4,x"], "--micro-batches must list"),
+    ([_MLP, "--max-ps", "-1"], "Received: --max-ps -1. Expected: an int >= 0"),
+    ([_MLP, "--backends", "bogus"], "Received: --backends bogus"),
+    ([_MLP, "--cluster", "100000"], "cannot give each of 100000 training processes a sample"),
+    ([_MLP, "--json", "README.md/advice.json"], "--json cannot be written"),
+])
+def test_cli_refuses_bad_flags_before_measuring_anything(flags, says, capsys, monkeypatch):
+    def no_probe(*args, **kwargs):
+        raise AssertionError("the network was probed before the flags were checked")
+
+    monkeypatch.setattr(network, "probe", no_probe)
+    monkeypatch.setattr(cli, "get_constants", no_probe)
+    started = time.perf_counter()
+    with pytest.raises(SystemExit) as exited:
+        cli.main(flags)
+    assert exited.value.code == 2 and time.perf_counter() - started < 1.0
+    assert says in capsys.readouterr().err
 
 
 def test_cli_reports_a_missing_build_function(capsys, tmp_path):
@@ -216,11 +245,11 @@ def test_docstring_examples_run(name, monkeypatch):
 
 
 def test_profile_finds_the_heavy_layer_and_the_split_isolates_it():
-    from tfdist import compat
     from tfdist.advise.profile import profile_model
+    from tfdist.core import flavour
     from tfdist.pipeline import stage
 
-    keras = compat.get_keras()
+    keras = flavour.get_keras()
 
     def chain():
         return keras.Sequential([keras.Input((64,)), keras.layers.Dense(8, name="thin_0"),

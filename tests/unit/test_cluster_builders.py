@@ -474,8 +474,21 @@ BAD_HOSTS = [
     ("h\x07:1", "has a host with whitespace or a control character"),
     ("\ufeffh:1", "has a host with whitespace or a control character"),
     ("h\u200b", "has a host with whitespace or a control character"),
+    ("n1;touch${IFS}x:2", "has a host that is not a hostname or IP address"),
+    ("$(id):2", "has a host that is not a hostname or IP address"),
+    ("`id`", "has a host that is not a hostname or IP address"),
+    ("user@node1:2", "has a host that is not a hostname or IP address"),
+    ("[::g]:2", "has a host that is not a hostname or IP address"),
+    ("n1..x:1", "has a host that is not a hostname or IP address"),
 ]
-HOST_FIX = "Fix: Write the machine's hostname or IP address, without spaces or a leading '-'."
+HOST_FIX = ("Fix: Write the machine's hostname or IP address, without spaces, shell characters "
+            "or a leading '-'.")
+
+
+@pytest.mark.parametrize("entry", ["node-01:2", "n1.cluster.local:1", "10.0.0.7:4", "[::1]:2",
+                                   "[fe80::1%eth0]:1", "job_worker-0:1", "localhost"])
+def test_host_lists_accept_hostnames_and_ip_addresses(entry: str) -> None:
+    assert parse_hosts(entry)[0][1] >= 1
 
 
 @pytest.mark.parametrize(("entry", "problem"), BAD_HOSTS)

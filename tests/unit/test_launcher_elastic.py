@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tfdist.core.registry import strategy_traits
 from tfdist.launcher import cli
 from tfdist.launcher.elastic import HOSTS_FILE_ENV, Discovery, write_hosts
 from tfdist.launcher.plan import JobOptions, place, plan_job
-from tfdist.strategies.registry import strategy_traits
 
 pytestmark = pytest.mark.unit
 

@@ -154,6 +154,8 @@ def test_horovodrun_on_remote_hosts_names_the_interface_and_wraps_each_rank(scri
          "--network-interface only applies with --hosts or --hostfile"),
         (["--hosts", "h1:2", "--ssh-identity", "/no/key"], "--ssh-identity file not found"),
         (["--hosts", "h1:2", "--ssh-port", "0"], "--ssh-port must be in 1..65535"),
+        (["--hosts", "n1;touch${IFS}x:2"], "has a host that is not a hostname or IP address"),
+        (["--hosts", "$(id):2", "--dry-run"], "has a host that is not a hostname or IP address"),
     ],
 )
 def test_bad_host_input_exits_2_with_one_line(argv, message, script, capsys):

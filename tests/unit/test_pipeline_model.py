@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfdist import compat
+from tfdist.core import flavour
 from tfdist.errors import StrategyConfigError
 from tfdist.pipeline import stage
 
 pytestmark = pytest.mark.unit
 
-keras = compat.get_keras()
+keras = flavour.get_keras()
 
 
 def chain(widths=(6, 6, 4), features=3, batch_norm=False, regularize=False):

@@ -154,9 +154,9 @@ def test_distribute_dataset_needs_a_function():
 
 def test_default_strategy_fit_matches_plain_fit():
     """Keras (this process's flavour) trains from `distribute_dataset` exactly as from arrays."""
-    from tfdist import compat
+    from tfdist.core import flavour
 
-    keras = compat.get_keras()
+    keras = flavour.get_keras()
     x = tf.reshape(tf.range(16, dtype=tf.float32) / 16.0, (8, 2)).numpy()
     y = (x @ [[1.0], [-1.0]]).astype("float32")
 
@@ -192,3 +192,14 @@ def test_saving_on_sigterm_is_refused_where_the_strategy_cannot(tmp_path):
     with pytest.raises(StrategyConfigError, match=r"Received: strategy 'default'.*Fix: use "
                        r"get_strategy\('multi_worker'\)"):
         strategy.preemption_handler(tf.train.Checkpoint(), tmp_path)
+
+
+def test_a_backup_directory_under_a_file_is_refused_when_the_callback_is_made(tmp_path):
+    strategy = tfdist.strategies.get_strategy("default")
+    (tmp_path / "taken").write_text("a file")
+    for directory in (tmp_path / "taken", tmp_path / "taken" / "backups"):
+        with pytest.raises(StrategyConfigError, match=r"The backup directory cannot be written: "
+                           r"'.*taken' is a file, not a directory\. Received: .*taken"):
+            strategy.backup_callback(directory)
+    assert type(strategy.backup_callback(tmp_path / "new" / "backups")).__name__ == (
+        "BackupAndRestore")

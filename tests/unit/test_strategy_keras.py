@@ -11,6 +11,7 @@ import pytest
 
 import tfdist.strategies
 from tfdist import compat
+from tfdist.core.flavour import flavour_of, get_keras
 from tfdist.errors import ClusterConfigError, KerasCompatibilityError, StrategyConfigError
 from tfdist.strategies import StrategyTraits, strategy_traits
 
@@ -131,7 +132,7 @@ def test_fit_refuses_what_the_coordinator_cannot_honour(keras3, monkeypatch):
     from tfdist import training
 
     monkeypatch.setattr(compat, "fit_needs_coordinator", lambda strategy, model: True)
-    model = compat.get_keras().Sequential([compat.get_keras().layers.Dense(1)])
+    model = get_keras().Sequential([get_keras().layers.Dense(1)])
     with pytest.raises(StrategyConfigError) as info:
         training.fit(model, np.ones((4, 2)), validation_data=None, epochs=1)
     message = str(info.value)
@@ -147,8 +148,8 @@ def test_fit_refuses_what_the_coordinator_cannot_honour(keras3, monkeypatch):
 def test_an_optimizer_made_outside_the_scope_is_named_with_the_fix(keras3, inside_scope):
     import numpy as np
 
-    keras = compat.get_keras()
-    if compat.flavour_of(keras.Sequential()) != "keras3":
+    keras = get_keras()
+    if flavour_of(keras.Sequential()) != "keras3":
         pytest.skip("Keras 3 only: tf-keras optimizers build their slots under the model's scope")
     strategy = tfdist.get_strategy("mirrored")
     with strategy.scope():

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 import tfdist.strategies
+from tfdist.core import registry
 from tfdist.errors import StrategyConfigError
-from tfdist.strategies import registry
 
 pytestmark = pytest.mark.unit
 
@@ -25,7 +25,7 @@ def test_builtin_names():
 def test_traits_answer_without_importing_tensorflow_or_horovod():
     # The launcher, validation and the exports read traits; they must stay fast and work
     # where Horovod is not installed.
-    code = ("import sys, tfdist.strategies.registry as r\n"
+    code = ("import sys, tfdist.core.registry as r\n"
             "names = [n for n in r.available_strategies() if n != 'auto']\n"
             "print([r.strategy_traits(n).launch for n in names])\n"
             "print(sorted(m for m in ('tensorflow', 'horovod', 'keras') if m in sys.modules))")
@@ -108,7 +108,7 @@ def test_register_and_resolve_a_new_name():
 def test_auto_logs_one_line_with_choice_and_reason(monkeypatch, caplog):
     for var in ("TF_CONFIG", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr("tfdist.strategies.detect.local_gpu_count", lambda: 0)
+    monkeypatch.setattr("tfdist.core.detect.local_gpu_count", lambda: 0)
     with caplog.at_level(logging.INFO, logger="tfdist"):
         strategy = tfdist.strategies.get_strategy("auto")
     lines = [r.getMessage() for r in caplog.records if r.name == "tfdist"]

@@ -1,9 +1,9 @@
 """`advise(model, cluster)`: profile the model, get the network constants, rank every layout.
 
 Example:
-    >>> from tfdist import compat
+    >>> from tfdist.core import flavour
     >>> from tfdist.advise.model import Link
-    >>> keras = compat.get_keras()
+    >>> keras = flavour.get_keras()
     >>> def build():
     ...     return keras.Sequential([keras.Input((16,)), keras.layers.Dense(8),
     ...                              keras.layers.Dense(2)])

@@ -30,6 +30,8 @@ from tfdist.errors import AdviseError, TfdistError, format_error
 __all__ = ["parse_args", "load_target", "main"]
 
 CONSTANTS_ENV = "TFDIST_ADVISE_CONSTANTS"
+# The all-reduce backends the advisor has candidates for (`candidates.candidates`).
+BACKENDS = ("tf", "horovod")
 
 
 def _kwarg(text: str) -> tuple[str, Any]:
@@ -82,11 +84,88 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                      help="print what would be measured and considered, measure nothing")
     args = parser.parse_args(argv)
     args.kwargs = dict(args.kwargs)
-    args.micro_batches = tuple(int(m) for m in args.micro_batches.split(","))
-    args.backends = tuple(args.backends.split(","))
-    if not args.probe_only and not args.target:
-        parser.error("a target (path/script.py:build_fn) is required unless --probe-only")
+    problem = (_micro_batches(args) or _backends(args) or _max_ps(args) or _target(args)
+               or _cluster_fits_batch(args) or _json_path(args))
+    if problem:
+        parser.error(problem)
     return args
+
+
+# Each check below runs before anything is measured: a bad flag must not cost a 20 s probe.
+
+
+def _micro_batches(args: argparse.Namespace) -> str | None:
+    try:
+        values = tuple(int(m) for m in args.micro_batches.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        return format_error("--micro-batches must list pipeline micro-batch counts.",
+                            received=f"--micro-batches {args.micro_batches}",
+                            expected="comma-separated ints >= 1", fix="--micro-batches 2,4,8")
+    args.micro_batches = values
+    return None
+
+
+def _backends(args: argparse.Namespace) -> str | None:
+    args.backends = tuple(b for b in args.backends.split(",") if b)
+    unknown = [b for b in args.backends if b not in BACKENDS]
+    if unknown or not args.backends:
+        return format_error("--backends names an all-reduce backend the advisor cannot model.",
+                            received=f"--backends {','.join(args.backends) or repr('')}",
+                            expected=f"a comma-separated subset of {', '.join(BACKENDS)}",
+                            fix="--backends tf,horovod")
+    return None
+
+
+def _max_ps(args: argparse.Namespace) -> str | None:
+    if args.max_ps < 0:
+        return format_error("--max-ps is the most parameter servers to consider.",
+                            received=f"--max-ps {args.max_ps}", expected="an int >= 0",
+                            fix="--max-ps 2 (or 0 to leave parameter servers out)")
+    return None
+
+
+def _target(args: argparse.Namespace) -> str | None:
+    if args.probe_only:
+        return None
+    if not args.target:
+        return "a target (path/script.py:build_fn) is required unless --probe-only"
+    location, colon, name = args.target.rpartition(":")
+    expected = "'path/to/script.py:function' or 'package.module:function'"
+    if not colon or not location or not name:
+        return format_error("The target names no build function.", received=args.target,
+                            expected=expected, fix=f"{args.target}:build_model")
+    if location.endswith(".py") and not Path(location).is_file():
+        return format_error(f"The target's script {location!r} does not exist.",
+                            received=args.target, expected=expected,
+                            fix="give the path of the script from this directory")
+    return None
+
+
+def _cluster_fits_batch(args: argparse.Namespace) -> str | None:
+    try:
+        shape = as_cluster(int(args.cluster) if args.cluster.isdigit() else args.cluster)
+    except TfdistError as err:
+        return str(err)
+    if shape.processes > args.batch:
+        return format_error(
+            f"A global batch of {args.batch} cannot give each of {shape.processes} training "
+            "processes a sample.", received=f"--cluster {args.cluster} --batch {args.batch}",
+            expected="at most --batch training processes",
+            fix=f"raise --batch to at least {shape.processes}, or advise on fewer processes")
+    return None
+
+
+def _json_path(args: argparse.Namespace) -> str | None:
+    if args.json is None:
+        return None
+    parent = args.json.parent
+    if args.json.is_dir() or not parent.is_dir() or not os.access(parent, os.W_OK):
+        return format_error("--json cannot be written.", received=f"--json {args.json}",
+                            expected="a file path in an existing, writable directory",
+                            fix="--json advice.json (or create the directory first)")
+    return None
 
 
 def _import(location: str) -> Any:
@@ -115,9 +194,9 @@ def load_target(target: str, kwargs: dict[str, Any]) -> Any:
             expected="'path/to/script.py:function' or 'package.module:function'",
             fix="name a function that returns a built Keras model")) from err
     if "keras" in inspect.signature(fn).parameters and "keras" not in kwargs:
-        from tfdist import compat
+        from tfdist.core import flavour
 
-        kwargs = {"keras": compat.get_keras(), **kwargs}
+        kwargs = {"keras": flavour.get_keras(), **kwargs}
     return lambda: fn(**kwargs)
 
 

@@ -1,6 +1,6 @@
 """Network constants (alpha, beta, gamma) from a short real probe, fitted by least squares.
 
-The probe is the benchmark's all-reduce section (`tfdist.bench.allreduce`) at a few small sizes
+The probe is the benchmark's all-reduce section (`tfdist.probe.allreduce`) at a few small sizes
 on 2 processes of this machine: each backend's all-reduce time ``t(n)`` and, in the same
 processes, a point-to-point TCP exchange of ``n`` bytes each way. Then:
 
@@ -51,7 +51,7 @@ class Constants:
         backends: All-reduce backend (``"tf"``, ``"horovod"``) -> its fitted link.
         gamma: Seconds per byte reduced.
         processes: Processes the probe ran on.
-        machine: Where and when it was measured (`tfdist.bench.report.machine`).
+        machine: Where and when it was measured (`tfdist.probe.machine.machine`).
         samples: The raw probe: ``{"tcp"|backend: [[bytes, seconds], ...]}``.
     """
 
@@ -119,7 +119,7 @@ def _samples(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[list[float]]]:
 
 def _run_allreduce(backends: Sequence[str], p: int, sizes: Sequence[int], repeats: int,
                    timeout: float, log: Any) -> list[dict[str, Any]]:
-    from tfdist.bench import allreduce
+    from tfdist.probe import allreduce
 
     rows: list[dict[str, Any]] = []
     for backend in backends:
@@ -148,7 +148,7 @@ def probe(backends: Sequence[str] = ("tf", "horovod"), p: int = 2,
     Raises:
         AdviseError: a probe job failed or timed out (the message names the backend).
     """
-    from tfdist.bench import report
+    from tfdist.probe.machine import machine
 
     usable = [b for b in backends if b != "horovod" or _horovod_available()]
     rows = _run_allreduce(usable, p, sizes, repeats, timeout, log or io.StringIO())
@@ -168,7 +168,7 @@ def probe(backends: Sequence[str] = ("tf", "horovod"), p: int = 2,
     fitted = {b: fit_ring(*zip(*pts, strict=True), p=p, gamma=gamma)
               for b, pts in samples.items() if b != "tcp"}
     return Constants(p2p=p2p, backends=fitted, gamma=gamma, processes=p,
-                     machine=report.machine(), samples=samples)
+                     machine=machine(), samples=samples)
 
 
 def _horovod_available() -> bool:

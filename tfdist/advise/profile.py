@@ -9,8 +9,8 @@ loss, the update, the dispatch of one step). Sizes come from the model: paramete
 layer, activation bytes per sample, and for each ``Embedding`` the rows a batch touches.
 
 Example:
-    >>> from tfdist import compat
-    >>> keras = compat.get_keras()
+    >>> from tfdist.core import flavour
+    >>> keras = flavour.get_keras()
     >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, name="d")])
     >>> prof = profile_model(model, batch=16, repeats=2)
     >>> prof.names, prof.params, prof.step.at(16) > 0
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from tfdist import compat
+from tfdist.core import flavour
 from tfdist.errors import AdviseError, format_error
 
 __all__ = ["Line", "EmbeddingUse", "ModelProfile", "profile_model", "fit_line"]
@@ -226,7 +226,7 @@ def _step_fn(model: Any) -> tuple[Callable[[Any], Any], Any]:
     if given is not None and hasattr(given, "get_config"):
         optimizer = type(given).from_config(given.get_config())
     else:
-        optimizer = compat.get_keras().optimizers.SGD(0.01)
+        optimizer = flavour.get_keras().optimizers.SGD(0.01)
 
     @tf.function
     def step(x: Any) -> Any:
@@ -253,7 +253,7 @@ def _fit_step_s(model: Any, x: Any, y: Any, batch: int, steps: int) -> float:
     data = tf.data.Dataset.from_tensor_slices((xs, rows(y))).repeat().batch(
         batch, drop_remainder=True)
     ends: list[float] = []
-    clock = compat.get_keras().callbacks.LambdaCallback(
+    clock = flavour.get_keras().callbacks.LambdaCallback(
         on_train_batch_end=lambda *_: ends.append(time.perf_counter()))
     model.fit(data, epochs=1, steps_per_epoch=3, verbose=0)
     model.fit(data, epochs=1, steps_per_epoch=steps + 1, verbose=0, callbacks=[clock])

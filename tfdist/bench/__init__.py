@@ -3,7 +3,7 @@
 Sections (``tfdist-bench SECTION`` or ``python -m tfdist.bench SECTION``; default: all):
 
 * ``allreduce``: busbw of TF's collective ring (gRPC) and Horovod (Gloo) from 4 KiB to 64 MiB,
-  against a loopback TCP ring measured in the same processes (`tfdist.bench.allreduce`).
+  against a loopback TCP ring measured in the same processes (`tfdist.probe.allreduce`).
 * ``train``: samples/s per strategy at 1 and N replicas, scaling efficiency, and tfdist's
   overhead over the raw ``tf.distribute`` / Horovod way (`tfdist.bench.train`).
 * ``ps``: a sparse CTR model, async parameter servers (1 and 2 ps) vs sync multi-worker,

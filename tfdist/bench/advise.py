@@ -30,14 +30,15 @@ from typing import IO, Any
 
 from tfdist.advise import Candidate, Cluster, ModelProfile, advise, network
 from tfdist.advise.cores import usable_cores
-from tfdist.bench import jobs
-from tfdist.bench.workers.common import THREADS_ENV
+from tfdist.bench.workers import WORKERS
 from tfdist.cluster import ClusterSpec
+from tfdist.probe import jobs
+from tfdist.probe.common import THREADS_ENV
 
 __all__ = ["Example", "AdviseBenchConfig", "run", "summarize"]
 
 _MODULE = "tfdist.bench.workers.advise_worker"
-_SCRIPT = "advise_worker.py"
+_SCRIPT = WORKERS / "advise_worker.py"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,8 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tfdist.bench import advise, allreduce, pipeline, ps, report, train
-from tfdist.bench.workers.common import THREADS_ENV
+from tfdist.bench import advise, pipeline, ps, report, train
+from tfdist.probe import allreduce
+from tfdist.probe.common import THREADS_ENV
+from tfdist.probe.machine import machine, machine_note
 
 __all__ = ["SECTIONS", "parse_args", "configs", "run", "main"]
 
@@ -113,7 +115,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     stem = "-".join(p for p in ("bench", stamp, "quick" if args.quick else "", args.tag) if p)
-    result: dict[str, Any] = {"machine": report.machine(), "quick": args.quick,
+    result: dict[str, Any] = {"machine": machine(), "quick": args.quick,
                               "argv": sys.argv[1:], "seconds": {}}
     chosen = configs(args)
     with open(args.out / f"{stem}.log", "w") as log:
@@ -125,7 +127,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result["files"] = {"json": str(report.write_json(result, args.out, stem))}
     if "allreduce" in result:
         png = report.plot_allreduce(result["allreduce"], args.out, stem,
-                                    report.machine_note(result["machine"]))
+                                    machine_note(result["machine"]))
         result["files"]["plot"] = str(png) if png else "(no matplotlib: pip install tfdist[bench])"
     text = report.tables(result)
     (args.out / f"{stem}.md").write_text(text + "\n")

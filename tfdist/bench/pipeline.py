@@ -30,14 +30,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from tfdist.bench import jobs
+from tfdist.bench.workers import WORKERS
 from tfdist.cluster import ClusterSpec
 from tfdist.pipeline.schedule import bubble_fraction
+from tfdist.probe import jobs
 
 __all__ = ["PipelineConfig", "run"]
 
 _MODULE = "tfdist.bench.workers.pipeline_worker"
-_SCRIPT = "pipeline_worker.py"
+_SCRIPT = WORKERS / "pipeline_worker.py"
 
 
 @dataclass

@@ -17,9 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from tfdist.bench import jobs
-from tfdist.bench.workers.common import median
+from tfdist.bench.workers import WORKERS
 from tfdist.cluster import ClusterSpec
+from tfdist.probe import jobs
+from tfdist.probe.common import median
 
 __all__ = ["PsConfig", "run", "summarize"]
 
@@ -67,8 +68,8 @@ def run(config: PsConfig, log: IO[str]) -> dict[str, Any]:
     for mode, num_ps in config.jobs():
         spec = ClusterSpec.local(workers=config.workers, ps=num_ps, chief=mode == "ps",
                                  host="127.0.0.1")
-        results = jobs.run_tf(spec, "ps_worker.py", config.worker_args(mode), env=config.env,
-                              log=log, timeout=config.timeout)
+        results = jobs.run_tf(spec, WORKERS / "ps_worker.py", config.worker_args(mode),
+                              env=config.env, log=log, timeout=config.timeout)
         rows += summarize(mode, num_ps, config.workers, jobs.first_report(results))
     return {"workers": config.workers, "steps": config.steps, "repeats": config.repeats,
             "batch_per_worker_step": config.batch, "env": dict(config.env), "rows": rows}

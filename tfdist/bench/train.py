@@ -24,9 +24,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from tfdist.bench import jobs
-from tfdist.bench.workers.common import median
+from tfdist.bench.workers import WORKERS
 from tfdist.cluster import ClusterSpec
+from tfdist.probe import jobs
+from tfdist.probe.common import median
 
 __all__ = ["TrainConfig", "run", "summarize"]
 
@@ -76,8 +77,8 @@ def _run_job(config: TrainConfig, strategy: str, n: int, log: IO[str]) -> dict[s
     merged: dict[str, Any] = {"seconds": {"tfdist": [], "raw": []}, "samples_per_fit": {}}
     for variant in order[:2 * config.mw_job_pairs]:
         spec = ClusterSpec.local(workers=n, host="127.0.0.1")
-        got = jobs.first_report(jobs.run_tf(spec, "train_worker.py", [*args, "--variant", variant],
-                                            **kw))
+        got = jobs.first_report(jobs.run_tf(spec, WORKERS / "train_worker.py",
+                                            [*args, "--variant", variant], **kw))
         merged["seconds"][variant] += got["seconds"][variant]
         merged["samples_per_fit"].update(got["samples_per_fit"])
     return merged

@@ -15,14 +15,14 @@ Example:
 """
 
 from tfdist.cluster.counts import MAX_TASKS
-from tfdist.cluster.environ import TfConfigView, peek_tf_config, read_tf_config, slurm_task
+from tfdist.cluster.environ import read_tf_config, slurm_task
 from tfdist.cluster.hosts import parse_hosts, read_hostfile
 from tfdist.cluster.ports import held_ports, release_ports, reserve_ports
 from tfdist.cluster.roles import CHIEF, EVALUATOR, PS, ROLES, TRAINING_ROLES, WORKER, Task
 from tfdist.cluster.slurm import expand_nodelist, parse_tasks_per_node
 from tfdist.cluster.spec import ClusterSpec
 from tfdist.cluster.tables import PaiJob, read_pai_table
-from tfdist.cluster.tf_config import TF_CONFIG
+from tfdist.core.environ import TF_CONFIG, TfConfigView, peek_tf_config
 
 __all__ = [
     "CHIEF",

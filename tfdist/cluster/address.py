@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import ipaddress
+import re
+
 from tfdist.cluster._error import config_error, show
 from tfdist.cluster.counts import is_whole_number, parse_count
 
 __all__ = ["split_address", "join_address", "split_host_count", "check_host", "is_whole_number"]
 
 MAX_PORT = 65535
+# A DNS name (RFC 1123 labels; '_' too, which container runtimes use) or an IPv4 address. A host
+# reaches ssh and remote shells, so nothing a shell would read as syntax may pass.
+_HOSTNAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?\.?")
 
 
 def check_host(
@@ -17,7 +23,8 @@ def check_host(
 
     Refused: an empty host; one that starts with ``-``, which ssh would read as an option
     (``-oProxyCommand=...`` runs a command); one with whitespace or a control or format
-    character (such as a byte-order mark).
+    character (such as a byte-order mark); anything else that is neither a DNS name, an IPv4
+    address nor an IPv6 address (``n1;touch x``, ``$(id)``: shell syntax that would reach ssh).
 
     Args:
         host: The host, without port or brackets.
@@ -36,13 +43,27 @@ def check_host(
         problem = f"{field} has a host that starts with '-' (ssh would read it as an option)."
     elif any(char.isspace() or not char.isprintable() for char in host):
         problem = f"{field} has a host with whitespace or a control character."
+    elif not _is_host_name(host):
+        problem = (f"{field} has a host that is not a hostname or IP address (only letters, "
+                   "digits, '.', '-' and '_'; IPv6 in brackets).")
     else:
         return host
     raise config_error(
         where, problem, received=show(host) if received is None else received,
         expected=f"a hostname or IP address as in {example!r}",
-        fix="Write the machine's hostname or IP address, without spaces or a leading '-'.",
+        fix="Write the machine's hostname or IP address, without spaces, shell characters or "
+        "a leading '-'.",
     )
+
+
+def _is_host_name(host: str) -> bool:
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return False
+        return True
+    return _HOSTNAME.fullmatch(host) is not None and ".." not in host
 
 
 def join_address(host: str, port: int) -> str:

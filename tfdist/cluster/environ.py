@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -12,65 +10,11 @@ from tfdist.cluster.hosts import DEFAULT_BASE_PORT
 from tfdist.cluster.roles import Task
 from tfdist.cluster.slurm import slurm_host_slots, slurm_slot
 from tfdist.cluster.spec import ClusterSpec
-from tfdist.cluster.tf_config import TF_CONFIG, parse_tf_config
-from tfdist.cluster.validate import check_strategy
-from tfdist.errors import ClusterConfigError, format_error
+from tfdist.cluster.strategy import check_fits
+from tfdist.cluster.tf_config import parse_tf_config
+from tfdist.core.environ import TF_CONFIG
 
-__all__ = ["TfConfigView", "peek_tf_config", "read_tf_config", "slurm_task"]
-
-
-@dataclasses.dataclass(frozen=True)
-class TfConfigView:
-    """TF_CONFIG as written, before validation: role -> addresses, and the task's type/index.
-
-    Example:
-        >>> TfConfigView({"worker": ["h:1", "h:2"]}, "worker", 1).count("worker")
-        2
-    """
-
-    roles: dict[str, list[str]]
-    task_type: str
-    task_index: int
-
-    def count(self, role: str) -> int:
-        """How many ``role`` tasks TF_CONFIG lists."""
-        return len(self.roles.get(role, ()))
-
-
-def peek_tf_config(environ: Mapping[str, str] | None = None) -> TfConfigView | None:
-    """This process's TF_CONFIG without validating it (None when unset or blank).
-
-    For code that only needs to look (which task am I, how many ps are there); `read_tf_config`
-    checks everything and is what strategies use.
-
-    Raises:
-        ClusterConfigError: TF_CONFIG is not a JSON object with a ``cluster`` mapping.
-
-    Example:
-        >>> view = peek_tf_config({"TF_CONFIG": '{"cluster": {"ps": ["h:1"]}, '
-        ...                        '"task": {"type": "ps", "index": 0}}'})
-        >>> view.count("ps"), view.task_type
-        (1, 'ps')
-        >>> peek_tf_config({}) is None
-        True
-    """
-    env = os.environ if environ is None else environ
-    text = env.get(TF_CONFIG, "").strip()
-    if not text:
-        return None
-    try:
-        config = json.loads(text)
-        cluster = config.get("cluster") or {}
-        task = config.get("task") or {}
-        roles = {str(role): list(cluster.get(role) or []) for role in cluster}
-        return TfConfigView(roles, str(task.get("type", "")), int(task.get("index", 0)))
-    except (ValueError, AttributeError, TypeError, RecursionError) as err:
-        raise ClusterConfigError(
-            format_error("TF_CONFIG is not a JSON object with a 'cluster' mapping.",
-                         received=repr(text[:80]),
-                         expected='{"cluster": {"worker": [...]}, "task": {...}}',
-                         fix="fix TF_CONFIG, or unset it to train on this host alone")
-        ) from err
+__all__ = ["read_tf_config", "slurm_task"]
 
 
 def read_tf_config(
@@ -92,7 +36,7 @@ def read_tf_config(
         (2, 'chief:0')
     """
     roles, task = parse_tf_config(value)
-    check_strategy(roles, strategy, TF_CONFIG)
+    check_fits(roles, strategy, TF_CONFIG)
     return ClusterSpec(**roles), task
 
 

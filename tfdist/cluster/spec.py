@@ -14,14 +14,15 @@ from tfdist.cluster.address import join_address, split_address
 from tfdist.cluster.ports import release_ports, reserve_ports
 from tfdist.cluster.roles import ROLES, TRAINING_ROLES, Task
 from tfdist.cluster.slurm import slurm_host_slots
+from tfdist.cluster.strategy import check_fits
 from tfdist.cluster.tables import read_pai_table
-from tfdist.cluster.tf_config import TF_CONFIG, make_tf_config, parse_tf_config
+from tfdist.cluster.tf_config import make_tf_config, parse_tf_config
 from tfdist.cluster.validate import (
     check_role_list,
     check_roles,
-    check_strategy,
     check_task_in_cluster,
 )
+from tfdist.core.environ import TF_CONFIG
 
 __all__ = ["ClusterSpec"]
 
@@ -151,7 +152,7 @@ class ClusterSpec:
             ('h:1', 'h:2')
         """
         roles, _ = parse_tf_config(value)
-        check_strategy(roles, strategy, TF_CONFIG)
+        check_fits(roles, strategy, TF_CONFIG)
         return cls(**roles)
 
     @classmethod
@@ -337,5 +338,5 @@ class ClusterSpec:
             >>> ClusterSpec(chief=["h:1"], ps=["h:2"]).validate("parameter_server").ps
             ('h:2',)
         """
-        check_strategy(self.as_dict(include_evaluator=True), strategy, _WHERE)
+        check_fits(self.as_dict(include_evaluator=True), strategy, _WHERE)
         return self

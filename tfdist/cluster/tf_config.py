@@ -19,11 +19,9 @@ from typing import Any
 from tfdist.cluster._error import config_error, show
 from tfdist.cluster.roles import TRAINING_ROLES, Task
 from tfdist.cluster.validate import Roles, check_cluster_mapping, check_task_mapping
+from tfdist.core.environ import TF_CONFIG
 
-__all__ = ["TF_CONFIG", "load_tf_config", "parse_tf_config", "make_tf_config"]
-
-TF_CONFIG = "TF_CONFIG"
-"""Name of the environment variable TensorFlow reads its cluster from."""
+__all__ = ["load_tf_config", "parse_tf_config", "make_tf_config"]
 
 _EXAMPLE = '{"cluster": {"worker": ["host:2222"]}, "task": {"type": "worker", "index": 0}}'
 

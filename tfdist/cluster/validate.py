@@ -23,10 +23,10 @@ from tfdist.cluster.roles import (
     Task,
     check_role,
 )
+from tfdist.core.traits import StrategyTraits
 
 __all__ = [
     "Roles",
-    "check_strategy_name",
     "check_role_list",
     "check_roles",
     "check_cluster_mapping",
@@ -41,34 +41,6 @@ Roles = Mapping[str, Sequence[str]]
 
 TASK_KEYS = ("type", "index")
 _IGNORED_TASK_KEYS = ("trial", "cloud")  # Set by Cloud ML Engine / Vertex AI; TF ignores them.
-
-
-def check_strategy_name(strategy: object) -> str | None:
-    """Returns ``strategy`` if it is None or names a strategy the registry knows.
-
-    The registry (`tfdist.strategies.registry`) imports no TensorFlow; it owns which roles each
-    strategy's cluster may have, so this layer asks it rather than keeping a list of its own.
-
-    Example:
-        >>> check_strategy_name("multi_worker")
-        'multi_worker'
-    """
-    if strategy is None:
-        return None
-    from tfdist.errors import StrategyConfigError
-    from tfdist.strategies.registry import AUTO, available_strategies, check_strategy_name
-
-    try:
-        if strategy == AUTO:
-            raise StrategyConfigError("'auto' is not a strategy of its own")
-        return check_strategy_name(strategy)
-    except StrategyConfigError:
-        pass
-    raise config_error(
-        "strategy", f"{show(strategy)} is not a known strategy name.", received=show(strategy),
-        expected=f"None or one of {', '.join(available_strategies()[:-1])}",
-        fix="Pass one of the expected names (or None for generic checks only).",
-    )
 
 
 def check_role_list(role: str, value: object, where: str, allow_empty: bool) -> tuple[str, ...]:
@@ -260,17 +232,19 @@ def check_task_mapping(task: object, roles: Roles, where: str = "TF_CONFIG") -> 
     return result
 
 
-def check_strategy(roles: Roles, strategy: str | None, where: str = "cluster spec") -> None:
-    """Checks that the cluster fits ``strategy``'s traits (None: nothing beyond `check_roles`).
+def check_strategy(
+    roles: Roles, strategy: str, traits: StrategyTraits, where: str = "cluster spec"
+) -> None:
+    """Checks that the cluster fits the traits of the strategy named ``strategy``.
+
+    The caller looks the traits up (`tfdist.cluster.strategy.check_fits`), so this layer keeps
+    no list of strategies of its own.
 
     Example:
-        >>> check_strategy({"chief": ["h:1"], "worker": ["h:2"], "ps": ["h:3"]}, "parameter_server")
+        >>> from tfdist.core.traits import PARAMETER_SERVER
+        >>> roles = {"chief": ["h:1"], "worker": ["h:2"], "ps": ["h:3"]}
+        >>> check_strategy(roles, "parameter_server", PARAMETER_SERVER)
     """
-    if check_strategy_name(strategy) is None:
-        return
-    from tfdist.strategies.registry import strategy_traits
-
-    traits = strategy_traits(strategy)
     counts = {role: len(roles.get(role, ())) for role in ROLES}
     present = show({r: list(roles[r]) for r in roles if roles[r]})
     for role, why in traits.required_roles.items():

@@ -4,7 +4,7 @@ The logic is Horovod's own (``horovod._keras.callbacks``: ``BroadcastGlobalVaria
 and ``MetricAverageCallbackImpl``, as patched by ``launch/horovod-patches/09``); Horovod binds it
 to the ``Callback`` class of ``tf.keras``. tfdist binds the same logic to the ``Callback`` base of
 a requested flavour (Keras 3 or tf-keras), so ``isinstance(cb, BroadcastVariablesCallback)`` holds
-and either ``fit`` accepts it. The flavour defaults to `tfdist.compat.keras_flavour` (tf-keras
+and either ``fit`` accepts it. The flavour defaults to `tfdist.core.flavour.keras_flavour` (tf-keras
 when ``TF_USE_LEGACY_KERAS=1``), which is also what Horovod's own classes bind to.
 
 Example:
@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, ClassVar
 
-from tfdist import compat
+from tfdist.core.flavour import KerasFlavour, get_keras, keras_flavour
 from tfdist.horovod import runtime
 
 __all__ = ["BroadcastVariablesCallback", "MetricAverageCallback"]
@@ -37,12 +37,12 @@ class _FlavouredCallback:
 
     _horovod_impl: ClassVar[str]
 
-    def __new__(cls, *args: Any, flavour: compat.KerasFlavour | None = None, **kwargs: Any) -> Any:
-        flavour = flavour or compat.keras_flavour()
+    def __new__(cls, *args: Any, flavour: KerasFlavour | None = None, **kwargs: Any) -> Any:
+        flavour = flavour or keras_flavour()
         key = (cls, flavour)
         if key not in _BOUND:
             bases = (cls, _implementation(cls._horovod_impl),
-                     compat.get_keras(flavour).callbacks.Callback)
+                     get_keras(flavour).callbacks.Callback)
             _BOUND[key] = type(cls.__name__, bases, {"__module__": cls.__module__,
                                                      "__qualname__": cls.__qualname__})
         return object.__new__(_BOUND[key])
@@ -62,7 +62,7 @@ class BroadcastVariablesCallback(_FlavouredCallback):
 
     Args:
         root_rank: The rank whose values win.
-        flavour: ``"keras3"`` or ``"tf_keras"``; default: `tfdist.compat.keras_flavour`.
+        flavour: ``"keras3"`` or ``"tf_keras"``; default: `tfdist.core.flavour.keras_flavour`.
 
     Example:
         >>> callback = BroadcastVariablesCallback(root_rank=0, flavour="keras3")
@@ -72,7 +72,7 @@ class BroadcastVariablesCallback(_FlavouredCallback):
 
     _horovod_impl = "BroadcastGlobalVariablesCallbackImpl"
 
-    def __init__(self, root_rank: int = 0, *, flavour: compat.KerasFlavour | None = None) -> None:
+    def __init__(self, root_rank: int = 0, *, flavour: KerasFlavour | None = None) -> None:
         self._impl_init(root_rank)
 
 
@@ -85,7 +85,7 @@ class MetricAverageCallback(_FlavouredCallback):
     ``EarlyStopping``); ``History`` runs last and records the averaged values.
 
     Args:
-        flavour: ``"keras3"`` or ``"tf_keras"``; default: `tfdist.compat.keras_flavour`.
+        flavour: ``"keras3"`` or ``"tf_keras"``; default: `tfdist.core.flavour.keras_flavour`.
 
     Example:
         >>> callback = MetricAverageCallback(flavour="keras3")
@@ -96,5 +96,5 @@ class MetricAverageCallback(_FlavouredCallback):
 
     _horovod_impl = "MetricAverageCallbackImpl"
 
-    def __init__(self, *, flavour: compat.KerasFlavour | None = None) -> None:
+    def __init__(self, *, flavour: KerasFlavour | None = None) -> None:
         self._impl_init()

@@ -27,7 +27,7 @@ import struct
 from collections.abc import Mapping
 from pathlib import Path
 
-from tfdist.cluster.environ import peek_tf_config
+from tfdist.core.environ import peek_tf_config
 from tfdist.errors import StrategyConfigError, format_error
 
 __all__ = [

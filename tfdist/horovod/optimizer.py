@@ -18,7 +18,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdist import compat
+from tfdist.core import flavour
 from tfdist.errors import KerasCompatibilityError, format_error
 from tfdist.horovod import ops, runtime
 
@@ -48,7 +48,7 @@ def is_distributed(optimizer: Any) -> bool:
 
 
 def _check_keras_optimizer(optimizer: Any) -> None:
-    if compat.flavour_of(optimizer) is None or not hasattr(optimizer, "get_config"):
+    if flavour.flavour_of(optimizer) is None or not hasattr(optimizer, "get_config"):
         raise KerasCompatibilityError(
             format_error(
                 "DistributedOptimizer wraps Keras optimizers only.",

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tfdist import compat
+from tfdist.core import flavour
 
 
 def _version(dist: str) -> str | None:
@@ -65,8 +65,8 @@ def installed_report() -> dict[str, Any]:
         "keras": {
             "keras": _version("keras"),
             "tf_keras": _version("tf-keras"),
-            "tf.keras resolves to": compat.keras_flavour(),
-            compat.LEGACY_KERAS_ENV: os.environ.get(compat.LEGACY_KERAS_ENV),
+            "tf.keras resolves to": flavour.keras_flavour(),
+            flavour.LEGACY_KERAS_ENV: os.environ.get(flavour.LEGACY_KERAS_ENV),
         },
         "horovod": _horovod_report(),
         "multi-host tools": {

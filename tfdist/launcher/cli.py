@@ -23,6 +23,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from tfdist.core.detect import launch_strategy
+from tfdist.core.registry import available_strategies, strategy_traits
 from tfdist.errors import (
     ClusterConfigError,
     LaunchError,
@@ -38,8 +40,6 @@ from tfdist.launcher.ray_options import (
     check_ray_arguments,
     ray_options_from_args,
 )
-from tfdist.strategies.detect import launch_strategy
-from tfdist.strategies.registry import available_strategies, strategy_traits
 
 _ENV_PREFIX = "TFDIST_LAUNCH_"
 

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from tfdist.core.traits import StrategyTraits
     from tfdist.launcher.plan import JobOptions
-    from tfdist.strategies.traits import StrategyTraits
 
 __all__ = [
     "HOSTS_FILE_ENV",
@@ -80,7 +80,7 @@ def elastic_problem(options: JobOptions, strategy: str, traits: StrategyTraits) 
 
     Example:
         >>> from tfdist.launcher.plan import JobOptions
-        >>> from tfdist.strategies.traits import HOROVOD
+        >>> from tfdist.core.traits import HOROVOD
         >>> elastic_problem(JobOptions("t.py", workers=3, min_workers=1, max_workers=2),
         ...                 "horovod", HOROVOD)[:45]
         '--workers 3 is outside --min-workers 1 .. --m'

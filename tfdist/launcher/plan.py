@@ -30,6 +30,9 @@ from typing import Any, Literal
 
 from tfdist.cluster import ClusterSpec, Task, release_ports
 from tfdist.cluster.roles import ROLES
+from tfdist.core.detect import launch_strategy
+from tfdist.core.registry import strategy_traits
+from tfdist.core.traits import STRATEGY_ENV, StrategyTraits, TaskKind
 from tfdist.errors import StrategyConfigError, TfdistError
 from tfdist.horovod.checks import check_controller
 from tfdist.launcher.elastic import (
@@ -48,10 +51,7 @@ from tfdist.launcher.hosts import (
     task_command,
 )
 from tfdist.pipeline.layout import check_processes
-from tfdist.strategies.detect import launch_strategy
-from tfdist.strategies.registry import strategy_traits
 from tfdist.strategies.startup import STARTUP_TIMEOUT_ENV
-from tfdist.strategies.traits import STRATEGY_ENV, StrategyTraits, TaskKind
 
 __all__ = [
     "STRATEGY_ENV",
@@ -309,7 +309,7 @@ def layout_problem(options: JobOptions, strategy: str, traits: StrategyTraits) -
     """What is wrong with the asked tasks for ``strategy``, as a one-line message, or None.
 
     Example:
-        >>> from tfdist.strategies.traits import HOROVOD
+        >>> from tfdist.core.traits import HOROVOD
         >>> layout_problem(JobOptions("t.py", evaluator=True), "horovod", HOROVOD)[:46]
         '--evaluator was given with --strategy horovod,'
     """

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from tfdist.strategies.traits import TaskKind
+from tfdist.core.traits import TaskKind
 
 __all__ = ["TaskActor"]
 

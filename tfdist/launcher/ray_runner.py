@@ -49,6 +49,7 @@ from typing import Any
 
 from tfdist.cluster import ClusterSpec, Task
 from tfdist.cluster.address import join_address
+from tfdist.core.traits import TaskKind
 from tfdist.errors import (
     LaunchError,
     MissingDependencyError,
@@ -63,7 +64,6 @@ from tfdist.launcher.ray_actor import TaskActor
 from tfdist.launcher.ray_options import RayOptions
 from tfdist.launcher.ssh import forwarded_env
 from tfdist.preemption import PREEMPTED_EXIT_STATUS
-from tfdist.strategies.traits import TaskKind
 
 __all__ = ["RayOptions", "GangUnschedulableError", "run_on_ray", "describe"]
 

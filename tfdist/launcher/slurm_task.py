@@ -42,10 +42,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tfdist.cluster import ClusterSpec, Task, slurm_task
+from tfdist.core.registry import strategy_traits
+from tfdist.core.traits import STRATEGY_ENV
 from tfdist.errors import TfdistError
 from tfdist.launcher.slurm_horovod import rank_env
-from tfdist.strategies.registry import strategy_traits
-from tfdist.strategies.traits import STRATEGY_ENV
 
 __all__ = ["SlurmTaskPlan", "plan_slurm_task", "parse_args", "main"]
 

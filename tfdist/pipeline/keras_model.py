@@ -23,6 +23,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist import compat
+from tfdist.core.flavour import flavour_of, get_keras
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.pipeline.engine import LossTerms, StageEngine
 from tfdist.pipeline.transport import EVALUATE, METRICS, PREDICT, TRAIN
@@ -48,7 +49,7 @@ def resolve_metric(keras: Any, metric: Any, loss: Any, prefix: str = "") -> Any:
     a metric named by a string gets ``prefix`` before its name (compile's ``weighted_``).
 
     Example:
-        >>> keras = compat.get_keras()
+        >>> keras = get_keras()
         >>> type(resolve_metric(keras, "accuracy", "sparse_categorical_crossentropy")).__name__
         'SparseCategoricalAccuracy'
     """
@@ -106,7 +107,7 @@ def loss_terms(model: Any) -> LossTerms:
     adds (activity regularizers, ``add_loss`` in ``call``), in either Keras.
 
     Example:
-        >>> keras = compat.get_keras()
+        >>> keras = get_keras()
         >>> stage = keras.Sequential([keras.Input((2,)), keras.layers.Dense(
         ...     1, kernel_initializer="ones", kernel_regularizer=keras.regularizers.L1(0.5))])
         >>> float(loss_terms(stage).weights()), loss_terms(stage).added()
@@ -182,7 +183,7 @@ class _StageModelMixin:
                 weighted_metrics: Any = None, **kwargs: Any) -> None:
         """Like ``Model.compile``; ``loss`` and the metrics are the whole model's. As in Keras,
         sample weights weigh the loss and ``weighted_metrics``, not ``metrics``."""
-        keras = compat.get_keras(compat.flavour_of(self))
+        keras = get_keras(flavour_of(self))
         if loss is None:
             raise StrategyConfigError(format_error(
                 "A pipeline stage needs the model's loss in compile().", received="loss=None",
@@ -395,7 +396,7 @@ class _LocalStagesMixin(_StageModelMixin):
 @functools.cache
 def stage_model_class(flavour: str) -> type:
     """The stage model class for Keras ``flavour``: ``_StageModelMixin`` over its Sequential."""
-    keras = compat.get_keras(flavour)  # type: ignore[arg-type]
+    keras = get_keras(flavour)  # type: ignore[arg-type]
     return type("PipelineStageModel", (_StageModelMixin, keras.Sequential), {})
 
 
@@ -414,5 +415,5 @@ def local_stages_model(flavour: str, stages: list[Any], devices: tuple[str, ...]
 
 @functools.cache
 def _local_model_class(flavour: str) -> type:
-    keras = compat.get_keras(flavour)  # type: ignore[arg-type]
+    keras = get_keras(flavour)  # type: ignore[arg-type]
     return type("PipelineLocalModel", (_LocalStagesMixin, keras.Model), {})

@@ -8,8 +8,8 @@ creates only its own stage's variables. `assemble` rebuilds the whole model from
 saving) and `stage_weights` slices a full model's weights per stage.
 
 Example:
-    >>> from tfdist import compat
-    >>> keras = compat.get_keras()
+    >>> from tfdist.core.flavour import get_keras
+    >>> keras = get_keras()
     >>> def build():
     ...     return keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="a"),
     ...                              keras.layers.Dense(1, name="b")])
@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from tfdist import compat
+from tfdist.core.flavour import flavour_of, get_keras
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.pipeline import partition
 
@@ -108,7 +109,7 @@ def describe_model(model_or_fn: Any | Callable[[], Any]) -> ModelSpec:
         with compat.abstract_build():
             return describe_model(model_or_fn())
     model = model_or_fn
-    flavour = compat.flavour_of(model)
+    flavour = flavour_of(model)
     inputs, outputs = getattr(model, "inputs", None), getattr(model, "outputs", None)
     if flavour is None or not inputs or len(inputs) != 1 or len(outputs) != 1:
         raise StrategyConfigError(format_error(
@@ -116,7 +117,7 @@ def describe_model(model_or_fn: Any | Callable[[], Any]) -> ModelSpec:
             received=type(model).__name__, expected="a keras.Sequential starting with "
             "keras.Input(...), or a functional keras.Model of a chain of layers",
             fix="add keras.Input(shape) as the first layer"))
-    keras = compat.get_keras(flavour)
+    keras = get_keras(flavour)
     layers = [layer for layer in model.layers if type(layer).__name__ != "InputLayer"]
     index = {id(layer): i for i, layer in enumerate(layers)}
     edges = tuple((p, i) for i, layer in enumerate(layers) for p in _producers(layer, index))
@@ -152,7 +153,7 @@ def split_model(
             exactly with ``micro_batches`` (BatchNormalization, a loss added in ``call``).
 
     Example:
-        >>> keras = compat.get_keras()
+        >>> keras = get_keras()
         >>> def build():
         ...     return keras.Sequential([keras.Input((3,)), keras.layers.Dense(8, name="a"),
         ...                              keras.layers.Dense(8, name="b"),
@@ -203,7 +204,7 @@ def added_loss(spec: ModelSpec, i: int) -> str | None:
     zeros). None if nothing.
 
     Example:
-        >>> keras = compat.get_keras()
+        >>> keras = get_keras()
         >>> spec = describe_model(keras.Sequential([keras.Input((2,)), keras.layers.Dense(
         ...     1, activity_regularizer=keras.regularizers.L2(0.1))]))
         >>> added_loss(spec, 0) is None
@@ -216,7 +217,7 @@ def added_loss(spec: ModelSpec, i: int) -> str | None:
         return f"activity_regularizer {activity.get('class_name')}"
     if str(config.get("module") or "").startswith("keras.layers"):
         return None
-    keras = compat.get_keras(spec.flavour)  # type: ignore[arg-type]
+    keras = get_keras(spec.flavour)  # type: ignore[arg-type]
     layer = keras.layers.deserialize(config)
     layer(np.zeros((2, *spec.shapes[i]), spec.dtypes[i]))
     if len(compat.call_losses(layer)) > (activity is not None):
@@ -230,7 +231,7 @@ def build_stage(spec: ModelSpec, bounds: Sequence[int], stage: int, cls: type | 
 
     Only this stage's variables are created.
     """
-    keras = compat.get_keras(spec.flavour)  # type: ignore[arg-type]
+    keras = get_keras(spec.flavour)  # type: ignore[arg-type]
     start, stop = bounds[stage], bounds[stage + 1]
     layers = [keras.layers.deserialize(config) for config in spec.configs[start:stop]]
     model_cls = cls or keras.Sequential

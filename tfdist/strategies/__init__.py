@@ -1,7 +1,7 @@
 """Distribution strategies that train one script on any topology.
 
 Every strategy is a real `tf.distribute.Strategy` subclass plus `TfdistStrategyMixin`, created by
-name with `get_strategy` (``"auto"`` reads the environment; see `tfdist.strategies.detect`).
+name with `get_strategy` (``"auto"`` reads the environment; see `tfdist.core.detect`).
 Strategy classes are imported on first access, so ``import tfdist.strategies`` stays cheap.
 
 Example:
@@ -15,15 +15,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdist.strategies.detect import Detection, detect_strategy
-from tfdist.strategies.registry import (
+from tfdist.core.detect import Detection, detect_strategy
+from tfdist.core.registry import (
     available_strategies,
     get_strategy,
     get_strategy_class,
     register,
     strategy_traits,
 )
-from tfdist.strategies.traits import StrategyTraits
+from tfdist.core.traits import StrategyTraits
 
 __all__ = [
     "available_strategies",

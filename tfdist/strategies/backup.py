@@ -34,8 +34,9 @@ import shutil
 import signal
 from typing import Any
 
-from tfdist import compat
+from tfdist.core import flavour
 from tfdist.errors import StrategyConfigError, format_error
+from tfdist.paths import directory_problem
 
 __all__ = ["backup_callback", "model_checkpoint_callback"]
 
@@ -54,8 +55,8 @@ def model_checkpoint_callback(
         filepath: Passed to ``ModelCheckpoint`` (the same on every process).
         **kwargs: Passed to ``ModelCheckpoint`` (``save_weights_only``, ``monitor``...).
     """
-    keras = compat.get_keras()
-    if compat.keras_flavour() == "tf_keras" or strategy.is_chief:
+    keras = flavour.get_keras()
+    if flavour.keras_flavour() == "tf_keras" or strategy.is_chief:
         return keras.callbacks.ModelCheckpoint(os.fspath(filepath), **kwargs)
     return keras.callbacks.Callback()
 
@@ -77,15 +78,22 @@ def backup_callback(
         **kwargs: Passed to Keras's ``BackupAndRestore`` (e.g. ``save_freq``).
 
     Raises:
-        StrategyConfigError: ``save_before_preemption=True`` where it cannot work.
+        StrategyConfigError: ``save_before_preemption=True`` where it cannot work, or a
+            ``directory`` that cannot be written (checked now, not after the first epoch).
     """
     directory = os.fspath(directory)
+    problem = directory_problem(directory)
+    if problem:
+        raise StrategyConfigError(format_error(
+            f"The backup directory cannot be written: {problem}.", received=directory,
+            expected="a directory this process can create and write",
+            fix="pass backup_callback a directory path that is not under a file"))
     preempt = _preemption_wanted(strategy, save_before_preemption)
     per_rank = bool(getattr(strategy, "per_rank_backups", False))
     if per_rank:  # worker_index: chief 0, then the workers (task_index repeats across roles)
         directory = os.path.join(directory, f"rank-{strategy.worker_index}")
-    keras = compat.get_keras()
-    if compat.keras_flavour() == "keras3":
+    keras = flavour.get_keras()
+    if flavour.keras_flavour() == "keras3":
         if strategy.is_chief or per_rank:
             return keras.callbacks.BackupAndRestore(directory, **kwargs)
         return _keras3_reader_backup(keras, directory, kwargs)
@@ -111,14 +119,14 @@ def _keras3_reader_backup(keras: Any, directory: str, kwargs: dict[str, Any]) ->
 
 def _preemption_wanted(strategy: Any, requested: bool | None) -> bool:
     supported = bool(getattr(strategy, "preemption_saves", False))
-    if supported and compat.keras_flavour() == "tf_keras":
+    if supported and flavour.keras_flavour() == "tf_keras":
         return requested is not False
     if requested:
         raise StrategyConfigError(
             format_error(
                 "save_before_preemption needs a strategy that saves on SIGTERM, with tf-keras.",
                 received=f"strategy {getattr(strategy, 'name', strategy)!r} with "
-                f"{compat.keras_flavour()}",
+                f"{flavour.keras_flavour()}",
                 expected="multi_worker with tf-keras (TF_USE_LEGACY_KERAS=1)",
                 fix="leave save_before_preemption unset (the job then resumes from its last "
                 "backup), or pass save_freq=N to back up every N steps",

@@ -38,8 +38,8 @@ import tensorflow as tf
 
 from tfdist import compat
 from tfdist.cluster import ClusterSpec, Task, read_tf_config
+from tfdist.core.traits import StrategyTraits
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.strategies.traits import StrategyTraits
 
 __all__ = [
     "TfdistStrategyMixin",
@@ -140,7 +140,7 @@ class TfdistStrategyMixin:
     """The registry name (``"mirrored"``), used in messages and to check TF_CONFIG."""
 
     traits: ClassVar[StrategyTraits]
-    """How a job of this strategy is laid out and started (`tfdist.strategies.traits`)."""
+    """How a job of this strategy is laid out and started (`tfdist.core.traits`)."""
 
     per_rank_backups: ClassVar[bool] = False
     """Whether each process keeps its own ``BackupAndRestore`` directory (see `backup_callback`)."""
@@ -303,7 +303,7 @@ class TfdistStrategyMixin:
 
         Example:
             >>> import tfdist.strategies
-            >>> keras = tfdist.compat.get_keras()
+            >>> keras = tfdist.core.flavour.get_keras()
             >>> strategy = tfdist.strategies.get_strategy("default")
             >>> model = strategy.build_model(
             ...     lambda: keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
@@ -520,7 +520,7 @@ class TfdistStrategyMixin:
 
         Example:
             >>> import tempfile, tfdist.strategies
-            >>> keras = tfdist.compat.get_keras()
+            >>> keras = tfdist.core.flavour.get_keras()
             >>> strategy = tfdist.strategies.get_strategy("default")
             >>> with strategy.scope():
             ...     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])

@@ -47,8 +47,8 @@ from tensorflow.python.distribute import distribute_lib, input_util, one_device_
 from tensorflow.python.util import nest
 
 from tfdist.cluster import ClusterSpec, Task
+from tfdist.core import traits as builtin
 from tfdist.horovod import data, ops, runtime
-from tfdist.strategies import traits as builtin
 from tfdist.strategies.base import TfdistStrategyMixin
 
 __all__ = ["HorovodStrategy", "HorovodExtended", "nominal_cluster"]

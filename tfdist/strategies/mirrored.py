@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from tfdist.core import traits as builtin
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.options import check_choice
-from tfdist.strategies import traits as builtin
 from tfdist.strategies.base import TfdistStrategyMixin
 
 __all__ = ["MirroredStrategy", "CROSS_DEVICE_OPS"]

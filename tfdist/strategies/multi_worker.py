@@ -27,8 +27,8 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist import compat
+from tfdist.core import traits as builtin
 from tfdist.options import check_choice, check_positive_int, check_positive_number
-from tfdist.strategies import traits as builtin
 from tfdist.strategies.base import TfdistStrategyMixin, cluster_resolver
 from tfdist.strategies.startup import resolve_startup_timeout, startup_deadline
 

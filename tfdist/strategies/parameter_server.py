@@ -38,9 +38,10 @@ import tensorflow as tf
 
 from tfdist import compat
 from tfdist.cluster import Task
+from tfdist.core import flavour
+from tfdist.core import traits as builtin
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.options import check_positive_int, check_positive_number
-from tfdist.strategies import traits as builtin
 from tfdist.strategies.base import DatasetFn, TfdistStrategyMixin, cluster_resolver
 from tfdist.strategies.startup import resolve_startup_timeout, startup_deadline
 
@@ -157,11 +158,11 @@ class ParameterServerStrategy(
 
     def _distribute_dataset_fn(self, dataset_fn: DatasetFn, options: Any) -> Any:
         worker_fn = _per_worker(dataset_fn, self.num_workers)
-        if compat.keras_flavour() == "keras3":
+        if flavour.keras_flavour() == "keras3":
             from tfdist.training import PerWorkerInput
 
             return PerWorkerInput(dataset_fn, worker_fn, options)
-        keras = compat.get_keras("tf_keras")
+        keras = flavour.get_keras("tf_keras")
         return keras.utils.experimental.DatasetCreator(worker_fn, input_options=options)
 
 

@@ -30,17 +30,24 @@ import functools
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from tfdist import compat
+from tfdist.core import flavour
+from tfdist.core import traits as builtin
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.options import check_positive_number
-from tfdist.pipeline import local, partition, stage, transport
-from tfdist.pipeline import schedule as schedules
+from tfdist.pipeline import local, stage, transport
+from tfdist.pipeline.config import (
+    LAYER_COSTS_ENV,
+    MICRO_BATCHES_ENV,
+    SCHEDULE_ENV,
+    STAGES_ENV,
+    PipelineConfig,
+)
 from tfdist.pipeline.engine import StageEngine
 from tfdist.pipeline.keras_model import (
     apply_step,
@@ -49,18 +56,12 @@ from tfdist.pipeline.keras_model import (
     stage_model_class,
 )
 from tfdist.pipeline.layout import PipelineLayout, check_processes
-from tfdist.strategies import traits as builtin
 from tfdist.strategies.base import TfdistStrategyMixin
 from tfdist.strategies.startup import resolve_startup_timeout, startup_deadline
 
 __all__ = ["PipelineStrategy", "STAGES_ENV", "MICRO_BATCHES_ENV", "SCHEDULE_ENV",
            "LAYER_COSTS_ENV"]
 
-STAGES_ENV = builtin.PIPELINE_STAGES_ENV
-MICRO_BATCHES_ENV = builtin.PIPELINE_MICRO_BATCHES_ENV
-SCHEDULE_ENV = builtin.PIPELINE_SCHEDULE_ENV
-LAYER_COSTS_ENV = "TFDIST_PIPELINE_LAYER_COSTS"
-"""A JSON file of measured per-layer costs (``tfdist-advise --json``) to balance stages by."""
 
 _log = logging.getLogger("tfdist")
 
@@ -88,20 +89,6 @@ def _warn_if_one_inter_op_thread() -> None:
             "receives wait behind its compute and the stages run one after the other "
             "(measured: 1.95x the GPipe bound at M=8, 1.2x with 2 threads). Fix: set it to 2 "
             "or more (tf.config.threading.set_inter_op_parallelism_threads(2)).")
-
-
-def _from_env(name: str, value: Any, default: Any, cast: Callable[[str], Any]) -> Any:
-    if value is not None:
-        return value
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return cast(raw)
-    except ValueError:
-        raise StrategyConfigError(format_error(
-            f"${name} is not valid.", received=f"{name}={raw!r}", expected="an int >= 1",
-            fix=f"unset {name}, or set it to a positive int")) from None
 
 
 class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
@@ -152,20 +139,13 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         tf_config: str | Mapping[str, Any] | None = None,
         devices: Sequence[str] | None = None,
     ) -> None:
-        self.stages = partition.check_stages(_from_env(STAGES_ENV, stages, 1, int))
-        self.micro_batches = partition.check_micro_batches(
-            _from_env(MICRO_BATCHES_ENV, micro_batches, 1, int))
-        self.schedule = _from_env(SCHEDULE_ENV, schedule, "gpipe", str)
-        schedules.get_schedule(self.schedule, self.stages, self.micro_batches, 0)
-        if split_points is not None and (isinstance(split_points, str)
-                                         or not all(isinstance(p, str) for p in split_points)):
-            raise StrategyConfigError(format_error(
-                "split_points must be a list of layer names.", received=repr(split_points),
-                expected="e.g. ['dense_3']", fix="pass a list of the first layer of each stage"))
-        self.split_points = None if split_points is None else tuple(split_points)
-        costs = layer_costs if layer_costs is not None else os.environ.get(LAYER_COSTS_ENV)
-        self.layer_costs = None if not costs else partition.read_layer_costs(costs)
-        self.timeout = check_positive_number("timeout_seconds", timeout_seconds) or 0.0
+        self.config = PipelineConfig.from_env(
+            stages=stages, micro_batches=micro_batches, schedule=schedule,
+            split_points=split_points, layer_costs=layer_costs, timeout=timeout_seconds,
+            devices=devices)
+        self.stages, self.micro_batches = self.config.stages, self.config.micro_batches
+        self.schedule, self.split_points = self.config.schedule, self.config.split_points
+        self.layer_costs, self.timeout = self.config.layer_costs, self.config.timeout or 0.0
         deadline = check_positive_number(
             "startup_timeout_seconds", resolve_startup_timeout(startup_timeout_seconds))
         self._check_keras()
@@ -175,7 +155,7 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
             cluster, task = self._read_cluster(tf_config)
             processes = max(1, len(cluster.chief) + len(cluster.worker))
             rank = 0 if task.type == "chief" else len(cluster.chief) + task.index
-        self.devices = local.resolve_devices(devices, self.stages, processes)
+        self.devices = local.resolve_devices(self.config.devices, self.stages, processes)
         held = 1 if self.devices else self.stages  # stages per process in the layout
         check_processes(processes, held)
         self.layout = PipelineLayout(processes=processes, stages=held, rank=rank)
@@ -319,7 +299,7 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
 
         Example:
             >>> import numpy as np
-            >>> keras = compat.get_keras()
+            >>> keras = flavour.get_keras()
             >>> strategy = PipelineStrategy(micro_batches=2)
             >>> model = strategy.build_model(lambda: keras.Sequential(
             ...     [keras.Input((2,)), keras.layers.Dense(1, name="a")]))
@@ -327,7 +307,7 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
             >>> float(step(np.ones((4, 2), "float32"), np.zeros((4, 1), "float32"))) >= 0
             True
         """
-        keras = compat.get_keras(compat.flavour_of(model))
+        keras = flavour.get_keras(flavour.flavour_of(model))
         loss_fn = mean_loss(keras.losses.get(loss))
         engine = model._engine  # noqa: SLF001
 

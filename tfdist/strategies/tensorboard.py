@@ -18,7 +18,7 @@ import importlib.util
 import os
 from typing import Any
 
-from tfdist import compat
+from tfdist.core import flavour
 from tfdist.errors import MissingDependencyError, format_error
 
 __all__ = ["tensorboard_callback"]
@@ -48,7 +48,7 @@ def tensorboard_callback(strategy: Any, log_dir: str | os.PathLike[str], **kwarg
             "longer installs.", received=f"log_dir={os.fspath(log_dir)!r}, no tensorboard",
             expected="tensorboard installed beside tensorflow",
             fix="pip install 'tensorboard~=2.21.0' (bash launch/setup.sh installs it)"))
-    keras = compat.get_keras()
+    keras = flavour.get_keras()
     if strategy.is_chief:
         return keras.callbacks.TensorBoard(os.fspath(log_dir), **kwargs)
     return keras.callbacks.Callback()

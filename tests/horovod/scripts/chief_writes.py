@@ -11,9 +11,9 @@ import tensorflow as tf
 
 import tfdist
 import tfdist.testing
-from tfdist import compat
+from tfdist.core import flavour
 
-keras = compat.get_keras()
+keras = flavour.get_keras()
 out_dir = sys.argv[1]
 strategy = tfdist.get_strategy("horovod")
 with strategy.scope():

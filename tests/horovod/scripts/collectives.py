@@ -11,7 +11,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 import tfdist.horovod as thvd
-from tfdist.compat import get_keras
+from tfdist.core.flavour import get_keras
 from tfdist.horovod import ops
 from tfdist.strategies.horovod import HorovodStrategy
 from tfdist.testing import report

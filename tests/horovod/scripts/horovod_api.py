@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow import keras
 
-from tfdist.compat import flavour_of, keras_flavour
+from tfdist.core.flavour import flavour_of, keras_flavour
 from tfdist.testing import report
 
 START = time.time()

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 import tfdist.horovod as thvd
 import tfdist.strategies
-from tfdist.compat import flavour_of, get_keras, keras_flavour
+from tfdist.core.flavour import flavour_of, get_keras, keras_flavour
 from tfdist.testing import report
 
 START = time.time()

@@ -6,10 +6,10 @@ import numpy as np
 import tensorflow as tf
 
 import tfdist
-from tfdist import compat
+from tfdist.core import flavour
 from tfdist.testing import report
 
-keras = compat.get_keras()
+keras = flavour.get_keras()
 strategy = tfdist.get_strategy("auto")
 global_batch = strategy.global_batch_size(4)
 rng = np.random.default_rng(0)

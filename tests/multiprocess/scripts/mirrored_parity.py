@@ -10,7 +10,7 @@ import parity_lib
 import tensorflow as tf
 
 import tfdist.strategies
-from tfdist import compat
+from tfdist.core import flavour
 from tfdist.testing import report
 
 PER_REPLICA, STEPS = 4, 5
@@ -19,7 +19,7 @@ cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(
     cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
 )
-keras = compat.get_keras()
+keras = flavour.get_keras()
 strategy = tfdist.strategies.get_strategy("mirrored", devices=["/cpu:0", "/cpu:1"])
 global_batch = strategy.global_batch_size(PER_REPLICA)
 x, y = parity_lib.make_data(global_batch * STEPS)
@@ -46,7 +46,7 @@ replicas = [
     for var in model.weights
 ]
 report({
-    "flavour": compat.keras_flavour(),
+    "flavour": flavour.keras_flavour(),
     "num_replicas": strategy.num_replicas_in_sync,
     "variable_types": sorted({type(tf_variable(v)).__name__ for v in model.weights}),
     "initial": parity_lib.as_lists(initial),

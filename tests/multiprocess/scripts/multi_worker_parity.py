@@ -20,13 +20,13 @@ import parity_lib
 import tensorflow as tf
 
 import tfdist.strategies
-from tfdist import compat
+from tfdist.core import flavour
 from tfdist.testing import report
 
 PER_REPLICA, STEPS = 4, 5
 out_dir = sys.argv[1]
 
-keras = compat.get_keras()
+keras = flavour.get_keras()
 strategy = tfdist.strategies.get_strategy(
     "multi_worker", implementation="ring", timeout_seconds=60, startup_timeout_seconds=60
 )

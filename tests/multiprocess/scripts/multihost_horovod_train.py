@@ -15,12 +15,12 @@ import os
 import parity_lib
 
 import tfdist
-from tfdist import compat
+from tfdist.core import flavour
 from tfdist.testing import report
 
 PER_REPLICA, STEPS = 4, 3
 
-keras = compat.get_keras()
+keras = flavour.get_keras()
 strategy = tfdist.get_strategy("horovod")
 rank = strategy.task.index
 keras.utils.set_random_seed(100 + rank)

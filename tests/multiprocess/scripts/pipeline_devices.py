@@ -30,6 +30,7 @@ from pipeline_parity import GLOBAL, LR, build, data, sabotage_gradient_sends  # 
 
 import tfdist  # noqa: E402
 from tfdist import compat  # noqa: E402
+from tfdist.core import flavour  # noqa: E402
 from tfdist.pipeline import local  # noqa: E402
 from tfdist.testing import report  # noqa: E402
 
@@ -121,8 +122,8 @@ def error_in_scope(keras):
 
 
 def main(save_dir, *cases):
-    keras = compat.get_keras()
-    report({"flavour": compat.keras_flavour(),
+    keras = flavour.get_keras()
+    report({"flavour": flavour.keras_flavour(),
             "cases": {case: run_case(keras, save_dir, case) for case in cases},
             "error_in_scope": error_in_scope(keras)})
 

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 
 import tfdist
-from tfdist import compat
+from tfdist.core import flavour
 from tfdist.pipeline.stage import weights_nbytes
 from tfdist.testing import report
 
@@ -56,7 +56,7 @@ def count_variable_bytes(tf):
 
 
 def main(argv):
-    keras = compat.get_keras()
+    keras = flavour.get_keras()
     strategy = tfdist.get_strategy("auto")
     x = np.random.default_rng(0).normal(size=(64, FEATURES)).astype("float32")
     y = x[:, :1] * 2

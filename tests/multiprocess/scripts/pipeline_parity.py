@@ -23,7 +23,7 @@ import sys
 import numpy as np
 
 import tfdist
-from tfdist import compat
+from tfdist.core import flavour
 from tfdist.testing import report
 
 GLOBAL, FEATURES, LR = 24, 5, 0.1
@@ -93,7 +93,7 @@ def main(argv):
     steps, micro_batches, schedule = int(argv[0]), int(argv[1]), argv[2]
     if "--sabotage" in argv:
         sabotage_gradient_sends()
-    keras = compat.get_keras()
+    keras = flavour.get_keras()
     strategy = tfdist.get_strategy("auto", micro_batches=micro_batches, schedule=schedule)
     regularize = "--regularize" in argv
     keras.utils.set_random_seed(1)
@@ -115,7 +115,7 @@ def main(argv):
                          shuffle=False, verbose=0).history["loss"]
     result = {
         "strategy": strategy.name, "stage": strategy.stage_report(),
-        "loss": loss, "flavour": compat.flavour_of(model),
+        "loss": loss, "flavour": flavour.flavour_of(model),
         "replicas": strategy.num_replicas, "own_weights": len(model.get_weights()),
         "evaluate": model.evaluate(x, y, batch_size=GLOBAL, verbose=0),
         "predict": model.predict(x[:GLOBAL], batch_size=GLOBAL, verbose=0).tolist(),

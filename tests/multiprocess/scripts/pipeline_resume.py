@@ -15,11 +15,11 @@ import numpy as np
 
 import tfdist
 import tfdist.testing
-from tfdist import compat
+from tfdist.core import flavour
 
 EPOCHS, STEPS, GLOBAL = 3, 4, 8
 
-keras = compat.get_keras()
+keras = flavour.get_keras()
 strategy = tfdist.get_strategy("auto", micro_batches=2)
 rng = np.random.default_rng(7)
 x = rng.normal(size=(STEPS * GLOBAL, 5)).astype("float32")

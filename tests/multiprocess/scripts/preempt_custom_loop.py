@@ -15,11 +15,11 @@ import tensorflow as tf
 
 import tfdist
 import tfdist.testing
-from tfdist import compat
+from tfdist.core import flavour
 
 TOTAL_STEPS, PER_REPLICA = 24, 4
 
-keras = compat.get_keras()
+keras = flavour.get_keras()
 strategy = tfdist.get_strategy("multi_worker")
 global_batch = strategy.global_batch_size(PER_REPLICA)
 rng = np.random.default_rng(5)

@@ -20,11 +20,11 @@ import numpy as np
 
 import tfdist
 import tfdist.testing
-from tfdist import compat
+from tfdist.core import flavour
 
 EPOCHS, STEPS, PER_REPLICA = 3, 8, 4
 
-keras = compat.get_keras()
+keras = flavour.get_keras()
 strategy = tfdist.get_strategy("multi_worker")
 global_batch = strategy.global_batch_size(PER_REPLICA)
 rng = np.random.default_rng(11)

@@ -26,11 +26,11 @@ import tensorflow as tf
 
 import tfdist
 import tfdist.strategies
-from tfdist import compat
+from tfdist.core import flavour
 
 EPOCHS, STEPS_PER_EPOCH = int(sys.argv[1]), int(sys.argv[2])
 MARKERS = Path(os.environ["MARKER_DIR"])
-keras = compat.get_keras()
+keras = flavour.get_keras()
 strategy = tfdist.strategies.get_strategy("parameter_server", startup_timeout_seconds=60)
 rng = np.random.default_rng(0)
 x = rng.normal(size=(64, 4)).astype("float32")

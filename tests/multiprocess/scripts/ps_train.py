@@ -21,13 +21,14 @@ import tensorflow as tf
 import tfdist
 import tfdist.strategies
 from tfdist import compat
+from tfdist.core import flavour
 from tfdist.testing import report
 
 NUM_SHARDS = int(sys.argv[1])
 BATCH, BATCHES, STEPS_PER_EPOCH, EPOCHS = 8, 8, 10, 3
 
-keras = compat.get_keras()
-KERAS3 = compat.keras_flavour() == "keras3"
+keras = flavour.get_keras()
+KERAS3 = flavour.keras_flavour() == "keras3"
 options = {"num_shards": NUM_SHARDS} if NUM_SHARDS else {}
 strategy = tfdist.strategies.get_strategy("parameter_server", startup_timeout_seconds=60, **options)
 x, y = parity_lib.make_data(BATCH * BATCHES)

@@ -9,7 +9,7 @@ import json
 import numpy as np
 
 import tfdist
-from tfdist.compat import get_keras, keras_flavour
+from tfdist.core.flavour import get_keras, keras_flavour
 
 strategy = tfdist.get_strategy("auto")
 keras = get_keras()

@@ -20,12 +20,12 @@ import parity_lib
 import tensorflow as tf
 
 import tfdist
-from tfdist import compat
+from tfdist.core import flavour
 from tfdist.testing import report
 
 PER_REPLICA, STEPS, EPOCHS = 4, 5, 2
 
-keras = compat.get_keras()
+keras = flavour.get_keras()
 strategy = tfdist.get_strategy()
 replicas = int(sys.argv[1])
 global_batch = PER_REPLICA * replicas

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from tfdist.bench.workers.common import apply_threads, median, time_call
+from tfdist.probe.common import apply_threads, median, time_call
 from tfdist.testing import report
 
 _EXAMPLES_DIR = Path(__file__).resolve().parents[3] / "keras_examples"
@@ -154,6 +154,6 @@ if __name__ == "__main__":
     arguments = parse_args()
     apply_threads()
     sys.path.insert(0, str(_EXAMPLES_DIR))
-    from tfdist import compat
+    from tfdist.core import flavour
 
-    report((profile if arguments.profile else train)(arguments, compat.get_keras()))
+    report((profile if arguments.profile else train)(arguments, flavour.get_keras()))

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tfdist.bench.workers.common import apply_threads, median, time_call
+from tfdist.probe.common import apply_threads, median, time_call
 from tfdist.testing import report
 
 FEATURES = 256
@@ -106,9 +106,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     apply_threads()
     import tfdist
-    from tfdist import compat
+    from tfdist.core import flavour
 
-    keras = compat.get_keras()
+    keras = flavour.get_keras()
     options = {"micro_batches": args.micro_batches} if args.mode == "pipeline" else {}
     strategy = tfdist.get_strategy(args.mode, **options)
     model = strategy.build_model(lambda: build(keras, args.width, args.depth))

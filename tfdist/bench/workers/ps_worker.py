@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tfdist.bench.workers.common import apply_threads, time_call
 from tfdist.cluster import peek_tf_config
+from tfdist.probe.common import apply_threads, time_call
 from tfdist.testing import report
 
 VOCAB, EMBED, SLOTS, DENSE, SAMPLES = 50_000, 16, 8, 8, 4096

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tfdist.bench.workers.common import apply_threads, time_call
+from tfdist.probe.common import apply_threads, time_call
 from tfdist.testing import report
 
 FEATURES, CLASSES, HIDDEN, SAMPLES = 128, 10, 256, 4096

@@ -5,7 +5,7 @@ For each message size ``S`` (float32 tensors) and each backend, on ``N`` process
 * ``t``: the median over repeats (after warm-up) of the slowest rank's time for one all-reduce;
 * ``algbw = S / t`` and ``busbw = algbw * 2 (N - 1) / N`` (NCCL-tests' definitions: busbw is the
   per-link rate a ring all-reduce achieves, comparable across N);
-* ``limit``: ``S / t_tcp`` of a `workers.common.TcpRing` exchange of ``S`` bytes, timed in the
+* ``limit``: ``S / t_tcp`` of a `tfdist.probe.common.TcpRing` exchange of ``S`` bytes, timed in the
   same processes, interleaved with the all-reduce (A B A B ...), so drift on a shared machine
   hits both alike. ``busbw / limit`` is how close the backend comes to what the sockets carry.
 * ``copy``: ``S / t_copy`` of one in-memory copy of ``S`` bytes in each process, the ceiling for
@@ -22,13 +22,16 @@ from __future__ import annotations
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any
 
-from tfdist.bench import jobs
-from tfdist.bench.workers.common import median
 from tfdist.cluster import ClusterSpec
+from tfdist.probe import jobs
+from tfdist.probe.common import median
 
 __all__ = ["AllreduceConfig", "default_sizes", "size_label", "run", "summarize"]
+
+_WORKER = Path(__file__).resolve().parent / "allreduce_worker.py"
 
 BACKENDS = ("tf", "horovod", "horovod-mpi")
 """``horovod-mpi`` is Horovod over ``horovodrun --mpi`` (skipped with a note where OpenMPI is not
@@ -78,11 +81,11 @@ def _run_backend(config: AllreduceConfig, backend: str, log: IO[str]) -> dict[st
         env = {**config.env, **ring_env}
         if backend == "tf":
             spec = ClusterSpec.local(workers=config.np, host="127.0.0.1")
-            return jobs.run_tf(spec, "allreduce_worker.py", _worker_args(config, "tf"), env=env,
+            return jobs.run_tf(spec, _WORKER, _worker_args(config, "tf"), env=env,
                                log=log, timeout=config.timeout)
         # horovod and horovod-mpi run the same worker code; only horovodrun's controller differs.
         controller = "mpi" if backend == "horovod-mpi" else "gloo"
-        return jobs.run_horovod(config.np, "tfdist.bench.workers.allreduce_worker",
+        return jobs.run_horovod(config.np, "tfdist.probe.allreduce_worker",
                                 _worker_args(config, "horovod"), env=env, log=log,
                                 timeout=config.timeout, controller=controller)
 

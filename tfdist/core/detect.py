@@ -19,9 +19,9 @@ import os
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from tfdist.cluster.environ import peek_tf_config
+from tfdist.core.environ import peek_tf_config
+from tfdist.core.traits import STRATEGY_ENV
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.strategies.traits import STRATEGY_ENV
 
 __all__ = [
     "Detection",

@@ -1,7 +1,7 @@
 """The one map from a strategy name to its class and traits; nothing else branches on the name.
 
 Built-in names: ``"default"``, ``"mirrored"``, ``"multi_worker"``, ``"parameter_server"``,
-``"horovod"``, plus ``"auto"`` (chosen from the environment by `tfdist.strategies.detect`).
+``"horovod"``, plus ``"auto"`` (chosen from the environment by `tfdist.core.detect`).
 Three more ways to name a strategy, each accepted by `get_strategy` and ``tfdist-launch
 --strategy`` alike:
 
@@ -10,7 +10,7 @@ Three more ways to name a strategy, each accepted by `get_strategy` and ``tfdist
 * an entry point in the ``tfdist.strategies`` group of an installed package
   (``[project.entry-points."tfdist.strategies"] my_mirrored = "mypkg.strategies:MyMirrored"``).
 
-A strategy's traits (`tfdist.strategies.traits.StrategyTraits`) live on its class as
+A strategy's traits (`tfdist.core.traits.StrategyTraits`) live on its class as
 ``cls.traits``. The built-ins' traits are also stored here, beside their lazy targets, so that
 `strategy_traits` answers for them without importing TensorFlow: the launcher, validation and the
 exports read traits, and stay fast. Importing this module imports neither TensorFlow nor Horovod.
@@ -24,9 +24,9 @@ import logging
 from importlib import metadata
 from typing import Any
 
+from tfdist.core import traits as builtin_traits
+from tfdist.core.traits import StrategyTraits
 from tfdist.errors import MissingDependencyError, StrategyConfigError, format_error
-from tfdist.strategies import traits as builtin_traits
-from tfdist.strategies.traits import StrategyTraits
 
 __all__ = [
     "AUTO",
@@ -109,7 +109,7 @@ def _check_class(name: str, cls: Any) -> None:
                          "subclass of tfdist.MirroredStrategy or of TfdistStrategyMixin and a "
                          "tf.distribute.Strategy",
                          fix="subclass a tfdist strategy (it inherits its traits), or set "
-                         "`traits = tfdist.strategies.traits.StrategyTraits(...)` on the class"))
+                         "`traits = tfdist.core.traits.StrategyTraits(...)` on the class"))
 
 
 def available_strategies() -> tuple[str, ...]:
@@ -244,7 +244,7 @@ def _check_options(name: str, cls: type, options: dict[str, Any]) -> None:
 def get_strategy(name: str = AUTO, **options: Any) -> Any:
     """Creates the strategy registered as ``name``, with ``options`` passed to its constructor.
 
-    ``"auto"`` picks a name with `tfdist.strategies.detect.detect_strategy` and logs one line on
+    ``"auto"`` picks a name with `tfdist.core.detect.detect_strategy` and logs one line on
     the ``"tfdist"`` logger saying what it chose and why.
 
     Raises:
@@ -258,7 +258,7 @@ def get_strategy(name: str = AUTO, **options: Any) -> Any:
         1
     """
     if name == AUTO:
-        from tfdist.strategies.detect import detect_strategy
+        from tfdist.core.detect import detect_strategy
 
         name, reason = detect_strategy()
         logger.info("tfdist chose strategy %r: %s.", name, reason)

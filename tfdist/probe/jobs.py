@@ -15,15 +15,14 @@ from pathlib import Path
 from typing import IO, Any
 
 import tfdist
-from tfdist.bench.workers.common import RING_PORTS_ENV
 from tfdist.cluster import ClusterSpec, release_ports, reserve_ports
 from tfdist.launcher.plan import horovodrun_path
+from tfdist.probe.common import RING_PORTS_ENV
 from tfdist.testing import run_cluster, run_tasks
 
-__all__ = ["WORKERS", "base_env", "first_report", "ring_ports", "run_horovod", "run_local",
+__all__ = ["base_env", "first_report", "ring_ports", "run_horovod", "run_local",
            "run_tf"]
 
-WORKERS = Path(__file__).resolve().parent / "workers"
 _ROOT = str(Path(tfdist.__file__).resolve().parent.parent)
 
 
@@ -48,11 +47,11 @@ class ring_ports:  # noqa: N801 - used as a context manager, reads like a functi
         release_ports(self.ports)
 
 
-def run_tf(spec: ClusterSpec, script: str, args: Sequence[str], *, env: Mapping[str, str],
+def run_tf(spec: ClusterSpec, script: Path, args: Sequence[str], *, env: Mapping[str, str],
            log: IO[str], timeout: float) -> dict[str, Any]:
-    """Runs ``workers/<script>`` on every task of ``spec`` (PS layout: chief only); frees ports."""
+    """Runs ``script`` on every task of ``spec`` (PS layout: chief only); frees ports."""
     try:
-        return run_cluster(spec, WORKERS / script, list(args), env=base_env(env), stream=log,
+        return run_cluster(spec, script, list(args), env=base_env(env), stream=log,
                            timeout=timeout)
     finally:
         release_ports(spec.ports())

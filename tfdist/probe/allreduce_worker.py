@@ -1,6 +1,6 @@
 """Times one backend's all-reduce and the loopback TCP ring, interleaved, at each message size.
 
-Usage: ``python -m tfdist.bench.workers.allreduce_worker --backend tf|horovod --sizes 4096,...``
+Usage: ``python -m tfdist.probe.allreduce_worker --backend tf|horovod --sizes 4096,...``
 once per rank (TF: one process per task of TF_CONFIG; Horovod: under ``horovodrun``), with
 `common.RING_PORTS_ENV` naming the ring's ports. For every size: warm-up calls, then repeats of
 (all-reduce, TCP exchange) pairs, each started together on all ranks. Reports per-rank seconds.
@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tfdist.bench.workers.common import TcpRing, apply_threads, time_call
+from tfdist.probe.common import TcpRing, apply_threads, time_call
 from tfdist.testing import report
 
 Setup = tuple[int, int, Callable[[Any], Any], Callable[[], None]]

@@ -4,7 +4,7 @@ A strategy's traits say how a job of it is laid out and started: which roles its
 which tasks run the user's script and which run a TensorFlow server, whether it runs in one
 process or is started by ``horovodrun``, which Keras flavours its ``model.fit`` trains with, and
 the environment its tasks need. Each strategy class carries its traits (``cls.traits``); the
-registry (`tfdist.strategies.registry.strategy_traits`) hands them to validation, the launcher,
+registry (`tfdist.core.registry.strategy_traits`) hands them to validation, the launcher,
 the exports, the Slurm task shim and the test runner, none of which branch on a strategy's name.
 
 Example:
@@ -22,13 +22,14 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Literal
 
+from tfdist.core.flavour import LEGACY_KERAS_ENV, KerasFlavour
+
 __all__ = [
     "Launch",
     "TaskKind",
     "StrategyTraits",
     "SERVER_MODULE",
     "STRATEGY_ENV",
-    "LEGACY_KERAS_ENV",
     "DEFAULT",
     "MIRRORED",
     "MULTI_WORKER",
@@ -53,11 +54,6 @@ SERVER_MODULE = "tfdist.server"
 
 STRATEGY_ENV = "TFDIST_STRATEGY"
 """Set on every task to the strategy it was launched for, so ``get_strategy("auto")`` agrees."""
-
-LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
-"""Makes ``tf.keras`` resolve to tf-keras when set to 1 before TensorFlow is imported."""
-
-KerasFlavour = Literal["keras3", "tf_keras"]
 
 PIPELINE_STAGES_ENV = "TFDIST_PIPELINE_STAGES"
 PIPELINE_MICRO_BATCHES_ENV = "TFDIST_PIPELINE_MICRO_BATCHES"

@@ -1,0 +1,233 @@
+"""The package's own imports follow its layers: nothing imports a module above it, no loops.
+
+Every module under ``tfdist/`` is parsed with `ast`; module-level and function-level imports
+count alike (a function-level import hides a dependency, it does not remove it), relative imports
+are resolved. `LAYERS` is the order, bottom first; a module may import its own layer and the ones
+below. Importing the root package ``tfdist`` itself is not checked (Python imports it before any
+of its modules anyway); its ``__init__`` is the top layer. Imports of other packages (TensorFlow,
+Horovod, Ray) are not this test's business.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2] / "tfdist"
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("tfdist.errors", "tfdist.options", "tfdist.paths", "tfdist.core"),  # TensorFlow-free, shared
+    ("tfdist.cluster", "tfdist.preemption"),  # cluster specs and TF_CONFIG: pure data
+    ("tfdist.compat",),  # the Keras 3 shim table
+    ("tfdist.pipeline", "tfdist.horovod", "tfdist.training"),  # what strategies are built from
+    ("tfdist.strategies", "tfdist.evaluator", "tfdist.server"),  # what a training process runs
+    ("tfdist.launcher", "tfdist.testing"),  # starting jobs
+    ("tfdist.probe",),  # measurements the benchmark and the advisor share
+    ("tfdist.advise", "tfdist.bench"),  # tools over everything
+    ("tfdist",),  # the package's own __init__: the public surface
+)
+"""Bottom to top: each entry is a layer, each name a module or a package with all it holds."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Import:
+    """``importer`` imports ``imported`` at ``line`` (both dotted module names)."""
+
+    importer: str
+    imported: str
+    line: int
+
+
+def module_name(path: Path, root: Path) -> str:
+    """``root/../tfdist/core/traits.py`` -> ``tfdist.core.traits`` (a package: its __init__)."""
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _resolve(node: ast.ImportFrom, package: str, known: set[str]) -> list[str]:
+    if node.level:
+        base = package.split(".")[: len(package.split(".")) - node.level + 1]
+        source = ".".join([*base, *([node.module] if node.module else [])])
+    else:
+        source = node.module or ""
+    # `from a import b` imports the module a.b when there is one, else a name of a.
+    return [f"{source}.{alias.name}" if f"{source}.{alias.name}" in known else source
+            for alias in node.names]
+
+
+def collect_imports(sources: Mapping[str, tuple[str, bool]]) -> list[Import]:
+    """Every import of a module in ``sources`` by another, at any depth of the code.
+
+    Args:
+        sources: module name -> (its source text, whether it is a package's ``__init__``).
+    """
+    known = set(sources)
+    found = []
+    for name, (text, is_package) in sources.items():
+        package = name if is_package else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                targets = _resolve(node, package, known)
+            else:
+                continue
+            found += [Import(name, target, node.lineno) for target in targets
+                      if target in known and target != name]
+    return found
+
+
+def read_package(root: Path) -> dict[str, tuple[str, bool]]:
+    """The sources of every module under ``root`` (a package folder), by module name."""
+    return {module_name(path, root): (path.read_text(), path.name == "__init__.py")
+            for path in sorted(root.rglob("*.py"))}
+
+
+def layer_of(module: str, layers: Sequence[Sequence[str]]) -> int | None:
+    """The index of the layer whose longest matching entry holds ``module`` (None: in none)."""
+    best: tuple[int, int] | None = None
+    for index, entries in enumerate(layers):
+        for entry in entries:
+            if module == entry or module.startswith(entry + "."):
+                if best is None or len(entry) > best[1]:
+                    best = (index, len(entry))
+    return None if best is None else best[0]
+
+
+def unit_of(module: str, layers: Sequence[Sequence[str]]) -> str:
+    """The layer entry (package or module) that holds ``module``: what a loop is counted between."""
+    entries = [e for layer in layers for e in layer
+               if module == e or module.startswith(e + ".")]
+    return max(entries, key=len) if entries else module
+
+
+def layering_problems(imports: Iterable[Import], layers: Sequence[Sequence[str]],
+                      root_package: str = "tfdist") -> list[str]:
+    """What breaks the layering: modules in no layer, upward imports, loops between units.
+
+    Returns one line per problem (empty: the imports follow ``layers``).
+    """
+    problems = []
+    edges: dict[str, set[str]] = {}
+    for imp in imports:
+        if imp.imported == root_package:
+            continue
+        low, high = layer_of(imp.importer, layers), layer_of(imp.imported, layers)
+        for module, layer in ((imp.importer, low), (imp.imported, high)):
+            if layer is None:
+                problems.append(f"{module} is in no layer")
+        if low is not None and high is not None and high > low:
+            problems.append(f"{imp.importer}:{imp.line} imports {imp.imported}, a layer above "
+                            f"it ({' '.join(layers[high])} over {' '.join(layers[low])})")
+        a, b = unit_of(imp.importer, layers), unit_of(imp.imported, layers)
+        if a != b:
+            edges.setdefault(a, set()).add(b)
+    problems += [f"import loop: {' -> '.join(cycle)}" for cycle in _cycles(edges)]
+    return sorted(set(problems))
+
+
+def _cycles(edges: Mapping[str, set[str]]) -> list[list[str]]:
+    """One loop through each strongly connected group of ``edges`` larger than one node."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return [[*_loop_in(group, edges), group[0]] for group in groups]
+
+
+def _loop_in(group: list[str], edges: Mapping[str, set[str]]) -> list[str]:
+    path, members = [group[0]], set(group)
+    while True:
+        nxt = min(n for n in edges[path[-1]] if n in members)
+        if nxt == group[0] or nxt in path:
+            return path[path.index(nxt):] if nxt in path else path
+        path.append(nxt)
+
+
+def test_no_module_imports_a_layer_above_it_and_no_loops() -> None:
+    imports = collect_imports(read_package(ROOT))
+    assert len(imports) > 300  # the parse found the package's imports
+    assert layering_problems(imports, LAYERS) == []
+
+
+def test_every_module_is_in_a_layer() -> None:
+    unplaced = [m for m in read_package(ROOT) if layer_of(m, LAYERS) is None]
+    assert unplaced == []
+
+
+def test_function_level_and_relative_imports_count() -> None:
+    sources = {
+        "pkg": ("", True),
+        "pkg.low": ("def f():\n    from pkg.high import g\n", False),
+        "pkg.high": ("from . import low\n", False),
+        "pkg.sub": ("", True),
+        "pkg.sub.a": ("from ..low import f\nfrom .b import x\n", False),
+        "pkg.sub.b": ("import pkg.sub.a\n", False),
+    }
+    found = {(i.importer, i.imported) for i in collect_imports(sources)}
+    assert found == {("pkg.low", "pkg.high"), ("pkg.high", "pkg.low"),
+                     ("pkg.sub.a", "pkg.low"), ("pkg.sub.a", "pkg.sub.b"),
+                     ("pkg.sub.b", "pkg.sub.a")}
+
+
+def test_an_upward_import_is_reported_with_where_it_is() -> None:
+    sources = {"pkg.core.traits": ("def f():\n    import pkg.cluster.spec\n", False),
+               "pkg.cluster.spec": ("from pkg.core import traits\n", False),
+               "pkg.core": ("", True), "pkg.cluster": ("", True)}
+    layers = (("pkg.core",), ("pkg.cluster",))
+    problems = layering_problems(collect_imports(sources), layers, "pkg")
+    assert problems == [
+        "import loop: pkg.cluster -> pkg.core -> pkg.cluster",
+        "pkg.core.traits:2 imports pkg.cluster.spec, a layer above it (pkg.cluster over pkg.core)",
+    ]
+
+
+def test_a_loop_inside_one_layer_is_reported() -> None:
+    sources = {"pkg.advise.net": ("from pkg.bench import allreduce\n", False),
+               "pkg.bench.allreduce": ("", False),
+               "pkg.bench.cli": ("from pkg.advise import net\n", False),
+               "pkg.advise": ("", True), "pkg.bench": ("", True)}
+    layers = (("pkg.advise", "pkg.bench"),)
+    problems = layering_problems(collect_imports(sources), layers, "pkg")
+    assert problems == ["import loop: pkg.advise -> pkg.bench -> pkg.advise"]
+
+
+def test_a_module_outside_every_layer_is_reported() -> None:
+    sources = {"pkg.new": ("from pkg.core import x\n", False), "pkg.core": ("x = 1\n", False)}
+    problems = layering_problems(collect_imports(sources), (("pkg.core",),), "pkg")
+    assert problems == ["pkg.new is in no layer"]
+
+
+def test_the_declared_layers_name_real_modules() -> None:
+    modules = read_package(ROOT)
+    missing = [entry for layer in LAYERS for entry in layer if entry not in modules]
+    assert missing == []
