@@ -3,8 +3,8 @@
 Tests without a marker are treated as ``unit``. ``horovod`` tests skip (with the reason) when
 Horovod is not built; run ``bash launch/setup.sh`` to build it. Every run ends with its wall time,
 the CPU cores and load it ran on, and its `SLOWEST` slowest tests (setup, call and teardown
-together), also under ``pytest -n 2`` (pytest-xdist), where the per-phase ``--durations`` list
-mixes the two workers' phases.
+together) and modules, also under ``pytest -n 2`` (pytest-xdist), where the per-phase
+``--durations`` list mixes the two workers' phases.
 """
 
 from __future__ import annotations
@@ -114,6 +114,12 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     slowest = sorted(_seconds_by_test.items(), key=lambda item: -item[1])[:SLOWEST]
     for nodeid, seconds in slowest:
         write(f"{seconds:8.1f} s  {nodeid}")
+    by_module: defaultdict[str, float] = defaultdict(float)
+    for nodeid, seconds in _seconds_by_test.items():
+        by_module[nodeid.split("::", 1)[0]] += seconds
+    write(f"the {SLOWEST} slowest modules (their tests' durations added up):")
+    for module, seconds in sorted(by_module.items(), key=lambda item: -item[1])[:SLOWEST]:
+        write(f"{seconds:8.1f} s  {module}")
 
 
 @pytest.fixture
