@@ -33,7 +33,7 @@ import numpy as np
 
 import tfdist.cluster
 import tfdist.evaluator
-from tfdist import compat
+from tfdist import training
 from tfdist.core import flavour
 
 SEED = 4321
@@ -98,7 +98,7 @@ def shard_devices(model) -> list[str]:
     table = layer.embeddings
     pieces = getattr(table, "variables", None)
     if not isinstance(pieces, (list, tuple)):  # not a ShardedVariable
-        pieces = [compat.tf_variable(table)]
+        pieces = [training.tf_variable(table)]
     return [piece.device for piece in pieces]
 
 
@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> dict:
         return common.evaluate_checkpoints(
             args, model, lambda m: {"auc": float(roc_auc_score(y_test, predict_logits(m, x_test)))},
             "auc", "sparse_ctr")
-    # Keras 3 cannot shard variables (tfdist.compat.check_partitioner): whole tables, round-robin.
+    # Keras 3 cannot shard variables (tfdist.strategies.parameter_server.check_partitioner):
+    # whole tables, round-robin.
     shards = ps_count() if flavour.keras_flavour() == "tf_keras" else None
     strategy = common.make_strategy(args.strategy, num_shards=args.num_shards or shards or None)
     common.log(strategy, strategy.describe())

@@ -34,7 +34,7 @@ from tfdist import compat
 from tfdist.core import flavour
 from tfdist.errors import StrategyConfigError, format_error
 
-__all__ = ["fit", "PerWorkerInput"]
+__all__ = ["fit", "PerWorkerInput", "optimizer_variables", "tf_variable", "track_loss"]
 
 _COORDINATOR_FIT_ARGS = ("epochs", "verbose", "callbacks", "initial_epoch", "steps_per_epoch")
 
@@ -187,3 +187,54 @@ def _train_function(model: Any, strategy: Any) -> Callable[[Any], Any]:
                                      outputs)
 
     return train_function
+
+
+# ------------------------------------------- variables and loss under either Keras
+def tf_variable(variable: Any) -> Any:
+    """The ``tf.Variable`` behind a variable of either flavour (Keras 3 keeps it in ``.value``).
+
+    Example:
+        >>> import keras, tensorflow as tf
+        >>> isinstance(tf_variable(keras.Variable(1.0)), tf.Variable)
+        True
+    """
+    import tensorflow as tf
+
+    if isinstance(variable, tf.Variable):
+        return variable
+    value = getattr(variable, "value", None)
+    if isinstance(value, tf.Variable):
+        return value
+    raise TypeError(
+        format_error(
+            "Expected a variable.",
+            received=type(variable).__name__,
+            expected="a tf.Variable or a Keras 3 variable",
+            fix="pass model.variables or optimizer.variables",
+        )
+    )
+
+
+def optimizer_variables(optimizer: Any) -> list[Any]:
+    """An optimizer's variables: a property in Keras 3 and tf-keras, a method on legacy optimizers.
+
+    Example:
+        >>> import keras
+        >>> [v.name for v in optimizer_variables(keras.optimizers.SGD())]
+        ['iteration', 'learning_rate']
+    """
+    variables = optimizer.variables
+    return list(variables() if callable(variables) else variables)
+
+
+def track_loss(model: Any, loss: Any, batch: Any) -> Any:
+    """Adds one batch's mean ``loss`` to ``model``'s running ``loss`` metric, as ``fit`` does.
+
+    tf-keras's ``compute_loss`` updates the metric itself; Keras 3's ``train_step`` does it
+    after ``compute_loss``. A custom ``train_step`` calling ``compute_loss`` uses this once per
+    call so the ``loss`` ``fit`` shows is the same in both.
+    """
+    tracker = getattr(model, "_loss_tracker", None)
+    if flavour.flavour_of(model) == "keras3" and tracker is not None:
+        tracker.update_state(loss, sample_weight=batch)
+    return loss

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,8 @@ import tensorflow as tf
 import tfdist.strategies
 from tfdist.cluster import ClusterSpec, Task
 from tfdist.errors import StrategyConfigError
-from tfdist.strategies.base import SINGLE_HOST_CLUSTER, TfdistStrategyMixin, shard_for
+from tfdist.strategies.base import SINGLE_HOST_CLUSTER, TfdistStrategyMixin
+from tfdist.strategies.input import shard_for
 
 pytestmark = pytest.mark.unit
 
@@ -203,3 +205,24 @@ def test_a_backup_directory_under_a_file_is_refused_when_the_callback_is_made(tm
             strategy.backup_callback(directory)
     assert type(strategy.backup_callback(tmp_path / "new" / "backups")).__name__ == (
         "BackupAndRestore")
+
+
+def test_a_model_saved_under_a_file_is_rescued_not_lost(tmp_path):
+    """save_model runs after training: a path under a file once raised there and the trained
+    model was lost. It is saved to a fresh temporary directory, and the error names it."""
+    keras = tfdist.core.flavour.get_keras()
+    strategy = tfdist.strategies.get_strategy("default")
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    (tmp_path / "taken").write_text("a file")
+    with pytest.raises(StrategyConfigError, match=r"save_model cannot write '.*taken/m\.keras': "
+                       r"'.*taken' is a file, not a directory; the trained model was saved to "
+                       r"(\S+) instead\.") as raised:
+        strategy.save_model(model, tmp_path / "taken" / "m.keras")
+    rescued = re.search(r"saved to (\S+) instead", str(raised.value)).group(1)
+    restored = keras.models.load_model(rescued)
+    for got, want in zip(restored.get_weights(), model.get_weights(), strict=True):
+        assert (got == want).all()
+    with pytest.raises(StrategyConfigError, match=r"The checkpoint file cannot be written: "
+                       r"'.*taken' is a file"):
+        strategy.checkpoint_callback(tmp_path / "taken" / "w.weights.h5", save_weights_only=True)

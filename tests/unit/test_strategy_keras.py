@@ -34,7 +34,7 @@ def tf_keras(monkeypatch):
 def test_keras3_refused_where_traits_say_so(keras3):
     traits = StrategyTraits(keras=("tf_keras",), keras_unsupported="my reason")
     with pytest.raises(KerasCompatibilityError) as info:
-        compat.check_supported("mine", traits=traits)
+        traits.check_keras("mine")
     message = str(info.value)
     assert message.startswith("Strategy 'mine' cannot train with Keras 3: my reason")
     assert "Fix: set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported" in message
@@ -44,7 +44,7 @@ def test_keras3_refused_where_traits_say_so(keras3):
                                   "horovod"])
 def test_every_builtin_strategy_trains_with_both_kerases(name):
     for flavour in ("keras3", "tf_keras"):
-        compat.check_supported(name, flavour)
+        strategy_traits(name).check_keras(name, flavour)
     assert not strategy_traits(name).needs_tf_keras
 
 

@@ -22,7 +22,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Literal
 
-from tfdist.core.flavour import LEGACY_KERAS_ENV, KerasFlavour
+from tfdist.core.flavour import LEGACY_KERAS_ENV, KerasFlavour, keras_flavour
+from tfdist.errors import KerasCompatibilityError, format_error
 
 __all__ = [
     "Launch",
@@ -118,6 +119,47 @@ class StrategyTraits:
     def needs_tf_keras(self) -> bool:
         """Whether ``model.fit`` needs tf-keras (``TF_USE_LEGACY_KERAS=1``) under the strategy."""
         return "keras3" not in self.keras
+
+    def check_keras(self, strategy: str, flavour: KerasFlavour | None = None) -> None:
+        """Raises if ``model.fit`` cannot train with the strategy under this Keras (`keras`).
+
+        Args:
+            strategy: The strategy's name, for the message.
+            flavour: The Keras in use (default: this process's, `tfdist.core.flavour`).
+
+        Raises:
+            KerasCompatibilityError: The pair is known not to work; the message names the fix.
+
+        Example:
+            >>> PARAMETER_SERVER.check_keras("parameter_server", "keras3")
+            >>> StrategyTraits(keras=("tf_keras",)).check_keras("mine", "keras3")
+            Traceback (most recent call last):
+            ...
+            tfdist.errors.KerasCompatibilityError: ...
+        """
+        flavour = flavour or keras_flavour()
+        if flavour in self.keras:
+            return
+        if flavour == "keras3":
+            raise KerasCompatibilityError(
+                format_error(
+                    f"Strategy {strategy!r} cannot train with Keras 3: {self.keras_unsupported}.",
+                    received=f"strategy={strategy!r} with Keras 3 (TF_USE_LEGACY_KERAS unset)",
+                    expected="tf-keras for this strategy",
+                    fix="set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported (tfdist-launch "
+                    "does this for you) and build the model with `import tf_keras as keras` "
+                    "(or tfdist.core.flavour.get_keras()); or use strategy='horovod', which "
+                    "works with Keras 3",
+                )
+            )
+        raise KerasCompatibilityError(
+            format_error(
+                f"Strategy {strategy!r} cannot train with tf-keras: {self.keras_unsupported}.",
+                received=f"strategy={strategy!r} with tf-keras (TF_USE_LEGACY_KERAS=1)",
+                expected="Keras 3 for this strategy",
+                fix="unset TF_USE_LEGACY_KERAS and build the model with `import keras`",
+            )
+        )
 
     def has_role(self, role: str) -> bool:
         """Whether the strategy's cluster may have ``role`` tasks."""

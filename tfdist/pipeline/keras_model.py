@@ -22,9 +22,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdist import compat
 from tfdist.core.flavour import flavour_of, get_keras
 from tfdist.errors import StrategyConfigError, format_error
+from tfdist.pipeline import keras_compat
 from tfdist.pipeline.engine import LossTerms, StageEngine
 from tfdist.pipeline.transport import EVALUATE, METRICS, PREDICT, TRAIN
 
@@ -113,8 +113,8 @@ def loss_terms(model: Any) -> LossTerms:
         >>> float(loss_terms(stage).weights()), loss_terms(stage).added()
         (1.0, None)
     """
-    return LossTerms(weights=lambda: _sum(compat.weight_losses(model)),
-                     added=lambda: _sum(compat.call_losses(model)))
+    return LossTerms(weights=lambda: _sum(keras_compat.weight_losses(model)),
+                     added=lambda: _sum(keras_compat.call_losses(model)))
 
 
 def apply_step(model: Any, engine: Any, optimizer: Any, x: Any, y: Any, loss: Any,
@@ -200,7 +200,7 @@ class _StageModelMixin:
     def _adopt_optimizer(self) -> None:
         """Lets an optimizer made outside ``strategy.scope()`` create its slots in ``fit``: a
         stage's variables are plain, so where the optimizer was made does not matter."""
-        compat.bind_unbuilt_optimizer(self.optimizer, self._pipeline)  # type: ignore[attr-defined]
+        keras_compat.bind_unbuilt_optimizer(self.optimizer, self._pipeline)  # type: ignore[attr-defined]
 
     @property
     def metrics(self) -> list[Any]:
@@ -360,7 +360,7 @@ class _LocalStagesMixin(_StageModelMixin):
         """Builds the optimizer now, eagerly: its slots then sit with their variables, on each
         stage's device (built inside ``fit``, they would not)."""
         optimizer = self.optimizer  # type: ignore[attr-defined]
-        compat.bind_unbuilt_optimizer(optimizer, tf.distribute.get_strategy())
+        keras_compat.bind_unbuilt_optimizer(optimizer, tf.distribute.get_strategy())
         optimizer.build(self.trainable_variables)  # type: ignore[attr-defined]
 
     def get_weights(self) -> list[Any]:

@@ -1,8 +1,8 @@
 """A model described without its weights, and one stage of it built for real.
 
-`describe_model` reads a Keras model (built, or built by a function inside
-`tfdist.compat.abstract_build`, which allocates no weights) into a `ModelSpec`: each layer's
-config, output shape and parameter count, and which layer feeds which. `build_stage` then builds
+`describe_model` reads a Keras model (built, or built by a function inside `keras_compat`'s
+`abstract_build`, which allocates no weights) into a `ModelSpec`: each layer's config, output
+shape and parameter count, and which layer feeds which. `build_stage` then builds
 ``keras.Sequential([Input(boundary shape), *layers[a:b]])`` from the configs, so a stage process
 creates only its own stage's variables. `assemble` rebuilds the whole model from the spec (for
 saving) and `stage_weights` slices a full model's weights per stage.
@@ -29,10 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from tfdist import compat
 from tfdist.core.flavour import flavour_of, get_keras
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.pipeline import partition
+from tfdist.pipeline import keras_compat, partition
 
 __all__ = ["ModelSpec", "describe_model", "split_model", "build_stage", "assemble",
            "stage_weights", "weights_nbytes"]
@@ -106,7 +105,7 @@ def describe_model(model_or_fn: Any | Callable[[], Any]) -> ModelSpec:
         StrategyConfigError: it is not a Keras model with one input and one output.
     """
     if callable(model_or_fn) and not hasattr(model_or_fn, "layers"):
-        with compat.abstract_build():
+        with keras_compat.abstract_build():
             return describe_model(model_or_fn())
     model = model_or_fn
     flavour = flavour_of(model)
@@ -220,7 +219,7 @@ def added_loss(spec: ModelSpec, i: int) -> str | None:
     keras = get_keras(spec.flavour)  # type: ignore[arg-type]
     layer = keras.layers.deserialize(config)
     layer(np.zeros((2, *spec.shapes[i]), spec.dtypes[i]))
-    if len(compat.call_losses(layer)) > (activity is not None):
+    if len(keras_compat.call_losses(layer)) > (activity is not None):
         return "add_loss() in call()"
     return None
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from tfdist.core import flavour
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.paths import directory_problem
+from tfdist.paths import directory_problem, file_problem
 
 __all__ = ["backup_callback", "model_checkpoint_callback"]
 
@@ -54,7 +54,16 @@ def model_checkpoint_callback(
         strategy: A tfdist strategy.
         filepath: Passed to ``ModelCheckpoint`` (the same on every process).
         **kwargs: Passed to ``ModelCheckpoint`` (``save_weights_only``, ``monitor``...).
+
+    Raises:
+        StrategyConfigError: ``filepath`` cannot be written (checked now, not after an epoch).
     """
+    problem = file_problem(filepath)
+    if problem:
+        raise StrategyConfigError(format_error(
+            f"The checkpoint file cannot be written: {problem}.", received=os.fspath(filepath),
+            expected="a path whose directories this process can create and write",
+            fix="pass checkpoint_callback a path that is not under a file"))
     keras = flavour.get_keras()
     if flavour.keras_flavour() == "tf_keras" or strategy.is_chief:
         return keras.callbacks.ModelCheckpoint(os.fspath(filepath), **kwargs)

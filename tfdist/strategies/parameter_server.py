@@ -26,7 +26,7 @@ pieces along its first axis, placed round-robin on the ps tasks), ``min_shard_by
 (``MinSizePartitioner``: pieces of at least that size, at most one per ps), or any
 ``variable_partitioner``. By default variables are not partitioned; whole variables are placed
 round-robin on the ps tasks. Sharding needs tf-keras: under Keras 3 a partitioner is refused
-(`tfdist.compat.check_partitioner`).
+(`check_partitioner`).
 """
 
 from __future__ import annotations
@@ -36,16 +36,16 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdist import compat
 from tfdist.cluster import Task
-from tfdist.core import flavour
 from tfdist.core import traits as builtin
-from tfdist.errors import StrategyConfigError, format_error
+from tfdist.core.flavour import KerasFlavour, get_keras, keras_flavour
+from tfdist.errors import KerasCompatibilityError, StrategyConfigError, format_error
 from tfdist.options import check_positive_int, check_positive_number
-from tfdist.strategies.base import DatasetFn, TfdistStrategyMixin, cluster_resolver
+from tfdist.strategies.base import TfdistStrategyMixin, cluster_resolver
+from tfdist.strategies.input import DatasetFn
 from tfdist.strategies.startup import resolve_startup_timeout, startup_deadline
 
-__all__ = ["ParameterServerStrategy", "make_partitioner"]
+__all__ = ["ParameterServerStrategy", "check_partitioner", "make_partitioner"]
 
 _partitioners = tf.distribute.experimental.partitioners
 
@@ -104,7 +104,7 @@ class ParameterServerStrategy(
         tf_config: The TF_CONFIG to use instead of the environment's (JSON text or a mapping).
 
     Raises:
-        KerasCompatibilityError: a partitioner under Keras 3 (see `compat.check_partitioner`).
+        KerasCompatibilityError: a partitioner under Keras 3 (see `check_partitioner`).
         ClusterConfigError: TF_CONFIG is missing, invalid, or lacks a chief or ps.
         StrategyConfigError: this process is not the chief, or an option is invalid.
 
@@ -134,7 +134,7 @@ class ParameterServerStrategy(
         partitioner = make_partitioner(
             len(cluster.ps), num_shards, min_shard_bytes, variable_partitioner
         )
-        compat.check_partitioner(partitioner)
+        check_partitioner(partitioner)
         with startup_deadline(deadline, cluster, task, f"ParameterServerStrategy on {task}"):
             super().__init__(cluster_resolver(cluster, task), variable_partitioner=partitioner)
         self._init_tfdist(cluster, task)
@@ -158,11 +158,11 @@ class ParameterServerStrategy(
 
     def _distribute_dataset_fn(self, dataset_fn: DatasetFn, options: Any) -> Any:
         worker_fn = _per_worker(dataset_fn, self.num_workers)
-        if flavour.keras_flavour() == "keras3":
+        if keras_flavour() == "keras3":
             from tfdist.training import PerWorkerInput
 
             return PerWorkerInput(dataset_fn, worker_fn, options)
-        keras = flavour.get_keras("tf_keras")
+        keras = get_keras("tf_keras")
         return keras.utils.experimental.DatasetCreator(worker_fn, input_options=options)
 
 
@@ -185,3 +185,28 @@ def _per_worker(dataset_fn: DatasetFn, num_workers: int) -> DatasetFn:
         return dataset_fn(context)
 
     return worker_fn
+
+
+def check_partitioner(partitioner: Any, flavour: KerasFlavour | None = None) -> None:
+    """Raises if variables cannot be sharded (a ParameterServer partitioner) under this Keras.
+
+    Keras 3 keeps a TF variable inside its own; a partitioned one is a ``ShardedVariable``,
+    which ``tf.GradientTape`` cannot differentiate against (it has no ``handle``; measured on
+    Keras 3.15.1 with TF 2.21), so every train step would fail.
+
+    Example:
+        >>> check_partitioner(None, "keras3")
+        >>> check_partitioner(object(), "keras3")
+        Traceback (most recent call last):
+        ...
+        tfdist.errors.KerasCompatibilityError: ...
+    """
+    if partitioner is None or (flavour or keras_flavour()) != "keras3":
+        return
+    raise KerasCompatibilityError(format_error(
+        "ParameterServerStrategy cannot shard variables under Keras 3: tf.GradientTape cannot "
+        "differentiate a Keras 3 variable that holds a ShardedVariable.",
+        received=f"a variable partitioner ({type(partitioner).__name__}) with Keras 3",
+        expected="no num_shards, min_shard_bytes or variable_partitioner under Keras 3",
+        fix="drop the partitioner (whole variables are then placed round-robin over the ps "
+        "tasks), or train with tf-keras (TF_USE_LEGACY_KERAS=1) to shard them"))

@@ -20,6 +20,7 @@ import parity_lib
 import tensorflow as tf
 
 import tfdist.strategies
+import tfdist.strategies.input
 from tfdist.core import flavour
 from tfdist.testing import report
 
@@ -42,7 +43,7 @@ def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
 
 def my_rows() -> list[int]:
     """The row ids this worker's shard holds (same helper, same context, ids instead of x)."""
-    ids = tfdist.strategies.base.shard_for(
+    ids = tfdist.strategies.input.shard_for(
         tf.data.Dataset.from_tensor_slices(rows).batch(PER_REPLICA), strategy.input_context()
     )
     return [int(r) for batch in ids for r in batch.numpy()]

@@ -29,9 +29,8 @@ import numpy as np  # noqa: E402
 from pipeline_parity import GLOBAL, LR, build, data, sabotage_gradient_sends  # noqa: E402
 
 import tfdist  # noqa: E402
-from tfdist import compat  # noqa: E402
 from tfdist.core import flavour  # noqa: E402
-from tfdist.pipeline import local  # noqa: E402
+from tfdist.pipeline import keras_compat, local  # noqa: E402
 from tfdist.testing import report  # noqa: E402
 
 STEPS = 3
@@ -43,15 +42,15 @@ def sample_weights(rows):
 
 def drop_stage1_regularization():
     """Stage 1 loses its regularization losses (weights and activity); returns the undo."""
-    saved = compat.weight_losses, compat.call_losses
+    saved = keras_compat.weight_losses, keras_compat.call_losses
 
     def dropping(original):
         return lambda model: [] if model.name.endswith("_stage1") else original(model)
 
-    compat.weight_losses, compat.call_losses = (dropping(f) for f in saved)
+    keras_compat.weight_losses, keras_compat.call_losses = (dropping(f) for f in saved)
 
     def restore():
-        compat.weight_losses, compat.call_losses = saved
+        keras_compat.weight_losses, keras_compat.call_losses = saved
 
     return restore
 

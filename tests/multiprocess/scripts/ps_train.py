@@ -20,7 +20,7 @@ import tensorflow as tf
 
 import tfdist
 import tfdist.strategies
-from tfdist import compat
+from tfdist import training
 from tfdist.core import flavour
 from tfdist.testing import report
 
@@ -51,7 +51,7 @@ class CountingModel(keras.Model):
         with tf.GradientTape() as tape:
             prediction = self(features, training=True)
             if KERAS3:
-                loss = compat.track_loss(self, self.compute_loss(
+                loss = training.track_loss(self, self.compute_loss(
                     x=features, y=target, y_pred=prediction), tf.shape(features)[0])
             else:
                 loss = self.compiled_loss(target, prediction)
@@ -97,6 +97,6 @@ report({
     "devices": {name(v): shard_devices(v) for v in model.trainable_variables + [model.seen]},
     "kernel_shapes": [list(s.shape) for s in getattr(tf_var(model.hidden.kernel), "variables",
                                                      [])],
-    "optimizer_devices": [d for v in compat.optimizer_variables(model.optimizer)
+    "optimizer_devices": [d for v in training.optimizer_variables(model.optimizer)
                           for d in shard_devices(v)],
 })

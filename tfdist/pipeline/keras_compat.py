@@ -1,0 +1,110 @@
+"""What the pipeline needs from Keras that the two Kerases give differently.
+
+Only the pipeline reads these: a model described without allocating its weights
+(`abstract_build`), a stage's regularization terms (`weight_losses`, `call_losses`) and an
+optimizer made outside the strategy's scope bound to it (`bind_unbuilt_optimizer`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from tfdist.core.flavour import KerasFlavour, flavour_of, get_keras, keras_flavour
+
+__all__ = ["abstract_build", "bind_unbuilt_optimizer", "call_losses", "weight_losses"]
+
+
+def bind_unbuilt_optimizer(optimizer: Any, strategy: Any) -> bool:
+    """Makes a Keras 3 optimizer not yet built create its slots under ``strategy``; returns
+    whether it did.
+
+    Keras 3's TensorFlow optimizer keeps the strategy in scope when it was constructed and creates
+    its slots (Adam's moments, SGD's momentum) under that strategy: one constructed outside
+    ``strategy.scope()`` fails in its first ``fit`` with "Mixing different tf.distribute.Strategy
+    objects". Only for a strategy whose variables are plain per process (the pipeline): under a
+    mirrored strategy the optimizer's own variables must be mirrored too, so there the optimizer
+    has to be constructed inside the scope. tf-keras optimizers need none of this.
+
+    Example:
+        >>> import keras
+        >>> import tensorflow as tf
+        >>> bind_unbuilt_optimizer(keras.optimizers.Adam(), tf.distribute.get_strategy())
+        True
+    """
+    if getattr(optimizer, "built", True) or not hasattr(optimizer, "_distribution_strategy"):
+        return False
+    optimizer._distribution_strategy = strategy
+    return True
+
+
+def weight_losses(model: Any) -> list[Any]:
+    """``model.losses`` that depend on variables only (weight regularizers; in tf-keras also
+    callables given to ``add_loss``), computed now: tf-keras keeps them as callables per layer,
+    Keras 3 as each variable's ``regularizer``.
+
+    Example:
+        >>> keras = get_keras()
+        >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(
+        ...     1, kernel_initializer="ones", kernel_regularizer=keras.regularizers.L2(0.5))])
+        >>> [float(loss) for loss in weight_losses(model)]
+        [1.0]
+    """
+    if flavour_of(model) == "tf_keras":
+        found = (c() for layer in model._flatten_layers() for c in layer._callable_losses)
+        return [loss for loss in found if loss is not None]
+    return [v.regularizer(v) for v in model.trainable_weights if v.regularizer is not None]
+
+
+def call_losses(model: Any) -> list[Any]:
+    """The losses ``model``'s last call added (activity regularizers, ``add_loss`` in
+    ``call``): read them right after the call, in the same graph. Both Kerases clear them when
+    a call starts; tf-keras keeps a functional model's symbolic ones apart.
+
+    Example:
+        >>> import numpy as np
+        >>> keras = get_keras()
+        >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(
+        ...     1, kernel_initializer="ones", activity_regularizer=keras.regularizers.L1(1.0))])
+        >>> _ = model(np.ones((2, 2), "float32"))
+        >>> [float(loss) for loss in call_losses(model)]  # |2| + |2|, over 2 rows
+        [2.0]
+    """
+    if flavour_of(model) == "tf_keras":
+        return [loss for layer in model._flatten_layers() for loss in layer._eager_losses]
+    return [loss for layer in model._flatten_layers() for loss in layer._get_own_losses()]
+
+
+@contextlib.contextmanager
+def abstract_build(flavour: KerasFlavour | None = None) -> Iterator[None]:
+    """A context where building a Keras model allocates no variable memory.
+
+    Layers get their shapes and configs, and outputs their symbolic shapes, but no weights: Keras
+    3 defers initialisation (``StatelessScope(initialize_variables=False)``; the deferred
+    variables are dropped afterwards), tf-keras builds in a throwaway ``tf.Graph``. The pipeline
+    describes a whole model this way and then builds one stage for real.
+
+    Example:
+        >>> keras = get_keras()
+        >>> with abstract_build():
+        ...     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        >>> model.count_params()
+        8
+    """
+    if (flavour or keras_flavour()) == "tf_keras":
+        import tensorflow as tf
+
+        with tf.Graph().as_default():
+            yield
+        return
+    keras = get_keras("keras3")
+    from keras.src.backend.common import global_state
+
+    key = "uninitialized_variables"
+    before = list(global_state.get_global_attribute(key, []) or [])
+    try:
+        with keras.StatelessScope(initialize_variables=False):
+            yield
+    finally:
+        global_state.set_global_attribute(key, before)
