@@ -32,6 +32,7 @@ os.environ.setdefault("TFDIST_LAUNCH_VERBOSE", "1")
 
 SLOWEST = 15
 _started = time.monotonic()
+_load_at_start = os.getloadavg()
 _seconds_by_test: defaultdict[str, float] = defaultdict(float)
 
 
@@ -82,7 +83,7 @@ def _longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
         return next((r for r, name in enumerate(("xdist_group", "slow", "multiprocess"))
                      if name in marks), 3)
 
-    modules: dict[Any, int] = {}
+    modules: dict[str, int] = {}
     for item in items:
         module = item.nodeid.split("::", 1)[0]
         modules[module] = min(modules.get(module, 3), rank(item))
@@ -92,12 +93,16 @@ def _longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    global _started
-    _started = time.monotonic()
+    global _started, _load_at_start
+    _started, _load_at_start = time.monotonic(), os.getloadavg()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _seconds_by_test[report.nodeid] += report.duration
+
+
+def _loads(averages: tuple[float, float, float]) -> str:
+    return "/".join(f"{x:.1f}" for x in averages)
 
 
 @pytest.hookimpl(trylast=True)
@@ -106,11 +111,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     wall = time.monotonic() - _started
     write = terminalreporter.write_line
     terminalreporter.section(f"wall time and the {SLOWEST} slowest tests")
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     workers = getattr(config.option, "numprocesses", None) or 1  # pytest-xdist's -n
     write(f"wall time: {wall / 60:.1f} min ({wall:.0f} s) for {len(_seconds_by_test)} tests, "
-          f"{workers} pytest worker(s) on {os.cpu_count()} CPU cores; load average at the end "
-          f"(1, 5, 15 min): {load}")
+          f"{workers} pytest worker(s) on {os.cpu_count()} CPU cores; load average (1, 5, 15 "
+          f"min) at the start {_loads(_load_at_start)}, at the end {_loads(os.getloadavg())}")
     slowest = sorted(_seconds_by_test.items(), key=lambda item: -item[1])[:SLOWEST]
     for nodeid, seconds in slowest:
         write(f"{seconds:8.1f} s  {nodeid}")
