@@ -9,8 +9,10 @@ together) and modules, also under ``pytest -n 2`` (pytest-xdist), where the per-
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+import re
 import sys
 import time
 from collections import defaultdict
@@ -48,40 +50,55 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.unit)
         if "horovod" in item.keywords and not have_horovod:
             item.add_marker(skip_horovod)
-        group = _shared_fixture_module(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
     items[:] = _longest_first(items)
 
 
-def _shared_fixture_module(item: pytest.Item) -> str | None:
-    """The test module or conftest whose module- or session-scoped fixture ``item`` uses (a
-    cluster, a job launched once and read by several tests), else None.
+_SHARED_FIXTURE = re.compile(r"@pytest\.fixture\(\s*scope=[\"'](module|session)[\"']")
 
-    Under ``--dist loadgroup`` the tests that share such a fixture run on one pytest-xdist
-    worker, so it is set up once, not once per worker.
+
+@functools.cache
+def shared_fixture_modules() -> frozenset[str]:
+    """The test modules (``tests/...py``, as in node ids) that define a module- or
+    session-scoped fixture: a cluster, or a job launched once and read by several tests."""
+    return frozenset(
+        path.relative_to(REPO_ROOT).as_posix() for path in (REPO_ROOT / "tests").rglob("test_*.py")
+        if _SHARED_FIXTURE.search(path.read_text(encoding="utf-8")))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup``, one worker per module that has a shared fixture, set up once.
+
+    pytest-xdist's own loadgroup (tests marked ``xdist_group``) does not group under pytest 9
+    (its node-id suffix is lost), so this scheduler groups by module: the tests of a module in
+    `shared_fixture_modules` form one unit, every other test is a unit of its own.
     """
-    info = getattr(item, "_fixtureinfo", None)
-    for name in sorted(info.name2fixturedefs if info is not None else ()):
-        for fixturedef in info.name2fixturedefs[name]:
-            if fixturedef.scope in ("module", "session") and fixturedef.baseid.startswith("tests"):
-                return fixturedef.baseid
-    return None
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in shared_fixture_modules() else nodeid
+
+    return SharedFixtureScheduling(config, log)
 
 
 def _longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
     """The modules in the order that keeps both pytest-xdist workers busy to the end.
 
-    First the modules whose tests share one cluster (an ``xdist_group``: they run in a row on one
-    worker), then those with slow tests, then other multi-process ones, unit tests last (short
-    ones fill the gaps). A module's tests stay together and in their order, so its module-scoped
-    fixtures are set up once.
+    First the modules with a shared fixture (they run in a row on one worker), then those with
+    slow tests, then other multi-process ones, unit tests last (short ones fill the gaps). A
+    module's tests stay together and in their order, so its module-scoped fixtures are set up
+    once.
     """
 
     def rank(item: pytest.Item) -> int:
+        if item.nodeid.split("::", 1)[0] in shared_fixture_modules():
+            return 0
         marks = {m.name for m in item.iter_markers()}
-        return next((r for r, name in enumerate(("xdist_group", "slow", "multiprocess"))
-                     if name in marks), 3)
+        return next((r for r, name in enumerate(("slow", "multiprocess"), 1) if name in marks), 3)
 
     modules: dict[str, int] = {}
     for item in items:
