@@ -1,14 +1,21 @@
-"""Shared fixtures: a multi-process cluster runner and marker-based skips.
+"""Shared fixtures: a multi-process cluster runner, marker-based skips and the run's timing.
 
 Tests without a marker are treated as ``unit``. ``horovod`` tests skip (with the reason) when
-Horovod is not built; run ``bash launch/setup.sh`` to build it.
+Horovod is not built; run ``bash launch/setup.sh`` to build it. Every run ends with its wall time,
+the CPU cores and load it ran on, and its `SLOWEST` slowest tests (setup, call and teardown
+together) and modules, also under ``pytest -n 2`` (pytest-xdist), where the per-phase
+``--durations`` list mixes the two workers' phases.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+import re
 import sys
+import time
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +32,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TFDIST_LAUNCH_VERBOSE", "1")
 
 
+SLOWEST = 15
+_started = time.monotonic()
+_load_at_start = os.getloadavg()
+_seconds_by_test: defaultdict[str, float] = defaultdict(float)
+
+
 def _horovod_available() -> bool:
     return importlib.util.find_spec("horovod") is not None
 
@@ -37,6 +50,97 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.unit)
         if "horovod" in item.keywords and not have_horovod:
             item.add_marker(skip_horovod)
+    items[:] = _longest_first(items)
+
+
+_SHARED_FIXTURE = re.compile(r"@pytest\.fixture\(\s*scope=[\"'](module|session)[\"']")
+
+
+@functools.cache
+def shared_fixture_modules() -> frozenset[str]:
+    """The test modules (``tests/...py``, as in node ids) that define a module- or
+    session-scoped fixture: a cluster, or a job launched once and read by several tests."""
+    return frozenset(
+        path.relative_to(REPO_ROOT).as_posix() for path in (REPO_ROOT / "tests").rglob("test_*.py")
+        if _SHARED_FIXTURE.search(path.read_text(encoding="utf-8")))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup``, one worker per module that has a shared fixture, set up once.
+
+    pytest-xdist's own loadgroup (tests marked ``xdist_group``) does not group under pytest 9
+    (its node-id suffix is lost), so this scheduler groups by module: the tests of a module in
+    `shared_fixture_modules` form one unit, every other test is a unit of its own.
+    """
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in shared_fixture_modules() else nodeid
+
+    return SharedFixtureScheduling(config, log)
+
+
+def _longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The modules in the order that keeps both pytest-xdist workers busy to the end.
+
+    First the modules with a shared fixture (they run in a row on one worker), then those with
+    slow tests, then other multi-process ones, unit tests last (short ones fill the gaps). A
+    module's tests stay together and in their order, so its module-scoped fixtures are set up
+    once.
+    """
+
+    def rank(item: pytest.Item) -> int:
+        if item.nodeid.split("::", 1)[0] in shared_fixture_modules():
+            return 0
+        marks = {m.name for m in item.iter_markers()}
+        return next((r for r, name in enumerate(("slow", "multiprocess"), 1) if name in marks), 3)
+
+    modules: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        modules[module] = min(modules.get(module, 3), rank(item))
+    order = {module: position for position, module in
+             enumerate(sorted(modules, key=lambda module: modules[module]))}
+    return sorted(items, key=lambda item: order[item.nodeid.split("::", 1)[0]])
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _started, _load_at_start
+    _started, _load_at_start = time.monotonic(), os.getloadavg()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _seconds_by_test[report.nodeid] += report.duration
+
+
+def _loads(averages: tuple[float, float, float]) -> str:
+    return "/".join(f"{x:.1f}" for x in averages)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """The run's wall time, the machine's cores and load, and its slowest tests."""
+    wall = time.monotonic() - _started
+    write = terminalreporter.write_line
+    terminalreporter.section(f"wall time and the {SLOWEST} slowest tests")
+    workers = getattr(config.option, "numprocesses", None) or 1  # pytest-xdist's -n
+    write(f"wall time: {wall / 60:.1f} min ({wall:.0f} s) for {len(_seconds_by_test)} tests, "
+          f"{workers} pytest worker(s) on {os.cpu_count()} CPU cores; load average (1, 5, 15 "
+          f"min) at the start {_loads(_load_at_start)}, at the end {_loads(os.getloadavg())}")
+    slowest = sorted(_seconds_by_test.items(), key=lambda item: -item[1])[:SLOWEST]
+    for nodeid, seconds in slowest:
+        write(f"{seconds:8.1f} s  {nodeid}")
+    by_module: defaultdict[str, float] = defaultdict(float)
+    for nodeid, seconds in _seconds_by_test.items():
+        by_module[nodeid.split("::", 1)[0]] += seconds
+    write(f"the {SLOWEST} slowest modules (their tests' durations added up):")
+    for module, seconds in sorted(by_module.items(), key=lambda item: -item[1])[:SLOWEST]:
+        write(f"{seconds:8.1f} s  {module}")
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pytest
 
 from tfdist.bench import cli
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 
 HAVE_HOROVOD = importlib.util.find_spec("horovod") is not None
 

@@ -6,9 +6,12 @@ as released. Also: a missing peer ends startup with a named error."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,7 +19,7 @@ from parity_checks import REFERENCE_ATOL, assert_matches_reference, max_gap
 
 from tfdist.cluster import ClusterSpec, release_ports
 from tfdist.errors import TaskFailedError
-from tfdist.testing import run_tasks
+from tfdist.testing import run_cluster, run_tasks
 
 pytestmark = pytest.mark.multiprocess
 
@@ -27,11 +30,37 @@ FLAVOUR_ENV = {"keras3": {"TF_USE_LEGACY_KERAS": "0"}, "tf_keras": LEGACY}
 PER_REPLICA, STEPS = 4, 5
 
 
-@pytest.mark.parametrize("flavour", ["keras3", "tf_keras"])
-def test_workers_match_reference_and_save_once(cluster_runner, tmp_path, flavour):
+@dataclass
+class ParityRun:
+    """One 2-worker run of ``multi_worker_parity.py``: what each worker reported, the job's
+    directory (saves only) and the TensorBoard directory, kept apart from it."""
+
+    results: dict[str, Any]
+    out: Path
+    tensorboard: Path
+
+
+@pytest.fixture(scope="module", params=["keras3", "tf_keras"])
+def parity_run(request: pytest.FixtureRequest,
+               tmp_path_factory: pytest.TempPathFactory) -> ParityRun:
+    """The job, once per Keras flavour, read by the tests below (a launch costs two TensorFlow
+    start-ups); with a TensorBoard callback when the package is installed."""
+    out = tmp_path_factory.mktemp(f"multi-worker-{request.param}")
+    tensorboard = tmp_path_factory.mktemp(f"tensorboard-{request.param}") / "tb"
+    env = {"PYTHONPATH": str(REPO), **FLAVOUR_ENV[request.param]}
+    if importlib.util.find_spec("tensorboard") is not None:
+        env["TENSORBOARD_DIR"] = str(tensorboard)
     spec = ClusterSpec.local(workers=2)
-    results = cluster_runner(spec, SCRIPTS / "multi_worker_parity.py", str(tmp_path),
-                             timeout=150, env=FLAVOUR_ENV[flavour])
+    try:
+        results = run_cluster(spec, SCRIPTS / "multi_worker_parity.py", [str(out)], timeout=150,
+                              env=env)
+    finally:
+        release_ports(spec.ports())
+    return ParityRun(results, out, tensorboard)
+
+
+def test_workers_match_reference_and_save_once(parity_run):
+    results, tmp_path = parity_run.results, parity_run.out
     chief, other = results["worker:0"], results["worker:1"]
     assert (chief["is_chief"], other["is_chief"]) == (True, False)
     assert chief["num_workers"] == other["num_workers"] == chief["num_replicas"] == 2
@@ -60,14 +89,10 @@ def test_workers_match_reference_and_save_once(cluster_runner, tmp_path, flavour
         assert max_gap(result["predict"], chief["reference_predict"]) <= REFERENCE_ATOL
 
 
-@pytest.mark.parametrize("flavour", ["keras3", "tf_keras"])
-def test_tensorboard_callback_writes_the_chiefs_events(cluster_runner, tmp_path, flavour):
+def test_tensorboard_callback_writes_the_chiefs_events(parity_run):
     pytest.importorskip("tensorboard", reason="the tensorboard package is not installed "
                         "(TensorFlow 2.21 no longer depends on it)")
-    spec = ClusterSpec.local(workers=2)
-    cluster_runner(spec, SCRIPTS / "multi_worker_parity.py", str(tmp_path), timeout=150,
-                   env={**FLAVOUR_ENV[flavour], "TENSORBOARD": "1"})
-    events = list((tmp_path / "tb").rglob("events.out.tfevents.*"))
+    events = list(parity_run.tensorboard.rglob("events.out.tfevents.*"))
     assert events and all(e.stat().st_size > 0 for e in events), events
 
 

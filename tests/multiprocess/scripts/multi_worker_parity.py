@@ -6,8 +6,8 @@ of ``per_replica`` rows, so global batch ``k`` is rows ``[2k*B, (2k+2)*B)``, the
 the reference. ``evaluate`` and ``predict`` then run on the same sharded input.
 
 Callbacks: ``strategy.checkpoint_callback`` (a ``ModelCheckpoint`` of the weights that the chief
-alone writes, under either Keras) and, with ``TENSORBOARD=1``, every worker a
-``TensorBoard`` callback writing to its `write_path` (the chief: ``OUT_DIR/tb``).
+alone writes, under either Keras) and, with ``TENSORBOARD_DIR`` set, every worker a
+``TensorBoard`` callback writing to its `write_path` (the chief: ``TENSORBOARD_DIR``).
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ with strategy.scope():
 initial = model.get_weights()
 weights_file = os.path.join(out_dir, "fit.weights.h5")
 callbacks = [strategy.checkpoint_callback(weights_file, save_weights_only=True)]
-if os.environ.get("TENSORBOARD") == "1":
-    callbacks.append(keras.callbacks.TensorBoard(strategy.write_path(os.path.join(out_dir, "tb"))))
+if os.environ.get("TENSORBOARD_DIR"):
+    callbacks.append(keras.callbacks.TensorBoard(strategy.write_path(os.environ["TENSORBOARD_DIR"])))
 history = model.fit(
     strategy.distribute_dataset(dataset_fn), epochs=1, steps_per_epoch=STEPS, verbose=0,
     callbacks=callbacks,
