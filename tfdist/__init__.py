@@ -59,6 +59,8 @@ _LAZY = {
     "HorovodStrategy": "tfdist.strategies.horovod",
     "DistributedOptimizer": "tfdist.horovod",
     "fit": "tfdist.training",
+    "get_keras": "tfdist.core.flavour",
+    "keras_flavour": "tfdist.core.flavour",
     "is_evaluator": "tfdist.evaluator",
     "run_sidecar_evaluator": "tfdist.evaluator",
 }
