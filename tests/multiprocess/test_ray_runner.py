@@ -333,7 +333,9 @@ def _wait_for_nodes(python: list[str], address: str, count: int, env: dict[str, 
              "deadline = time.monotonic() + 60\n"
              f"while len([n for n in ray.nodes() if n['Alive']]) < {count}:\n"
              "    assert time.monotonic() < deadline, ray.nodes()\n    time.sleep(0.5)\n")
-    subprocess.run([*python, "-c", probe], env=env, check=True, capture_output=True, timeout=120)
+    done = subprocess.run([*python, "-c", probe], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, f"{count} Ray nodes did not join: {done.stdout}{done.stderr}"
 
 
 @pytest.fixture(scope="module")
@@ -359,9 +361,13 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, A
         address = _head_address(nodes[0], timeout=120)
         nodes.append(subprocess.Popen(hosts.exec_argv(1, [
             ray_bin, "start", "--address", address, "--node-ip-address", hosts.addresses[1],
-            *common]), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True))
-        _wait_for_nodes(hosts.exec_argv(0, [sys.executable]), address, 2, env)
+            *common]), env=env, stdout=(tmp / "node1.log").open("w"),
+            stderr=subprocess.STDOUT, start_new_session=True))
+        try:
+            _wait_for_nodes(hosts.exec_argv(0, [sys.executable]), address, 2, env)
+        except AssertionError as err:
+            raise AssertionError(f"{err}\nthe second node's output:\n"
+                                 f"{(tmp / 'node1.log').read_text()}") from None
         yield address, hosts
     finally:
         for node in reversed(nodes):

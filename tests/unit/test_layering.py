@@ -22,7 +22,7 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2] / "tfdist"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("tfdist.errors", "tfdist.options", "tfdist.paths", "tfdist.core"),  # TensorFlow-free, shared
+    ("tfdist.errors", "tfdist.options", "tfdist.paths", "tfdist.core", "tfdist.mesh"),  # TF-free
     ("tfdist.cluster", "tfdist.preemption"),  # cluster specs and TF_CONFIG: pure data
     ("tfdist.compat",),  # the Keras 3 shim table
     ("tfdist.pipeline", "tfdist.horovod", "tfdist.training"),  # what strategies are built from

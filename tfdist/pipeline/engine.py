@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from tfdist.pipeline import schedule as schedules
 from tfdist.pipeline import transport
-from tfdist.pipeline.groups import DATA, PIPE, ProcessGroup
+from tfdist.mesh import DATA, PIPE, ProcessGroup
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.transport import (
     ACTIVATION,

@@ -9,7 +9,7 @@ and this one process holding them all.
 
 The layout also answers "my group on this axis" (`group`: ``"pipe"``, the stages of my replica;
 ``"data"``, my stage's replicas), the pair of neighbours (`pair`) and the whole job (`world`),
-as `tfdist.pipeline.groups.ProcessGroup` objects: the transport asks it for every key.
+as `tfdist.mesh.ProcessGroup` objects: the transport asks it for every key.
 
 Example:
     >>> layout = PipelineLayout(processes=4, stages=2, rank=3)
@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.pipeline.groups import (
+from tfdist.mesh import (
     DATA,
     PIPE,
     Axis,

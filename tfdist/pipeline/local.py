@@ -12,7 +12,7 @@ Stage ``k``'s engine sees the pipeline as a job of K one-stage processes in whic
 itself has the layout of one process holding every stage (`LocalPipeline.layout`).
 
 Example:
-    >>> from tfdist.pipeline.groups import pair_group
+    >>> from tfdist.mesh import pair_group
     >>> from tfdist.pipeline.transport import ACTIVATION
     >>> mailbox = Mailbox()
     >>> sent = mailbox.link(pair_group(0, 1)).send("activation", ACTIVATION, micro_batch=2)
@@ -33,7 +33,7 @@ import tensorflow as tf
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.pipeline import schedule as schedules
 from tfdist.pipeline.engine import LossTerms, StageEngine
-from tfdist.pipeline.groups import ProcessGroup
+from tfdist.mesh import ProcessGroup
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.transport import EVALUATE, REDUCE, TRAIN
 

@@ -3,7 +3,7 @@
 With collective ops enabled on every process of the job (`enable_collectives`), a broadcast in a
 group of two (``broadcast_send_v2`` on one side, ``broadcast_recv_v2`` on the other) moves one
 tensor from one process to the other. Every function here takes its group as a
-`tfdist.pipeline.groups.ProcessGroup` (members, key, this process's rank), which the layout
+`tfdist.mesh.ProcessGroup` (members, key, this process's rank), which the layout
 hands out (`PipelineLayout.group`, `pair`, `world`); this module makes no group key itself. It
 makes the instance keys, unique within a group:
 
@@ -20,7 +20,7 @@ receiver waiting forever. Callers tie every send to the step's outputs
 Example:
     >>> instance_key(GRADIENT, micro_batch=1, index=0)
     33558528
-    >>> from tfdist.pipeline.groups import pair_group
+    >>> from tfdist.mesh import pair_group
     >>> link = Link(pair_group(3, 2))
     >>> link.rank, link.peer, link.group.key
     (3, 2, 1056771)
@@ -36,7 +36,7 @@ import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
 from tfdist.cluster import ClusterSpec, Task
-from tfdist.pipeline.groups import ProcessGroup
+from tfdist.mesh import ProcessGroup
 
 __all__ = [
     "ACTIVATION",

@@ -48,7 +48,7 @@ from tfdist.pipeline.config import (
     STAGES_ENV,
     PipelineConfig,
 )
-from tfdist.pipeline.groups import DATA, ProcessGroup
+from tfdist.mesh import DATA, ProcessGroup
 from tfdist.pipeline.keras_model import (
     apply_step,
     mean_loss,
