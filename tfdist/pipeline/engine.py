@@ -36,9 +36,9 @@ from typing import Any, Protocol
 
 import tensorflow as tf
 
-from tfdist.pipeline import schedule as schedules
-from tfdist.pipeline import transport
 from tfdist.mesh import DATA, PIPE, ProcessGroup
+from tfdist.pipeline import gradients, transport
+from tfdist.pipeline import schedule as schedules
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.transport import (
     ACTIVATION,
@@ -56,14 +56,6 @@ __all__ = ["PipelineEngine", "StageEngine", "StageStep", "LossTerms"]
 LossFn = Callable[[Any, Any, Any], Any]
 TERMS_INDEX = 1
 """The carried loss terms travel as tensor 1 of micro-batch 0's ACTIVATION transfer."""
-
-
-def _accumulate(sums: list[Any], gradients: Sequence[Any]) -> None:
-    """Adds ``gradients`` into ``sums`` in place (None: no gradient, left as it is)."""
-    for i, g in enumerate(gradients):
-        if g is not None:
-            g = tf.convert_to_tensor(g)
-            sums[i] = g if sums[i] is None else sums[i] + g
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,7 +286,7 @@ class StageEngine:
             value = step.terms.weights()
         if value is None:
             return []
-        _accumulate(step.grads, tape.gradient(value, step.variables))
+        gradients.accumulate(step.grads, tape.gradient(value, step.variables))
         return [value]
 
     def _added(self, terms: LossTerms | None) -> Any | None:
@@ -360,7 +352,7 @@ class StageEngine:
                 targets.append(step.added[m])
                 heads.append(tf.ones_like(step.added[m]))
             result = tape.gradient(targets, sources, output_gradients=heads)
-        _accumulate(grads, result[:len(variables)])
+        gradients.accumulate(grads, result[:len(variables)])
         if layout.is_first:
             done = [g for g in grads if g is not None]
             return tf.group(done) if done else tf.no_op()
@@ -409,9 +401,10 @@ class StageEngine:
     # ----------------------------------------------------------------- replicas
     def average_over_replicas(self, tensors: Sequence[Any], kind: int = REDUCE,
                               phase: int = TRAIN) -> list[Any]:
-        """The mean of each tensor over this stage's D replicas (identity when D = 1)."""
-        return transport.all_reduce_mean(tensors, group=self.layout.group(DATA), kind=kind,
-                                         phase=phase, timeout=self.timeout)
+        """The mean of each tensor over this stage's D replicas (identity when D = 1); an
+        ``IndexedSlices`` stays one, with every replica's rows (`gradients.average_over_group`)."""
+        return gradients.average_over_group(tensors, self.layout.group(DATA), kind, phase,
+                                            self.timeout)
 
     def share(self, values: Any | None, shape: Any, dtype: Any, index: int = 0,
               phase: int = TRAIN) -> Any:

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from tfdist.core.flavour import flavour_of, get_keras
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.pipeline import keras_compat
+from tfdist.pipeline import keras_compat, optimizers
 from tfdist.pipeline.engine import LossTerms, PipelineEngine
 from tfdist.pipeline.transport import EVALUATE, METRICS, PREDICT, TRAIN
 
@@ -125,7 +125,7 @@ def apply_step(model: Any, engine: PipelineEngine, optimizer: Any, x: Any, y: An
     variables = list(model.trainable_variables)
     total, grads, outs = engine.train(model.stage_calls(training=True), model.stage_variables(),
                                       x, y, loss, sample_weight, model.stage_loss_terms())
-    optimizer.apply_gradients(zip(engine.average_over_replicas(grads), variables, strict=True))
+    optimizers.apply_gradients(optimizer, engine, grads, variables)
     return total, outs
 
 
@@ -201,6 +201,7 @@ class _StageModelMixin:
         """Lets an optimizer made outside ``strategy.scope()`` create its slots in ``fit``: a
         stage's variables are plain, so where the optimizer was made does not matter."""
         keras_compat.bind_unbuilt_optimizer(self.optimizer, self._pipeline)  # type: ignore[attr-defined]
+        self._pipeline.check_optimizer(self.optimizer)  # type: ignore[attr-defined]
 
     @property
     def metrics(self) -> list[Any]:
@@ -360,6 +361,7 @@ class _LocalStagesMixin(_StageModelMixin):
         """Builds the optimizer now, eagerly: its slots then sit with their variables, on each
         stage's device (built inside ``fit``, they would not)."""
         optimizer = self.optimizer  # type: ignore[attr-defined]
+        self._pipeline.check_optimizer(optimizer)
         keras_compat.bind_unbuilt_optimizer(optimizer, tf.distribute.get_strategy())
         optimizer.build(self.trainable_variables)  # type: ignore[attr-defined]
 

@@ -39,8 +39,9 @@ import tensorflow as tf
 from tfdist.core import flavour
 from tfdist.core import traits as builtin
 from tfdist.errors import StrategyConfigError, format_error
+from tfdist.mesh import DATA, ProcessGroup
 from tfdist.options import check_positive_number
-from tfdist.pipeline import stage, transport
+from tfdist.pipeline import optimizers, stage, transport
 from tfdist.pipeline.config import (
     LAYER_COSTS_ENV,
     MICRO_BATCHES_ENV,
@@ -48,7 +49,6 @@ from tfdist.pipeline.config import (
     STAGES_ENV,
     PipelineConfig,
 )
-from tfdist.mesh import DATA, ProcessGroup
 from tfdist.pipeline.keras_model import (
     apply_step,
     mean_loss,
@@ -298,6 +298,7 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         keras = flavour.get_keras(flavour.flavour_of(model))
         loss_fn = mean_loss(keras.losses.get(loss))
         engine = model._engine  # noqa: SLF001
+        self.check_optimizer(optimizer)
 
         @tf.function
         def step(x: Any, y: Any, sample_weight: Any = None) -> Any:
@@ -312,6 +313,11 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
             return engine.share(value, [], tf.float32, 0, transport.CUSTOM)
 
         return step
+
+    def check_optimizer(self, optimizer: Any) -> None:
+        """Raises before training for an optimizer option the pipeline cannot apply as one
+        device would (`tfdist.pipeline.optimizers`: which options are exact, which refused)."""
+        optimizers.check_optimizer(optimizer, spans_processes=not self.layout.holds_all)
 
     def stage_report(self) -> dict[str, Any]:
         """What this stage holds: layers and parameter bytes, against the whole model."""
