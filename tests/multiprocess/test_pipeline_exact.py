@@ -28,6 +28,11 @@ def run_cases(cluster_runner, micro_batches, schedule, cases, flavour="keras3", 
     return results
 
 
+def is_exact(result):
+    return ("refused" not in result and result["moved"] > 1e-2
+            and result["gap"] <= PARITY_ATOL and result["loss_gap"] <= PARITY_ATOL)
+
+
 def assert_exact(result):
     assert "refused" not in result, result
     assert result["moved"] > 1e-2, "training did not move the weights"
@@ -49,3 +54,30 @@ def test_adam_with_an_embedding_matches_one_process(cluster_runner, micro_batche
         assert_exact(chief["cases"][case])
     if flavour == "keras3":  # the control: a densified gradient is measurably different
         assert chief["dense_gap"] > 1e-3
+
+
+KERAS3_EXACT = ["adam:clipnorm=0.05", "adam:clipvalue=0.002", "adam:global_clipnorm=0.05",
+                "adamw:weight_decay=0.5:exclude=bias,emb", "adam:use_ema=1:ema_momentum=0.5",
+                "adam:gradient_accumulation_steps=2"]
+TF_KERAS_EXACT = ["adam:clipnorm=0.05", "adam:clipvalue=0.002", "adam:global_clipnorm=0.05",
+                  "adamw:weight_decay=0.5:exclude=bias,emb", "adam:use_ema=1:ema_momentum=0.5"]
+REFUSED = {  # case -> the option the refusal names
+    "adam:loss_scale=1": "LossScaleOptimizer",
+    "adam:loss_scale_factor=8": "loss_scale_factor",
+    "adam:global_clipnorm=0.05:gradient_accumulation_steps=2": "gradient_accumulation_steps",
+}
+SABOTAGE = "adam:global_clipnorm=0.05:local_norm=1"  # last: its patch stays
+
+
+@pytest.mark.parametrize("flavour", ["keras3", "tf_keras"])
+def test_each_optimizer_option_matches_one_process_or_is_refused(cluster_runner, flavour):
+    exact = KERAS3_EXACT if flavour == "keras3" else TF_KERAS_EXACT
+    refused = REFUSED if flavour == "keras3" else {"adam:loss_scale=1": "LossScaleOptimizer"}
+    results = run_cases(cluster_runner, 2, "1f1b", [*exact, *refused, SABOTAGE], flavour)
+    for rank, result in results.items():
+        for case, option in refused.items():  # on every process, before any step
+            assert option in result["cases"][case].get("refused", ""), (rank, case)
+    cases = results["worker:0"]["cases"]
+    assert not [case for case in exact if not is_exact(cases[case])], cases
+    # The global norm is the whole model's: with each stage's own norm the weights differ.
+    assert cases[SABOTAGE]["gap"] > 1e-3

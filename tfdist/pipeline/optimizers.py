@@ -24,8 +24,8 @@ Example:
     Traceback (most recent call last):
     ...
     tfdist.errors.StrategyConfigError: The pipeline cannot apply loss_scale_factor=8.0 as one \
-device would. Received: loss_scale_factor=8.0 (Adam). Expected: an optimizer without it. Fix: \
-leave loss_scale_factor unset (float32 training needs no loss scaling)
+device would. Received: loss_scale_factor=8.0 (Adam). Expected: an optimizer without \
+loss_scale_factor. Fix: leave loss_scale_factor unset (float32 training needs no loss scaling)
 """
 
 from __future__ import annotations

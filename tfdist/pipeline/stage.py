@@ -138,7 +138,7 @@ def describe_model(model_or_fn: Any | Callable[[], Any]) -> ModelSpec:
 def split_model(
     model_or_fn: Any, stages: int, micro_batches: int = 1,
     split_points: Sequence[str] | None = None,
-    layer_costs: Sequence[float] | None = None,
+    layer_costs: Sequence[float] | None = None, batch_norm: str = "refuse",
 ) -> tuple[ModelSpec, tuple[int, ...]]:
     """Describes a model (without weights for a build function) and splits it into ``stages``.
 
@@ -180,7 +180,8 @@ def split_model(
     else:
         bounds = partition.balanced_bounds([max(p, 1) for p in spec.params], stages)
     partition.check_edges(spec.edges, bounds, spec.names)
-    partition.check_layer_classes(spec.classes, spec.names, micro_batches)
+    if batch_norm == "refuse":  # else the explicit opt-in (`PipelineConfig.batch_norm`)
+        partition.check_layer_classes(spec.classes, spec.names, micro_batches)
     if micro_batches > 1:
         partition.check_added_losses([added_loss(spec, i) for i in range(len(spec.names))],
                                      spec.names, micro_batches)

@@ -39,9 +39,9 @@ import tensorflow as tf
 from tfdist.core import flavour
 from tfdist.core import traits as builtin
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.mesh import DATA, ProcessGroup
+from tfdist.mesh import DATA, PIPE, ProcessGroup
 from tfdist.options import check_positive_number
-from tfdist.pipeline import optimizers, stage, transport
+from tfdist.pipeline import batch_norm, optimizers, stage, transport
 from tfdist.pipeline.config import (
     LAYER_COSTS_ENV,
     MICRO_BATCHES_ENV,
@@ -111,6 +111,9 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         devices: One local device per stage, to hold all K stages in this one process
             (``["/gpu:0", "/gpu:1"]``). None: in a single process with K > 1, the first K GPUs,
             else the first K logical CPUs; in a multi-process job, one stage per process.
+        batch_norm: ``"refuse"`` (default: a BatchNormalization anywhere in the model, nested
+            ones included, is refused when M > 1) or ``"per_micro_batch"`` (GPipe's
+            per-micro-batch statistics, an explicit opt-in).
 
     Attributes:
         config: The settings above, validated (`tfdist.pipeline.config.PipelineConfig`).
@@ -142,11 +145,12 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         startup_timeout_seconds: float | None = None,
         tf_config: str | Mapping[str, Any] | None = None,
         devices: Sequence[str] | None = None,
+        batch_norm: str | None = None,
     ) -> None:
         self.config = PipelineConfig.from_env(
             stages=stages, micro_batches=micro_batches, schedule=schedule,
             split_points=split_points, layer_costs=layer_costs, timeout=timeout_seconds,
-            devices=devices)
+            devices=devices, batch_norm=batch_norm)
         deadline = check_positive_number(
             "startup_timeout_seconds", resolve_startup_timeout(startup_timeout_seconds))
         self._check_keras()
@@ -241,7 +245,8 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
                 (skip connections), or a layer the pipeline cannot train exactly.
         """
         return stage.split_model(model_or_fn, self.stages, self.micro_batches,
-                                 self.config.split_points, self.config.layer_costs)
+                                 self.config.split_points, self.config.layer_costs,
+                                 self.config.batch_norm)
 
     def build_model(self, model_or_fn: Any) -> Any:
         """This process's stage of the model, ready to ``compile`` and ``fit``.
@@ -258,6 +263,8 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         spec, bounds = self.plan_stages(model_or_fn)
         self.spec, self.bounds = spec, bounds
         model = self.mode.build(spec, bounds, self)
+        batch_norm.check_stage(model, self.micro_batches, self.config.batch_norm,
+                               self.layout.group(PIPE), self.timeout)
         held = self.layout.held
         if hasattr(model_or_fn, "layers"):
             model.set_weights([w for k in held

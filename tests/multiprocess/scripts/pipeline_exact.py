@@ -4,7 +4,8 @@ the whole model on the same global batches (the chief computes the reference), o
 
 Args: ``steps micro_batches schedule case [case ...]``. A case is an optimizer name and its
 options, ``adam``, ``adam:clipnorm=0.05``, ``adam:weight_decay=0.1:exclude=out``,
-``adam:loss_scale=1``... (see `make_optimizer`). Stage 0 is the embedding (its gradient an
+``adam:loss_scale=1``... (see `make_optimizer`); ``local_norm=1`` breaks the mechanism under test
+for that case (each stage clips by its own gradients' norm: the sabotage of ``global_clipnorm``). Stage 0 is the embedding (its gradient an
 ``IndexedSlices`` with repeated rows: a small vocabulary), stage 1 the dense layers.
 
 With ``--dense-control`` the chief also trains the reference with the embedding's gradient
@@ -54,6 +55,8 @@ def make_optimizer(keras, case):
             exclude = value.split(",")
         elif key == "loss_scale":
             loss_scale = True
+        elif key == "local_norm":
+            continue
         else:
             kwargs[key] = value in ("1", "true") if key == "use_ema" else (
                 int(value) if key == "gradient_accumulation_steps" else float(value))
@@ -81,7 +84,19 @@ def fit_reference(keras, initial, x, y, case, densify=False):
     return [w.tolist() for w in model.get_weights()], history.history["loss"]
 
 
+def stage_local_norm():
+    """Each stage's own gradients' norm instead of the whole model's (the sabotage)."""
+    import tensorflow as tf
+
+    from tfdist.pipeline import optimizers
+
+    optimizers.global_norm_across_stages = lambda grads, engine: tf.sqrt(
+        optimizers._squared_sum(grads))
+
+
 def run_case(keras, strategy, initial, x, y, case):
+    if "local_norm=1" in case:
+        stage_local_norm()
     whole = build(keras)
     whole.set_weights(initial)
     model = strategy.build_model(whole)
