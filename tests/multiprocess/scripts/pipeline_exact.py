@@ -4,9 +4,10 @@ the whole model on the same global batches (the chief computes the reference), o
 
 Args: ``steps micro_batches schedule case [case ...]``. A case is an optimizer name and its
 options, ``adam``, ``adam:clipnorm=0.05``, ``adam:weight_decay=0.1:exclude=out``,
-``adam:loss_scale=1``... (see `make_optimizer`); ``local_norm=1`` breaks the mechanism under test
-for that case (each stage clips by its own gradients' norm: the sabotage of ``global_clipnorm``). Stage 0 is the embedding (its gradient an
-``IndexedSlices`` with repeated rows: a small vocabulary), stage 1 the dense layers.
+``adam:loss_scale=1``... (see `make_optimizer`); ``local_norm=1`` breaks the mechanism under
+test for that case (each stage clips by its own gradients' norm: the sabotage of
+``global_clipnorm``). Stage 0 is the embedding (its gradient an ``IndexedSlices`` with repeated
+rows: a small vocabulary), stage 1 the dense layers.
 
 With ``--dense-control`` the chief also trains the reference with the embedding's gradient
 densified (what the pipeline did before): it must differ from the reference, or the cases could
