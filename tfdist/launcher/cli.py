@@ -66,10 +66,14 @@ def parse_args(argv: Sequence[str] | None = None) -> Launch:
     """Parses ``argv`` into typed options and plans the job (`plan_job`, once); exits with status
     2 and a one-line message when invalid.
 
-    Problems are named in this order: ``--export`` and ``--ray`` arguments, an unknown strategy,
+    Problems are named in this order: the ``TFDIST_LAUNCH_*`` variables
+    (`arguments.environment_problem`), ``--export`` and ``--ray`` arguments, an unknown strategy,
     the job's own arguments, the tasks' layout for the strategy, the ``--hosts`` arguments.
     """
     parser = build_parser()
+    problem = arguments.environment_problem(parser)
+    if problem:
+        parser.error(problem)
     args = parser.parse_args(argv)
     if args.check:
         return Launch(None, dry_run=args.dry_run, check=True)
