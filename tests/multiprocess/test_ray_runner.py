@@ -457,3 +457,35 @@ def test_an_evaluator_is_a_sidecar(ray_cluster, tmp_path):
     assert "[worker:0] worker:0 trained" in out and "[worker:1]" not in out  # the default view
     assert "output of worker:1 hidden unless it fails (--verbose shows it)" in out
     assert "job finished: 3 task(s) succeeded" in out
+
+
+@pytest.mark.parametrize("listener", ["refused", "silent"])
+def test_an_address_where_no_ray_answers_fails_within_the_deadline(listener, tmp_path):
+    # Ray's own ray.init waits for ever (420 s seen) on a port where nothing answers: the
+    # launcher names the address within --ray-gang-timeout.
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("ray is not installed")
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    if listener == "silent":
+        server.listen()  # accepts connections and never speaks
+    else:
+        server.close()  # nothing listens: refused
+    script = tmp_path / "train.py"
+    script.write_text("print('never runs')\n")
+    started = time.monotonic()
+    try:
+        done = subprocess.run([*LAUNCH, "--ray", f"127.0.0.1:{port}", "--ray-gang-timeout", "4",
+                               "--workers", "2", str(script)], env={**os.environ,
+                              "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                              timeout=90)
+    finally:
+        server.close()
+    took = time.monotonic() - started
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"Cannot reach the Ray cluster at --ray 127.0.0.1:{port} within 4 s" in done.stderr
+    assert "never runs" not in done.stdout
+    assert took < 4 + 15, took  # the deadline, plus importing ray and exiting

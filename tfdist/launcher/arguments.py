@@ -302,7 +302,8 @@ def _add_ray_arguments(parser: argparse.ArgumentParser) -> None:
                        help="SPREAD (default): tasks over as many nodes as have room; PACK: "
                        "fill a node first")
     group.add_argument("--ray-gang-timeout", type=float, default=60.0, metavar="SECONDS",
-                       help="seconds to wait for the gang's resources and actors (default 60)")
+                       help="seconds to wait for the cluster to answer, the gang's resources and "
+                       "its actors (default 60)")
 
 
 def job_options(args: argparse.Namespace) -> JobOptions:
