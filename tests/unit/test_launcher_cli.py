@@ -225,3 +225,22 @@ def test_plan_job_decides_auto_workers_and_layout_once_for_python_callers(script
     assert staged.strategy == "pipeline" and staged.env["TFDIST_PIPELINE_STAGES"] == "2"
     with pytest.raises(LayoutError, match="need a multi-process strategy"):
         plan_job(JobOptions(script, strategy="default", hosts=HostOptions(hosts="n9:1")))
+
+
+def test_a_malformed_tf_config_in_the_launchers_environment_is_refused(script, monkeypatch, capsys):
+    monkeypatch.setenv("TF_CONFIG", "{bad json")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--strategy", "default", script])  # once failed late, in the task
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "In tfdist-launch's own environment: TF_CONFIG is not a JSON object" in err
+    assert "Received: '{bad json'" in err and "Fix: unset TF_CONFIG" in err
+
+
+def test_the_launchers_own_tf_config_reaches_no_task(script, monkeypatch, capsys):
+    monkeypatch.setenv("TF_CONFIG", json.dumps(
+        {"cluster": {"worker": ["localhost:1", "localhost:2"]}, "task": {"type": "worker"}}))
+    (single,) = _dry_run(capsys, ["--strategy", "default", script])
+    assert single["tf_config"] is None and single["unset_env"] == ["TF_CONFIG"]
+    for task in _dry_run(capsys, ["--workers", "2", script]):  # each gets its own
+        assert task["tf_config"]["cluster"]["worker"] != ["localhost:1", "localhost:2"]
