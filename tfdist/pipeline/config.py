@@ -107,6 +107,9 @@ class PipelineConfig:
             included) gets when M > 1: ``"refuse"`` (the default: its statistics would be per
             micro-batch, unlike one device) or ``"per_micro_batch"`` (GPipe's behaviour: each
             micro-batch normalised by its own statistics, moving averages updated M times).
+        arithmetic_optimization: Keep Grappler's arithmetic optimizer on in stage processes
+            (False: off, else the last stage keeps every micro-batch's gradients to the end
+            of the step; measured in docs/strategies/pipeline.md).
 
     Raises:
         StrategyConfigError: a value of the wrong type or range; the message names it, what
@@ -129,6 +132,7 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
     timeout: float | None = None
     devices: tuple[str, ...] | None = None
     batch_norm: str = "refuse"
+    arithmetic_optimization: bool = False
 
     def __post_init__(self) -> None:
         check_stages(self.stages)
@@ -170,6 +174,7 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
         timeout: float | None = None,
         devices: Sequence[str] | None = None,
         batch_norm: str | None = None,
+        arithmetic_optimization: bool | None = None,
     ) -> PipelineConfig:
         """The config of the given arguments; one left None comes from the launcher's variable
         in ``environ`` (default ``os.environ``), else its default.
@@ -186,7 +191,8 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
         }
         given = {"stages": stages, "micro_batches": micro_batches, "schedule": schedule,
                  "split_points": split_points, "layer_costs": layer_costs, "timeout": timeout,
-                 "devices": devices, "batch_norm": batch_norm}
+                 "devices": devices, "batch_norm": batch_norm,
+                 "arithmetic_optimization": arithmetic_optimization}
         chosen = {name: value if value is not None else read.get(name)
                   for name, value in given.items()}
         return cls(**{name: value for name, value in chosen.items() if value is not None})
