@@ -1,6 +1,7 @@
 """The pipeline gives one device's result for optimizers that see the gradients' form and all of
 them at once (real processes, K=2): Adam with an Embedding (its gradient an ``IndexedSlices``
-with repeated rows; densifying it, the control, changes Keras 3's result), and every Keras
+with repeated rows; densifying it, the control, changes Keras 3's result), also with activation
+recomputation, and every Keras
 optimizer option either matches one process or is refused before training, naming the option."""
 
 from __future__ import annotations
@@ -40,15 +41,17 @@ def assert_exact(result):
     assert result["loss_gap"] <= PARITY_ATOL, result
 
 
-@pytest.mark.parametrize("micro_batches, schedule, flavour", [
-    (1, "gpipe", "keras3"),
-    (4, "1f1b", "keras3"),
-    (4, "gpipe", "tf_keras"),
+@pytest.mark.parametrize("micro_batches, schedule, flavour, recompute", [
+    (1, "gpipe", "keras3", False),
+    (4, "1f1b", "keras3", False),
+    (4, "gpipe", "tf_keras", False),
+    (4, "1f1b", "keras3", True),
 ])
 def test_adam_with_an_embedding_matches_one_process(cluster_runner, micro_batches, schedule,
-                                                    flavour):
+                                                    flavour, recompute):
+    extra = ["--dense-control"] if flavour == "keras3" else []
     results = run_cases(cluster_runner, micro_batches, schedule, ["adam", "sgd"], flavour,
-                        ["--dense-control"] if flavour == "keras3" else [])
+                        extra + (["--recompute"] if recompute else []))
     chief = results["worker:0"]
     for case in ("adam", "sgd"):
         assert_exact(chief["cases"][case])

@@ -110,6 +110,8 @@ class PipelineConfig:
         arithmetic_optimization: Keep Grappler's arithmetic optimizer on in stage processes
             (False: off, else the last stage keeps every micro-batch's gradients to the end
             of the step; measured in docs/strategies/pipeline.md).
+        recompute: Keep only the stage inputs of micro-batches in flight and run each
+            stage's forward again in its backward (activation recomputation).
 
     Raises:
         StrategyConfigError: a value of the wrong type or range; the message names it, what
@@ -133,6 +135,7 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
     devices: tuple[str, ...] | None = None
     batch_norm: str = "refuse"
     arithmetic_optimization: bool = False
+    recompute: bool = False
 
     def __post_init__(self) -> None:
         check_stages(self.stages)
@@ -175,6 +178,7 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
         devices: Sequence[str] | None = None,
         batch_norm: str | None = None,
         arithmetic_optimization: bool | None = None,
+        recompute: bool | None = None,
     ) -> PipelineConfig:
         """The config of the given arguments; one left None comes from the launcher's variable
         in ``environ`` (default ``os.environ``), else its default.
@@ -192,7 +196,7 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
         given = {"stages": stages, "micro_batches": micro_batches, "schedule": schedule,
                  "split_points": split_points, "layer_costs": layer_costs, "timeout": timeout,
                  "devices": devices, "batch_norm": batch_norm,
-                 "arithmetic_optimization": arithmetic_optimization}
+                 "arithmetic_optimization": arithmetic_optimization, "recompute": recompute}
         chosen = {name: value if value is not None else read.get(name)
                   for name, value in given.items()}
         return cls(**{name: value for name, value in chosen.items() if value is not None})

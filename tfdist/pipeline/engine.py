@@ -159,6 +159,9 @@ class StageEngine:
         connect: Makes the link ``connect(pair, timeout)`` to a neighbour from the pair's
             group (`PipelineLayout.pair`): `Link` (collectives between processes), or an
             in-process mailbox's (`tfdist.pipeline.local`).
+        recompute: Keep only each micro-batch's stage input between its forward and its
+            backward, which runs the stage again under a tape (GPipe's re-materialisation):
+            less activation memory for one more forward per micro-batch.
     """
 
     layout: PipelineLayout
@@ -170,6 +173,7 @@ class StageEngine:
     schedule: str = "gpipe"
     timeout: float = 0.0
     connect: Callable[[ProcessGroup, float], Any] = Link
+    recompute: bool = False
 
     # ----------------------------------------------------------------- links
     @property
@@ -316,23 +320,39 @@ class StageEngine:
         return self.previous.recv(self._shape(rows, self.input_shape),  # type: ignore[union-attr]
                                   self.input_dtype, ACTIVATION, m, phase=phase)
 
+    def _run(self, step: StageStep, m: int, inp: Any) -> Any:
+        """Runs the stage on micro-batch ``m``'s input (and, on the last stage, its loss)."""
+        out = step.call(inp)
+        added = self._added(step.terms)
+        if added is not None:
+            step.added[m] = added
+        if self.layout.is_last:
+            weight = None if step.weights is None else step.weights[m]
+            step.losses[m] = step.loss_fn(step.ys[m], out, weight) / self.micro_batches
+            if added is not None:
+                step.losses[m] += tf.cast(added, step.losses[m].dtype)
+        return out
+
+    def _taped(self, step: StageStep, m: int, inp: Any) -> tuple[Any, Any]:
+        """`_run` under a tape that watches the input (unless stage 0): ``(tape, output)``."""
+        tape = tf.GradientTape(persistent=False)
+        with tape:
+            if not self.layout.is_first:
+                tape.watch(inp)
+            out = self._run(step, m, inp)
+        return tape, out
+
     def _forward_op(self, step: StageStep, m: int) -> Any:
         layout = self.layout
         inp = self._input(m, step.rows, step.xs, TRAIN)
-        tape = tf.GradientTape(persistent=False)
-        with tape:
-            if not layout.is_first:
-                tape.watch(inp)
-            out = step.call(inp)
-            added = self._added(step.terms)
-            if added is not None:
-                step.added[m] = added
+        step.inputs[m] = inp
+        if self.recompute:  # keep the input only; the backward runs the stage again
+            out = self._run(step, m, inp)
             if layout.is_last:
-                weight = None if step.weights is None else step.weights[m]
-                step.losses[m] = step.loss_fn(step.ys[m], out, weight) / self.micro_batches
-                if added is not None:
-                    step.losses[m] += tf.cast(added, step.losses[m].dtype)
-        step.tapes[m], step.inputs[m], step.outputs[m] = tape, inp, out
+                step.outputs[m] = out
+        else:
+            step.tapes[m], out = self._taped(step, m, inp)
+            step.outputs[m] = out
         if layout.is_last:
             return step.losses[m]
         step.sends.append(self.next.send(out, ACTIVATION, m))  # type: ignore[union-attr]
@@ -341,13 +361,16 @@ class StageEngine:
     def _backward_op(self, step: StageStep, m: int) -> Any:
         layout, variables, grads = self.layout, step.variables, step.grads
         sources = variables if layout.is_first else [*variables, step.inputs[m]]
-        tape = step.tapes.pop(m)
+        if self.recompute:
+            tape, output = self._taped(step, m, step.inputs[m])
+        else:
+            tape, output = step.tapes.pop(m), step.outputs[m]
         if layout.is_last:
             result = tape.gradient(step.losses[m], sources)
         else:
             upstream = self.next.recv(  # type: ignore[union-attr]
                 self._shape(step.rows, self.output_shape), self.output_dtype, GRADIENT, m)
-            targets, heads = [step.outputs[m]], [upstream]
+            targets, heads = [output], [upstream]
             if m in step.added:
                 targets.append(step.added[m])
                 heads.append(tf.ones_like(step.added[m]))

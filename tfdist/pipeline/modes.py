@@ -75,7 +75,7 @@ def stage_engine(config: PipelineConfig, spec: stage.ModelSpec, bounds: tuple[in
         layout=layout, input_shape=spec.shapes[start], input_dtype=spec.dtypes[start],
         output_shape=spec.shapes[stop], output_dtype=spec.dtypes[stop],
         micro_batches=config.micro_batches, schedule=config.schedule,
-        timeout=config.timeout or 0.0)
+        timeout=config.timeout or 0.0, recompute=config.recompute)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -132,6 +132,8 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         arithmetic_optimization: Keep Grappler's arithmetic optimizer on in a stage process
             (default False: with it on, the last stage kept every micro-batch's gradients
             until the end of the step; see ``_keep_micro_batch_gradients_apart``).
+        recompute: Keep only each micro-batch's stage input until its backward, which runs
+            the stage's forward again (activation recomputation: less memory, one more forward).
 
     Attributes:
         config: The settings above, validated (`tfdist.pipeline.config.PipelineConfig`).
@@ -165,12 +167,13 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         devices: Sequence[str] | None = None,
         batch_norm: str | None = None,
         arithmetic_optimization: bool = False,
+        recompute: bool = False,
     ) -> None:
         self.config = PipelineConfig.from_env(
             stages=stages, micro_batches=micro_batches, schedule=schedule,
             split_points=split_points, layer_costs=layer_costs, timeout=timeout_seconds,
             devices=devices, batch_norm=batch_norm,
-            arithmetic_optimization=arithmetic_optimization)
+            arithmetic_optimization=arithmetic_optimization, recompute=recompute)
         deadline = check_positive_number(
             "startup_timeout_seconds", resolve_startup_timeout(startup_timeout_seconds))
         self._check_keras()

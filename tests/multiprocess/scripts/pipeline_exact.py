@@ -9,7 +9,8 @@ test for that case (each stage clips by its own gradients' norm: the sabotage of
 ``global_clipnorm``). Stage 0 is the embedding (its gradient an ``IndexedSlices`` with repeated
 rows: a small vocabulary), stage 1 the dense layers.
 
-With ``--dense-control`` the chief also trains the reference with the embedding's gradient
+With ``--recompute`` the stages recompute their activations in the backward. With
+``--dense-control`` the chief also trains the reference with the embedding's gradient
 densified (what the pipeline did before): it must differ from the reference, or the cases could
 not tell a sparse-exact pipeline from a densifying one.
 """
@@ -114,7 +115,7 @@ def main(argv):
     cases = [a for a in argv[3:] if not a.startswith("--")]
     keras = flavour.get_keras()
     strategy = tfdist.get_strategy("auto", micro_batches=micro_batches, schedule=schedule,
-                                   split_points=["d0"])
+                                   split_points=["d0"], recompute="--recompute" in argv)
     keras.utils.set_random_seed(1)
     initial = [w.copy() for w in build(keras).get_weights()]
     x, y = data(steps)
