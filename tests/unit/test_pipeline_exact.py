@@ -15,7 +15,7 @@ import tensorflow as tf
 from tfdist.core import flavour
 from tfdist.errors import StrategyConfigError
 from tfdist.mesh import ProcessGroup
-from tfdist.pipeline import batch_norm, gradients, optimizers
+from tfdist.pipeline import batch_norm, gradients, optimizers, schedule
 from tfdist.pipeline.config import PipelineConfig
 from tfdist.strategies.pipeline import PipelineStrategy
 
@@ -171,3 +171,28 @@ def test_recomputation_trains_as_keeping_the_activations(schedule):
         trained.append(model.get_weights())
     assert max(np.max(np.abs(a - b)) for a, b in zip(*trained, strict=True)) < 1e-6
     assert max(np.max(np.abs(a - b)) for a, b in zip(trained[1], initial, strict=True)) > 1e-2
+
+
+@pytest.mark.parametrize("stages, micro_batches, chunks", [
+    (2, 2, 2), (2, 4, 2), (2, 8, 2), (3, 6, 2), (4, 8, 3), (4, 4, 1), (2, 4, 1)])
+def test_interleaved_1f1b_runs_every_op_once_with_the_smaller_bubble(stages, micro_batches,
+                                                                      chunks):
+    plans = [schedule.interleaved(stages, micro_batches, k, chunks) for k in range(stages)]
+    order = schedule.simulate(plans)  # raises on a deadlock
+    for k, plan in enumerate(plans):
+        expected = {(op, m, c) for op in "FB" for m in range(micro_batches)
+                    for c in range(chunks)}
+        assert sorted(plan) == sorted(expected) and len(plan) == len(expected)
+    assert len(order) == 2 * stages * micro_batches * chunks
+    time = schedule.step_time(plans)
+    ideal = 3.0 * micro_batches
+    bubble = (time - ideal) / time
+    assert bubble == pytest.approx(schedule.interleaved_bubble_fraction(
+        stages, micro_batches, chunks))
+    if chunks == 1:  # the plain 1F1B's bubble and step
+        assert bubble == pytest.approx(schedule.bubble_fraction(stages, micro_batches))
+
+
+def test_interleaving_needs_micro_batches_in_groups_of_k():
+    with pytest.raises(StrategyConfigError, match="multiple of 2"):
+        schedule.interleaved(2, 3, 0, 2)
