@@ -179,9 +179,8 @@ def test_interleaved_1f1b_runs_every_op_once_with_the_smaller_bubble(stages, mic
                                                                       chunks):
     plans = [schedule.interleaved(stages, micro_batches, k, chunks) for k in range(stages)]
     order = schedule.simulate(plans)  # raises on a deadlock
-    for k, plan in enumerate(plans):
-        expected = {(op, m, c) for op in "FB" for m in range(micro_batches)
-                    for c in range(chunks)}
+    expected = {(op, m, c) for op in "FB" for m in range(micro_batches) for c in range(chunks)}
+    for plan in plans:
         assert sorted(plan) == sorted(expected) and len(plan) == len(expected)
     assert len(order) == 2 * stages * micro_batches * chunks
     time = schedule.step_time(plans)
