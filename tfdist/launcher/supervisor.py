@@ -129,6 +129,10 @@ class TaskGroup(Protocol):
     def tail(self, name: str, lines: int = _FAILURE_LINES) -> str:
         """The last ``lines`` lines task ``name`` printed."""
 
+    def failed_within(self, name: str) -> tuple[str, int, str] | None:
+        """For a task that runs processes of its own (``horovodrun``'s ranks): the one it
+        reported failed first (name, exit status, last lines); else None."""
+
     def announce(self, message: str) -> None:
         """Prints ``[tfdist] message`` among the tasks' output."""
 
@@ -245,7 +249,8 @@ class Supervisor:
                 codes = dict(group.poll())
                 failed = self._first_failure(group, members, codes)
                 if failed is not None:
-                    raise TaskFailedError(failed, codes[failed] or 0, group.tail(failed))
+                    raise TaskFailedError(*group.failed_within(failed) or (
+                        failed, codes[failed] or 0, group.tail(failed)))
                 if all(codes.get(name) == 0 for name in main):
                     break
                 if time.monotonic() > deadline:
