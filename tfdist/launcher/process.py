@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import IO, Literal
 
 from tfdist.errors import LaunchError
@@ -60,6 +61,15 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
         pass
+
+
+def _is_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (state ``T``) or stopped by a tracer (``t``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] in (["T"], ["t"])
 
 
 @dataclasses.dataclass
@@ -316,6 +326,11 @@ class ProcessGroup:
         if task.returncode is not None:
             task.reader.join(timeout=5)  # its last lines are on their way
         return task.output_tail(lines)
+
+    def stopped(self) -> list[str]:
+        """The running tasks whose process is stopped (SIGSTOP, a debugger, job control)."""
+        return [name for name, task in self.tasks.items()
+                if task.returncode is None and _is_stopped(task.pid)]
 
     def failed_within(self, name: str) -> RankFailure | None:
         """The rank that task ``name`` (``horovodrun``) reported failed first, its exit status
