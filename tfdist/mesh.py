@@ -215,6 +215,7 @@ class Mesh:
 
     def group(self, axis: Axis, rank: int) -> ProcessGroup:
         """``rank``'s group on ``axis`` (its members, key, and ``rank``'s place in it)."""
+        self._size_of(axis)
         data, pipe, tensor = self.coordinates(rank)
         index = {DATA: pipe * self.tensor + tensor, PIPE: data * self.tensor + tensor,
                  TENSOR: data * self.pipe + pipe}[axis]
