@@ -7,6 +7,7 @@ Examples::
     tfdist-launch --strategy horovod --workers 2 train.py  # through horovodrun --gloo
     tfdist-launch --strategy horovod --workers 2 --min-workers 1 --max-workers 2 train.py  # elastic
     tfdist-launch --dry-run --workers 2 train.py           # print each task's TF_CONFIG and command
+    tfdist-launch --strategy tensor --workers 4 --tensor 2 train.py  # 2 replicas x 2 shards
     tfdist-launch --check                                  # what is installed
     tfdist-launch --hosts n1:2,n2:2 --workers 4 train.py   # tasks on n1, n2 (over ssh)
     tfdist-launch --export kubeflow --image me/train:1 --ps 1 train.py  # a Kubeflow TFJob
@@ -225,6 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ClusterConfigError, StrategyConfigError, MissingDependencyError) as err:
         print(f"tfdist-launch: error: {err}", file=sys.stderr)
         return 2
+    for warning in placement.warnings:
+        print(f"tfdist-launch: warning: {warning}", file=sys.stderr)
     if launch.dry_run:
         placement.release()
         for line in placement.describe():
