@@ -81,8 +81,8 @@ WORLD_KEY = 1 << 17
 
 MESH_ENV = "TFDIST_MESH"
 """Set by ``tfdist-launch`` on every task of a job laid out on a mesh: its shape, as
-``"data=2,pipe=1,tensor=2"`` (`Mesh.to_env`). A strategy that takes ``--tensor`` names it in its
-``traits.launch_options`` (``{"tensor": MESH_ENV}``)."""
+``"data=2,pipe=1,tensor=2"`` (`Mesh.to_env`), when ``--stages`` or ``--tensor`` shaped it (a
+strategy takes them by naming them in its ``traits.launch_options``)."""
 
 TRAINING_ROLES = ("chief", "worker")
 """The TF_CONFIG roles on the mesh, in rank order (the chief, if any, is rank 0)."""

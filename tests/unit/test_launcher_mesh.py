@@ -24,8 +24,9 @@ pytestmark = pytest.mark.unit
 # A strategy that takes --stages and --tensor, registered the way the tensor strategy registers
 # (its traits name MESH_ENV); the launcher reads only traits, so its class is never imported.
 SPLIT = "mesh_test_split"
+SHARDS_ENV = "TFDIST_TEST_TENSOR_SHARDS"
 SPLIT_TRAITS = StrategyTraits(roles=("chief", "worker"), launch_options={
-    "stages": PIPELINE_STAGES_ENV, "tensor": MESH_ENV})
+    "stages": PIPELINE_STAGES_ENV, "tensor": SHARDS_ENV})
 
 
 @pytest.fixture(autouse=True)
@@ -98,13 +99,20 @@ def test_tensor_is_not_written_as_a_pipeline_variable():
                                strategy_options=StrategyOptions(tensor=2)))
     assert plan.mesh == Mesh(data=2, tensor=2)
     assert plan.env[MESH_ENV] == "data=2,pipe=1,tensor=2"
+    assert plan.env[SHARDS_ENV] == "2"  # the variable the strategy's traits name for T
     assert not any(name.startswith("TFDIST_PIPELINE") for name in plan.env)
+    # A strategy whose traits carry T in the mesh's own variable gets the whole shape there.
+    register(SPLIT, "tfdist.strategies.multi_worker:MultiWorkerMirroredStrategy", replace=True,
+             traits=StrategyTraits(roles=("chief", "worker"), launch_options={"tensor": MESH_ENV}))
+    plan = plan_job(JobOptions("t.py", strategy=SPLIT, workers=4,
+                               strategy_options=StrategyOptions(tensor=2)))
+    assert plan.env[MESH_ENV] == "data=2,pipe=1,tensor=2"
 
 
 @pytest.mark.parametrize(("argv", "fragments"), [
     (["--strategy", "pipeline", "--workers", "4", "--stages", "2", "--tensor", "2"],
      ["--tensor was given with --strategy pipeline, which does not take it",
-      f"Fix: drop --tensor, or use --strategy {SPLIT}"]),
+      "Fix: drop --tensor, or use --strategy ", f"--strategy {SPLIT}"]),
     (["--strategy", "multi_worker", "--workers", "2", "--tensor", "2"],
      ["--tensor was given with --strategy multi_worker", "(it takes: none)"]),
     (["--strategy", SPLIT, "--workers", "6", "--stages", "2", "--tensor", "2"],

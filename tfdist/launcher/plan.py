@@ -157,9 +157,10 @@ def _resolve_strategy(options: JobOptions) -> str:
 
 
 def strategy_env(strategy_options: StrategyOptions, traits: StrategyTraits) -> dict[str, str]:
-    """The variables that carry the strategy's own options to its tasks: those given, written by
-    `PipelineConfig.env` (checked there), which the tasks' `PipelineConfig.from_env` reads back.
-    ``--tensor`` is not among them: the mesh carries it (`tfdist.mesh.MESH_ENV`, `plan_job`).
+    """The variables that carry the strategy's own options to its tasks: those given, the
+    pipeline's written by `PipelineConfig.env` (checked there), which the tasks'
+    `PipelineConfig.from_env` reads back; any other (``--tensor``) as its value. The mesh's
+    shape also reaches every task, whole, in `tfdist.mesh.MESH_ENV` (`plan_job`).
 
     Example:
         >>> from tfdist.core.traits import PIPELINE
@@ -167,12 +168,13 @@ def strategy_env(strategy_options: StrategyOptions, traits: StrategyTraits) -> d
         {'TFDIST_PIPELINE_STAGES': '2', 'TFDIST_PIPELINE_MICRO_BATCHES': '4'}
     """
     given = strategy_options.given()
-    given.pop("tensor", None)
-    if not given:
-        return {}
-    written = PipelineConfig(**given).env()
-    return {traits.launch_options[option]: written[traits.launch_options[option]]
-            for option in given}
+    pipeline = {option: value for option, value in given.items() if option in _PIPELINE_FIELDS}
+    written = PipelineConfig(**pipeline).env() if pipeline else {}
+    return {traits.launch_options[option]: written.get(traits.launch_options[option], str(value))
+            for option, value in given.items()}
+
+
+_PIPELINE_FIELDS = frozenset(field.name for field in dataclasses.fields(PipelineConfig))
 
 
 def layout_problem(options: JobOptions, strategy: str, traits: StrategyTraits) -> str | None:

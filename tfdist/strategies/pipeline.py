@@ -48,7 +48,7 @@ from tfdist.pipeline.config import (
     STAGES_ENV,
     PipelineConfig,
 )
-from tfdist.mesh import DATA, ProcessGroup
+from tfdist.mesh import DATA, ProcessGroup, task_rank
 from tfdist.pipeline.keras_model import (
     apply_step,
     mean_loss,
@@ -155,7 +155,7 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         else:
             cluster, task = self._read_cluster(tf_config)
             processes = max(1, len(cluster.chief) + len(cluster.worker))
-            rank = 0 if task.type == "chief" else len(cluster.chief) + task.index
+            rank = task_rank(task.type, task.index, chiefs=len(cluster.chief))
         self.mode: PipelineMode = choose_mode(self.config, processes, rank)
         if processes > 1:
             _warn_if_one_inter_op_thread()
