@@ -168,7 +168,8 @@ def advise(model: Any, cluster: Any, *, batch: int, data: Any = None,
     prof = profile or profile_model(build(model), batch, data=data, repeats=repeats)
     links = dict(net.backends) or {"tf": net.p2p}
     offered = [c for c in candidates(shape, batch, micro_batches, max_ps, tuple(links),
-                                     layers=len(prof.names)) if keep is None or keep(c)]
+                                     layers=len(prof.names), heads=prof.heads)
+               if keep is None or keep(c)]
     ranked = tuple(rank([predict(c, prof, links, shape, batch) for c in offered]))
     if not ranked or not ranked[0].fits:
         least = min(ranked, key=lambda p: p.memory_bytes) if ranked else None
