@@ -13,6 +13,9 @@ Words used throughout:
   training cluster.
 * **replica**: one copy of the model computing on one slice of each global batch; a worker with
   two GPUs holds two replicas. ``num_replicas_in_sync`` counts them over the whole job.
+* **mesh**: the training tasks (chief and workers) laid out as ``data x pipe x tensor``
+  (D replicas of K pipeline stages, each split T ways); each task's coordinates and collective
+  groups come from `tfdist.Mesh`.
 
 Example:
     >>> import tfdist
@@ -27,6 +30,7 @@ import importlib
 from typing import Any
 
 from tfdist.cluster import ClusterSpec, Task, read_tf_config
+from tfdist.mesh import Mesh
 from tfdist.errors import (
     AdviseError,
     ClusterConfigError,
@@ -71,6 +75,7 @@ __all__ = [
     "ClusterSpec",
     "Task",
     "read_tf_config",
+    "Mesh",
     "ClusterConfigError",
     "EvaluatorTimeoutError",
     "KerasCompatibilityError",
