@@ -30,7 +30,6 @@ import importlib
 from typing import Any
 
 from tfdist.cluster import ClusterSpec, Task, read_tf_config
-from tfdist.mesh import Mesh
 from tfdist.errors import (
     AdviseError,
     ClusterConfigError,
@@ -43,6 +42,7 @@ from tfdist.errors import (
     TaskTimeoutError,
     TfdistError,
 )
+from tfdist.mesh import Mesh
 
 __version__ = "0.1.0"
 
