@@ -202,3 +202,14 @@ def test_from_environment_refuses_what_it_cannot_read(environ, fragment):
     with pytest.raises(StrategyConfigError) as err:
         Mesh.from_environment(environ)
     assert fragment in str(err.value)
+
+
+def test_ray_spreading_a_tensor_group_is_warned_about(capsys, script):
+    argv = ["--dry-run", "--strategy", SPLIT, "--workers", "4", "--tensor", "2", "--ray",
+            "local", script]
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "warning: --ray-placement SPREAD may put the 2 processes of a tensor group" in err
+    assert "Fix: --ray-placement PACK" in err
+    assert cli.main([*argv[:-1], "--ray-placement", "PACK", script]) == 0
+    assert "warning" not in capsys.readouterr().err

@@ -37,6 +37,7 @@ from tfdist.errors import (
 from tfdist.launcher import arguments
 from tfdist.launcher.arguments import EXPORT_ONLY, job_options, ray_options
 from tfdist.launcher.export import run_export
+from tfdist.launcher.mesh_plan import ray_spread_warning
 from tfdist.launcher.options import JobOptions
 from tfdist.launcher.placement import place
 from tfdist.launcher.plan import JobPlan, LayoutError, plan_job
@@ -265,6 +266,9 @@ def _run_on_ray(plan: JobPlan, dry_run: bool) -> int:
     from tfdist.launcher.ray_runner import describe, run_on_ray
 
     assert plan.options.ray is not None
+    warning = ray_spread_warning(plan.mesh, plan.options.ray.placement)
+    if warning:
+        print(f"tfdist-launch: warning: {warning}", file=sys.stderr)
     if dry_run:
         for line in describe(plan, plan.options.ray):
             print(json.dumps(line))

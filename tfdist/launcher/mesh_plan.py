@@ -29,7 +29,7 @@ from tfdist.launcher.options import JobOptions
 from tfdist.mesh import AXES, MESH_ENV, TENSOR, Mesh
 
 __all__ = ["MESH_ENV", "MESH_OPTIONS", "training_processes", "plan_mesh", "mesh_problem",
-           "describe_rank", "tensor_hosts_warning", "option_fix"]
+           "describe_rank", "tensor_hosts_warning", "option_fix", "ray_spread_warning"]
 
 MESH_OPTIONS = ("stages", "tensor")
 """The launcher options that shape the mesh (``--stages K``: its pipe axis, ``--tensor T``)."""
@@ -129,3 +129,18 @@ def tensor_hosts_warning(mesh: Mesh, hosts: Sequence[str]) -> str | None:
             "back) will cross the network, and training will be slow. Fix: give each host a "
             f"multiple of {mesh.tensor} slots (tensor groups are {mesh.tensor} neighbouring "
             "ranks, placed host by host)")
+
+
+def ray_spread_warning(mesh: Mesh | None, placement: str) -> str | None:
+    """A warning when Ray may spread a tensor group over nodes (``--ray-placement SPREAD``).
+
+    Example:
+        >>> ray_spread_warning(Mesh(tensor=2), "PACK") is None
+        True
+    """
+    if mesh is None or mesh.tensor == 1 or placement != "SPREAD":
+        return None
+    return (f"--ray-placement SPREAD may put the {mesh.tensor} processes of a tensor group on "
+            "different nodes: their all-reduces of activations at every block would cross the "
+            "network, and training will be slow. Fix: --ray-placement PACK (tensor groups are "
+            "neighbouring tasks, packed node by node)")
