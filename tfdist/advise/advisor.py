@@ -178,6 +178,6 @@ def advise(model: Any, cluster: Any, *, batch: int, data: Any = None,
             received=f"device_memory={shape.device_memory:g} bytes, {shape.processes} processes",
             expected=(f"at least {least.memory_bytes:.3g} bytes per device (the smallest need, "
                       f"{least.candidate.label})" if least else "a layout to consider"),
-            fix="add processes (more pipeline stages or ps shards), a smaller batch, or "
-            "devices with more memory"))
+            fix="add processes (more pipeline stages, tensor shards or ps shards), a smaller "
+            "batch, or devices with more memory"))
     return Advice(ranked, prof, net, shape, batch, script)
