@@ -39,7 +39,7 @@ import tensorflow as tf
 from tfdist.core import flavour
 from tfdist.core import traits as builtin
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.mesh import DATA, ProcessGroup
+from tfdist.mesh import DATA, ProcessGroup, task_rank
 from tfdist.options import check_positive_number
 from tfdist.pipeline import stage, transport
 from tfdist.pipeline.config import (
@@ -155,7 +155,7 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         else:
             cluster, task = self._read_cluster(tf_config)
             processes = max(1, len(cluster.chief) + len(cluster.worker))
-            rank = 0 if task.type == "chief" else len(cluster.chief) + task.index
+            rank = task_rank(task.type, task.index, chiefs=len(cluster.chief))
         self.mode: PipelineMode = choose_mode(self.config, processes, rank)
         if processes > 1:
             _warn_if_one_inter_op_thread()
