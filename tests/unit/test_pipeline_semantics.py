@@ -88,7 +88,7 @@ def test_the_batch_norm_policy_is_checked():
 
 
 def test_a_strategy_refuses_a_nested_batch_norm_with_micro_batches():
-    with pytest.raises(StrategyConfigError, match="block/hidden_bn"):
+    with pytest.raises(StrategyConfigError, match="hidden_bn"):  # the split may flatten "block"
         PipelineStrategy(micro_batches=2).build_model(lambda: model_with("nested"))
 
 

@@ -31,7 +31,7 @@ loss_scale_factor. Fix: leave loss_scale_factor unset (float32 training needs no
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -143,10 +143,16 @@ def _without(optimizer: Any, option: str) -> Iterator[None]:
 
 
 def apply_gradients(optimizer: Any, engine: Any, gradients: Sequence[Any],
-                    variables: Sequence[Any]) -> None:
+                    variables: Sequence[Any],
+                    combine: Callable[[list[Any]], list[Any]] | None = None) -> None:
     """Averages a stage's summed gradients over its replicas and applies them as one device's
-    optimizer would apply the whole model's (inside the step's ``tf.function``)."""
+    optimizer would apply the whole model's (inside the step's ``tf.function``).
+
+    ``combine`` runs on the replica-averaged gradients before any clipping (e.g. summing the
+    gradients of a weight shared across stages)."""
     grads = engine.average_over_replicas(list(gradients))
+    if combine is not None:
+        grads = combine(grads)
     limit = getattr(optimizer, "global_clipnorm", None)
     if not (limit and limit > 0) or engine.layout.holds_all:
         optimizer.apply_gradients(zip(grads, variables, strict=True))
