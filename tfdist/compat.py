@@ -176,7 +176,7 @@ def _routed(original: Callable[..., Any], route: str) -> Callable[..., Any]:
     return method
 
 
-_TF_KERAS_ONLY = {"experimental": "DatasetCreator (tf.keras.utils.experimental.DatasetCreator)"}
+_TF_KERAS_ONLY = {"experimental": "tf.keras.utils.experimental.DatasetCreator"}
 
 
 def _install_tf_keras_only_names() -> None:

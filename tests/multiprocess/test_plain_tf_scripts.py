@@ -86,3 +86,82 @@ def test_the_hook_installs_the_shims_when_keras_is_imported():
     assert out.stdout.strip().splitlines()[-1] == (
         "False ['multi_worker_reduce_mean', 'multi_worker_symbolic_build', "
         "'parameter_server_fit']")
+
+
+# ------------------------------------------------ TensorFlow's parameter-server guide, model.fit
+PS_SCRIPT = Path(__file__).parent / "scripts" / "tf_guide_ps_fit.py"
+
+
+def launch_ps(tmp_path: Path, env: dict[str, str], *args: str
+              ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
+    """``tfdist-launch --ps 2 --workers 2 tf_guide_ps_fit.py WORKING_DIR ARGS``; the chief's
+    report (None if it wrote none)."""
+    (tmp_path / "rows").mkdir()
+    environ = {**os.environ, "PYTHONPATH": str(REPO), **env}
+    out = subprocess.run(
+        [sys.executable, "-m", "tfdist.launcher.cli", "--ps", "2", "--workers", "2",
+         "--timeout", "240", str(PS_SCRIPT), str(tmp_path), *args],
+        env=environ, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    report = tmp_path / "chief.json"
+    return out, json.loads(report.read_text()) if report.exists() else None
+
+
+def rows_read(working_dir: Path) -> dict[int, set[int]]:
+    """Input pipeline -> the rows it read (the script's probe files ``rows/PIPELINE_ROW``)."""
+    found: dict[int, set[int]] = {}
+    for path in (working_dir / "rows").iterdir():
+        pipeline, row = path.name.split("_")
+        found.setdefault(int(pipeline), set()).add(int(row))
+    return found
+
+
+@pytest.fixture(scope="module")
+def keras3_ps_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    working_dir = tmp_path_factory.mktemp("ps-keras3")
+    out, report = launch_ps(working_dir, FLAVOUR_ENV["keras3"])
+    assert out.returncode == 0 and report is not None, out.stdout[-4000:]
+    return working_dir, report
+
+
+def test_keras3_ps_fit_trains_through_the_coordinator(keras3_ps_run):
+    _, report = keras3_ps_run
+    assert report["keras"] == "keras"
+    loss, val_loss = report["history"]["loss"], report["history"]["val_loss"]
+    assert len(loss) == len(val_loss) == 4
+    assert loss[-1] < loss[0] / 5 and val_loss[-1] < val_loss[0]  # measured: /24, /2.4
+    assert report["evaluate"] < loss[0] / 5
+    assert report["devices"] == ["/job:ps/replica:0/task:0/device:CPU:0",
+                                 "/job:ps/replica:0/task:1/device:CPU:0"]
+
+
+def test_keras3_ps_each_worker_reads_its_own_shard(keras3_ps_run):
+    working_dir, _ = keras3_ps_run
+    found = rows_read(working_dir)
+    assert sorted(found) == [0, 1]
+    assert found[0] == set(range(0, 64, 2)) and found[1] == set(range(1, 64, 2))
+
+
+def test_keras3_ps_callbacks_write_from_the_chief_only(keras3_ps_run):
+    working_dir, report = keras3_ps_run
+    events = sorted((working_dir / "log").rglob("events.out.tfevents.*"))
+    assert {e.parent.name for e in events} == {"train", "validation"}
+    assert {e.name.split(".")[-3] for e in events} == {str(report["pid"])}  # the chief pid
+    assert (working_dir / "ckpt.keras").stat().st_size > 0  # ModelCheckpoint
+    assert not (working_dir / "backup").exists() or not any((working_dir / "backup").iterdir())
+
+
+def test_the_guides_dataset_creator_names_the_fix_under_keras3(tmp_path):
+    out, report = launch_ps(tmp_path, FLAVOUR_ENV["keras3"], "datasetcreator")
+    assert out.returncode != 0 and report is None
+    assert "(tf.keras.utils.experimental.DatasetCreator) is tf-keras (Keras 2) only" in out.stdout
+    assert "Fix: set TF_USE_LEGACY_KERAS=1" in out.stdout
+
+
+def test_the_guide_as_written_trains_with_tf_keras(tmp_path):
+    """tf-keras's own fit with the guide's DatasetCreator: TF gives every worker the same input
+    context, so both read the whole dataset as pipeline 0 (tfdist's strategy shards it)."""
+    out, report = launch_ps(tmp_path, FLAVOUR_ENV["tf_keras"], "datasetcreator")
+    assert out.returncode == 0 and report is not None, out.stdout[-4000:]
+    assert report["keras"] == "tf_keras"
+    assert report["history"]["loss"][-1] < report["history"]["loss"][0] / 5
+    assert rows_read(tmp_path) == {0: set(range(64))}
