@@ -27,9 +27,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
+from tensorflow.python.distribute.sharded_variable import ShardedVariable
 
 from tfdist.core import flavour
-from tfdist.errors import StrategyConfigError, format_error
+from tfdist.errors import KerasCompatibilityError, StrategyConfigError, format_error
 
 __all__ = ["PerWorkerInput", "per_worker_dataset_fn", "FIT_ARGS", "EVALUATE_ARGS",
            "coordinator_fit", "coordinator_evaluate"]
@@ -213,6 +214,18 @@ def build(model: Any, strategy: Any, element_spec: Any) -> None:
         model._symbolic_build(data_batch=element_spec)
         if model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
+    sharded = [v.path for v in model.trainable_variables
+               if isinstance(getattr(v, "value", None), ShardedVariable)]
+    if sharded:
+        raise KerasCompatibilityError(format_error(
+            "Keras 3 cannot train a variable that ParameterServerStrategy's partitioner split: "
+            "tf.GradientTape needs a variable's handle, and a ShardedVariable has none "
+            "(measured: AttributeError: 'ShardedVariable' object has no attribute 'handle').",
+            received=f"sharded variables {sharded}",
+            expected="whole variables (each is placed on one ps task, round-robin)",
+            fix="drop the partitioner and split a large table into several layers (one per "
+            "ps task; see docs/compatibility.md), or train with tf-keras "
+            "(TF_USE_LEGACY_KERAS=1), which trains sharded variables"))
 
 
 class _Loop:
