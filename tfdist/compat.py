@@ -7,8 +7,9 @@ Which Keras is in use is `tfdist.core.flavour`'s; which one a strategy trains wi
 Keras 3 shims (`KERAS3_SHIMS`): each names the upstream issue, the Keras versions it applies to,
 the versions it was checked against, and a probe of Keras's own code that says whether the bug is
 still there; a Keras release that fixes the bug (or a version outside the range) switches the
-shim off by itself. `install_keras3_shims` applies those that are needed, once per process;
-``TFDIST_KERAS_SHIMS=off`` turns them all off (to see Keras's own behaviour).
+shim off by itself. `install_keras3_shims` applies those that are needed, once per process (in
+every task ``tfdist-launch`` starts, through `tfdist.startup_hook`, even for a script that never
+imports tfdist); ``TFDIST_KERAS_SHIMS=off`` turns them all off (to see Keras's own behaviour).
 """
 
 from __future__ import annotations
@@ -281,8 +282,9 @@ def shims_enabled(environ: Mapping[str, str] | None = None) -> bool:
 def install_keras3_shims() -> dict[str, bool]:
     """Installs the Keras 3 shims this Keras needs, once per process; says which are active.
 
-    Called by the strategies whose Keras 3 ``model.fit`` needs them (MultiWorkerMirrored); a
-    no-op under tf-keras, when `SHIMS_ENV` is ``off``, and for a Keras that no longer needs them.
+    Called by the strategies whose Keras 3 ``model.fit`` needs them (MultiWorkerMirrored) and by
+    the launcher's start-up hook once Keras is imported (`tfdist.startup_hook`); a no-op under
+    tf-keras, when `SHIMS_ENV` is ``off``, and for a Keras that no longer needs them.
 
     Example:
         >>> sorted(install_keras3_shims())  # doctest: +SKIP

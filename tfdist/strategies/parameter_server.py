@@ -6,9 +6,9 @@ steps to the ``worker`` tasks. ``worker`` and ``ps`` tasks run ``python -m tfdis
 (`tfdist.server.serve`) and do nothing else.
 
 Keras: tf-keras's ``model.fit`` drives the coordinator itself. Keras 3's cannot (keras#18624):
-train with `tfdist.fit` (``tfdist.fit(model, strategy.distribute_dataset(fn), epochs=...,
-steps_per_epoch=...)``), which calls ``model.fit`` where that works and runs Keras 3's steps
-through the `coordinator` here; see `tfdist.training`.
+tfdist's shim routes Keras 3's ``model.fit``/``evaluate`` to its own coordinator loop
+(`tfdist.coordinator_fit`), which `tfdist.fit` also runs (``tfdist.fit(model,
+strategy.distribute_dataset(fn), epochs=..., steps_per_epoch=...)`` works with the shims off too).
 
 Input: `distribute_dataset` returns a tf-keras ``DatasetCreator`` (Keras 3: a
 `tfdist.training.PerWorkerInput` for `tfdist.fit`); ``fit`` runs its
@@ -26,7 +26,8 @@ pieces along its first axis, placed round-robin on the ps tasks), ``min_shard_by
 (``MinSizePartitioner``: pieces of at least that size, at most one per ps), or any
 ``variable_partitioner``. By default variables are not partitioned; whole variables are placed
 round-robin on the ps tasks. Sharding needs tf-keras: under Keras 3 a partitioner is refused
-(`check_partitioner`).
+(`check_partitioner`); measured on a 4096 x 32 table, one ``Embedding`` per ps task spreads it
+as evenly as ``num_shards=2`` and trains (docs/compatibility.md).
 """
 
 from __future__ import annotations
