@@ -30,6 +30,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Tests read every task's output (tfdist-launch --verbose); the tests of the launcher's default
 # view (tests/multiprocess/test_launcher_output.py) unset it.
 os.environ.setdefault("TFDIST_LAUNCH_VERBOSE", "1")
+# The processes the suite starts import Keras 3 without scikit-learn (about 1 of 4.4 CPU-s per
+# process; see sitecustomize.py, which Python runs in every child with this checkout on its path).
+os.environ.setdefault("TFDIST_TEST_LEAN_KERAS", "1")
 
 
 SLOWEST = 15
