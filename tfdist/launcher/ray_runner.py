@@ -258,6 +258,14 @@ class RayGang:
     def tail(self, name: str, lines: int = 20) -> str:
         return str(self.ray.get(self._actor(name).tail.remote(lines), timeout=_CALL_TIMEOUT))
 
+    def stopped(self) -> list[str]:
+        """Not known here: the tasks' processes are on the cluster's nodes."""
+        return []
+
+    def failed_within(self, name: str) -> None:
+        """Ray runs each Horovod rank as its own task: none runs processes of its own."""
+        return None
+
     def announce(self, message: str) -> None:
         print(f"[tfdist] {message}", flush=True)
 
