@@ -25,7 +25,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tfdist.errors", "tfdist.options", "tfdist.paths", "tfdist.core", "tfdist.mesh"),  # TF-free
     ("tfdist.cluster", "tfdist.preemption"),  # cluster specs and TF_CONFIG: pure data
     ("tfdist.compat",),  # the Keras 3 shim table
-    ("tfdist.pipeline", "tfdist.horovod", "tfdist.training"),  # what strategies are built from
+    # what strategies are built from
+    ("tfdist.pipeline", "tfdist.tensor", "tfdist.horovod", "tfdist.training"),
     ("tfdist.strategies", "tfdist.evaluator", "tfdist.server"),  # what a training process runs
     ("tfdist.launcher", "tfdist.testing"),  # starting jobs
     ("tfdist.probe",),  # measurements the benchmark and the advisor share
