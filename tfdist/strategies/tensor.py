@@ -245,6 +245,10 @@ class TensorStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
                                  self.timeout)
         else:
             loss_fn = keras.losses.get(loss)
+            if not isinstance(loss_fn, keras.losses.Loss):  # "mse": a function of (y, y_pred)
+                from keras.src.losses.losses import LossFunctionWrapper
+
+                loss_fn = LossFunctionWrapper(loss_fn)
 
         def compute_loss(x: Any, y: Any, y_pred: Any, sample_weight: Any) -> Any:
             return loss_fn(y, y_pred, sample_weight=sample_weight)

@@ -22,7 +22,7 @@ Example:
     ...     LayerSplit("norm", "LayerNormalization", "replicated", "auto", (
     ...         WeightSplit("gamma", (4,), 4, None), WeightSplit("beta", (4,), 4, None)))))
     >>> plan.whole_bytes, plan.bytes_per_process, plan.split_layers
-    (176, 96, ('ffn_in',))
+    (192, 112, ('ffn_in',))
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ without weights) and split only what they recognise exactly:
 
 * a ``MultiHeadAttention`` (the Keras class itself) by heads;
 * an ``Embedding`` by vocabulary rows;
-* the model's output ``Dense`` (linear) by vocabulary columns, its loss on the shards;
+* the model's output ``Dense`` (linear, as wide as an ``Embedding``'s vocabulary: a language
+  model's logits) by vocabulary columns, its loss on the shards;
 * a ``Dense`` whose only consumer is another ``Dense`` (a feed-forward pair): the first by
   columns, the second by rows.
 
@@ -90,6 +91,8 @@ def auto_kinds(model: Any) -> dict[str, tuple[str, str]]:
     """Each layer's automatic ``(kind, reason)`` (before user rules and divisibility)."""
     layers = _layers(model)
     outputs = {id(t._keras_history[0]) for t in model.outputs}
+    vocabularies = {layer.get_config()["input_dim"] for layer in layers
+                    if _is_keras(layer, "Embedding")}
     kinds: dict[str, tuple[str, str]] = {}
     for layer in layers:
         blocker = _why_not_split(layer)
@@ -101,7 +104,8 @@ def auto_kinds(model: Any) -> dict[str, tuple[str, str]]:
         elif _is_keras(layer, "Embedding"):
             kinds[layer.name] = ("vocab", "auto: embedding rows")
         elif _is_keras(layer, "Dense") and id(layer) in outputs and len(outputs) == 1 \
-                and layer.get_config().get("activation") in (None, "linear"):
+                and layer.get_config().get("activation") in (None, "linear") \
+                and layer.get_config()["units"] in vocabularies:
             kinds[layer.name] = ("output", "auto: output logits by vocabulary")
     for layer in layers:
         if kinds[layer.name][0] != "replicated" or _why_not_split(layer) is not None:
