@@ -67,7 +67,8 @@ def test_unknown_name_lists_valid_names_and_suggests():
     assert str(info.value) == (
         "Unknown strategy 'mirored'. Received: 'mirored'. Expected: one of default, mirrored, "
         "multi_worker, parameter_server, horovod, pipeline, tensor, auto, or "
-        "'package.module:Class'. Fix: did you mean 'mirrored'? Or register your own with tfdist.strategies.register(), or "
+        "'package.module:Class'. Fix: did you mean 'mirrored'? Or register your own with "
+        "tfdist.strategies.register(), or "
         "name its class as 'package.module:Class', or declare it in the 'tfdist.strategies' "
         "entry-point group"
     )
