@@ -104,18 +104,36 @@ def test_more_shards_than_processes_or_a_mesh_that_does_not_divide_is_refused():
         TensorStrategy(shards=0)
 
 
-def test_norm_clipping_and_a_loss_the_shards_cannot_compute_are_refused():
+def test_a_loss_or_metrics_the_shards_cannot_compute_are_refused():
     from tfdist.strategies.tensor import TensorStrategy
 
-    strategy = TensorStrategy()
-    model = strategy.build_model(tiny_lm)
+    model = TensorStrategy().build_model(tiny_lm)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    with pytest.raises(StrategyConfigError, match="global_clipnorm=1.0"):
-        model.compile(keras.optimizers.Adam(global_clipnorm=1.0), loss)
     with pytest.raises(StrategyConfigError, match="only sparse softmax cross-entropy"):
         model.compile("adam", "mse")
     with pytest.raises(StrategyConfigError, match="Metrics cannot read logits"):
         model.compile("adam", loss, metrics=["accuracy"])
+
+
+@pytest.mark.parametrize("clip", [{"global_clipnorm": 0.05}, {"clipnorm": 0.02}])
+def test_norm_clipping_clips_as_keras_does(clip):
+    from tfdist.strategies.tensor import TensorStrategy
+
+    keras.utils.set_random_seed(3)
+    whole = tiny_lm()
+    model = TensorStrategy().build_model(whole)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(keras.optimizers.SGD(0.5, **clip), loss)
+    whole.compile(keras.optimizers.SGD(0.5, **clip), loss)
+    initial = [w.copy() for w in whole.get_weights()]
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 16, (8, 6)), rng.integers(0, 16, (8, 6))
+    model.fit(x, y, batch_size=8, verbose=0)
+    whole.fit(x, y, batch_size=8, verbose=0)
+    moved = max(np.abs(a - b).max() for a, b in zip(whole.get_weights(), initial, strict=True))
+    assert 1e-3 < moved < 0.5 * 0.06  # clipped: SGD(0.5) moves at most 0.5 x the clip norm
+    for got, want in zip(model.get_weights(), whole.get_weights(), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-6)
 
 
 def test_one_shard_trains_saves_and_predicts_like_keras(tmp_path):

@@ -39,6 +39,7 @@ from tfdist.mesh import DATA, TENSOR, Mesh
 from tfdist.options import check_positive_number
 from tfdist.pipeline import keras_compat, transport
 from tfdist.strategies.base import TfdistStrategyMixin
+from tfdist.strategies.pipeline import _wait_for_every_process_at_exit
 from tfdist.strategies.startup import resolve_startup_timeout, startup_deadline
 from tfdist.tensor import build as shards_of
 from tfdist.tensor.collectives import DEFAULT_TIMEOUT, broadcast
@@ -116,6 +117,8 @@ class TensorStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         if processes > 1:
             with startup_deadline(deadline, cluster, task, f"TensorStrategy on {task}"):
                 transport.enable_collectives(cluster, task)
+            # Task 0 leads every collective's resolution: it waits for the others at exit.
+            _wait_for_every_process_at_exit(self.mesh.world(rank))
         super().__init__("/cpu:0" if not tf.config.list_physical_devices("GPU") else "/gpu:0")
         self._init_tfdist(cluster, task)
         self.plan: TensorPlan | None = None
@@ -237,9 +240,8 @@ class TensorStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         """
         import keras
 
-        from tfdist.tensor.model import check_optimizer, split_loss
+        from tfdist.tensor.model import split_loss
 
-        check_optimizer(optimizer, model.tensor_plan)
         if model.tensor_plan.output_layer is not None:
             loss_fn = split_loss(loss, model.tensor_plan, model.tensor_group, model.vocab_start,
                                  self.timeout)

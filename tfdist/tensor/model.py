@@ -11,12 +11,16 @@ Every process of the job is given the same global batches. A training step:
 3. averages the gradients over the data axis (an ``Embedding``'s gradient stays row slices, so
    Keras 3's Adam updates as it would on one process) and applies them.
 
-``compile`` checks the optimizer and swaps a vocabulary-split output's loss for the
-vocab-parallel cross-entropy; ``predict`` gathers the vocabulary-split logits.
+Norm clipping (``clipnorm``, ``global_clipnorm``) is computed over the whole split variables
+(`tfdist.tensor.clipping`), then the optimizer applies the clipped gradients. ``compile`` swaps
+a vocabulary-split output's loss for the vocab-parallel cross-entropy; ``predict`` gathers the
+vocabulary-split logits.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -24,26 +28,25 @@ import tensorflow as tf
 
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.mesh import ProcessGroup
+from tfdist.tensor.clipping import clip_each, clip_global
 from tfdist.tensor.collectives import all_reduce_sum, gather_axis, gather_last_axis
 from tfdist.tensor.loss import VocabParallelCrossEntropy
 from tfdist.tensor.plan import TensorPlan
 
-__all__ = ["TensorModel", "check_optimizer", "split_loss"]
+__all__ = ["TensorModel", "clipping_off", "split_loss"]
 
 
-def check_optimizer(optimizer: Any, plan: TensorPlan) -> None:
-    """Refuses gradient-norm clipping, which needs the norm across the shards."""
-    if not plan.split_layers:
-        return
-    for option in ("global_clipnorm", "clipnorm"):
-        value = getattr(optimizer, option, None)
-        if value:
-            raise StrategyConfigError(format_error(
-                f"The optimizer's {option} needs gradient norms over whole variables, but each "
-                "process holds only its shards of the split ones.",
-                received=f"{option}={value}",
-                expected="no norm clipping under the tensor strategy (clipvalue is fine)",
-                fix=f"drop {option} (or use clipvalue, which is element-wise)"))
+@contextlib.contextmanager
+def clipping_off(optimizer: Any) -> Iterator[None]:
+    """The optimizer's own norm clipping off (the model clips across shards instead)."""
+    saved = {key: getattr(optimizer, key, None) for key in ("clipnorm", "global_clipnorm")}
+    for key in saved:
+        setattr(optimizer, key, None)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            setattr(optimizer, key, value)
 
 
 def split_loss(loss: Any, plan: TensorPlan, group: ProcessGroup, start: int,
@@ -72,11 +75,14 @@ class TensorModel(keras.Model):
         """Records the plan and groups (not part of the model's config)."""
         self.tensor_plan, self.tensor_group, self.data_group = plan, tensor, data
         self.vocab_start, self.tensor_timeout = start, timeout
+        self._split_ids = {id(variable) for layer in plan.layers
+                           for variable, weight in zip(self.get_layer(layer.name).weights,
+                                                       layer.weights, strict=True)
+                           if weight.axis is not None}
 
     def compile(self, optimizer: Any = "rmsprop", loss: Any = None, metrics: Any = None,
                 **kwargs: Any) -> None:
         optimizer = keras.optimizers.get(optimizer)
-        check_optimizer(optimizer, self.tensor_plan)
         if self.tensor_plan.output_layer is not None and loss is not None:
             if metrics:
                 raise StrategyConfigError(format_error(
@@ -118,6 +124,16 @@ class TensorModel(keras.Model):
                 averaged.append(g)
         return averaged
 
+    def clip(self, gradients: list[Any], optimizer: Any) -> list[Any]:
+        """The optimizer's norm clipping, with norms over the whole (split) variables."""
+        split = [id(v) in self._split_ids for v in self.trainable_weights]
+        args = (self.tensor_group, self.tensor_timeout)
+        if getattr(optimizer, "global_clipnorm", None):
+            return clip_global(gradients, split, optimizer.global_clipnorm, *args)
+        if getattr(optimizer, "clipnorm", None):
+            return clip_each(gradients, split, optimizer.clipnorm, *args)
+        return gradients
+
     def apply_step(self, x: Any, y: Any, sample_weight: Any, compute_loss: Any,
                    optimizer: Any) -> Any:
         """One step on this replica's rows; returns the global batch's loss."""
@@ -125,9 +141,10 @@ class TensorModel(keras.Model):
         with tf.GradientTape() as tape:
             y_pred = self(x, training=True)
             loss = compute_loss(x, y, y_pred, sample_weight)
-        gradients = tape.gradient(loss, self.trainable_weights)
-        optimizer.apply_gradients(zip(self.average_gradients(gradients),
-                                      self.trainable_weights, strict=True))
+        gradients = self.clip(self.average_gradients(
+            tape.gradient(loss, self.trainable_weights)), optimizer)
+        with clipping_off(optimizer):
+            optimizer.apply_gradients(zip(gradients, self.trainable_weights, strict=True))
         if self.data_group.size > 1:
             loss = all_reduce_sum(loss, self.data_group, self.tensor_timeout) / \
                 self.data_group.size

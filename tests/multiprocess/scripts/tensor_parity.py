@@ -2,13 +2,13 @@
 (token + position embedding, 2 blocks of causal attention + feed-forward with LayerNorm and
 residuals, vocabulary projection) with Adam and ``model.fit``, and reports what the test checks.
 
-Args: ``steps [--sabotage] [--custom-loop] [--save DIR]``. Every process first builds the model
-from its build function (each allocating only its shards: the bytes are reported against the
-plan), then builds the whole model once with a fixed seed and takes its shards from it, fits
-``steps`` global batches of ``GLOBAL`` sequences, and reports the gathered weights. The chief
-also trains the whole model in one process on the same global batches (the reference).
-``--sabotage`` makes the row-split layers skip their all-reduce (the parity must then fail).
-"""
+Args: ``steps [--sabotage] [--custom-loop] [--clip] [--save DIR]``. Every process first builds
+the model from its build function (each allocating only its shards: the bytes are reported
+against the plan), then builds the whole model once with a fixed seed and takes its shards from
+it, fits ``steps`` global batches of ``GLOBAL`` sequences, and reports the gathered weights. The
+chief also trains the whole model in one process on the same global batches (the reference).
+``--clip`` clips the global gradient norm (below the first step's). ``--sabotage`` makes the
+row-split layers skip their all-reduce (the parity must then fail)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import tfdist
 from tfdist.testing import report
 
 GLOBAL, VOCAB, SEQ, WIDTH, HEADS, HIDDEN, LR = 8, 16, 8, 16, 4, 32, 0.01
+CLIP = 0.5
 
 
 @keras.saving.register_keras_serializable("tfdist_tests")
@@ -72,6 +73,19 @@ def loss():
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
+def optimizer(argv):
+    """Adam; with ``--clip``, with a global-norm clip below the first step's norm."""
+    return keras.optimizers.Adam(LR, global_clipnorm=CLIP if "--clip" in argv else None)
+
+
+def first_gradient_norm(model, x, y):
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        value = loss()(y[:GLOBAL], model(x[:GLOBAL]))
+    return float(tf.linalg.global_norm(tape.gradient(value, model.trainable_weights)))
+
+
 def sabotage_row_reduce():
     """The row-split layers skip their all-reduce (each shard keeps its partial sum)."""
     from tfdist.tensor import layers as split
@@ -117,11 +131,11 @@ def main(argv):
     model = strategy.build_model(whole)
     x, y = data(steps)
     if "--custom-loop" in argv:
-        step = strategy.train_step(model, loss(), keras.optimizers.Adam(LR))
+        step = strategy.train_step(model, loss(), optimizer(argv))
         losses = [float(step(x[i:i + GLOBAL], y[i:i + GLOBAL])) for i in range(0, len(x), GLOBAL)]
         result["loss"] = [float(np.mean(losses))]
     else:
-        model.compile(optimizer=keras.optimizers.Adam(LR), loss=loss())
+        model.compile(optimizer=optimizer(argv), loss=loss())
         result["loss"] = model.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False,
                                    verbose=0).history["loss"]
         result["evaluate"] = model.evaluate(x, y, batch_size=GLOBAL, verbose=0)
@@ -135,7 +149,8 @@ def main(argv):
         keras.utils.set_random_seed(1)
         reference = build()
         reference.set_weights(initial)
-        reference.compile(optimizer=keras.optimizers.Adam(LR), loss=loss())
+        result["first_gradient_norm"] = first_gradient_norm(reference, x, y)
+        reference.compile(optimizer=optimizer(argv), loss=loss())
         history = reference.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False, verbose=0)
         result.update(
             trained=[w.tolist() for w in trained], initial=[w.tolist() for w in initial],
