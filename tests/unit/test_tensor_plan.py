@@ -157,3 +157,16 @@ def test_one_shard_trains_saves_and_predicts_like_keras(tmp_path):
     np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0),
                                atol=1e-6)
     assert strategy.weight_bytes(model) == strategy.plan.bytes_per_process
+
+
+def test_the_registry_makes_it_by_name_and_refuses_tf_keras_with_the_fix():
+    import tfdist
+    from tfdist.core.registry import strategy_traits
+    from tfdist.errors import KerasCompatibilityError
+
+    strategy = tfdist.get_strategy("tensor", shards=1)
+    assert strategy.describe() == "tensor: shard 0 of 1, replica 0 of 1, chief"
+    traits = strategy_traits("tensor")
+    assert traits.launch_options == {"tensor": "TFDIST_TENSOR_SHARDS"}
+    with pytest.raises(KerasCompatibilityError, match="unset TF_USE_LEGACY_KERAS"):
+        traits.check_keras("tensor", "tf_keras")
