@@ -4,7 +4,8 @@ A split variable's gradient is spread over the tensor group, so its squared norm
 the group; a replicated one's is counted once (every shard has the same). The scale is then
 Keras's: ``clip / max(norm, clip)``, for each variable (``clipnorm``) or for all at once
 (``global_clipnorm``). Row-slice gradients (an ``Embedding``'s) count their slices' values, as
-Keras 3 does.
+Keras 3 does; global clipping makes them dense, as Keras 3's does, per-variable clipping keeps
+them row slices, as ``tf.clip_by_norm`` does.
 
 Example:
     >>> import tensorflow as tf
@@ -53,7 +54,9 @@ def clip_global(gradients: Sequence[Any], split: Sequence[bool], clip: float,
     if shares:
         total += all_reduce_sum(tf.add_n(shares), group, timeout)
     factor = _factor(tf.sqrt(total), clip)
-    return [None if g is None else _scale(g, factor) for g in gradients]
+    # ``g * factor`` as Keras writes it: row slices become a dense gradient there, which
+    # changes how Adam updates them, so they must here too.
+    return [None if g is None else g * factor for g in gradients]
 
 
 def clip_each(gradients: Sequence[Any], split: Sequence[bool], clip: float,
