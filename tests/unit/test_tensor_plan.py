@@ -153,7 +153,8 @@ def test_one_shard_trains_saves_and_predicts_like_keras(tmp_path):
     model = strategy.build_model(whole)
     assert strategy.plan.output_layer == "head"
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    model.compile(keras.optimizers.SGD(0.1), loss)
+    with strategy.scope():  # as scripts written for the other strategies compile
+        model.compile(keras.optimizers.SGD(0.1), loss)
     whole.compile(keras.optimizers.SGD(0.1), loss)
     rng = np.random.default_rng(0)
     x, y = rng.integers(0, 16, (8, 6)), rng.integers(0, 16, (8, 6))

@@ -95,6 +95,7 @@ class TensorStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
 
     name = "tensor"
     traits = builtin.TENSOR
+    per_rank_backups = True  # each process holds different shards
 
     def __init__(self, shards: int | None = None, rules: Mapping[str, str] | None = None,
                  timeout_seconds: float | None = None,

@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.mesh import ProcessGroup
+from tfdist.pipeline.keras_compat import bind_unbuilt_optimizer
 from tfdist.tensor.clipping import clip_each, clip_global
 from tfdist.tensor.collectives import all_reduce_sum, gather_axis, gather_last_axis
 from tfdist.tensor.loss import VocabParallelCrossEntropy
@@ -75,6 +76,7 @@ class TensorModel(keras.Model):
         """Records the plan and groups (not part of the model's config)."""
         self.tensor_plan, self.tensor_group, self.data_group = plan, tensor, data
         self.vocab_start, self.tensor_timeout = start, timeout
+        self._home_strategy = tf.distribute.get_strategy()  # where the shard's variables live
         self._split_ids = {id(variable) for layer in plan.layers
                            for variable, weight in zip(self.get_layer(layer.name).weights,
                                                        layer.weights, strict=True)
@@ -93,6 +95,9 @@ class TensorModel(keras.Model):
             loss = split_loss(loss, self.tensor_plan, self.tensor_group, self.vocab_start,
                               self.tensor_timeout)
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics, **kwargs)
+        # compile inside strategy.scope() (as scripts for the other strategies do): the
+        # optimizer's slots go where the shard's plain variables are.
+        bind_unbuilt_optimizer(self.optimizer, self._home_strategy)
 
     # ------------------------------------------------------------------- steps
     def replica_rows(self, value: Any) -> Any:
