@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tfdist import startup_hook
 from tfdist.cluster import ClusterSpec
 from tfdist.errors import StrategyConfigError
 from tfdist.launcher import cli, slurm_task
@@ -146,6 +147,20 @@ def test_sbatch_is_valid_bash_and_each_rank_gets_the_tf_config_of_the_same_clust
         assert plan.tf_config == expected.tf_config(task.type, task.index)
         server = strategy == "parameter_server" and task.type in ("worker", "ps")
         assert (plan.kind == "service") == server
+
+
+def test_sbatch_keeps_the_submitter_s_pythonpath_after_the_job_s(tmp_path):
+    script = export_job(JobOptions("train.py", workers=2), "slurm", nodes=2)
+    exports = "".join(line + "\n" for line in script.splitlines() if line.startswith("export "))
+    probe = tmp_path / "exports.sh"
+    probe.write_text("set -euo pipefail\n" + exports + 'echo "$PYTHONPATH"\n')
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": "/submitter/lib"}
+    seen = subprocess.run(["bash", str(probe)], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip().split(os.pathsep)
+    assert seen[0] == str(startup_hook.HOOK_DIR) and seen[-1] == "/submitter/lib"
+    unset = subprocess.run(["bash", str(probe)], env={"PATH": os.environ["PATH"]},
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert unset.split(os.pathsep)[0] == str(startup_hook.HOOK_DIR) and "/submitter" not in unset
 
 
 def test_shim_dry_run_prints_the_rank_s_tf_config(tmp_path):

@@ -139,7 +139,7 @@ def sbatch_script(plan: JobPlan, export: ExportOptions) -> str:
             fix="lower --nodes, or add workers"))
     srun = _srun_line(plan, export)
     per_node = f"#SBATCH --ntasks-per-node={ntasks // nodes}\n" if ntasks % nodes == 0 else ""
-    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in plan.env.items())
+    exports = "".join(_export_line(k, v) for k, v in plan.env.items())
     summary = ", ".join(f"{role}={count}" for role, count in roles.items())
     return (
         "#!/bin/bash\n"
@@ -154,6 +154,20 @@ def sbatch_script(plan: JobPlan, export: ExportOptions) -> str:
         "# and SLURM_LOCALID (any --distribution works); a failing task stops the step.\n"
         f"{srun}\n"
     )
+
+
+def _export_line(name: str, value: str) -> str:
+    """One ``export`` of the batch script. ``PYTHONPATH`` keeps the submitter's own entries after
+    the job's (sbatch passes the submitting shell's environment to the job), so a module the user
+    put on their path is still found.
+
+    Example:
+        >>> print(_export_line("PYTHONPATH", "/hook"), end="")
+        export PYTHONPATH=/hook${PYTHONPATH:+:$PYTHONPATH}
+    """
+    if name == "PYTHONPATH":
+        return f"export PYTHONPATH={shlex.quote(value)}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+    return f"export {name}={shlex.quote(value)}\n"
 
 
 def _srun_line(plan: JobPlan, export: ExportOptions) -> str:
