@@ -13,7 +13,8 @@ from typing import Any
 
 from tfdist.core.flavour import KerasFlavour, flavour_of, get_keras, keras_flavour
 
-__all__ = ["abstract_build", "bind_unbuilt_optimizer", "call_losses", "weight_losses"]
+__all__ = ["abstract_build", "bind_unbuilt_optimizer", "call_losses", "functional_class",
+           "weight_losses"]
 
 
 def bind_unbuilt_optimizer(optimizer: Any, strategy: Any) -> bool:
@@ -108,3 +109,17 @@ def abstract_build(flavour: KerasFlavour | None = None) -> Iterator[None]:
             yield
     finally:
         global_state.set_global_attribute(key, before)
+
+
+def functional_class(flavour: KerasFlavour) -> type:
+    """The functional model class of ``flavour`` (stage models subclass it).
+
+    Example:
+        >>> functional_class(keras_flavour()).__name__
+        'Functional'
+    """
+    if flavour == "tf_keras":
+        from tf_keras.src.engine.functional import Functional
+    else:
+        from keras.src.models.functional import Functional
+    return Functional

@@ -58,11 +58,11 @@ class PipelineMode(Protocol):
 
 def stage_engine(config: PipelineConfig, spec: stage.ModelSpec, bounds: tuple[int, ...],
                  layout: PipelineLayout) -> StageEngine:
-    """The engine of ``layout.stage`` (its boundary shapes from the split model)."""
-    start, stop = bounds[layout.stage], bounds[layout.stage + 1]
+    """The engine of ``layout.stage`` (the tensors its cuts carry, from the split model)."""
+    cuts, k = spec.cuts(bounds), layout.stage
     return StageEngine(
-        layout=layout, input_shape=spec.shapes[start], input_dtype=spec.dtypes[start],
-        output_shape=spec.shapes[stop], output_dtype=spec.dtypes[stop],
+        layout=layout, inputs=spec.boundary(cuts[k - 1]) if k > 0 else (),
+        outputs=spec.boundary(cuts[k]) if k < len(cuts) else (),
         micro_batches=config.micro_batches, schedule=config.schedule,
         timeout=config.timeout or 0.0)
 

@@ -45,6 +45,9 @@ __all__ = [
     "REDUCE",
     "instance_key",
     "Link",
+    "BoundaryTensor",
+    "send_boundary",
+    "recv_boundary",
     "group_broadcast",
     "all_reduce_mean",
     "enable_collectives",
@@ -93,6 +96,65 @@ class Link:
         return group_broadcast(None, shape, dtype, group=self.group,
                                instance=instance_key(kind, micro_batch, index, phase),
                                timeout=self.timeout)
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundaryTensor:
+    """One tensor alive across a cut between stages (`tfdist.pipeline.partition.crossing`).
+
+    A cut carries a tuple of them: tensor ``i`` travels as index ``i`` of each micro-batch's
+    ``ACTIVATION`` transfer, and, when it has a ``gradient``, its gradient comes back as index
+    ``i`` of the ``GRADIENT`` transfer.
+
+    Attributes:
+        shape: Its shape without the batch dimension.
+        dtype: Its dtype name.
+        gradient: Whether its gradient goes back: a floating tensor made by a layer (integer
+            tensors, masks and the model's inputs travel forward only).
+
+    Example:
+        >>> BoundaryTensor((4,), "int32", gradient=False).nbytes
+        16
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    gradient: bool
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes per row."""
+        size = tf.as_dtype(self.dtype).size
+        for d in self.shape:
+            size *= int(d)
+        return size
+
+
+def send_boundary(link: Any, tensors: Sequence[Any], boundary: Sequence[BoundaryTensor],
+                  kind: int, micro_batch: int = 0, phase: int = TRAIN) -> list[Any]:
+    """Sends a cut's tensors (``kind`` ACTIVATION: all; GRADIENT: those with a gradient, a
+    None one as zeros); returns the sends, to tie to the step's outputs."""
+    sends = []
+    for i, (tensor, spec) in enumerate(zip(tensors, boundary, strict=True)):
+        if kind == GRADIENT and not spec.gradient:
+            continue
+        sends.append(link.send(tensor, kind, micro_batch, index=i, phase=phase))
+    return sends
+
+
+def recv_boundary(link: Any, boundary: Sequence[BoundaryTensor], rows: Any, kind: int,
+                  micro_batch: int = 0, phase: int = TRAIN) -> list[Any]:
+    """Receives what `send_boundary` sends: ``kind`` ACTIVATION, every tensor of the cut;
+    GRADIENT, a gradient per tensor that has one, None for the others."""
+    received = []
+    for i, spec in enumerate(boundary):
+        if kind == GRADIENT and not spec.gradient:
+            received.append(None)
+            continue
+        shape = tf.stack([rows, *[int(d) for d in spec.shape]])
+        received.append(link.recv(shape, tf.as_dtype(spec.dtype), kind, micro_batch, index=i,
+                                  phase=phase))
+    return received
 
 
 def group_broadcast(value: Any | None, shape: Any, dtype: Any, *, group: ProcessGroup,
