@@ -1,0 +1,79 @@
+"""One process of a pipeline job on a functional graph (`graph_models`), or, without TF_CONFIG,
+all stages in this process on logical CPUs: trains with ``model.fit`` and reports the gathered
+weights, the logged loss, and the same model trained in one process.
+
+Args: ``model stages micro_batches schedule steps [--sabotage] [--split NAME ...]``.
+``--sabotage`` zeroes the gradient of tensor 1 of each cut on its way back (in the residual
+model, split inside a block, the block's input: the skip): the parity check must then fail.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import tensorflow as tf
+
+if not os.environ.get("TF_CONFIG"):
+    tf.config.set_logical_device_configuration(
+        tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 3)
+
+import numpy as np  # noqa: E402
+from graph_models import GLOBAL, MODELS, compile_args, keras, layer_weights  # noqa: E402
+
+import tfdist  # noqa: E402
+from tfdist.core import flavour  # noqa: E402
+from tfdist.pipeline import local, transport  # noqa: E402
+from tfdist.testing import report  # noqa: E402
+
+
+def sabotage_first_gradient(link_class):
+    """The gradient a stage sends back as index 1 of a cut becomes zeros."""
+    send = link_class.send
+
+    def zero(self, tensor, kind, micro_batch=0, index=0, phase=transport.TRAIN):
+        if kind == transport.GRADIENT and index == 1:
+            tensor = tf.zeros_like(tensor)
+        return send(self, tensor, kind, micro_batch, index, phase)
+
+    link_class.send = zero
+
+
+def fitted(model, x, y, loss, optimizer):
+    model.compile(**compile_args(loss, optimizer))
+    history = model.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False, verbose=0)
+    return history.history["loss"]
+
+
+def main(argv):
+    name, stages, micro, schedule, steps = argv[0], int(argv[1]), int(argv[2]), argv[3], \
+        int(argv[4])
+    split = argv[argv.index("--split") + 1:] if "--split" in argv else None
+    build, data, loss, optimizer = MODELS[name]
+    strategy = tfdist.get_strategy("pipeline", stages=stages, micro_batches=micro,
+                                   schedule=schedule, split_points=split)
+    keras.utils.set_random_seed(1)
+    whole = build()
+    initial = [w.copy() for w in layer_weights(whole)]
+    model = strategy.build_model(whole)
+    if "--sabotage" in argv:
+        sabotage_first_gradient(local.LocalLink if strategy.devices else transport.Link)
+    x, y = data(steps)
+    history = fitted(model, x, y, loss, optimizer)
+    trained = strategy.gather_weights(model)
+    result = {"loss": history, "stage": strategy.stage_report(),
+              "cuts": [list(c) for c in strategy.spec.cuts(strategy.bounds)],
+              "flavour": flavour.flavour_of(model)}
+    if strategy.is_chief:
+        keras.utils.set_random_seed(1)
+        reference = build()
+        ref_loss = fitted(reference, x, y, loss, optimizer)
+        result.update(
+            trained=[np.asarray(w).tolist() for w in trained],
+            initial=[w.tolist() for w in initial],
+            reference=[w.tolist() for w in layer_weights(reference)], reference_loss=ref_loss)
+    report(result)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
