@@ -125,7 +125,8 @@ def apply_step(model: Any, engine: PipelineEngine, optimizer: Any, x: Any, y: An
     variables = list(model.trainable_variables)
     total, grads, outs = engine.train(model.stage_calls(training=True), model.stage_variables(),
                                       x, y, loss, sample_weight, model.stage_loss_terms())
-    optimizer.apply_gradients(zip(engine.average_over_replicas(grads), variables, strict=True))
+    grads = model.sum_tied(engine.average_over_replicas(grads))
+    optimizer.apply_gradients(zip(grads, variables, strict=True))
     return total, outs
 
 
@@ -171,7 +172,14 @@ class _StageModelMixin:
         """This stage's regularization losses, for the engine."""
         return loss_terms(self)
 
-    def _init_pipeline(self, engine: PipelineEngine, strategy: Any) -> None:
+    def sum_tied(self, grads: list[Any]) -> list[Any]:
+        """``grads`` with the gradients of weights tied across stages summed over the stages
+        that hold them (`tfdist.pipeline.tied`)."""
+        tied = getattr(self, "_pipeline_tied", None)
+        return grads if tied is None else tied(grads)
+
+    def _init_pipeline(self, engine: PipelineEngine, strategy: Any, tied: Any = None) -> None:
+        self._pipeline_tied = tied
         self._engine = engine
         self._pipeline = strategy
         self._pipeline_loss = None

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import tensorflow as tf
 
-from tfdist.pipeline import local, stage
+from tfdist.pipeline import local, stage, tied
 from tfdist.pipeline.config import PipelineConfig
 from tfdist.pipeline.engine import StageEngine
 from tfdist.pipeline.keras_model import local_stages_model, stage_model_class
@@ -53,6 +53,11 @@ class PipelineMode(Protocol):
     def build(self, spec: stage.ModelSpec, bounds: tuple[int, ...], strategy: Any) -> Any:
         """The Keras model of this process's stages, its engine attached; ``strategy`` is the
         `PipelineStrategy` the model reports to."""
+        ...
+
+    def sync_tied(self, model: Any) -> None:
+        """Gives every stage holding a weight tied across stages the first holder's values (a
+        collective of the holders)."""
         ...
 
 
@@ -86,8 +91,15 @@ class StagePerProcess:
             model = stage.build_stage(spec, bounds, self.layout.stage,
                                       cls=stage_model_class(spec.flavour))
         engine = stage_engine(self.config, spec, bounds, self.layout)
-        model._init_pipeline(engine, strategy)  # noqa: SLF001
+        tied_weights = tied.tied_for_stage(spec, bounds, self.layout, model,
+                                           self.config.timeout or 0.0)
+        model._init_pipeline(engine, strategy, tied_weights if tied_weights.entries else None)  # noqa: SLF001
         return model
+
+    def sync_tied(self, model: Any) -> None:
+        """Gives every holder of a tied weight its first holder's values."""
+        if model._pipeline_tied is not None:  # noqa: SLF001
+            model._pipeline_tied.sync(model.trainable_variables)  # noqa: SLF001
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,8 +125,15 @@ class StagesOnDevices:
         count = self.layout.stages
         engines = tuple(stage_engine(self.config, spec, bounds, PipelineLayout(count, count, k))
                         for k in range(count))
-        model._init_pipeline(local.LocalPipeline(engines, self.devices), strategy)  # noqa: SLF001
+        summed, sync = tied.tied_for_local(spec, bounds, stages)
+        model._init_pipeline(local.LocalPipeline(engines, self.devices), strategy,  # noqa: SLF001
+                             summed)
+        model._pipeline_sync_tied = sync  # noqa: SLF001
         return model
+
+    def sync_tied(self, model: Any) -> None:
+        """Gives every holder of a tied weight its first holder's values."""
+        model._pipeline_sync_tied()  # noqa: SLF001
 
 
 def choose_mode(config: PipelineConfig, processes: int, rank: int) -> PipelineMode:

@@ -54,6 +54,9 @@ __all__ = [
 ]
 
 ACTIVATION, GRADIENT, WEIGHTS, REDUCE, SHARE, METRICS = 1, 2, 3, 4, 5, 6
+TIED = 0
+"""The kind of the sums (and initial copies) of weights tied across stages
+(`tfdist.pipeline.tied`), on the pair group of their two holders."""
 TRAIN, EVALUATE, PREDICT, CUSTOM = 0, 1, 2, 3
 EXIT = 7
 
@@ -185,6 +188,16 @@ def all_reduce_mean(tensors: Sequence[Any], *, group: ProcessGroup, kind: int = 
             timeout=timeout) / group.size
         for i, t in enumerate(tensors)
     ]
+
+
+def all_reduce_sum(tensor: Any, *, group: ProcessGroup, instance: int,
+                   timeout: float = 0.0) -> Any:
+    """The element-wise sum of ``tensor`` over the members of ``group``."""
+    if group.size == 1:
+        return tensor
+    return collective_ops.all_reduce_v2(
+        tensor, group_size=group.size, group_key=group.key, instance_key=instance,
+        merge_op="Add", final_op="Id", timeout=timeout)
 
 
 def exit_barrier(world: ProcessGroup, timeout: float = 60.0) -> bool:

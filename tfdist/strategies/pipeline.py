@@ -269,8 +269,10 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
             for k in held:
                 stage.set_layer_weights(_stage_model(model, k), spec, stage.stage_layers(spec, bounds, k),
                                         stage.stage_weights(model_or_fn, spec, bounds, k))
-        elif self.layout.replicas > 1:
-            self._broadcast_from_first_replica(model)
+        else:
+            self.mode.sync_tied(model)
+            if self.layout.replicas > 1:
+                self._broadcast_from_first_replica(model)
         size = stage.weights_nbytes(model.weights)
         _log.info("pipeline %s: layers %s..%s, %.2f MB of %.2f MB parameters (%.0f%%)",
                   self.describe(), spec.names[bounds[held.start]],

@@ -64,10 +64,10 @@ class TiedEmbedding(keras.layers.Embedding):
             return keras.ops.matmul(inputs, keras.ops.transpose(self.embeddings))
         return super().call(inputs)
 
-    def compute_output_shape(self, input_shape, reverse=False):
+    def compute_output_spec(self, inputs, reverse=False):
         if reverse:
-            return (*input_shape[:-1], self.input_dim)
-        return super().compute_output_shape(input_shape)
+            return keras.KerasTensor((*inputs.shape[:-1], self.input_dim), self.compute_dtype)
+        return super().compute_output_spec(inputs)
 
 
 @keras.saving.register_keras_serializable("tfdist_tests")
@@ -79,16 +79,16 @@ class MaskedSelfAttention(keras.layers.Layer):
         self.heads, self.key_dim = heads, key_dim
         self.attention = keras.layers.MultiHeadAttention(heads, key_dim, name="mha")
 
-    def build(self, input_shape, mask_shape=None):
-        self.attention.build(input_shape, input_shape)
+    def build(self, x_shape, padding_mask_shape=None):
+        self.attention.build(x_shape, x_shape)
 
     def call(self, x, padding_mask):
         keep = keras.ops.cast(padding_mask, "bool")
         mask = keras.ops.logical_and(keep[:, None, :], keep[:, :, None])
         return self.attention(x, x, attention_mask=mask)
 
-    def compute_output_shape(self, input_shape, mask_shape=None):
-        return input_shape
+    def compute_output_shape(self, x_shape, padding_mask_shape=None):
+        return x_shape
 
     def get_config(self):
         return {**super().get_config(), "heads": self.heads, "key_dim": self.key_dim}

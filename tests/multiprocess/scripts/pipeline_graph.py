@@ -2,8 +2,8 @@
 all stages in this process on logical CPUs: trains with ``model.fit`` and reports the gathered
 weights, the logged loss, and the same model trained in one process.
 
-Args: ``model stages micro_batches schedule steps [--sabotage] [--split NAME ...]``.
-``--sabotage`` zeroes the gradient of tensor 1 of each cut on its way back (in the residual
+Args: cases ``model:stages:micro_batches:schedule[:sabotage]`` (3 steps each), reported as
+one JSON object by case. ``sabotage`` zeroes the gradient of tensor 1 of each cut on its way back (in the residual
 model, split inside a block, the block's input: the skip): the parity check must then fail.
 """
 
@@ -45,21 +45,23 @@ def fitted(model, x, y, loss, optimizer):
     return history.history["loss"]
 
 
-def main(argv):
-    name, stages, micro, schedule, steps = argv[0], int(argv[1]), int(argv[2]), argv[3], \
-        int(argv[4])
-    split = argv[argv.index("--split") + 1:] if "--split" in argv else None
+def run_case(case, steps=3):
+    """Trains case ``model:stages:micro_batches:schedule[:sabotage]``; returns its report."""
+    name, stages, micro, schedule, *flags = case.split(":")
     build, data, loss, optimizer = MODELS[name]
-    strategy = tfdist.get_strategy("pipeline", stages=stages, micro_batches=micro,
-                                   schedule=schedule, split_points=split)
+    strategy = tfdist.get_strategy("pipeline", stages=int(stages), micro_batches=int(micro),
+                                   schedule=schedule)
     keras.utils.set_random_seed(1)
     whole = build()
     initial = [w.copy() for w in layer_weights(whole)]
     model = strategy.build_model(whole)
-    if "--sabotage" in argv:
-        sabotage_first_gradient(local.LocalLink if strategy.devices else transport.Link)
+    link_class = local.LocalLink if strategy.devices else transport.Link
+    real_send = link_class.send
+    if "sabotage" in flags:
+        sabotage_first_gradient(link_class)
     x, y = data(steps)
     history = fitted(model, x, y, loss, optimizer)
+    link_class.send = real_send
     trained = strategy.gather_weights(model)
     result = {"loss": history, "stage": strategy.stage_report(),
               "cuts": [list(c) for c in strategy.spec.cuts(strategy.bounds)],
@@ -72,7 +74,11 @@ def main(argv):
             trained=[np.asarray(w).tolist() for w in trained],
             initial=[w.tolist() for w in initial],
             reference=[w.tolist() for w in layer_weights(reference)], reference_loss=ref_loss)
-    report(result)
+    return result
+
+
+def main(cases):
+    report({case: run_case(case) for case in cases})
 
 
 if __name__ == "__main__":
