@@ -185,7 +185,7 @@ def test_both_engines_and_both_modes_answer_their_written_interface():
         "layout", "train", "forward", "replica_rows", "average_over_replicas", "share"}
     for cls in (engine.StageEngine, local.LocalPipeline):
         assert asked(engine.PipelineEngine) <= offered(cls), cls
-    assert asked(modes.PipelineMode) == {"layout", "devices", "where", "build"}
+    assert asked(modes.PipelineMode) == {"layout", "devices", "where", "build", "sync_tied"}
     for cls in (modes.StagePerProcess, modes.StagesOnDevices):
         assert asked(modes.PipelineMode) <= offered(cls), cls
 
