@@ -67,13 +67,20 @@ class TaskFailedError(LaunchError):
         task: The failing task, as ``"type:index"`` (e.g. ``"worker:1"``).
         returncode: Its exit status (negative: killed by that signal).
         output_tail: Its last lines of output.
+        stopped: Tasks whose processes were stopped (SIGSTOP, a debugger, job control) when it
+            failed: their peers time out waiting for them, so they are the likely cause.
     """
 
-    def __init__(self, task: str, returncode: int, output_tail: str = "") -> None:
+    def __init__(self, task: str, returncode: int, output_tail: str = "",
+                 stopped: tuple[str, ...] = ()) -> None:
         self.task = task
         self.returncode = returncode
         self.output_tail = output_tail
+        self.stopped = stopped
         message = f"Task {task} failed with exit status {returncode}."
+        if stopped:
+            message = (f"Task(s) {', '.join(stopped)} stopped making progress (process "
+                       f"stopped); task {task} failed with exit status {returncode}.")
         if output_tail:
             message += f" Its last output lines:\n{output_tail}"
         super().__init__(message)

@@ -339,9 +339,11 @@ def _wait_for_nodes(python: list[str], address: str, count: int, env: dict[str, 
 
 
 @pytest.fixture(scope="module")
-def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
+def two_nodes(
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any, dict[str, str]]]:
     """A Ray head and a second Ray node, each in its own fake host (network namespace on a
-    private bridge, `fake_hosts`); yields the head's address and the hosts."""
+    private bridge, `fake_hosts`), with token authentication; yields the head's address, the
+    hosts and the token's environment."""
     sys.path.insert(0, str(Path(__file__).parent))
     from fake_hosts import FakeHosts, missing_requirement
 
@@ -351,7 +353,11 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, A
     tmp = Path(tempfile.mkdtemp(prefix="tfdray2", dir="/tmp"))
     hosts = FakeHosts.start(tmp, count=2, sshd_on=(), label="ray")
     ray_bin, nodes = str(Path(sys.executable).parent / "ray"), []
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # The auth mode is explicit: with RAY_AUTH_MODE unset, Ray turns token auth on for a head
+    # when ~/.ray/auth_token exists (any earlier local ray.init() writes one), and the second
+    # node is then refused ("InvalidAuthToken").
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), **auth}
     common = ["--block", "--num-cpus", "2", "--disable-usage-stats"]
     try:
         nodes.append(subprocess.Popen(hosts.exec_argv(0, [
@@ -368,7 +374,7 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, A
         except AssertionError as err:
             raise AssertionError(f"{err}\nthe second node's output:\n"
                                  f"{(tmp / 'node1.log').read_text()}") from None
-        yield address, hosts
+        yield address, hosts, auth
     finally:
         for node in reversed(nodes):
             _stop_head(node)
@@ -378,8 +384,8 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, A
 
 def test_multi_worker_across_two_ray_nodes_trains_to_the_local_runs_loss(
         two_nodes, local_run, tmp_path):
-    address, hosts = two_nodes
-    env = {**os.environ, "PYTHONPATH": str(REPO), RESULT_DIR_ENV: str(tmp_path)}
+    address, hosts, auth = two_nodes
+    env = {**os.environ, "PYTHONPATH": str(REPO), RESULT_DIR_ENV: str(tmp_path), **auth}
     # 2 CPUs per task on nodes of 2 CPUs: one task on each node.
     proc = subprocess.run(hosts.exec_argv(0, [
         *LAUNCH, "--ray", address, "--timeout", "150", "--workers", "2", "--ray-cpus-per-task",
@@ -451,3 +457,35 @@ def test_an_evaluator_is_a_sidecar(ray_cluster, tmp_path):
     assert "[worker:0] worker:0 trained" in out and "[worker:1]" not in out  # the default view
     assert "output of worker:1 hidden unless it fails (--verbose shows it)" in out
     assert "job finished: 3 task(s) succeeded" in out
+
+
+@pytest.mark.parametrize("listener", ["refused", "silent"])
+def test_an_address_where_no_ray_answers_fails_within_the_deadline(listener, tmp_path):
+    # Ray's own ray.init waits for ever (420 s seen) on a port where nothing answers: the
+    # launcher names the address within --ray-gang-timeout.
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("ray is not installed")
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    if listener == "silent":
+        server.listen()  # accepts connections and never speaks
+    else:
+        server.close()  # nothing listens: refused
+    script = tmp_path / "train.py"
+    script.write_text("print('never runs')\n")
+    started = time.monotonic()
+    try:
+        done = subprocess.run([*LAUNCH, "--ray", f"127.0.0.1:{port}", "--ray-gang-timeout", "4",
+                               "--workers", "2", str(script)], env={**os.environ,
+                              "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                              timeout=90)
+    finally:
+        server.close()
+    took = time.monotonic() - started
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"Cannot reach the Ray cluster at --ray 127.0.0.1:{port} within 4 s" in done.stderr
+    assert "never runs" not in done.stdout
+    assert took < 4 + 15, took  # the deadline, plus importing ray and exiting

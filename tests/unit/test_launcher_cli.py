@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tfdist.cluster import ClusterSpec
-from tfdist.launcher import cli
+from tfdist.launcher import arguments, cli
 
 
 @pytest.fixture
@@ -155,12 +155,48 @@ def test_single_process_strategies_default_to_one_worker(script, capsys):
     assert len(_dry_run(capsys, ["--strategy", "multi_worker", script])) == 2
 
 
-def test_a_bad_environment_default_is_a_usage_error_not_a_traceback(script, monkeypatch, capsys):
-    monkeypatch.setenv("TFDIST_LAUNCH_WORKERS", "abc")
+@pytest.mark.parametrize("variable,value,expected", [
+    ("WORKERS", "abc", "expected an integer"),
+    ("TIMEOUT", "abc", "expected a number"),  # once blamed on --timeout
+    ("NETWORK", "privte", "expected one of private, host"),  # once ran on the host network
+    ("VERBOSE", "maybe", "expected 1 or 0"),
+    ("SSH_PORT", "22x", "expected an integer"),
+])
+def test_a_bad_environment_default_is_refused_naming_the_variable(
+        script, monkeypatch, capsys, variable, value, expected):
+    monkeypatch.setenv(f"TFDIST_LAUNCH_{variable}", value)
     with pytest.raises(SystemExit) as exit_info:
-        cli.main([script])
+        cli.main(["--workers", "2", "--timeout", "60", script])  # flags given: still refused
     assert exit_info.value.code == 2
-    assert "argument --workers: invalid int value: 'abc'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"TFDIST_LAUNCH_{variable}={value!r} is not a value of --" in err, err
+    assert expected in err and "Fix: export" in err
+
+
+def test_an_unknown_launcher_variable_is_refused_not_ignored(script, monkeypatch, capsys):
+    monkeypatch.setenv("TFDIST_LAUNCH_NETWROK", "private")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--dry-run", script])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "TFDIST_LAUNCH_NETWROK is not a variable tfdist-launch reads" in err
+    assert "TFDIST_LAUNCH_NETWORK," in err  # the list to choose from
+
+
+def test_each_environment_default_is_an_option_named_in_help(capsys):
+    parser = cli.build_parser()
+    flags = {flag for action in parser._actions for flag in action.option_strings}
+    help_text = parser.format_help()
+    for name in arguments.ENVIRONMENT_DEFAULTS:
+        assert f"--{name.lower().replace('_', '-')}" in flags, name
+        assert f"TFDIST_LAUNCH_{name}" in " ".join(help_text.split()), name
+
+
+def test_good_environment_defaults_are_taken(script, monkeypatch, capsys):
+    monkeypatch.setenv("TFDIST_LAUNCH_NETWORK", "host")
+    monkeypatch.setenv("TFDIST_LAUNCH_VERBOSE", "true")
+    monkeypatch.setenv("TFDIST_LAUNCH_WORKERS", "3")
+    assert len(_dry_run(capsys, ["--strategy", "multi_worker", script])) == 3
 
 
 def test_pipeline_options_reach_the_tasks_as_the_strategy_reads_them(script, capsys):
@@ -189,3 +225,22 @@ def test_plan_job_decides_auto_workers_and_layout_once_for_python_callers(script
     assert staged.strategy == "pipeline" and staged.env["TFDIST_PIPELINE_STAGES"] == "2"
     with pytest.raises(LayoutError, match="need a multi-process strategy"):
         plan_job(JobOptions(script, strategy="default", hosts=HostOptions(hosts="n9:1")))
+
+
+def test_a_malformed_tf_config_in_the_launchers_environment_is_refused(script, monkeypatch, capsys):
+    monkeypatch.setenv("TF_CONFIG", "{bad json")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--strategy", "default", script])  # once failed late, in the task
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "In tfdist-launch's own environment: TF_CONFIG is not a JSON object" in err
+    assert "Received: '{bad json'" in err and "Fix: unset TF_CONFIG" in err
+
+
+def test_the_launchers_own_tf_config_reaches_no_task(script, monkeypatch, capsys):
+    monkeypatch.setenv("TF_CONFIG", json.dumps(
+        {"cluster": {"worker": ["localhost:1", "localhost:2"]}, "task": {"type": "worker"}}))
+    (single,) = _dry_run(capsys, ["--strategy", "default", script])
+    assert single["tf_config"] is None and single["unset_env"] == ["TF_CONFIG"]
+    for task in _dry_run(capsys, ["--workers", "2", script]):  # each gets its own
+        assert task["tf_config"]["cluster"]["worker"] != ["localhost:1", "localhost:2"]

@@ -219,3 +219,23 @@ def test_a_log_dir_that_cannot_be_created_fails_the_job_at_once(tmp_path):
             group.wait(timeout=60)
     assert time.monotonic() - started < 30
     assert "Fix: pass a --log-dir that can be created and written" in str(err.value)
+
+
+def test_a_stopped_task_is_named_as_the_one_that_made_no_progress():
+    # Once: worker:1 SIGSTOPped, worker:0 timed out waiting for it, and worker:0 was blamed.
+    from tfdist.launcher.supervisor import Supervisor
+
+    out = io.StringIO()
+    group = ProcessGroup(stream=out, grace_period=2)
+    group.start("worker:1", [PY, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSTOP)"])
+    group.start("worker:0", [PY, "-c", "import time; time.sleep(1.5); "
+                             "print('no answer from worker:1'); raise SystemExit(1)"])
+    with pytest.raises(TaskFailedError) as err:
+        group.wait(timeout=60)
+    assert (err.value.task, err.value.returncode, err.value.stopped) == ("worker:0", 1,
+                                                                          ("worker:1",))
+    message = Supervisor(timeout=1)._failure_message(err.value)
+    assert message.startswith("task worker:1 stopped making progress (its process was stopped")
+    assert "task worker:0 failed waiting for it (exit status 1)" in message
+    assert message.endswith("Last lines of worker:0:\nno answer from worker:1")
+    assert wait_gone([task.pid for task in group.tasks.values()]) == []  # stopped ones too

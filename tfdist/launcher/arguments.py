@@ -2,6 +2,11 @@
 ``--help``: ``TFDIST_LAUNCH_<NAME>``), and `job_options`, which turns what it parsed into typed
 options (`tfdist.launcher.options`) at once: nothing after it reads the namespace.
 
+`environment_problem` checks the ``TFDIST_LAUNCH_*`` variables before the command line is read:
+an unknown name (a typo would otherwise be ignored, e.g. ``TFDIST_LAUNCH_NETWROK=host``) or a
+value its option would refuse (``TFDIST_LAUNCH_NETWORK=privte`` would otherwise pass argparse,
+which checks choices only for values given on the command line) is named with the variable.
+
 Example:
     >>> args = build_parser().parse_args(["--workers", "2", "train.py", "--stages", "2"])
     >>> args.script_args
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from collections.abc import Mapping
 
 from tfdist.cluster.hosts import DEFAULT_BASE_PORT
 from tfdist.core.registry import available_strategies
@@ -24,18 +30,72 @@ from tfdist.launcher.options import EXPORT_FORMATS, ExportOptions, JobOptions, S
 from tfdist.launcher.ray_options import RayOptions
 from tfdist.launcher.ssh import SshOptions
 
-__all__ = ["ENV_PREFIX", "EXPORT_ONLY", "build_parser", "job_options", "export_options",
-           "ray_options", "host_options"]
+__all__ = ["ENV_PREFIX", "ENVIRONMENT_DEFAULTS", "EXPORT_ONLY", "build_parser",
+           "environment_problem", "job_options", "export_options", "ray_options",
+           "host_options"]
 
 ENV_PREFIX = "TFDIST_LAUNCH_"
+ENVIRONMENT_DEFAULTS = (
+    "STRATEGY", "WORKERS", "EVALUATOR_GRACE", "TIMEOUT", "MAX_RESTARTS", "MAX_WORKER_RESTARTS",
+    "PREEMPTION_GRACE", "VERBOSE", "NETWORK", "HOSTS", "HOSTFILE", "SSH_PORT", "SSH_IDENTITY",
+    "SSH_KNOWN_HOSTS", "NETWORK_INTERFACE", "RAY")
+"""The options whose default ``TFDIST_LAUNCH_<NAME>`` sets (``--<name>``, ``_`` as ``-``)."""
+_SWITCH_VALUES = ("", "0", "1", "false", "true", "no", "yes")
 
 
 def _env_default(name: str, default: str) -> str:
+    assert name in ENVIRONMENT_DEFAULTS, name
     return os.environ.get(ENV_PREFIX + name, default)
 
 
 def _env_or_none(name: str) -> str | None:
+    assert name in ENVIRONMENT_DEFAULTS, name
     return os.environ.get(ENV_PREFIX + name) or None
+
+
+def environment_problem(parser: argparse.ArgumentParser,
+                        environ: Mapping[str, str] = os.environ) -> str | None:
+    """What is wrong with the ``TFDIST_LAUNCH_*`` variables in ``environ``, or None: each is
+    checked as its option checks a value given on the command line.
+
+    Example:
+        >>> parser = build_parser()
+        >>> environment_problem(parser, {"TFDIST_LAUNCH_NETWORK": "privte"}).split(". Fix")[0]
+        "TFDIST_LAUNCH_NETWORK='privte' is not a value of --network: expected one of private, host"
+        >>> environment_problem(parser, {"TFDIST_LAUNCH_NETWROK": "host"})[:46]
+        'TFDIST_LAUNCH_NETWROK is not a variable tfdist'
+        >>> environment_problem(parser, {"TFDIST_LAUNCH_TIMEOUT": "90", "HOME": "/root"})
+    """
+    options = {f"--{name.lower().replace('_', '-')}": name for name in ENVIRONMENT_DEFAULTS}
+    actions = {flag: action for action in parser._actions for flag in action.option_strings
+               if flag in options}
+    for variable in sorted(environ):
+        if not variable.startswith(ENV_PREFIX):
+            continue
+        name = variable[len(ENV_PREFIX):]
+        if name not in ENVIRONMENT_DEFAULTS:
+            return (f"{variable} is not a variable tfdist-launch reads (a typo would be "
+                    f"ignored). Fix: unset it, or use one of "
+                    f"{', '.join(ENV_PREFIX + known for known in ENVIRONMENT_DEFAULTS)}")
+        flag = f"--{name.lower().replace('_', '-')}"
+        expected = _value_problem(actions[flag], environ[variable])
+        if expected:
+            return (f"{variable}={environ[variable]!r} is not a value of {flag}: expected "
+                    f"{expected}. Fix: export {variable} with such a value, or unset it")
+    return None
+
+
+def _value_problem(action: argparse.Action, text: str) -> str | None:
+    """What ``action`` expects, if it would refuse ``text``; None if it takes it."""
+    if isinstance(action, argparse._StoreTrueAction):
+        return None if text.strip().lower() in _SWITCH_VALUES else "1 or 0 (true or false)"
+    try:
+        value = action.type(text) if action.type else text
+    except (TypeError, ValueError, argparse.ArgumentTypeError):
+        return _KINDS.get(action.type, "a value --help describes")
+    if action.choices is not None and value not in action.choices:
+        return f"one of {', '.join(map(str, action.choices))}"
+    return None
 
 
 def _positive_int(text: str) -> int:
@@ -43,6 +103,9 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be 1 or more, received {value}")
     return value
+
+
+_KINDS = {int: "an integer", float: "a number", _positive_int: "an integer >= 1"}
 
 
 def build_parser(epilog: str = "") -> argparse.ArgumentParser:
@@ -71,7 +134,7 @@ def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
     )
     job.add_argument(
         "--workers", type=int,
-        default=os.environ.get(ENV_PREFIX + "WORKERS"),  # argparse converts (and rejects) it
+        default=_env_or_none("WORKERS"),  # argparse converts it; environment_problem checks
         help="worker tasks, or Horovod ranks (env TFDIST_LAUNCH_WORKERS; default 1 for the "
         "default and mirrored strategies, which run one process, else 2)",
     )
@@ -161,7 +224,7 @@ def _add_run_switches(run: argparse._ArgumentGroup) -> None:
     run.add_argument("--log-dir", help="also write each task's whole output to LOG_DIR/<task>.log")
     run.add_argument(
         "-v", "--verbose", action="store_true",
-        default=_env_default("VERBOSE", "0") not in ("", "0"),
+        default=_env_default("VERBOSE", "0").strip().lower() not in ("", "0", "false", "no"),
         help="print every line of every task (TensorFlow's start-up chatter included) and each "
         "task's plan; default: the chief's output, and a failed task's last lines "
         "(env TFDIST_LAUNCH_VERBOSE=1)")
@@ -228,7 +291,7 @@ def _add_host_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_ray_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("ray (run the job on a Ray cluster)")
     group.add_argument(
-        "--ray", nargs="?", const="auto", default=os.environ.get(ENV_PREFIX + "RAY"),
+        "--ray", nargs="?", const="auto", default=_env_or_none("RAY"),
         metavar="ADDRESS",
         help="run every task as a Ray actor of one placement group (all start or none): "
         "ADDRESS is HOST:PORT of the head, 'auto' (the default when --ray has no value: "
@@ -239,7 +302,8 @@ def _add_ray_arguments(parser: argparse.ArgumentParser) -> None:
                        help="SPREAD (default): tasks over as many nodes as have room; PACK: "
                        "fill a node first")
     group.add_argument("--ray-gang-timeout", type=float, default=60.0, metavar="SECONDS",
-                       help="seconds to wait for the gang's resources and actors (default 60)")
+                       help="seconds to wait for the cluster to answer, the gang's resources and "
+                       "its actors (default 60)")
 
 
 def job_options(args: argparse.Namespace) -> JobOptions:

@@ -25,6 +25,7 @@ import sys
 from collections.abc import Sequence
 
 from tfdist.cluster.address import MAX_PORT
+from tfdist.core.environ import peek_tf_config
 from tfdist.errors import (
     ClusterConfigError,
     LaunchError,
@@ -66,10 +67,14 @@ def parse_args(argv: Sequence[str] | None = None) -> Launch:
     """Parses ``argv`` into typed options and plans the job (`plan_job`, once); exits with status
     2 and a one-line message when invalid.
 
-    Problems are named in this order: ``--export`` and ``--ray`` arguments, an unknown strategy,
+    Problems are named in this order: the ``TFDIST_LAUNCH_*`` variables
+    (`arguments.environment_problem`), ``--export`` and ``--ray`` arguments, an unknown strategy,
     the job's own arguments, the tasks' layout for the strategy, the ``--hosts`` arguments.
     """
     parser = build_parser()
+    problem = arguments.environment_problem(parser) or _tf_config_problem()
+    if problem:
+        parser.error(problem)
     args = parser.parse_args(argv)
     if args.check:
         return Launch(None, dry_run=args.dry_run, check=True)
@@ -94,6 +99,20 @@ def _plan(parser: argparse.ArgumentParser, options: JobOptions) -> JobPlan | str
         return str(err)
     except TfdistError as err:
         parser.error(str(err))
+
+
+def _tf_config_problem() -> str | None:
+    """What is wrong with a TF_CONFIG in the launcher's environment, or None.
+
+    The launcher writes each task's TF_CONFIG itself and passes none of its own on; a malformed
+    one is still refused, since whoever set it expected it to mean something.
+    """
+    try:
+        peek_tf_config()
+    except ClusterConfigError as err:
+        return (f"In tfdist-launch's own environment: {err.args[0].split(' Fix:')[0]} Fix: "
+                "unset TF_CONFIG (tfdist-launch writes each task's own)")
+    return None
 
 
 def _export_problem(args: argparse.Namespace) -> str | None:

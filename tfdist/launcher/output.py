@@ -25,10 +25,11 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
-__all__ = ["LineFilter", "LineView", "shown_tasks", "task_filters"]
+__all__ = ["LineFilter", "LineView", "RankFailure", "TaskOutput", "shown_tasks", "task_filters"]
 
 LineFilter = Callable[[str], bool]
 """Says whether a task's output line is printed (True) or only kept in its tail and log."""
@@ -39,7 +40,13 @@ _ABSL_BANNER = ("WARNING: All log messages before absl::InitializeLog() is calle
                 "to STDERR")
 _NO_CUDA_DRIVER = "Could not find cuda drivers"
 _CUINIT_FAILED = "failed call to cuInit"
-_HOROVOD_PREFIX = re.compile(r"^[^\[]*\[(\d+)\]<(?:stdout|stderr)>:")
+_HOROVOD_PREFIX = re.compile(r"^[^\[]*\[(?:\d+,)?(\d+)\]<(?:stdout|stderr)>:")
+"""A rank's line: Gloo tags it ``[rank]<stdout>:``, mpirun ``[job,rank]<stdout>:``."""
+_RANK_TAG = re.compile(r"\[(?:\d+,)?(\d+)\]<(?:stdout|stderr)>:")
+_GLOO_EXIT = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.")
+_MPI_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
+_MPI_PROCESS = re.compile(r"Process name:\s+\[\[\d+,\d+\],(\d+)\]")
+_MPI_EXIT_CODE = re.compile(r"^\s*Exit code:\s+(-?\d+)")
 _DEFAULT_MIN_LEVEL = 2
 
 
@@ -54,6 +61,8 @@ class LineView:
     Example:
         >>> view = LineView(min_level=2, first_rank_only=True)
         >>> view("[1]<stdout>:Epoch 1/2"), view("[0]<stdout>:Epoch 1/2")
+        (False, True)
+        >>> view("[7,1]<stdout>:Epoch 1/2"), view("[7,0]<stdout>:Epoch 1/2")  # under --mpi
         (False, True)
     """
 
@@ -129,3 +138,82 @@ def task_filters(
 
 def _hidden(line: str) -> bool:
     return False
+
+
+RankFailure = tuple[str, int, str]
+"""A rank that ``horovodrun`` (or ``mpirun``) reported failed first: its name (``rank:N``),
+its exit status and its last lines."""
+
+
+class TaskOutput:
+    """A task's last lines; for a task that runs Horovod ranks (``horovodrun``), also each
+    rank's last lines and the first rank it reported failed, so a failure names the rank.
+
+    Example:
+        >>> out = TaskOutput(maxlen=3)
+        >>> for line in ["[0]<stdout>:step 1", "[1]<stderr>:rank 1 gives up",
+        ...              "[0]<stdout>:step 2", "Process 1 exit with status code 3."]:
+        ...     out.append(line)
+        >>> out.last(2)
+        '[0]<stdout>:step 2\nProcess 1 exit with status code 3.'
+        >>> out.failed_rank()
+        ('rank:1', 3, 'rank 1 gives up')
+        >>> mpi = TaskOutput(maxlen=9)
+        >>> for line in ["[5,1]<stderr>:no data[5,0]<stdout>:waits", "  Process name: [[5,1],1]",
+        ...              "  Exit code:    3"]:
+        ...     mpi.append(line)
+        >>> mpi.failed_rank()
+        ('rank:1', 3, 'no data')
+    """
+
+    def __init__(self, maxlen: int) -> None:
+        self.lines: collections.deque[str] = collections.deque(maxlen=maxlen)
+        self.ranks: dict[str, collections.deque[str]] = {}
+        self.first_failure: tuple[str, int] | None = None
+        self._mpi_process: str | None = None
+
+    def append(self, line: str) -> None:
+        self.lines.append(line)
+        if _HOROVOD_PREFIX.match(line):
+            # mpirun may put several ranks' output on one line: "[5,1]<stderr>:a[5,0]<stdout>:b"
+            tags = list(_RANK_TAG.finditer(line))
+            for tag, after in zip(tags, [*tags[1:], None], strict=True):
+                text = line[tag.end():after.start() if after else len(line)]
+                if text or len(tags) == 1:
+                    self.ranks.setdefault(tag.group(1), collections.deque(
+                        maxlen=self.lines.maxlen)).append(text)
+        elif self.first_failure is None:
+            self._read_failure(line)
+
+    def _read_failure(self, line: str) -> None:
+        """Gloo's ``Process N exit with status code C.``; mpirun's ``... process rank N ...
+        exited on signal S`` and ``Process name: [[j,s],N]`` followed by ``Exit code: C``."""
+        if found := _GLOO_EXIT.match(line):
+            self.first_failure = (found.group(1), int(found.group(2)))
+        elif found := _MPI_SIGNAL.search(line):
+            self.first_failure = (found.group(1), -int(found.group(2)))
+        elif found := _MPI_PROCESS.search(line):
+            self._mpi_process = found.group(1)
+        elif self._mpi_process is not None and (found := _MPI_EXIT_CODE.match(line)):
+            self.first_failure = (self._mpi_process, int(found.group(1)))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.lines)
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def __getitem__(self, index: int) -> str:
+        return self.lines[index]
+
+    def last(self, lines: int) -> str:
+        """The last ``lines`` lines, whoever printed them."""
+        return "\n".join(list(self.lines)[-lines:])
+
+    def failed_rank(self, lines: int = 20) -> RankFailure | None:
+        """The rank reported failed first, its status and its last ``lines`` lines; None when
+        no rank was reported failed."""
+        if self.first_failure is None:
+            return None
+        rank, code = self.first_failure
+        return f"rank:{rank}", code, "\n".join(list(self.ranks.get(rank, ()))[-lines:])

@@ -153,7 +153,7 @@ def _single_process(plan: JobPlan) -> Placement:
     task = Task("chief", 0)
     command = plan.task_argv(task.type)
     return Placement(plan, (TaskPlan(str(task), task, "localhost", None, command,
-                                     env=tuple(plan.env.items())),))
+                                     env=tuple(plan.env.items()), unset_env=("TF_CONFIG",)),))
 
 
 def _cluster(plan: JobPlan) -> Placement:

@@ -31,7 +31,6 @@ Tasks started on other hosts are local ``ssh`` processes (`tfdist.launcher.ssh`)
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import dataclasses
 import os
@@ -41,10 +40,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import IO, Literal
 
 from tfdist.errors import LaunchError
-from tfdist.launcher.output import LineFilter
+from tfdist.launcher.output import LineFilter, RankFailure, TaskOutput
 from tfdist.launcher.supervisor import Member, Supervisor
 
 TaskKind = Literal["main", "service", "sidecar"]
@@ -63,6 +63,15 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         pass
 
 
+def _is_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (state ``T``) or stopped by a tracer (``t``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] in (["T"], ["t"])
+
+
 @dataclasses.dataclass
 class TaskProcess:
     """One running task of a `ProcessGroup`."""
@@ -70,7 +79,7 @@ class TaskProcess:
     name: str
     kind: TaskKind
     popen: subprocess.Popen[bytes]
-    tail: collections.deque[str]
+    tail: TaskOutput
     reader: threading.Thread
     argv: tuple[str, ...] = ()
     env: Mapping[str, str] | None = None
@@ -90,7 +99,7 @@ class TaskProcess:
 
     def output_tail(self, lines: int = 20) -> str:
         """The last ``lines`` lines the task printed."""
-        return "\n".join(list(self.tail)[-lines:])
+        return self.tail.last(lines)
 
 
 class ProcessGroup:
@@ -166,7 +175,7 @@ class ProcessGroup:
             raise LaunchError(f"Task {name} was started twice in one group.")
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be 0 or more. Received: {max_restarts}")
-        tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+        tail = TaskOutput(maxlen=_TAIL_LINES)
         popen, reader = self._spawn(name, argv, env, cwd, tail, log_mode="w", stdin=stdin,
                                     show=show)
         task = TaskProcess(
@@ -183,7 +192,7 @@ class ProcessGroup:
         argv: Sequence[str],
         env: Mapping[str, str] | None,
         cwd: str | os.PathLike[str] | None,
-        tail: collections.deque[str],
+        tail: TaskOutput,
         log_mode: str,
         stdin: str | None = None,
         show: LineFilter | None = None,
@@ -236,7 +245,7 @@ class ProcessGroup:
         self,
         name: str,
         popen: subprocess.Popen[bytes],
-        tail: collections.deque[str],
+        tail: TaskOutput,
         log_mode: str = "w",
         show: LineFilter | None = None,
     ) -> None:
@@ -317,6 +326,19 @@ class ProcessGroup:
         if task.returncode is not None:
             task.reader.join(timeout=5)  # its last lines are on their way
         return task.output_tail(lines)
+
+    def stopped(self) -> list[str]:
+        """The running tasks whose process is stopped (SIGSTOP, a debugger, job control)."""
+        return [name for name, task in self.tasks.items()
+                if task.returncode is None and _is_stopped(task.pid)]
+
+    def failed_within(self, name: str) -> RankFailure | None:
+        """The rank that task ``name`` (``horovodrun``) reported failed first, its exit status
+        and its last lines; None for a task that runs no ranks, or reported none failed."""
+        task = self.tasks[name]
+        if task.returncode is not None:
+            task.reader.join(timeout=5)
+        return task.tail.failed_rank()
 
     def announce(self, message: str) -> None:
         """Prints ``[tfdist] message`` among the tasks' output."""

@@ -26,7 +26,8 @@ class RayOptions:
             for this job alone).
         cpus_per_task: CPUs each task's bundle holds (fractions allowed).
         placement: ``"SPREAD"`` (default) or ``"PACK"``; see the module docstring.
-        gang_timeout: Seconds to wait for the gang's resources and for every actor to start.
+        gang_timeout: Seconds to wait for the cluster to answer, for the gang's resources and
+            for every actor to start.
         env_names: Variables of this environment the tasks get too (``--env NAME``).
 
     Example:

@@ -41,8 +41,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import socket
 import sys
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -256,6 +258,14 @@ class RayGang:
     def tail(self, name: str, lines: int = 20) -> str:
         return str(self.ray.get(self._actor(name).tail.remote(lines), timeout=_CALL_TIMEOUT))
 
+    def stopped(self) -> list[str]:
+        """Not known here: the tasks' processes are on the cluster's nodes."""
+        return []
+
+    def failed_within(self, name: str) -> None:
+        """Ray runs each Horovod rank as its own task: none runs processes of its own."""
+        return None
+
     def announce(self, message: str) -> None:
         print(f"[tfdist] {message}", flush=True)
 
@@ -367,20 +377,62 @@ def _rank_environments(ray: ModuleType, gang: RayGang, located: list[dict[str, A
 
 
 def _connect(ray: ModuleType, options: RayOptions) -> bool:
-    """Connects to the cluster; True when this call did (and `run_on_ray` disconnects)."""
+    """Connects to the cluster within ``options.gang_timeout`` seconds; True when this call did
+    (and `run_on_ray` disconnects).
+
+    Ray's own ``ray.init`` waits for ever (retrying) on an address where nothing answers, so the
+    address is tried first (a refused or unanswered TCP connection fails at once, or at the
+    deadline), and ``ray.init`` runs on a thread that is waited for until the deadline.
+    """
     if ray.is_initialized():
         return False
+    address = os.environ.get("RAY_ADDRESS") if options.address == "auto" else options.address
+    deadline = options.gang_timeout
     extra = {"include_dashboard": False} if options.address == "local" else {}
     try:
-        ray.init(address=options.address, log_to_driver=False, logging_level="ERROR", **extra)
-    except (ConnectionError, RuntimeError) as err:
+        if address and address != "local":
+            _check_reachable(address, deadline)
+        _bounded(lambda: ray.init(address=options.address, log_to_driver=False,
+                                  logging_level="ERROR", **extra), deadline)
+    except (ConnectionError, RuntimeError, OSError, TimeoutError) as err:
         raise LaunchError(
-            f"Cannot reach the Ray cluster at --ray {options.address} ({err}). Fix: start one "
-            "(ray start --head), pass its address (--ray HOST:PORT, or RAY_ADDRESS), or use "
-            "--ray local for a one-node cluster of this job alone; a cluster with token "
-            "authentication (RAY_AUTH_MODE=token) also needs its token in RAY_AUTH_TOKEN or "
-            "RAY_AUTH_TOKEN_PATH") from err
+            f"Cannot reach the Ray cluster at --ray {options.address}"
+            f"{f' ({address})' if address not in (None, options.address) else ''} within "
+            f"{deadline:g} s ({err}). Fix: start one (ray start --head), pass its address "
+            "(--ray HOST:PORT, or RAY_ADDRESS), or use --ray local for a one-node cluster of this "
+            "job alone; a cluster with token authentication (RAY_AUTH_MODE=token) also needs its "
+            "token in RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH; a slow cluster, a longer "
+            "--ray-gang-timeout") from err
     return True
+
+
+def _check_reachable(address: str, timeout: float) -> None:
+    """Raises OSError unless a TCP connection to ``address`` (``[ray://]HOST:PORT``) opens."""
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if not host or not port.isdigit():
+        return  # not HOST:PORT: Ray resolves it (and `_bounded` keeps the deadline)
+    with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+        pass
+
+
+def _bounded(call: Callable[[], object], timeout: float) -> None:
+    """Runs ``call`` on a daemon thread; raises TimeoutError if it has not returned in
+    ``timeout`` seconds, and re-raises what it raised."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as err:  # noqa: BLE001 - handed to the caller's thread
+            failure.append(err)
+
+    thread = threading.Thread(target=run, name="tfdist-ray-connect", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer from the cluster in {timeout:g} s")
+    if failure:
+        raise failure[0]
 
 
 def run_on_ray(plan: JobPlan, options: RayOptions | None = None) -> int:

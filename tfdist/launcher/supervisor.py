@@ -129,6 +129,13 @@ class TaskGroup(Protocol):
     def tail(self, name: str, lines: int = _FAILURE_LINES) -> str:
         """The last ``lines`` lines task ``name`` printed."""
 
+    def stopped(self) -> Sequence[str]:
+        """The running tasks whose processes are stopped (SIGSTOP, a debugger, job control)."""
+
+    def failed_within(self, name: str) -> tuple[str, int, str] | None:
+        """For a task that runs processes of its own (``horovodrun``'s ranks): the one it
+        reported failed first (name, exit status, last lines); else None."""
+
     def announce(self, message: str) -> None:
         """Prints ``[tfdist] message`` among the tasks' output."""
 
@@ -245,7 +252,9 @@ class Supervisor:
                 codes = dict(group.poll())
                 failed = self._first_failure(group, members, codes)
                 if failed is not None:
-                    raise TaskFailedError(failed, codes[failed] or 0, group.tail(failed))
+                    raise TaskFailedError(*group.failed_within(failed) or (
+                        failed, codes[failed] or 0, group.tail(failed)),
+                        stopped=tuple(group.stopped()))
                 if all(codes.get(name) == 0 for name in main):
                     break
                 if time.monotonic() > deadline:
@@ -322,6 +331,11 @@ class Supervisor:
                 f"BackupAndRestore in the script, training resumes from the last backup). Exit "
                 f"status {err.returncode}; every task stopped. Its last lines:\n{err.output_tail}"
             )
+        if err.stopped:
+            return (f"task {', '.join(err.stopped)} stopped making progress (its process was "
+                    "stopped: SIGSTOP, a debugger or job control), and task "
+                    f"{err.task} failed waiting for it (exit status {err.returncode}); every "
+                    f"task stopped. Last lines of {err.task}:\n{err.output_tail}")
         return (f"task {err.task} failed first (exit status {err.returncode}); every task "
                 f"stopped. Its last lines:\n{err.output_tail}")
 

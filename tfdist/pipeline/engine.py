@@ -36,9 +36,9 @@ from typing import Any, Protocol
 
 import tensorflow as tf
 
+from tfdist.mesh import DATA, PIPE, ProcessGroup
 from tfdist.pipeline import schedule as schedules
 from tfdist.pipeline import transport
-from tfdist.mesh import DATA, PIPE, ProcessGroup
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.transport import (
     ACTIVATION,

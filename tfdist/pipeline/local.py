@@ -31,9 +31,9 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist.errors import StrategyConfigError, format_error
+from tfdist.mesh import ProcessGroup
 from tfdist.pipeline import schedule as schedules
 from tfdist.pipeline.engine import LossTerms, StageEngine
-from tfdist.mesh import ProcessGroup
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.transport import EVALUATE, REDUCE, TRAIN
 

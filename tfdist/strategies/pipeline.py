@@ -39,6 +39,7 @@ import tensorflow as tf
 from tfdist.core import flavour
 from tfdist.core import traits as builtin
 from tfdist.errors import StrategyConfigError, format_error
+from tfdist.mesh import DATA, ProcessGroup
 from tfdist.options import check_positive_number
 from tfdist.pipeline import stage, transport
 from tfdist.pipeline.config import (
@@ -48,7 +49,6 @@ from tfdist.pipeline.config import (
     STAGES_ENV,
     PipelineConfig,
 )
-from tfdist.mesh import DATA, ProcessGroup
 from tfdist.pipeline.keras_model import (
     apply_step,
     mean_loss,
