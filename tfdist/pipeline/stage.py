@@ -296,8 +296,8 @@ def _check_static_cuts(spec: ModelSpec, bounds: Sequence[int]) -> None:
         unknown = [t for t in tensors if any(d is None for d in spec.shapes[t])]
         if unknown:
             raise StrategyConfigError(format_error(
-                f"The pipeline needs static shapes between layers where the model is cut; cut {cut} "
-                f"(after layer "
+                "The pipeline needs static shapes between layers where the model is cut; "
+                f"cut {cut} (after layer "
                 f"{spec.names[bounds[cut + 1] - 1]!r}) carries tensors of unknown shape.",
                 received=f"shapes {[spec.shapes[t] for t in unknown]}",
                 expected="no None beyond the batch axis",

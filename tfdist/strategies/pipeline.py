@@ -267,7 +267,8 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         held = self.layout.held
         if hasattr(model_or_fn, "layers"):
             for k in held:
-                stage.set_layer_weights(_stage_model(model, k), spec, stage.stage_layers(spec, bounds, k),
+                stage.set_layer_weights(_stage_model(model, k), spec,
+                                        stage.stage_layers(spec, bounds, k),
                                         stage.stage_weights(model_or_fn, spec, bounds, k))
         else:
             self.mode.sync_tied(model)

@@ -3,8 +3,9 @@ all stages in this process on logical CPUs: trains with ``model.fit`` and report
 weights, the logged loss, and the same model trained in one process.
 
 Args: cases ``model:stages:micro_batches:schedule[:sabotage]`` (3 steps each), reported as
-one JSON object by case. ``sabotage`` zeroes the gradient of tensor 1 of each cut on its way back (in the residual
-model, split inside a block, the block's input: the skip): the parity check must then fail.
+one JSON object by case. ``sabotage`` zeroes the gradient of tensor 1 of each cut on its way
+back (in the residual model, split inside a block, the block's input: the skip): the parity
+check must then fail.
 """
 
 from __future__ import annotations
