@@ -79,17 +79,21 @@ def call_losses(model: Any) -> list[Any]:
 
 @contextlib.contextmanager
 def abstract_build(flavour: KerasFlavour | None = None) -> Iterator[None]:
-    """A context where building a Keras model allocates no variable memory.
+    """A context where building a Keras model allocates no memory for its weights.
 
-    Layers get their shapes and configs, and outputs their symbolic shapes, but no weights: Keras
-    3 defers initialisation (``StatelessScope(initialize_variables=False)``; the deferred
-    variables are dropped afterwards), tf-keras builds in a throwaway ``tf.Graph``. The pipeline
-    describes a whole model this way and then builds one stage for real.
+    Layers get their shapes and configs, and outputs their symbolic shapes, but no weights.
+    Keras 3: every variable made from an initializer (all layer weights, metric and seed
+    states) is left uninitialised, as ``StatelessScope(initialize_variables=False)`` leaves it,
+    and dropped afterwards; unlike that scope, a variable made from a value (an optimizer's
+    iteration count and learning rate, made when a model compiles itself in its constructor)
+    is allowed, and made (a few scalars). tf-keras builds in a throwaway ``tf.Graph``. The
+    pipeline describes a whole model this way and then builds one stage for real.
 
     Example:
         >>> keras = get_keras()
         >>> with abstract_build():
         ...     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        ...     model.compile(optimizer=keras.optimizers.Adam(), loss="mse")
         >>> model.count_params()
         8
     """
@@ -99,15 +103,23 @@ def abstract_build(flavour: KerasFlavour | None = None) -> Iterator[None]:
         with tf.Graph().as_default():
             yield
         return
-    keras = get_keras("keras3")
     from keras.src.backend.common import global_state
+    from keras.src.backend.common.variables import register_uninitialized_variable
+    from keras.src.backend.tensorflow.core import Variable
+
+    def deferred(variable: Any, initializer: Any) -> None:
+        variable._value = None
+        variable._initializer = initializer
+        register_uninitialized_variable(variable)
 
     key = "uninitialized_variables"
     before = list(global_state.get_global_attribute(key, []) or [])
+    real = Variable._initialize_with_initializer
+    Variable._initialize_with_initializer = deferred
     try:
-        with keras.StatelessScope(initialize_variables=False):
-            yield
+        yield
     finally:
+        Variable._initialize_with_initializer = real
         global_state.set_global_attribute(key, before)
 
 

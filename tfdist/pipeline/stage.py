@@ -83,6 +83,7 @@ class ModelSpec:
         inputs: The model's input tensors.
         outputs: The model's output tensors.
         input_names: The names of the model's inputs.
+        sequential: Whether the model is a ``keras.Sequential`` (`assemble` then makes one).
     """
 
     name: str
@@ -94,6 +95,7 @@ class ModelSpec:
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     input_names: tuple[str, ...] = ()
+    sequential: bool = False
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -188,9 +190,14 @@ def weights_nbytes(weights: Sequence[Any]) -> int:
 
 
 def _layer_spec(keras: Any, layer: Any) -> LayerSpec:
+    try:
+        config = keras.layers.serialize(layer)
+    except (NotImplementedError, TypeError, ValueError) as err:
+        raise _not_rebuildable(layer.name, type(layer).__name__, "(none: serializing failed)",
+                               err) from err
     return LayerSpec(
         name=layer.name, class_name=type(layer).__name__,
-        config=keras.layers.serialize(layer), params=int(layer.count_params()),
+        config=config, params=int(layer.count_params()),
         param_bytes=weights_nbytes(layer.weights),
         weights=tuple((tuple(int(d) for d in w.shape), _dtype(w)) for w in layer.weights),
         cls=type(layer))
@@ -221,7 +228,8 @@ def describe_model(model_or_fn: Any | Callable[[], Any]) -> ModelSpec:
         nodes=graph.nodes, shapes=tuple(_shape(t) for t in graph.tensors),
         dtypes=tuple(_dtype(t) for t in graph.tensors), inputs=graph.inputs,
         outputs=graph.outputs,
-        input_names=tuple(_input_name(t, i) for i, t in enumerate(model.inputs)))
+        input_names=tuple(_input_name(t, i) for i, t in enumerate(model.inputs)),
+        sequential=isinstance(model, keras.Sequential))
 
 
 def _input_name(tensor: Any, i: int) -> str:
@@ -338,14 +346,20 @@ def rebuild_layer(keras: Any, layer: LayerSpec) -> Any:
         return keras.layers.deserialize(config, custom_objects={
             k: v for k, v in objects.items() if k and v is not None})
     except (TypeError, ValueError, KeyError) as err:
-        raise StrategyConfigError(format_error(
-            f"Layer {layer.name!r} ({layer.class_name}) cannot be rebuilt from its config, "
-            f"which each pipeline stage does: {err}",
-            received=f"{layer.class_name}.get_config() = {config.get('config')}",
-            expected="a config from which the class rebuilds the layer",
-            fix=f"give {layer.class_name} a get_config() returning its constructor arguments "
-            "and decorate it (and any custom object it holds) with "
-            "@keras.saving.register_keras_serializable()")) from err
+        raise _not_rebuildable(layer.name, layer.class_name, config.get("config"),
+                               err) from err
+
+
+def _not_rebuildable(name: str, class_name: str, config: Any,
+                     err: Exception) -> StrategyConfigError:
+    return StrategyConfigError(format_error(
+        f"Layer {name!r} ({class_name}) cannot be rebuilt from its config, which each "
+        f"pipeline stage does: {str(err).strip()[:300]}",
+        received=f"{class_name}.get_config() = {config}",
+        expected="a config from which the class rebuilds the layer",
+        fix=f"give {class_name} a get_config() returning its constructor arguments (plain "
+        "values, or objects decorated with @keras.saving.register_keras_serializable()), and "
+        "decorate the class with @keras.saving.register_keras_serializable()"))
 
 
 def added_loss(spec: ModelSpec, i: int) -> str | None:
@@ -432,13 +446,19 @@ def set_layer_weights(model: Any, spec: ModelSpec, layer_ids: Sequence[int],
 
 
 def assemble(spec: ModelSpec, weights: Sequence[Any] | None = None) -> Any:
-    """The whole model as one functional model (same layer names), with ``weights`` (every
-    layer's, in ``spec.layers`` order) if given."""
+    """The whole model (a Sequential if it was one, else a functional model; same layer
+    names), with ``weights`` (every layer's, in ``spec.layers`` order) if given."""
     keras = get_keras(spec.flavour)  # type: ignore[arg-type]
-    whole = build_stage(spec, (0, len(spec.nodes)), 0, name=spec.name)
-    inputs = whole.inputs[0] if len(whole.inputs) == 1 else whole.inputs
-    model = keras.Model(inputs=inputs, outputs=whole.outputs[0] if len(whole.outputs) == 1
-                        else whole.outputs, name=spec.name)
+    if spec.sequential:
+        (tensor,) = spec.inputs
+        model = keras.Sequential(
+            [keras.Input(spec.shapes[tensor], dtype=spec.dtypes[tensor]),
+             *[rebuild_layer(keras, layer) for layer in spec.layers]], name=spec.name)
+    else:
+        whole = build_stage(spec, (0, len(spec.nodes)), 0, name=spec.name)
+        inputs = whole.inputs[0] if len(whole.inputs) == 1 else whole.inputs
+        model = keras.Model(inputs=inputs, outputs=whole.outputs[0] if len(whole.outputs) == 1
+                            else whole.outputs, name=spec.name)
     if weights is not None:
         set_layer_weights(model, spec, range(len(spec.layers)), weights)
     return model
