@@ -113,6 +113,18 @@ def transformer():
     return keras.Model([tokens, padding], logits, name="transformer")
 
 
+def mobilenet():
+    """keras.applications' MobileNetV2, small (32x32 images, width 0.35, 4 classes)."""
+    return keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None,
+                                          classes=4)
+
+
+def image_data(steps):
+    rng = np.random.default_rng(10)
+    x = rng.normal(size=(steps * GLOBAL, 32, 32, 3)).astype("float32")
+    return x, rng.integers(0, 4, size=steps * GLOBAL).astype("int32")
+
+
 def residual_data(steps):
     rng = np.random.default_rng(7)
     x = rng.normal(size=(steps * GLOBAL, 5)).astype("float32")
@@ -143,13 +155,17 @@ MODELS = {
     "nested": (lambda: residual(nested=True), residual_data, "mse", "sgd"),
     "two_inputs": (two_inputs, two_input_data, "mse", "sgd"),
     "transformer": (transformer, transformer_data, "sparse_ce_logits", "adam"),
+    # A small step: with BatchNormalization in every block, float32 rounding differences
+    # (1e-7 after one step) grow fast under large ones (0.02 after 3 steps at 0.05).
+    "mobilenet": (mobilenet, image_data, "sparse_ce", "sgd_small"),
 }
 
 
 def compile_args(loss, optimizer):
-    losses = {"mse": "mse",
+    losses = {"mse": "mse", "sparse_ce": "sparse_categorical_crossentropy",
               "sparse_ce_logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}
-    optimizers = {"sgd": lambda: keras.optimizers.SGD(0.1, momentum=0.5),
+    optimizers = {"sgd": lambda: keras.optimizers.SGD(0.05, momentum=0.5),
+                  "sgd_small": lambda: keras.optimizers.SGD(0.002),
                   "adam": lambda: keras.optimizers.Adam(0.01)}
     return {"optimizer": optimizers[optimizer](), "loss": losses[loss]}
 

@@ -78,8 +78,33 @@ def run_case(case, steps=3):
     return result
 
 
+def split_only(name):
+    """keras.applications ``name`` (32x32 inputs, no weights) described, split in two at the
+    balanced cut and both stages built: what the cut carries and what each stage holds."""
+    from tfdist.pipeline import stage
+
+    def build():
+        return getattr(keras.applications, name)(input_shape=(32, 32, 3), weights=None,
+                                                 classes=5)
+
+    spec, bounds = stage.split_model(build, stages=2)
+    parts = [stage.build_stage(spec, bounds, k) for k in range(2)]
+    out = parts[1](parts[0]([np.zeros((2, 32, 32, 3), "float32")]))
+    try:
+        stage.split_model(build, stages=2, micro_batches=4)
+        refused = None
+    except tfdist.StrategyConfigError as err:
+        refused = str(err)
+    return {"nodes": len(spec.nodes), "bounds": list(bounds),
+            "cut_shapes": [[list(spec.shapes[t]) for t in cut] for cut in spec.cuts(bounds)],
+            "stage_bytes": [stage.weights_nbytes(p.weights) for p in parts],
+            "model_bytes": spec.total_param_bytes, "output_shape": list(out.shape),
+            "refused_m4": refused}
+
+
 def main(cases):
-    report({case: run_case(case) for case in cases})
+    report({case: split_only(case.split(":")[0]) if case.endswith(":split") else run_case(case)
+            for case in cases})
 
 
 if __name__ == "__main__":
