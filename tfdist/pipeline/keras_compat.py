@@ -14,7 +14,7 @@ from typing import Any
 from tfdist.core.flavour import KerasFlavour, flavour_of, get_keras, keras_flavour
 
 __all__ = ["abstract_build", "bind_unbuilt_optimizer", "call_losses", "functional_class",
-           "weight_losses"]
+           "metrics_scope", "weight_losses"]
 
 
 def bind_unbuilt_optimizer(optimizer: Any, strategy: Any) -> bool:
@@ -121,6 +121,21 @@ def abstract_build(flavour: KerasFlavour | None = None) -> Iterator[None]:
     finally:
         Variable._initialize_with_initializer = real
         global_state.set_global_attribute(key, before)
+
+
+def metrics_scope(model: Any) -> Any:
+    """Where a stage model makes the metrics it holds: tf-keras compiles a functional model
+    inside the strategy it was built in and refuses variables made elsewhere, so there; Keras 3
+    needs no scope.
+
+    Example:
+        >>> keras = get_keras()
+        >>> with metrics_scope(keras.Sequential([keras.Input((1,))])):
+        ...     pass
+    """
+    if flavour_of(model) == "tf_keras":
+        return model.distribute_strategy.scope()
+    return contextlib.nullcontext()
 
 
 def functional_class(flavour: KerasFlavour) -> type:

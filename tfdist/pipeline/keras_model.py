@@ -199,10 +199,11 @@ class _StageModelMixin:
                 expected="compile(optimizer, loss=..., metrics=[...])",
                 fix="pass the loss you would give the whole model"))
         self._pipeline_loss = mean_loss(keras.losses.get(loss))
-        real = _resolve_metrics(keras, metrics, weighted_metrics, loss)
-        self._pipeline_real_metrics = real if self._engine.layout.is_last else []
-        self._pipeline_tracker = keras.metrics.Mean(name="loss")
-        self._pipeline_mirrors = [keras.metrics.Mean(name=m.name) for m, _ in real]
+        with keras_compat.metrics_scope(self):
+            real = _resolve_metrics(keras, metrics, weighted_metrics, loss)
+            self._pipeline_real_metrics = real if self._engine.layout.is_last else []
+            self._pipeline_tracker = keras.metrics.Mean(name="loss")
+            self._pipeline_mirrors = [keras.metrics.Mean(name=m.name) for m, _ in real]
         super().compile(optimizer=optimizer, **kwargs)  # type: ignore[misc]
         self._adopt_optimizer()
 
