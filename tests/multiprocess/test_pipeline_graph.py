@@ -7,6 +7,8 @@ process training the whole model, K=2 and K=3, M=1 and M=4, both schedules; zero
 gradient on its way back breaks it. All stages in one process on logical CPUs (the same engine,
 an in-process transport), then the Transformer and the residual model with one process per
 stage (collective send/recv, the tied gradient summed between the first and the last process).
+keras.applications: MobileNetV2 (32x32, M=1) trains like one process; ResNet50 is split and built
+(with M > 1 both are refused for their BatchNormalization).
 """
 
 from __future__ import annotations
@@ -74,6 +76,19 @@ def test_graphs_train_like_one_process_with_all_stages_in_one_process(tmp_path, 
         assert 1 in results["transformer:2:4:1f1b"]["cuts"][0]
         # The tied embedding lives on the first and the last stage.
         assert "embedding" in results["transformer:3:1:gpipe"]["stage"]["layers"]
+
+
+@pytest.mark.slow
+def test_keras_applications_split_build_and_train_like_one_process(tmp_path):
+    results = run_local(tmp_path, ["mobilenet:2:1:gpipe", "ResNet50:split"], "keras3")
+    mobilenet = results["mobilenet:2:1:gpipe"]
+    assert_parity(mobilenet)  # measured: 1.3e-6 (weights), 2.4e-7 (loss)
+    resnet = results["ResNet50:split"]
+    assert resnet["nodes"] == 176 and resnet["output_shape"] == [2, 5]
+    assert all(resnet["cut_shapes"])
+    assert sum(resnet["stage_bytes"]) == resnet["model_bytes"]  # each weight on one stage
+    assert max(resnet["stage_bytes"]) < 0.6 * resnet["model_bytes"]
+    assert "is a BatchNormalization: with micro_batches=4" in resnet["refused_m4"]
 
 
 @pytest.mark.parametrize("case", ["transformer:2:4:1f1b", "residual:2:1:gpipe"])
