@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from tfdist.core.flavour import KerasFlavour, flavour_of, get_keras, keras_flavour
+from tfdist.core.flavour import KerasFlavour, flavour_of, get_keras, keras_flavour  # noqa: F401 - get_keras: the examples
 
 __all__ = ["abstract_build", "bind_unbuilt_optimizer", "call_losses", "functional_class",
            "metrics_scope", "weight_losses"]
