@@ -1,11 +1,13 @@
 """A model described without its weights, and one stage of it built for real.
 
 `describe_model` reads a Keras model (built, or built by a function inside `keras_compat`'s
-`abstract_build`, which allocates no weights) into a `ModelSpec`: each layer's config, output
-shape and parameter count, and which layer feeds which. `build_stage` then builds
-``keras.Sequential([Input(boundary shape), *layers[a:b]])`` from the configs, so a stage process
-creates only its own stage's variables. `assemble` rebuilds the whole model from the spec (for
-saving) and `stage_weights` slices a full model's weights per stage.
+`abstract_build`, which allocates no weights) into a `ModelSpec`: its graph of layer calls in a
+topological order (`tfdist.pipeline.graph`, nested models flattened), each layer's config and
+parameter count, each tensor's shape and dtype. `split_model` cuts the calls into stages; each
+cut carries the tensors alive across it (`ModelSpec.cuts`). `build_stage` then builds a stage's
+calls as a functional model from the configs (its inputs: the tensors of the cut before it),
+so a stage process creates only its own stage's variables. `assemble` rebuilds the whole model
+from the spec (for saving) and `stage_weights` takes a full model's weights per stage.
 
 Example:
     >>> from tfdist.core.flavour import get_keras

@@ -9,7 +9,8 @@ makes the instance keys, unique within a group:
 
 ``phase << 27 | kind << 24 | micro_batch << 12 | index``, ``kind`` one of `ACTIVATION`,
 `GRADIENT`, `WEIGHTS`, `REDUCE`, `SHARE`, `METRICS`; ``index`` numbers the tensors of one
-transfer (the variables of a weight transfer or an all-reduce); ``phase`` separates training,
+transfer (the tensors a cut carries, `BoundaryTensor`; the variables of a weight transfer or an
+all-reduce); ``phase`` separates training,
 evaluation, prediction and custom-loop steps (`TRAIN`, `EVALUATE`, `PREDICT`, `CUSTOM`), whose
 tensors differ in shape: TensorFlow refuses one instance key used with two shapes.
 
