@@ -1,6 +1,6 @@
 """One pipelined training step of one stage, built from a schedule (graph code, no Keras API).
 
-`StageEngine` holds what a stage process knows: its `PipelineLayout`, the activation shapes at
+`StageEngine` holds what a stage process knows: its `PipelineLayout`, the tensors the cuts at
 its boundaries, the number of micro-batches and its schedule. Its methods build the ops of a
 step inside the caller's ``tf.function`` (Keras's ``train_step``, or a custom loop):
 
