@@ -212,6 +212,17 @@ class _StageModelMixin:
         stage's variables are plain, so where the optimizer was made does not matter."""
         keras_compat.bind_unbuilt_optimizer(self.optimizer, self._pipeline)  # type: ignore[attr-defined]
 
+    def get_weights(self) -> list[Any]:
+        """The stage's layers' weights (a tf-keras functional model would add its metrics')."""
+        return [w for layer in self.layers for w in layer.get_weights()]  # type: ignore[attr-defined]
+
+    def set_weights(self, weights: Any) -> None:
+        weights = list(weights)
+        for layer in self.layers:  # type: ignore[attr-defined]
+            count = len(layer.weights)
+            layer.set_weights(weights[:count])
+            weights = weights[count:]
+
     @property
     def metrics(self) -> list[Any]:
         if getattr(self, "_pipeline_tracker", None) is None:
