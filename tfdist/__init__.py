@@ -13,6 +13,9 @@ Words used throughout:
   training cluster.
 * **replica**: one copy of the model computing on one slice of each global batch; a worker with
   two GPUs holds two replicas. ``num_replicas_in_sync`` counts them over the whole job.
+* **mesh**: the training tasks (chief and workers) laid out as ``data x pipe x tensor``
+  (D replicas of K pipeline stages, each split T ways); each task's coordinates and collective
+  groups come from `tfdist.Mesh`.
 
 Example:
     >>> import tfdist
@@ -39,6 +42,7 @@ from tfdist.errors import (
     TaskTimeoutError,
     TfdistError,
 )
+from tfdist.mesh import Mesh
 
 __version__ = "0.1.0"
 
@@ -71,6 +75,7 @@ __all__ = [
     "ClusterSpec",
     "Task",
     "read_tf_config",
+    "Mesh",
     "ClusterConfigError",
     "EvaluatorTimeoutError",
     "KerasCompatibilityError",

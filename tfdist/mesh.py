@@ -24,6 +24,11 @@ Keys (unique per group in the job):
 * the pair of ranks ``a < b``: ``PAIR_KEY_BASE + a * MAX_RANKS + b``;
 * the whole job: ``WORLD_KEY``.
 
+How a task learns its place: ``tfdist-launch`` writes the mesh's shape into every task's
+environment as ``TFDIST_MESH="data=2,pipe=1,tensor=2"`` (`MESH_ENV`, `Mesh.to_env`), and each
+task's rank is its place in TF_CONFIG's training tasks (the chief, if any, is rank 0, then the
+workers in index order). `Mesh.from_environment` reads both back and is what the strategies ask.
+
 TensorFlow-free.
 
 Example:
@@ -41,19 +46,24 @@ Example:
     (524289, 2, 1)
     >>> pair_group(3, 2).key, pair_group(3, 2).peer
     (1056771, 2)
+    >>> Mesh(data=2, tensor=2).to_env(), Mesh.parse("pipe=2,tensor=2")
+    ('data=2,pipe=1,tensor=2', Mesh(data=1, pipe=2, tensor=2))
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Literal, NamedTuple
 
+from tfdist.core.environ import peek_tf_config
 from tfdist.errors import StrategyConfigError, format_error
 
 __all__ = ["Axis", "AXES", "DATA", "PIPE", "TENSOR", "Coordinates", "Mesh", "ProcessGroup",
-           "axis_group", "pair_group", "world_group", "MAX_RANKS"]
+           "axis_group", "pair_group", "world_group", "MAX_RANKS", "MESH_ENV", "TRAINING_ROLES",
+           "task_rank"]
 
 Axis = Literal["data", "pipe", "tensor"]
 """A mesh axis: data parallelism, pipeline stages, tensor (intra-operator) shards."""
@@ -68,6 +78,14 @@ PAIR_KEY_BASE = 1 << 20
 AXIS_KEY_BASE: Mapping[str, int] = MappingProxyType(
     {DATA: 1 << 19, PIPE: 1 << 18, TENSOR: 1 << 16})
 WORLD_KEY = 1 << 17
+
+MESH_ENV = "TFDIST_MESH"
+"""Set by ``tfdist-launch`` on every task of a job laid out on a mesh: its shape, as
+``"data=2,pipe=1,tensor=2"`` (`Mesh.to_env`), when ``--stages`` or ``--tensor`` shaped it (a
+strategy takes them by naming them in its ``traits.launch_options``)."""
+
+TRAINING_ROLES = ("chief", "worker")
+"""The TF_CONFIG roles on the mesh, in rank order (the chief, if any, is rank 0)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,6 +206,64 @@ class Mesh:
                 f"product divides {processes}"))
         return cls(data=processes // model, pipe=pipe, tensor=tensor)
 
+    @classmethod
+    def parse(cls, text: str) -> Mesh:
+        """The mesh ``"data=2,pipe=1,tensor=2"`` names (`to_env`'s form; an axis left out is 1).
+
+        Example:
+            >>> Mesh.parse("tensor=4")
+            Mesh(data=1, pipe=1, tensor=4)
+        """
+        sizes: dict[str, int] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            axis, _, value = part.partition("=")
+            if axis.strip() not in AXES or not value.strip().isdigit() or axis.strip() in sizes:
+                raise StrategyConfigError(format_error(
+                    f"{MESH_ENV} does not name a mesh.", received=f"{MESH_ENV}={text!r}",
+                    expected="'data=D,pipe=K,tensor=T', each axis once, sizes >= 1",
+                    fix=f"unset {MESH_ENV} (tfdist-launch sets it), or write e.g. "
+                    "'data=2,pipe=1,tensor=2'"))
+            sizes[axis.strip()] = int(value)
+        return cls(**sizes)
+
+    def to_env(self) -> str:
+        """The mesh as `MESH_ENV` carries it, e.g. ``"data=2,pipe=1,tensor=2"``."""
+        return ",".join(f"{axis}={getattr(self, axis)}" for axis in AXES)
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> tuple[Mesh, int]:
+        """This process's mesh and rank: the shape from `MESH_ENV` (unset: every training task
+        of TF_CONFIG on the data axis), the rank from TF_CONFIG (`TRAINING_ROLES` order).
+
+        Without TF_CONFIG the job is this one process: rank 0 of a mesh of one.
+
+        Raises:
+            StrategyConfigError: `MESH_ENV` is malformed, its size is not TF_CONFIG's number of
+                training tasks, or this task is not one of them (a ``ps`` or the evaluator).
+
+        Example:
+            >>> env = {"TFDIST_MESH": "data=1,pipe=1,tensor=2", "TF_CONFIG": '{"cluster": '
+            ...        '{"worker": ["h:1", "h:2"]}, "task": {"type": "worker", "index": 1}}'}
+            >>> Mesh.from_environment(env)
+            (Mesh(data=1, pipe=1, tensor=2), 1)
+        """
+        environ = os.environ if environ is None else environ
+        view = peek_tf_config(environ)
+        processes, rank = 1, 0
+        if view is not None:
+            processes = sum(view.count(role) for role in TRAINING_ROLES)
+            rank = task_rank(view.task_type, view.task_index, view.count("chief"))
+        text = environ.get(MESH_ENV, "").strip()
+        mesh = cls.parse(text) if text else cls(data=processes)
+        if mesh.size != processes:
+            raise StrategyConfigError(format_error(
+                f"{MESH_ENV} and TF_CONFIG disagree on the number of processes.",
+                received=f"{MESH_ENV}={text!r} ({mesh.size} processes), TF_CONFIG with "
+                f"{processes} chief/worker task(s)",
+                expected="data x pipe x tensor = the number of chief and worker tasks",
+                fix="start the job with tfdist-launch (it writes both), or fix one of them"))
+        return mesh, rank
+
     @property
     def size(self) -> int:
         """N, the number of processes."""
@@ -215,6 +291,7 @@ class Mesh:
 
     def group(self, axis: Axis, rank: int) -> ProcessGroup:
         """``rank``'s group on ``axis`` (its members, key, and ``rank``'s place in it)."""
+        self._size_of(axis)
         data, pipe, tensor = self.coordinates(rank)
         index = {DATA: pipe * self.tensor + tensor, PIPE: data * self.tensor + tensor,
                  TENSOR: data * self.pipe + pipe}[axis]
@@ -243,3 +320,19 @@ class Mesh:
                 "rank is out of the mesh.", received=f"rank={rank}",
                 expected=f"0 <= rank < {self.size} ({self.data} x {self.pipe} x {self.tensor})",
                 fix="pass this task's worker index"))
+
+
+def task_rank(task_type: str, index: int, chiefs: int) -> int:
+    """The mesh rank of task ``task_type:index`` in a job with ``chiefs`` chief tasks (0 or 1):
+    the training tasks in `TRAINING_ROLES` order.
+
+    Example:
+        >>> task_rank("chief", 0, chiefs=1), task_rank("worker", 0, chiefs=1)
+        (0, 1)
+    """
+    if task_type not in TRAINING_ROLES:
+        raise StrategyConfigError(format_error(
+            "This task is not on the job's mesh.", received=f"task type {task_type!r}",
+            expected=f"one of {TRAINING_ROLES} (the tasks that train)",
+            fix="ask for the mesh on chief and worker tasks only"))
+    return index if task_type == "chief" else chiefs + index

@@ -30,6 +30,7 @@ MODULES = [
     "tfdist.strategies.startup",
     "tfdist.server",
     "tfdist.launcher.plan",
+    "tfdist.launcher.mesh_plan",
     "tfdist.launcher.placement",
     "tfdist.launcher.options",
     "tfdist.launcher.arguments",

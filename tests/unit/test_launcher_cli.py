@@ -244,3 +244,14 @@ def test_the_launchers_own_tf_config_reaches_no_task(script, monkeypatch, capsys
     assert single["tf_config"] is None and single["unset_env"] == ["TF_CONFIG"]
     for task in _dry_run(capsys, ["--workers", "2", script]):  # each gets its own
         assert task["tf_config"]["cluster"]["worker"] != ["localhost:1", "localhost:2"]
+
+
+def test_an_absurd_micro_batch_count_is_refused_before_start(script, capsys):
+    # Once accepted (with --dry-run too); each task then built an unbounded schedule.
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--dry-run", "--stages", "2", "--workers", "2", "--micro-batches",
+                  "100000000000", script])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "micro_batches=100000000000 is more than a pipeline step can schedule" in err
+    assert "at most 1024" in err

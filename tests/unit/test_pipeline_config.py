@@ -93,3 +93,23 @@ def test_normalised_values_and_replicas():
     assert config.replicas(4) == 2
     with pytest.raises(StrategyConfigError, match="Fix: use --workers 4 \\(or 6\\)"):
         config.replicas(5)
+
+
+def test_micro_batches_are_bounded_in_the_strategy_and_in_the_environment():
+    from tfdist.pipeline.partition import MAX_MICRO_BATCHES
+
+    assert PipelineConfig(stages=2, micro_batches=MAX_MICRO_BATCHES).micro_batches == 1024
+    with pytest.raises(StrategyConfigError, match="at most 1024"):
+        PipelineConfig(stages=2, micro_batches=MAX_MICRO_BATCHES + 1)
+    with pytest.raises(StrategyConfigError, match="micro_batches=100000000000"):
+        PipelineConfig.from_env({"TFDIST_PIPELINE_STAGES": "2",
+                                 "TFDIST_PIPELINE_MICRO_BATCHES": "100000000000"})
+
+
+def test_a_batch_smaller_than_its_micro_batches_names_how_many_fit():
+    from tfdist.strategies.pipeline import PipelineStrategy
+
+    strategy = PipelineStrategy(stages=1, micro_batches=16)
+    with pytest.raises(StrategyConfigError, match="use at most 8 micro-batches"):
+        strategy.check_rows(8)
+    strategy.check_rows(32)

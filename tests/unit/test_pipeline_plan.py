@@ -178,8 +178,23 @@ def test_groups_by_axis_keep_their_members_ranks_and_keys():
         assert layout.world().members == tuple(range(6)) and layout.world().rank == rank
     pair = PipelineLayout(6, 3, 4).pair(3)
     assert pair.key == (1 << 20) + 3 * 4096 + 4 and pair.peer == 3
-    with pytest.raises(StrategyConfigError, match="Unknown pipeline axis"):
-        PipelineLayout(6, 3, 4).group("tensor")
+    with pytest.raises(StrategyConfigError, match="Unknown mesh axis"):
+        PipelineLayout(6, 3, 4).group("model")
+
+
+def test_a_pipeline_split_by_tensor_links_the_same_shard_of_neighbouring_stages():
+    # D=2 x K=2 x T=2: rank = (replica * 2 + stage) * 2 + shard.
+    layouts = [PipelineLayout(8, 2, rank, tensor=2) for rank in range(8)]
+    assert [(lay.replica, lay.stage, lay.coordinates.tensor) for lay in layouts[:4]] == [
+        (0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1)]
+    assert [lay.next for lay in layouts[:4]] == [2, 3, None, None]
+    assert [lay.previous for lay in layouts[4:]] == [None, None, 4, 5]
+    assert layouts[5].stage_group == (1, 5) and layouts[5].replica_ranks == (5, 7)
+    assert layouts[5].group("tensor").members == (4, 5)
+    assert layouts[5].group("pipe").key == (1 << 18) + 1 * 2 + 1  # replica 1, shard 1
+    assert (layouts[5].replicas, layouts[5].processes_per_replica) == (2, 4)
+    with pytest.raises(StrategyConfigError, match="use --workers 4 \\(or 8\\)"):
+        PipelineLayout(6, 2, 0, tensor=2)
 
 
 def test_a_process_holding_every_stage_says_so():

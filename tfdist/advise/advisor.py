@@ -168,7 +168,8 @@ def advise(model: Any, cluster: Any, *, batch: int, data: Any = None,
     prof = profile or profile_model(build(model), batch, data=data, repeats=repeats)
     links = dict(net.backends) or {"tf": net.p2p}
     offered = [c for c in candidates(shape, batch, micro_batches, max_ps, tuple(links),
-                                     layers=len(prof.names)) if keep is None or keep(c)]
+                                     layers=len(prof.names), heads=prof.heads)
+               if keep is None or keep(c)]
     ranked = tuple(rank([predict(c, prof, links, shape, batch) for c in offered]))
     if not ranked or not ranked[0].fits:
         least = min(ranked, key=lambda p: p.memory_bytes) if ranked else None
@@ -177,6 +178,6 @@ def advise(model: Any, cluster: Any, *, batch: int, data: Any = None,
             received=f"device_memory={shape.device_memory:g} bytes, {shape.processes} processes",
             expected=(f"at least {least.memory_bytes:.3g} bytes per device (the smallest need, "
                       f"{least.candidate.label})" if least else "a layout to consider"),
-            fix="add processes (more pipeline stages or ps shards), a smaller batch, or "
-            "devices with more memory"))
+            fix="add processes (more pipeline stages, tensor shards or ps shards), a smaller "
+            "batch, or devices with more memory"))
     return Advice(ranked, prof, net, shape, batch, script)

@@ -5,7 +5,11 @@ cores per host and (optionally) memory per device. It is read from a `ClusterSpe
 (``"node1:2,node2:2"``) or a count. `candidates` lists, for ``P`` training processes: one
 process (``default``); synchronous all-reduce on ``P`` (TF's ring, Horovod's); parameter
 servers with ``k`` shards beside ``P`` workers; pipelines of ``K`` stages (``K`` dividing ``P``,
-``D = P / K`` replicas) with ``M`` micro-batches.
+``D = P / K`` replicas) with ``M`` micro-batches; and, for a model with attention heads, each
+layer split ``T`` ways (``D x K x T = P``), in Alpa's two levels: a tensor group within a host
+(``T`` divides a host's processes; its activations are all-reduced at every block), pipeline
+stages across hosts. A layout is offered only where a registered strategy takes its options
+(`tensor_strategies`): tensor layouts appear once a strategy takes ``--tensor``.
 
 Example:
     >>> [c.label for c in candidates(Cluster(processes=2), batch=64, micro_batches=(4,))]
@@ -22,7 +26,7 @@ from typing import Any
 
 from tfdist.errors import AdviseError, TfdistError, format_error
 
-__all__ = ["Cluster", "Candidate", "as_cluster", "candidates"]
+__all__ = ["Cluster", "Candidate", "as_cluster", "candidates", "tensor_sizes", "tensor_strategies"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +115,11 @@ class Candidate:
         ps: Parameter servers (shards), beside the workers.
         stages: Pipeline stages K.
         micro_batches: Pipeline micro-batches M.
+        tensor: Tensor shards T of each stage's layers.
+
+    Example:
+        >>> Candidate("tensor", 4, tensor=2).label, Candidate("pipeline", 8, 2, 2, 4, 2).label
+        ('tensor D=2 x T=2', 'pipeline D=2 x K=2 x T=2 M=4')
     """
 
     strategy: str
@@ -118,12 +127,22 @@ class Candidate:
     ps: int = 0
     stages: int = 1
     micro_batches: int = 1
+    tensor: int = 1
+
+    @property
+    def replicas(self) -> int:
+        """D, the data-parallel replicas (``processes / (K T)``)."""
+        return self.processes // (self.stages * self.tensor)
 
     @property
     def label(self) -> str:
+        d = f"D={self.replicas} x " if self.replicas > 1 else ""
+        t = f"T={self.tensor}" if self.tensor > 1 else ""
         if self.stages > 1:
-            d = self.processes // self.stages
-            return f"pipeline {f'D={d} x ' if d > 1 else ''}K={self.stages} M={self.micro_batches}"
+            return (f"{self.strategy} {d}K={self.stages}{' x ' + t if t else ''} "
+                    f"M={self.micro_batches}")
+        if t:
+            return f"{self.strategy} {d}{t}"
         return f"{self.strategy} x{self.processes}" + (f" +{self.ps}ps" if self.ps else "")
 
     def launch_argv(self, script: str = "train.py") -> list[str]:
@@ -139,15 +158,53 @@ class Candidate:
             argv += ["--ps", str(self.ps)]
         if self.stages > 1:
             argv += ["--stages", str(self.stages), "--micro-batches", str(self.micro_batches)]
+        if self.tensor > 1:
+            argv += ["--tensor", str(self.tensor)]
         if self.processes == 1 and not self.ps:
             argv = ["python"]
         return [*argv, script]
 
 
+def tensor_strategies() -> dict[int, str]:
+    """For a layout of one stage (``1``) and of several (``2``), the registered strategy that
+    takes ``--tensor`` there (the registry's traits say which; none yet: an empty dict).
+
+    Example:
+        >>> set(tensor_strategies()) <= {1, 2}
+        True
+    """
+    from tfdist.core.registry import strategies_taking
+
+    taking = strategies_taking("tensor")
+    staged = [name for name in taking if name in strategies_taking("stages")]
+    plain = [name for name in taking if name not in staged]
+    found = {1: (plain or taking)[0]} if taking else {}
+    return found | ({2: staged[0]} if staged else {})
+
+
+def tensor_sizes(cluster: Cluster, heads: int) -> list[int]:
+    """The tensor shard counts worth trying: ``T > 1`` dividing the attention ``heads``, the
+    processes, and a host's processes (a tensor group stays on one host: Alpa's inner level).
+
+    Example:
+        >>> tensor_sizes(Cluster(8, hosts=2), heads=8), tensor_sizes(Cluster(4), heads=0)
+        ([2, 4], [])
+    """
+    per_host = cluster.processes // cluster.hosts if cluster.processes % cluster.hosts == 0 else 1
+    return [t for t in range(2, cluster.processes + 1)
+            if heads and heads % t == 0 and cluster.processes % t == 0 and per_host % t == 0]
+
+
 def candidates(cluster: Cluster, batch: int, micro_batches: Sequence[int] = (2, 4, 8),
                max_ps: int = 2, backends: Sequence[str] = ("tf", "horovod"),
-               layers: int | None = None) -> list[Candidate]:
-    """Every layout worth predicting for ``cluster`` and a global ``batch``."""
+               layers: int | None = None, heads: int = 0,
+               tensor_by: dict[int, str] | None = None) -> list[Candidate]:
+    """Every layout worth predicting for ``cluster`` and a global ``batch``.
+
+    ``heads``: the model's attention heads (0: no tensor layouts); ``tensor_by``: which strategy
+    runs a tensor layout of one stage (key 1) and of several (key 2), default
+    `tensor_strategies`.
+    """
     p = cluster.processes
     out = [Candidate("default", 1)]
     if p > 1:
@@ -155,10 +212,24 @@ def candidates(cluster: Cluster, batch: int, micro_batches: Sequence[int] = (2, 
                                                          ("horovod", "horovod"))
                 if backend in backends]
     out += [Candidate("parameter_server", p, ps=k) for k in range(1, max_ps + 1)]
-    for k in range(2, p + 1):
-        if p % k or (layers is not None and k > layers):
+    out += _pipelines(p, batch, micro_batches, layers, tensor=1, strategy="pipeline")
+    by = tensor_strategies() if tensor_by is None else tensor_by
+    for t in tensor_sizes(cluster, heads):
+        if 1 in by and batch % (p // t) == 0:
+            out.append(Candidate(by[1], p, tensor=t))
+        if 2 in by:
+            out += _pipelines(p, batch, micro_batches, layers, tensor=t, strategy=by[2])
+    return out
+
+
+def _pipelines(p: int, batch: int, micro_batches: Sequence[int], layers: int | None,
+               tensor: int, strategy: str) -> list[Candidate]:
+    """Pipelines of ``K > 1`` stages, each on ``tensor`` processes, ``D = p / (K T)``."""
+    out = []
+    for k in range(2, p // tensor + 1):
+        if (p // tensor) % k or (layers is not None and k > layers):
             continue
         for m in micro_batches:
-            if batch % ((p // k) * m) == 0:
-                out.append(Candidate("pipeline", p, stages=k, micro_batches=m))
+            if batch % ((p // (k * tensor)) * m) == 0:
+                out.append(Candidate(strategy, p, stages=k, micro_batches=m, tensor=tensor))
     return out

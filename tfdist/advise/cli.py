@@ -209,7 +209,10 @@ def _dry_run(args: argparse.Namespace) -> int:
                       "cluster": vars(shape) | {"host_names": list(shape.host_names)},
                       "constants": source,
                       "candidates": [c.label for c in candidates(
-                          shape, args.batch, args.micro_batches, args.max_ps, args.backends)]},
+                          shape, args.batch, args.micro_batches, args.max_ps, args.backends)],
+                      "tensor": "layouts split T ways are added once the model is built: T "
+                      "dividing its attention heads and a host's processes, where a registered "
+                      "strategy takes --tensor"},
                      indent=1))
     return 0
 

@@ -12,7 +12,11 @@ Rabenseifner and Gropp, "Optimization of Collective Communication Operations in 
 * pipeline, K stages, M micro-batches (GPipe): ``(M + K - 1)`` slots of the slowest stage's
   forward + backward of one micro-batch, or of its two transfers where those take longer (tfdist's
   engine sends and receives asynchronously, beside the compute); idle fraction (bubble)
-  ``(K - 1) / (M + K - 1)``.
+  ``(K - 1) / (M + K - 1)``;
+* tensor parallelism, T shards (Megatron-LM): each layer's compute / T, plus per forward two
+  all-reduces over the T processes of the block's activations (``batch x seq x hidden x 4``
+  bytes each) per Transformer block, and two in the backward; each process holds
+  ``split / T + replicated`` weight bytes.
 
 Example:
     >>> link = Link(alpha=1e-4, beta=1e-9, gamma=5e-10)
@@ -26,10 +30,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Sequence
 
 __all__ = ["Link", "ring_allreduce_s", "halving_doubling_s", "ps_traffic_s", "bubble",
            "pipeline_step_s", "data_parallel_memory", "ps_memory", "pipeline_memory",
-           "contention"]
+           "contention", "tensor_activations_s", "tensor_weight_bytes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,3 +183,32 @@ def contention(busy_processes: int, threads_each: int, cores: float) -> float:
         (2.0, 1.0)
     """
     return max(1.0, busy_processes * threads_each / max(1, cores))
+
+
+def tensor_activations_s(tensor: int, activation_bytes: Sequence[float], link: Link,
+                         allreduce: Callable[[int, float, Link], float] | None = None) -> float:
+    """The activation all-reduces of one forward and backward under tensor parallelism:
+    each of ``activation_bytes`` (one forward all-reduce each, two per Transformer block) is
+    all-reduced over the ``tensor`` processes once forward and once backward (``allreduce``:
+    default `ring_allreduce_s`).
+
+    Example:
+        >>> link = Link(alpha=1e-4, beta=1e-9)
+        >>> blocks = [2e6, 2e6]                      # one block: after attention, after FFN
+        >>> round(tensor_activations_s(2, blocks, link) * 1e3, 3)   # 4 x (2 a + n b)
+        8.8
+        >>> tensor_activations_s(1, blocks, link)
+        0.0
+    """
+    reduce = allreduce or ring_allreduce_s
+    return 2 * sum(reduce(tensor, n, link) for n in activation_bytes)
+
+
+def tensor_weight_bytes(split_bytes: float, whole_bytes: float, tensor: int) -> float:
+    """Weight bytes one of ``tensor`` shards holds: the split part / T + the replicated rest.
+
+    Example:
+        >>> tensor_weight_bytes(split_bytes=8e6, whole_bytes=10e6, tensor=4)
+        4000000.0
+    """
+    return split_bytes / tensor + (whole_bytes - split_bytes)

@@ -34,7 +34,8 @@ from tfdist.pipeline.partition import balanced_bounds, stage_costs
 __all__ = ["Term", "Prediction", "predict", "rank", "COSTS", "BACKEND_OF"]
 
 BACKEND_OF: Mapping[str, str] = {"multi_worker": "tf", "horovod": "horovod",
-                                 "parameter_server": "tf", "pipeline": "tf", "default": "tf"}
+                                 "parameter_server": "tf", "pipeline": "tf", "default": "tf",
+                                 "tensor": "tf"}
 """Which probed transport each strategy's traffic uses (TF's gRPC, or Horovod over Gloo)."""
 
 HALVING_DOUBLING: Mapping[str, bool] = {"tf": False, "horovod": False}
@@ -159,30 +160,45 @@ def _parameter_server(c: Candidate, prof: ModelProfile, links: Mapping[str, Link
             Term("communication", comm, detail)], max(worker, ps)
 
 
+def _stage_tensor_s(prof: ModelProfile, bounds: Sequence[int], micro: float, tensor: int,
+                    link: Link) -> list[float]:
+    """Per stage, its activation all-reduces (forward and backward) of one micro-batch."""
+    per_stage: list[list[float]] = [[] for _ in bounds[1:]]
+    for layer, nbytes in prof.reductions:
+        stage = next(s for s in range(len(bounds) - 1) if bounds[s] <= layer < bounds[s + 1])
+        per_stage[stage].append(nbytes * micro)
+    return [model.tensor_activations_s(tensor, sizes, link) for sizes in per_stage]
+
+
 def _pipeline(c: Candidate, prof: ModelProfile, links: Mapping[str, Link], cluster: Cluster,
               batch: int) -> tuple[list[Term], float]:
-    link, k, m = links["tf"], c.stages, c.micro_batches
-    d = c.processes // k
+    """K stages (K >= 1) of M micro-batches, each stage's layers split T ways (T >= 1), on
+    D = P / (K T) replicas: a pipeline, a tensor layout (K = M = 1), or both."""
+    link, k, m, t, d = links["tf"], c.stages, c.micro_batches, c.tensor, c.replicas
     micro = batch / (d * m)
     costs = prof.layer_costs(micro)
     bounds = balanced_bounds(costs, k)
     slow = model.contention(cluster.per_host, prof.threads or cluster.cores, cluster.cores)
-    slowest = max(stage_costs(costs, bounds)) * slow
-    boundary = max(prof.activation_bytes[b - 1] for b in bounds[1:-1]) * micro
+    compute = [cost * slow / t for cost in stage_costs(costs, bounds)]
+    tensor = _stage_tensor_s(prof, bounds, micro, t, link)
+    slots = [a + b for a, b in zip(compute, tensor, strict=True)]
+    worst = max(range(k), key=slots.__getitem__)
+    slowest = slots[worst]
+    boundary = max(prof.activation_bytes[b - 1] for b in bounds[1:-1]) * micro if k > 1 else 0.0
     _, transfer = model.pipeline_step_s(slowest, k, m, boundary, link)
-    # What the layers alone miss (loss, optimizer update, dispatch), shared by the K stages.
-    rest = max(0.0, prof.step.at(batch / d) - sum(prof.layer_costs(batch / d))) * slow / k
-    params = stage_costs(prof.param_bytes, bounds)
+    # What the layers alone miss (loss, optimizer update, dispatch), shared by the K T processes.
+    rest = max(0.0, prof.step.at(batch / d) - sum(prof.layer_costs(batch / d))) * slow / (k * t)
+    params = stage_costs(prof.bytes_per_shard(t), bounds)
     sync = model.ring_allreduce_s(d, max(params), link)
-    idle = (k - 1) * (slowest + transfer / (m + k - 1))
-    terms = [Term("compute", m * slowest + rest,
-                  f"{m} micro-batches of {micro:g} samples through the slowest of {k} stages"),
-             Term("bubble", idle, f"(K-1)/(M+K-1) = {model.bubble(k, m):.0%} of the step idle"),
-             Term("communication", transfer + sync,
-                  f"{2 * (m + k - 1)} transfers of {_mb(boundary)} activations (beyond compute) "
-                  f"over "
-                  f"{link.bandwidth_gbps:.2f} GB/s" + (f", stage gradients of {_mb(max(params))} "
-                                                       f"over {d} replicas" if d > 1 else ""))]
+    terms = [Term("compute", m * compute[worst] + rest, _compute_detail(c, micro))]
+    if k > 1:
+        idle = (k - 1) * (slowest + transfer / (m + k - 1))
+        terms.append(Term("bubble", idle,
+                          f"(K-1)/(M+K-1) = {model.bubble(k, m):.0%} of the step idle"))
+    terms.append(Term("communication", transfer + sync,
+                      _communication_detail(k, m, d, boundary, max(params), link)))
+    if t > 1:
+        terms.append(Term("tensor", m * tensor[worst], _tensor_detail(prof, t, micro, link)))
     acts = [sum(prof.activation_bytes[a:b]) * micro for a, b in zip(bounds, bounds[1:],
                                                                      strict=False)]
     memory = max(model.pipeline_memory(pb, prof.optimizer_slots, act, m)
@@ -190,16 +206,43 @@ def _pipeline(c: Candidate, prof: ModelProfile, links: Mapping[str, Link], clust
     return terms, memory
 
 
+def _compute_detail(c: Candidate, micro: float) -> str:
+    split = f", each layer split {c.tensor} ways" if c.tensor > 1 else ""
+    if c.stages == 1:
+        return f"forward+backward+update of {micro:g} samples{split}"
+    return (f"{c.micro_batches} micro-batches of {micro:g} samples through the slowest of "
+            f"{c.stages} stages{split}")
+
+
+def _communication_detail(k: int, m: int, d: int, boundary: float, params: float,
+                          link: Link) -> str:
+    sync = f"stage gradients of {_mb(params)} over {d} replicas" if d > 1 else ""
+    if k == 1:
+        return (f"gradients of {_mb(params)} per shard over {d} replicas"
+                if d > 1 else "none between replicas")
+    return (f"{2 * (m + k - 1)} transfers of {_mb(boundary)} activations (beyond compute) over "
+            f"{link.bandwidth_gbps:.2f} GB/s" + (f", {sync}" if sync else ""))
+
+
+def _tensor_detail(prof: ModelProfile, t: int, micro: float, link: Link) -> str:
+    largest = max((n for _, n in prof.reductions), default=0) * micro
+    return (f"{2 * len(prof.reductions)} all-reduces of activations per step and micro-batch "
+            f"(2 forward, 2 backward per block) of up to {_mb(largest)} over T={t}, "
+            f"{link.bandwidth_gbps:.2f} GB/s")
+
+
 COSTS: Mapping[str, Callable[..., tuple[list[Term], float]]] = {
     "default": _single, "multi_worker": _allreduce, "horovod": _allreduce,
-    "parameter_server": _parameter_server, "pipeline": _pipeline}
+    "parameter_server": _parameter_server, "pipeline": _pipeline, "tensor": _pipeline}
 """Strategy name -> its cost function ``(candidate, profile, links, cluster, batch)``."""
 
 
 def predict(candidate: Candidate, prof: ModelProfile, links: Mapping[str, Link],
             cluster: Cluster, batch: int) -> Prediction:
     """The predicted step of ``candidate`` (``links``: backend name -> fitted link)."""
-    terms, memory = COSTS[candidate.strategy](candidate, prof, links, cluster, batch)
+    split = candidate.stages > 1 or candidate.tensor > 1  # whichever strategy runs it
+    cost = _pipeline if split else COSTS[candidate.strategy]
+    terms, memory = cost(candidate, prof, links, cluster, batch)
     fits = cluster.device_memory is None or memory <= cluster.device_memory
     return Prediction(candidate, tuple(terms), memory, fits, batch)
 

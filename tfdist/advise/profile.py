@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -30,7 +31,8 @@ import numpy as np
 from tfdist.core import flavour
 from tfdist.errors import AdviseError, format_error
 
-__all__ = ["Line", "EmbeddingUse", "ModelProfile", "profile_model", "fit_line"]
+__all__ = ["Line", "EmbeddingUse", "ModelProfile", "profile_model", "fit_line", "tensor_parts",
+           "SPLIT_CLASSES"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +105,12 @@ class ModelProfile:
         embeddings: The model's embedding tables.
         threads: TensorFlow intra-op threads the profile ran with (0: TF's default, every core).
         batch: The largest batch measured.
+        split_bytes: Per layer, the weight bytes a tensor split divides by T (`tensor_parts`);
+            empty: none known.
+        reductions: The activation all-reduces of one forward under tensor parallelism, each
+            as (layer index, bytes per sample): two per Transformer block (after its attention,
+            after its feed-forward); the backward has as many. Empty: no Transformer block.
+        heads: The attention heads T must divide (their gcd over the model; 0: no attention).
     """
 
     names: tuple[str, ...]
@@ -116,10 +124,27 @@ class ModelProfile:
     embeddings: tuple[EmbeddingUse, ...]
     threads: int
     batch: int
+    split_bytes: tuple[int, ...] = ()
+    reductions: tuple[tuple[int, int], ...] = ()
+    heads: int = 0
 
     @property
     def total_param_bytes(self) -> int:
         return sum(self.param_bytes)
+
+    def bytes_per_shard(self, tensor: int) -> tuple[float, ...]:
+        """Per layer, the weight bytes one of ``tensor`` shards holds: split part / T +
+        replicated part.
+
+        Example:
+            >>> prof = ModelProfile(("a", "b"), (0, 0), (400, 100), (4, 4), (), (), Line(0, 0),
+            ...                     0, (), 1, 8, split_bytes=(300, 0))
+            >>> prof.bytes_per_shard(2)
+            (250.0, 100.0)
+        """
+        split = self.split_bytes or (0,) * len(self.param_bytes)
+        return tuple(s / tensor + (whole - s) for whole, s in zip(self.param_bytes, split,
+                                                                  strict=True))
 
     @property
     def embedding_bytes(self) -> int:
@@ -142,7 +167,9 @@ class ModelProfile:
                       "activation_bytes": tuple(data["activation_bytes"]),
                       "forward": lines(data["forward"]), "backward": lines(data["backward"]),
                       "step": Line(**data["step"]),
-                      "embeddings": tuple(EmbeddingUse(**e) for e in data["embeddings"])})
+                      "embeddings": tuple(EmbeddingUse(**e) for e in data["embeddings"]),
+                      "split_bytes": tuple(data.get("split_bytes", ())),
+                      "reductions": tuple(tuple(r) for r in data.get("reductions", ()))})
 
 
 def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
@@ -285,6 +312,51 @@ def _embeddings(model: Any, data: Any, batch: int) -> tuple[EmbeddingUse, ...]:
     return tuple(found)
 
 
+SPLIT_CLASSES = ("MultiHeadAttention", "EinsumDense", "Dense", "Embedding")
+"""Layer classes whose kernels a tensor split divides (Megatron's: heads, feed-forward columns
+and rows, vocabulary rows); their biases and every other layer are counted replicated."""
+
+
+def _sublayers(layer: Any) -> list[Any]:
+    """``layer`` and every layer inside it (a Transformer block's attention and Dense)."""
+    flatten = getattr(layer, "_flatten_layers", None)
+    return list(flatten(include_self=True, recursive=True)) if flatten else [layer]
+
+
+def tensor_parts(layers: Sequence[Any], activation_bytes: Sequence[int]) -> tuple[
+        tuple[int, ...], tuple[tuple[int, int], ...], int]:
+    """What tensor parallelism would split in ``layers`` (the model's, in order), by class:
+    (split bytes per layer, forward all-reduces as (layer, bytes per sample), heads' gcd).
+
+    Each ``MultiHeadAttention`` is taken for one Transformer block: two all-reduces of its
+    output (seq x hidden per sample) in the forward, after the attention and after the
+    feed-forward. An estimate by class: the tensor strategy's own plan is exact.
+
+    Example:
+        >>> from tfdist.core import flavour
+        >>> keras = flavour.get_keras()
+        >>> x = keras.Input((4, 8))
+        >>> y = keras.layers.MultiHeadAttention(2, 4, name="att")(x, x)
+        >>> model = keras.Model(x, keras.layers.Dense(8, name="ffn")(y))
+        >>> tensor_parts(model.layers[1:], (128, 128))
+        ((1120, 256), ((0, 128), (0, 128)), 2)
+    """
+    split, reductions, heads = [], [], 0
+    for index, layer in enumerate(layers):
+        kernels: dict[int, int] = {}
+        for sub in _sublayers(layer):
+            kind = type(sub).__name__
+            if kind == "MultiHeadAttention":
+                reductions += [(index, int(activation_bytes[index]))] * 2
+                heads = math.gcd(heads, int(getattr(sub, "num_heads", 0)
+                                            or getattr(sub, "_num_heads", 0)))
+            if kind in SPLIT_CLASSES:
+                kernels.update({id(w): int(np.prod(w.shape)) * 4 for w in sub.weights
+                                if len(w.shape) >= 2})
+        split.append(sum(kernels.values()))
+    return tuple(split), tuple(reductions), heads
+
+
 def profile_model(model: Any, batch: int, data: Any = None, repeats: int = 5,
                   small_batch: int | None = None, labels: Any = None) -> ModelProfile:
     """Measures ``model`` (a built Keras model) at ``batch`` and a smaller batch.
@@ -330,15 +402,18 @@ def profile_model(model: Any, batch: int, data: Any = None, repeats: int = 5,
                   for b in sizes]
     per_sample = lambda layer: int(np.prod([int(d) for d in tuple(  # noqa: E731
         _as_list(layer.output)[0].shape)[1:]] or [1])) * 4
+    activation_bytes = tuple(per_sample(layer) for layer in layers)
+    split_bytes, reductions, heads = tensor_parts(layers, activation_bytes)
     return ModelProfile(
         names=tuple(layer.name for layer in layers),
         params=tuple(int(layer.count_params()) for layer in layers),
         param_bytes=tuple(sum(int(np.prod(w.shape)) * 4 for w in layer.weights)
                           for layer in layers),
-        activation_bytes=tuple(per_sample(layer) for layer in layers),
+        activation_bytes=activation_bytes,
         forward=tuple(fit_line(sizes, [fwd[b][i] for b in sizes]) for i in range(len(layers))),
         backward=tuple(fit_line(sizes, [both[b][i] for b in sizes]) for i in range(len(layers))),
         step=fit_line(sizes, step_s),
         optimizer_slots=_slots(optimizer, len(model.trainable_weights)),
         embeddings=_embeddings(model, data, batch),
-        threads=tf.config.threading.get_intra_op_parallelism_threads(), batch=batch)
+        threads=tf.config.threading.get_intra_op_parallelism_threads(), batch=batch,
+        split_bytes=split_bytes, reductions=reductions, heads=heads)

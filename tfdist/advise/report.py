@@ -48,8 +48,7 @@ def layer_costs(advice: Advice) -> list[float]:
     for p in advice.predictions:
         c = p.candidate
         if c.stages > 1:
-            return advice.profile.layer_costs(advice.batch / (c.processes // c.stages
-                                                              * c.micro_batches))
+            return advice.profile.layer_costs(advice.batch / (c.replicas * c.micro_batches))
     return advice.profile.layer_costs(advice.batch)
 
 

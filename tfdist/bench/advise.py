@@ -32,6 +32,8 @@ from tfdist.advise import Candidate, Cluster, ModelProfile, advise, network
 from tfdist.advise.cores import usable_cores
 from tfdist.bench.workers import WORKERS
 from tfdist.cluster import ClusterSpec
+from tfdist.core.registry import strategy_traits
+from tfdist.mesh import MESH_ENV, Mesh
 from tfdist.probe import jobs
 from tfdist.probe.common import THREADS_ENV
 
@@ -94,6 +96,10 @@ def _tf(c: Candidate, ex: Example, config: AdviseBenchConfig, log: IO[str]) -> A
         env |= {"TFDIST_PIPELINE_STAGES": str(c.stages),
                 "TFDIST_PIPELINE_MICRO_BATCHES": str(c.micro_batches)}
         batch = ex.batch
+    if c.tensor > 1:  # as tfdist-launch gives it: the mesh, and T in the strategy's own variable
+        env |= {MESH_ENV: Mesh(c.replicas, c.stages, c.tensor).to_env(),
+                strategy_traits(c.strategy).launch_options["tensor"]: str(c.tensor)}
+        batch = ex.batch  # every process reads the global batch, as in a pipeline
     spec = ClusterSpec.local(workers=c.processes, ps=c.ps, chief=bool(c.ps), host="127.0.0.1")
     return jobs.run_tf(spec, _SCRIPT, _args(ex, batch, config, c), env=env, log=log,
                        timeout=config.timeout)
@@ -106,8 +112,12 @@ def _horovod(c: Candidate, ex: Example, config: AdviseBenchConfig, log: IO[str])
 
 RUNNERS: Mapping[str, Callable[[Candidate, Example, AdviseBenchConfig, IO[str]], Any]] = {
     "default": _local, "multi_worker": _tf, "parameter_server": _tf, "pipeline": _tf,
-    "horovod": _horovod}
-"""Strategy -> how the benchmark starts a job of it."""
+    "horovod": _horovod, "tensor": _tf}
+"""Strategy -> how the benchmark starts a job of it. Tensor layouts (``tensor``, D x T) are
+run once the advisor offers them: a registered strategy takes ``--tensor`` and an example has
+attention heads (the three examples here have none; a Transformer example added to
+``EXAMPLES`` of `workers/advise_worker.py` and to `AdviseBenchConfig.examples` with headline
+``tensor`` brings them into the comparison)."""
 
 
 def _measured_step(c: Candidate, ex: Example, result: Mapping[str, Any]) -> float:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tfdist.bench import advise, pipeline, ps, report, train
+from tfdist.bench import advise, pipeline, ps, report, tensor, train
 from tfdist.probe import allreduce
 from tfdist.probe.common import THREADS_ENV
 from tfdist.probe.machine import machine, machine_note
@@ -24,9 +24,10 @@ from tfdist.probe.machine import machine, machine_note
 __all__ = ["SECTIONS", "parse_args", "configs", "run", "main"]
 
 SECTIONS = {"allreduce": allreduce.run, "train": train.run, "ps": ps.run,
-            "pipeline": pipeline.run, "advise": advise.run}
-STANDALONE = frozenset({"advise"})
-"""Sections ``all`` leaves out: ``advise`` re-runs the others' kinds of jobs (minutes)."""
+            "pipeline": pipeline.run, "tensor": tensor.run, "advise": advise.run}
+STANDALONE = frozenset({"advise", "tensor"})
+"""Sections ``all`` leaves out: ``advise`` re-runs the others' kinds of jobs (minutes);
+``tensor`` runs four Transformer jobs (minutes on 2 cores)."""
 
 
 def _env_pair(text: str) -> tuple[str, str]:
@@ -104,6 +105,8 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
             steps=pick(args.steps, 100, 20), warmup_steps=10 if quick else 20,
             repeats=pick(args.repeats, 3, 1), env=env),
         "pipeline": pipeline.PipelineConfig(quick=quick, steps=pick(args.steps, 20, 5), env=env),
+        "tensor": tensor.TensorBenchConfig(quick=quick, shards=args.np,
+                                           steps=pick(args.steps, 10, 3), env=env),
         "advise": advise.AdviseBenchConfig(np=args.np, quick=quick, steps=pick(args.steps, 40, 20),
                                            repeats=pick(args.repeats, 5, 3),
                                            constants=args.constants, env=env),

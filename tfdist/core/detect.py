@@ -118,21 +118,24 @@ def detect_strategy(
 
 
 def launch_strategy(*, workers: int, ps: int, ranks: bool = False,
-                    stages: int | None = None) -> str:
+                    stages: int | None = None, tensor: int | None = None) -> str:
     """What ``auto`` means for a job about to be launched with these counts.
 
-    ``ps`` tasks -> ``parameter_server``; pipeline stages asked for -> ``pipeline``; ranks
-    asked for (an MPIJob export) -> ``horovod``; more than one worker -> ``multi_worker``; else
-    ``default``. The tasks then detect the same name from `LAUNCHER_STRATEGY_ENV`.
+    ``ps`` tasks -> ``parameter_server``; pipeline stages asked for -> ``pipeline``; tensor
+    shards alone -> ``tensor``; ranks asked for (an MPIJob export) -> ``horovod``; more than one
+    worker -> ``multi_worker``; else ``default``. The tasks then detect the same name from
+    `LAUNCHER_STRATEGY_ENV`.
 
     Example:
         >>> launch_strategy(workers=2, ps=1), launch_strategy(workers=1, ps=0)
         ('parameter_server', 'default')
-        >>> launch_strategy(workers=4, ps=0, stages=2)
-        'pipeline'
+        >>> launch_strategy(workers=4, ps=0, stages=2), launch_strategy(workers=2, ps=0, tensor=2)
+        ('pipeline', 'tensor')
     """
     if stages is not None:
         return "pipeline"
+    if tensor is not None:
+        return "tensor"
     if ps > 0:
         return "parameter_server"
     if ranks:

@@ -37,6 +37,7 @@ __all__ = [
     "strategy_traits",
     "check_strategy_name",
     "available_strategies",
+    "strategies_taking",
     "unregister",
 ]
 
@@ -122,6 +123,20 @@ def available_strategies() -> tuple[str, ...]:
         ('default', 'mirrored', 'multi_worker', 'parameter_server', 'horovod', 'pipeline', 'auto')
     """
     return (*(name for name in _REGISTRY if ":" not in name), AUTO)
+
+
+def strategies_taking(option: str) -> tuple[str, ...]:
+    """The registered strategies whose traits take the launcher option ``option`` (``"stages"``,
+    ``"tensor"``), among those whose traits are known without importing them.
+
+    Example:
+        >>> strategies_taking("stages")
+        ('pipeline',)
+    """
+    known = {name: _TRAITS.get(name, getattr(target, "traits", None))
+             for name, target in _REGISTRY.items() if ":" not in name}
+    return tuple(name for name, traits in known.items()
+                 if traits is not None and option in traits.launch_options)
 
 
 def get_strategy_class(name: str) -> type:

@@ -13,7 +13,7 @@ Example:
     ['--stages', '2']
     >>> args = build_parser().parse_args(["--workers", "2", "--stages", "2", "train.py"])
     >>> job_options(args).strategy_options
-    StrategyOptions(stages=2, micro_batches=None, schedule=None)
+    StrategyOptions(stages=2, tensor=None, micro_batches=None, schedule=None)
 """
 
 from __future__ import annotations
@@ -178,6 +178,12 @@ def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
                           help="micro-batches per replica batch (default 1)")
     pipeline.add_argument("--schedule", choices=("gpipe", "1f1b"),
                           help="gpipe (default) or 1f1b (keeps fewer activations)")
+    tensor = parser.add_argument_group("tensor (--strategy tensor)")
+    tensor.add_argument(
+        "--tensor", type=_positive_int, metavar="T",
+        help="split each layer (attention heads, feed-forward widths, vocabulary) T ways, one "
+        "process each; --workers is D x K x T (D data-parallel replicas of K stages, each on T "
+        "neighbouring processes of one host); each task reads its place from TFDIST_MESH")
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -318,7 +324,8 @@ def job_options(args: argparse.Namespace) -> JobOptions:
         startup_timeout=args.startup_timeout, preemption_grace=args.preemption_grace,
         mpi=args.mpi, verbose=args.verbose, script_on_all_tasks=args.script_on_all_tasks,
         min_workers=args.min_workers, max_workers=args.max_workers,
-        strategy_options=StrategyOptions(stages=args.stages, micro_batches=args.micro_batches,
+        strategy_options=StrategyOptions(stages=args.stages, tensor=args.tensor,
+                                         micro_batches=args.micro_batches,
                                          schedule=args.schedule),
         export=export_options(args), ray=ray_options(args),
     )

@@ -7,6 +7,7 @@ Examples::
     tfdist-launch --strategy horovod --workers 2 train.py  # through horovodrun --gloo
     tfdist-launch --strategy horovod --workers 2 --min-workers 1 --max-workers 2 train.py  # elastic
     tfdist-launch --dry-run --workers 2 train.py           # print each task's TF_CONFIG and command
+    tfdist-launch --strategy tensor --workers 4 --tensor 2 train.py  # 2 replicas x 2 shards
     tfdist-launch --check                                  # what is installed
     tfdist-launch --hosts n1:2,n2:2 --workers 4 train.py   # tasks on n1, n2 (over ssh)
     tfdist-launch --export kubeflow --image me/train:1 --ps 1 train.py  # a Kubeflow TFJob
@@ -36,6 +37,7 @@ from tfdist.errors import (
 from tfdist.launcher import arguments
 from tfdist.launcher.arguments import EXPORT_ONLY, job_options, ray_options
 from tfdist.launcher.export import run_export
+from tfdist.launcher.mesh_plan import ray_spread_warning
 from tfdist.launcher.options import JobOptions
 from tfdist.launcher.placement import place
 from tfdist.launcher.plan import JobPlan, LayoutError, plan_job
@@ -244,6 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ClusterConfigError, StrategyConfigError, MissingDependencyError) as err:
         print(f"tfdist-launch: error: {err}", file=sys.stderr)
         return 2
+    for warning in placement.warnings:
+        print(f"tfdist-launch: warning: {warning}", file=sys.stderr)
     if launch.dry_run:
         placement.release()
         for line in placement.describe():
@@ -262,6 +266,9 @@ def _run_on_ray(plan: JobPlan, dry_run: bool) -> int:
     from tfdist.launcher.ray_runner import describe, run_on_ray
 
     assert plan.options.ray is not None
+    warning = ray_spread_warning(plan.mesh, plan.options.ray.placement)
+    if warning:
+        print(f"tfdist-launch: warning: {warning}", file=sys.stderr)
     if dry_run:
         for line in describe(plan, plan.options.ray):
             print(json.dumps(line))

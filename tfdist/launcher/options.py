@@ -27,12 +27,15 @@ EXPORT_FORMATS = ("kubeflow", "mpijob", "slurm")
 
 @dataclasses.dataclass(frozen=True)
 class StrategyOptions:
-    """Options of the strategy itself, among its ``traits.launch_options`` (pipeline's today).
+    """Options of the strategy itself, among its ``traits.launch_options``.
 
     Each keeps its type here; the plan writes it into the tasks' environment, in one place.
 
     Attributes:
-        stages: ``--stages K``: pipeline stages, one process each.
+        stages: ``--stages K``: pipeline stages, one process each (each T processes with
+            ``tensor``).
+        tensor: ``--tensor T``: tensor-parallel shards of each stage's layers, one process each;
+            ``--workers`` is D x K x T (the job's mesh, `tfdist.launcher.mesh_plan`).
         micro_batches: ``--micro-batches M``: micro-batches per replica batch.
         schedule: ``--schedule``: ``gpipe`` or ``1f1b``.
 
@@ -42,6 +45,7 @@ class StrategyOptions:
     """
 
     stages: int | None = None
+    tensor: int | None = None
     micro_batches: int | None = None
     schedule: str | None = None
 

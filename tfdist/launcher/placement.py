@@ -36,7 +36,9 @@ from tfdist.launcher.hosts import (
     rank_hosts,
     task_command,
 )
+from tfdist.launcher.mesh_plan import describe_rank, tensor_hosts_warning
 from tfdist.launcher.plan import JobPlan
+from tfdist.mesh import TRAINING_ROLES, task_rank
 
 __all__ = ["TaskPlan", "Placement", "place", "horovodrun_path"]
 
@@ -95,6 +97,8 @@ class Placement:
     Horovod ranks are started by ``horovodrun`` (the one task); they are in ``ranks`` so that
     ``--dry-run`` shows them. An elastic job's ranks are those it starts with; its ``discovery``
     (script and hosts file) lives until `release`, and ``--dry-run`` shows ``horovodrun`` too.
+    ``warnings``: what the launcher should say before it starts (a tensor group split over
+    hosts).
     """
 
     plan: JobPlan
@@ -102,9 +106,12 @@ class Placement:
     cluster: ClusterSpec | None = None
     ranks: tuple[TaskPlan, ...] = ()
     discovery: Discovery | None = None
+    warnings: tuple[str, ...] = ()
 
     def describe(self) -> list[dict[str, Any]]:
-        lines = [t.describe() for t in (self.ranks or self.tasks)]
+        """One JSON object per task; with a mesh (`JobPlan.mesh`), each training task's
+        ``mesh``: its rank, coordinates and groups."""
+        lines = [self._with_mesh(t, t.describe()) for t in (self.ranks or self.tasks)]
         if self.discovery is not None:
             options = self.plan.options
             elastic = {"min_workers": options.min_workers, "max_workers": options.max_workers,
@@ -112,6 +119,13 @@ class Placement:
                        "slots": list(self.loopback_addresses)}
             lines.append({**self.tasks[0].describe(), "elastic": elastic})
         return lines
+
+    def _with_mesh(self, task: TaskPlan, line: dict[str, Any]) -> dict[str, Any]:
+        mesh = self.plan.mesh
+        if mesh is None or task.task is None or task.task.type not in TRAINING_ROLES:
+            return line
+        rank = task_rank(task.task.type, task.task.index, self.plan.roles.get("chief", 0))
+        return {**line, "mesh": describe_rank(mesh, rank)}
 
     @property
     def loopback_addresses(self) -> tuple[str, ...]:
@@ -172,7 +186,19 @@ def _cluster(plan: JobPlan) -> Placement:
             str(task), task, spec.host(task), spec.tf_config(task.type, task.index), command,
             plan.task_kind(task.type), tuple(env.items()), max_restarts=plan.restarts(task.type),
             stdin=stdin))
-    return Placement(plan, tuple(tasks), cluster=spec)
+    return Placement(plan, tuple(tasks), cluster=spec, warnings=_mesh_warnings(plan, tasks))
+
+
+def _mesh_warnings(plan: JobPlan, tasks: Sequence[TaskPlan]) -> tuple[str, ...]:
+    """A tensor group whose processes the hosts split (`tensor_hosts_warning`)."""
+    if plan.mesh is None or plan.options.hosts is None:
+        return ()
+    chiefs = plan.roles.get("chief", 0)
+    by_rank = {task_rank(t.task.type, t.task.index, chiefs): t.host for t in tasks
+               if t.task is not None and t.task.type in TRAINING_ROLES}
+    hosts = [by_rank[rank] for rank in sorted(by_rank)]
+    warning = tensor_hosts_warning(plan.mesh, hosts)
+    return () if warning is None else (warning,)
 
 
 def horovodrun_path() -> str:

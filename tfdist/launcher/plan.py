@@ -29,7 +29,14 @@ from tfdist.core.registry import strategy_traits
 from tfdist.core.traits import STRATEGY_ENV, StrategyTraits, TaskKind
 from tfdist.errors import StrategyConfigError, TfdistError
 from tfdist.launcher.elastic import elastic_problem
+from tfdist.launcher.mesh_plan import (
+    mesh_problem,
+    option_fix,
+    plan_mesh,
+    training_processes,
+)
 from tfdist.launcher.options import JobOptions, StrategyOptions
+from tfdist.mesh import MESH_ENV, Mesh
 from tfdist.pipeline.config import PipelineConfig
 from tfdist.pipeline.layout import check_processes
 from tfdist.strategies.startup import STARTUP_TIMEOUT_ENV
@@ -61,6 +68,8 @@ class JobPlan:
         env: Variables every task gets (TF_CONFIG aside), independent of where it runs.
         options: What the user asked for (run settings, hosts, export, Ray), with its
             ``strategy`` and ``workers`` decided.
+        mesh: The chief and workers as a ``data x pipe x tensor`` mesh, when ``--stages`` or
+            ``--tensor`` shaped it (`tfdist.launcher.mesh_plan`); its shape is in ``env``.
     """
 
     strategy: str
@@ -69,6 +78,7 @@ class JobPlan:
     script_argv: tuple[str, ...]
     env: Mapping[str, str]
     options: JobOptions
+    mesh: Mesh | None = None
 
     def tasks(self) -> list[Task]:
         """Every task of the job, in start order."""
@@ -114,8 +124,11 @@ def plan_job(options: JobOptions, environ: Mapping[str, str] | None = None) -> J
     if problem:
         raise LayoutError(problem)
     script_argv = (options.script, *options.script_args)
-    return JobPlan(strategy, traits, _roles(options, traits), script_argv,
-                   _task_env(options, traits, environ), options)
+    mesh = plan_mesh(options, traits)
+    env = _task_env(options, traits, environ)
+    if mesh is not None:
+        env[MESH_ENV] = mesh.to_env()
+    return JobPlan(strategy, traits, _roles(options, traits), script_argv, env, options, mesh)
 
 
 def _task_env(options: JobOptions, traits: StrategyTraits,
@@ -139,12 +152,15 @@ def _resolve_strategy(options: JobOptions) -> str:
         return options.strategy
     ranks = options.export is not None and options.export.format == "mpijob"
     return launch_strategy(workers=2 if options.workers is None else options.workers,
-                           ps=options.ps, ranks=ranks, stages=options.strategy_options.stages)
+                           ps=options.ps, ranks=ranks, stages=options.strategy_options.stages,
+                           tensor=options.strategy_options.tensor)
 
 
 def strategy_env(strategy_options: StrategyOptions, traits: StrategyTraits) -> dict[str, str]:
-    """The variables that carry the strategy's own options to its tasks: those given, written by
-    `PipelineConfig.env` (checked there), which the tasks' `PipelineConfig.from_env` reads back.
+    """The variables that carry the strategy's own options to its tasks: those given, the
+    pipeline's written by `PipelineConfig.env` (checked there), which the tasks'
+    `PipelineConfig.from_env` reads back; any other (``--tensor``) as its value. The mesh's
+    shape also reaches every task, whole, in `tfdist.mesh.MESH_ENV` (`plan_job`).
 
     Example:
         >>> from tfdist.core.traits import PIPELINE
@@ -152,11 +168,13 @@ def strategy_env(strategy_options: StrategyOptions, traits: StrategyTraits) -> d
         {'TFDIST_PIPELINE_STAGES': '2', 'TFDIST_PIPELINE_MICRO_BATCHES': '4'}
     """
     given = strategy_options.given()
-    if not given:
-        return {}
-    written = PipelineConfig(**given).env()
-    return {traits.launch_options[option]: written[traits.launch_options[option]]
-            for option in given}
+    pipeline = {option: value for option, value in given.items() if option in _PIPELINE_FIELDS}
+    written = PipelineConfig(**pipeline).env() if pipeline else {}
+    return {traits.launch_options[option]: written.get(traits.launch_options[option], str(value))
+            for option, value in given.items()}
+
+
+_PIPELINE_FIELDS = frozenset(field.name for field in dataclasses.fields(PipelineConfig))
 
 
 def layout_problem(options: JobOptions, strategy: str, traits: StrategyTraits) -> str | None:
@@ -239,17 +257,15 @@ def _strategy_options_problem(
         if option not in traits.launch_options:
             takes = ", ".join(_flag(o) for o in traits.launch_options) or "none"
             return (f"{_flag(option)} was given with --strategy {strategy}, which does not take "
-                    f"it (it takes: {takes}). Fix: drop {_flag(option)}, or use --strategy "
-                    "pipeline")
+                    f"it (it takes: {takes}). Fix: {option_fix(option)}")
     stages = options.strategy_options.stages
-    if stages is not None:
-        assert options.workers is not None
-        processes = options.workers + int(traits.chief(options.chief))
+    if stages is not None and options.strategy_options.tensor is None:
+        processes = training_processes(options, traits)
         try:
             check_processes(processes, stages)
         except TfdistError as err:
             return f"--stages {stages} with {processes} process(es): {err}"
-    return None
+    return mesh_problem(options, traits)
 
 
 def _roles(options: JobOptions, traits: StrategyTraits) -> dict[str, int]:

@@ -1,15 +1,19 @@
 """Which process holds which stages of which pipeline replica, and its collective groups.
 
-A job of ``N = D x K`` processes (TF tasks ``worker:0..N-1``; ``rank`` is the task index) runs
-``D`` pipeline replicas of ``K`` stages. Rank ``r`` holds stage ``r % K`` of replica ``r // K``:
-the stages of one replica are neighbours in rank order, and ``worker:0`` (the chief) holds
-stage 0 of replica 0. A process may instead hold all K stages, one per local device
-(``stages_per_process=K``, `tfdist.pipeline.local`): its layout then has one replica, K stages,
-and this one process holding them all.
+A job of ``N = D x K x T`` processes (TF tasks ``worker:0..N-1``; ``rank`` is the task index)
+runs ``D`` pipeline replicas of ``K`` stages, each stage split ``T`` ways by tensor parallelism
+(``T = 1``: no split). The layout is a `tfdist.mesh.Mesh` seen from one rank: rank ``r`` sits at
+the mesh coordinates ``(replica, stage, shard)``, ``r = (replica * K + stage) * T + shard``, so
+with ``T = 1`` it holds stage ``r % K`` of replica ``r // K``: the stages of one replica are
+neighbours in rank order, and ``worker:0`` (the chief) holds stage 0 of replica 0. A process may
+instead hold all K stages, one per local device (``stages_per_process=K``,
+`tfdist.pipeline.local`): its layout then has one replica, K stages, and this one process holding
+them all (its mesh has a ``pipe`` axis of 1).
 
-The layout also answers "my group on this axis" (`group`: ``"pipe"``, the stages of my replica;
-``"data"``, my stage's replicas), the pair of neighbours (`pair`) and the whole job (`world`),
-as `tfdist.mesh.ProcessGroup` objects: the transport asks it for every key.
+The layout answers "my group on this axis" (`group`: ``"pipe"``, the stages of my replica;
+``"data"``, my stage's replicas; ``"tensor"``, my stage's shards), the pair of neighbours
+(`pair`) and the whole job (`world`) by asking its mesh: the transport gets every key from here,
+and no key is made anywhere else.
 
 Example:
     >>> layout = PipelineLayout(processes=4, stages=2, rank=3)
@@ -20,22 +24,20 @@ Example:
     >>> on_devices = PipelineLayout(processes=1, stages=3, rank=0, stages_per_process=3)
     >>> on_devices.held, on_devices.is_first, on_devices.is_last, on_devices.replicas
     (range(0, 3), True, True, 1)
+    >>> split = PipelineLayout(processes=8, stages=2, rank=5, tensor=2)
+    >>> split.coordinates, split.previous, split.group("tensor").members
+    (Coordinates(data=1, pipe=0, tensor=1), None, (4, 5))
+    >>> split.next, split.stage_group
+    (7, (1, 5))
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.mesh import (
-    DATA,
-    PIPE,
-    Axis,
-    ProcessGroup,
-    axis_group,
-    pair_group,
-    world_group,
-)
+from tfdist.mesh import DATA, PIPE, Axis, Coordinates, Mesh, ProcessGroup
 from tfdist.pipeline.partition import check_stages
 
 __all__ = ["PipelineLayout", "check_processes"]
@@ -65,17 +67,19 @@ class PipelineLayout:
     """Where process ``rank`` sits in a job of ``processes`` processes and ``stages`` stages.
 
     Attributes:
-        processes: N = D x K / ``stages_per_process``.
+        processes: N = D x K x T / ``stages_per_process``.
         stages: K, the model's stages.
         rank: This process's index (its ``worker`` task index).
         stages_per_process: 1 (one stage per process), or K (one process holds every stage,
             one per local device).
+        tensor: T, the tensor-parallel shards of each stage (1: none).
     """
 
     processes: int
     stages: int
     rank: int
     stages_per_process: int = 1
+    tensor: int = 1
 
     def __post_init__(self) -> None:
         check_stages(self.stages)
@@ -84,29 +88,44 @@ class PipelineLayout:
                 "A process holds one stage or all of them.",
                 received=f"stages_per_process={self.stages_per_process}, stages={self.stages}",
                 expected=f"1 or {self.stages}", fix="pass 1, or stages"))
-        check_processes(self.processes, self.processes_per_replica)
+        check_processes(self.processes, self.stages // self.stages_per_process)
+        Mesh.for_processes(self.processes, pipe=self.stages // self.stages_per_process,
+                           tensor=self.tensor)
         if not 0 <= self.rank < self.processes:
             raise StrategyConfigError(format_error(
                 "rank is out of range.", received=f"rank={self.rank}",
                 expected=f"0 <= rank < {self.processes}", fix="pass this task's index"))
 
+    @functools.cached_property
+    def mesh(self) -> Mesh:
+        """The job's processes as ``replicas x processes-per-pipeline x tensor`` (the mesh's
+        ``pipe`` axis is 1 when one process holds every stage)."""
+        return Mesh.for_processes(self.processes, pipe=self.stages // self.stages_per_process,
+                                  tensor=self.tensor)
+
+    @functools.cached_property
+    def coordinates(self) -> Coordinates:
+        """This process's place on the mesh: (replica, its place in the pipeline, its shard)."""
+        return self.mesh.coordinates(self.rank)
+
     @property
     def processes_per_replica(self) -> int:
-        return self.stages // self.stages_per_process
+        """The processes of one pipeline replica (its stages, each on ``tensor`` processes)."""
+        return self.mesh.pipe * self.tensor
 
     @property
     def replicas(self) -> int:
         """D: pipeline replicas (data parallelism across them)."""
-        return self.processes // self.processes_per_replica
+        return self.mesh.data
 
     @property
     def replica(self) -> int:
-        return self.rank // self.processes_per_replica
+        return self.coordinates.data
 
     @property
     def held(self) -> range:
         """The stages this process holds."""
-        first = self.rank % self.processes_per_replica * self.stages_per_process
+        first = self.coordinates.pipe * self.stages_per_process
         return range(first, first + self.stages_per_process)
 
     @property
@@ -128,48 +147,42 @@ class PipelineLayout:
         return self.held.stop == self.stages
 
     def rank_of(self, replica: int, stage: int) -> int:
-        """The rank holding ``stage`` of ``replica``."""
-        return replica * self.processes_per_replica + stage // self.stages_per_process
+        """The rank holding ``stage`` of ``replica`` (this process's shard of it)."""
+        return self.mesh.rank_of(replica, stage // self.stages_per_process,
+                                 self.coordinates.tensor)
 
     @property
     def previous(self) -> int | None:
         """The rank holding the previous stage of this replica (None on the first stage)."""
-        return None if self.is_first else self.rank - 1
+        return None if self.is_first else self.rank_of(self.replica, self.stage - 1)
 
     @property
     def next(self) -> int | None:
         """The rank holding the next stage of this replica (None on the last stage)."""
-        return None if self.is_last else self.rank + 1
+        return None if self.is_last else self.rank_of(self.replica, self.held.stop)
 
     @property
     def stage_group(self) -> tuple[int, ...]:
-        """The ranks holding this stage in every replica (its gradients are averaged there)."""
-        return tuple(self.rank_of(d, self.stage) for d in range(self.replicas))
+        """The ranks holding this stage (shard) in every replica (its gradients are averaged
+        there)."""
+        return self.mesh.members(DATA, self.rank)
 
     @property
     def replica_ranks(self) -> tuple[int, ...]:
-        """The ranks holding this replica's stages, in stage order."""
-        first = self.replica * self.processes_per_replica
-        return tuple(range(first, first + self.processes_per_replica))
+        """The ranks holding this replica's stages (this shard of each), in stage order."""
+        return self.mesh.members(PIPE, self.rank)
 
     # ----------------------------------------------------------------- groups
     def group(self, axis: Axis) -> ProcessGroup:
-        """This process's group on ``axis``: ``"pipe"`` (its replica's stages; its rank there
-        is its place in the pipeline) or ``"data"`` (its stage's replicas; its rank there is
-        its replica)."""
-        if axis == PIPE:
-            return axis_group(PIPE, self.replica, self.replica_ranks, self.rank)
-        if axis == DATA:
-            index = self.rank % self.processes_per_replica
-            return axis_group(DATA, index, self.stage_group, self.rank)
-        raise StrategyConfigError(format_error(
-            "Unknown pipeline axis.", received=f"axis={axis!r}",
-            expected=f"{PIPE!r} or {DATA!r}", fix="ask for one of the pipeline's axes"))
+        """This process's group on ``axis`` (`tfdist.mesh.Mesh.group`): ``"pipe"`` (its
+        replica's stages; its rank there is its place in the pipeline), ``"data"`` (its stage's
+        replicas; its rank there is its replica) or ``"tensor"`` (its stage's shards)."""
+        return self.mesh.group(axis, self.rank)
 
     def pair(self, peer: int) -> ProcessGroup:
         """The group of this process and ``peer`` (a neighbouring stage's process)."""
-        return pair_group(self.rank, peer)
+        return self.mesh.pair(self.rank, peer)
 
     def world(self) -> ProcessGroup:
         """Every process of the job."""
-        return world_group(self.processes, self.rank)
+        return self.mesh.world(self.rank)

@@ -34,7 +34,11 @@ __all__ = [
     "check_layer_classes",
     "check_added_losses",
     "UNSUPPORTED_LAYERS",
+    "MAX_MICRO_BATCHES",
 ]
+
+MAX_MICRO_BATCHES = 1024
+"""The most micro-batches a step may have (its graph holds 2 ops per micro-batch per stage)."""
 
 UNSUPPORTED_LAYERS: Mapping[str, str] = {
     "BatchNormalization": "its batch statistics would be computed per micro-batch, so training "
@@ -76,6 +80,14 @@ def check_micro_batches(micro_batches: object, batch: int | None = None) -> int:
             "micro_batches must be a positive int.", received=f"micro_batches={micro_batches!r}",
             expected="an int >= 1 (micro-batches per replica batch, M)",
             fix="pass micro_batches=4 (or tfdist-launch --micro-batches 4)"))
+    if micro_batches > MAX_MICRO_BATCHES:
+        raise StrategyConfigError(format_error(
+            f"micro_batches={micro_batches} is more than a pipeline step can schedule: each "
+            "micro-batch is a forward and a backward op per stage in the step's graph.",
+            received=f"micro_batches={micro_batches}",
+            expected=f"at most {MAX_MICRO_BATCHES} (and at most the rows of a replica's batch; "
+            "4-32 is typical: the bubble (K-1)/(M+K-1) is small from M = 4K)",
+            fix="pass micro_batches=8 (or tfdist-launch --micro-batches 8)"))
     if batch is not None and batch % micro_batches:
         raise StrategyConfigError(format_error(
             f"A batch of {batch} rows cannot be cut into {micro_batches} equal micro-batches.",

@@ -39,7 +39,7 @@ import tensorflow as tf
 from tfdist.core import flavour
 from tfdist.core import traits as builtin
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.mesh import DATA, ProcessGroup
+from tfdist.mesh import DATA, ProcessGroup, task_rank
 from tfdist.options import check_positive_number
 from tfdist.pipeline import stage, transport
 from tfdist.pipeline.config import (
@@ -161,7 +161,7 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         else:
             cluster, task = self._read_cluster(tf_config)
             processes = max(1, len(cluster.chief) + len(cluster.worker))
-            rank = 0 if task.type == "chief" else len(cluster.chief) + task.index
+            rank = task_rank(task.type, task.index, chiefs=len(cluster.chief))
         self.mode: PipelineMode = choose_mode(self.config, processes, rank)
         if processes > 1:
             _warn_if_one_inter_op_thread()
@@ -346,12 +346,16 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         """Raises unless a batch of ``rows`` rows divides into D replicas x M micro-batches."""
         parts = self.layout.replicas * self.micro_batches
         if int(rows) % parts:
+            fix = (f"use a batch size that is a multiple of {parts} (and drop_remainder=True in "
+                   "Dataset.batch, or a row count that is a multiple of the batch size)")
+            if int(rows) < parts:
+                fix = (f"use at most {max(1, int(rows) // self.layout.replicas)} micro-batches "
+                       f"(each needs a row of every replica's batch), or a batch of {parts} "
+                       "rows or more")
             raise StrategyConfigError(format_error(
                 f"A global batch of {int(rows)} rows cannot be cut into {self.layout.replicas} "
                 f"replica(s) x {self.micro_batches} micro-batch(es).",
-                received=f"batch={int(rows)}", expected=f"a multiple of {parts}",
-                fix=f"use a batch size that is a multiple of {parts} (and drop_remainder=True "
-                "in Dataset.batch, or a row count that is a multiple of the batch size)"))
+                received=f"batch={int(rows)}", expected=f"a multiple of {parts}", fix=fix))
 
     def check_batch(self, x: Any) -> None:
         """`check_rows` for a batch tensor: at trace time if its row count is static, else a

@@ -5,7 +5,8 @@
 trained with SGD and momentum; the rows of rank ``r`` at step ``s`` come from a generator seeded
 by ``(s, r)`` (`elastic_data`), so a step's global batch depends only on the step and the number
 of ranks. Gradients are averaged with ``hvd.allreduce``; the model, the optimizer's momentum and
-the step are held in ``hvd.elastic.TensorFlowKerasState``, committed every `COMMIT_EVERY` steps.
+the step are held in ``hvd.elastic.TensorFlowKerasState`` (``--tensorflow-state``: the model's and
+optimizer's variables in ``hvd.elastic.TensorFlowState``), committed every `COMMIT_EVERY` steps.
 
 Rank 0 appends JSON lines (each with its time ``t``) to ``OUT_DIR/events.jsonl``: ``start`` (its
 pid, the hosts file tfdist wrote, the initial weights), ``step`` (step index and the size it ran
@@ -52,7 +53,11 @@ def main() -> None:
     (out / f"pid-{os.getpid()}.json").write_text(json.dumps(slot))
     model, optimizer = build()
     loss_fn = keras.losses.MeanSquaredError()
-    state = hvd.elastic.TensorFlowKerasState(model, optimizer, step=0)
+    if "--tensorflow-state" in sys.argv:  # variables, not a Keras model: the other state class
+        state = hvd.elastic.TensorFlowState(
+            [*model.variables, *optimizer.variables], step=0)
+    else:
+        state = hvd.elastic.TensorFlowKerasState(model, optimizer, step=0)
     if sabotage:
         state._load_model = lambda: None  # noqa: SLF001 - the sabotage under test
     if hvd.rank() == 0:

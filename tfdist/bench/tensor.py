@@ -1,0 +1,102 @@
+"""``tensor``: step time of a Transformer LM split T ways, against its bound, one process, data
+parallel and a pipeline on the same processes.
+
+Jobs (one ``workers/tensor_worker.py`` job each, one compute thread per process): the same LM
+(``blocks`` Transformer blocks) and the same global batch under ``default`` on one process, then
+on T processes under ``tensor`` (every block's heads and feed-forward pair split T ways),
+``multi_worker`` (data parallel) and ``pipeline`` (K = T stages, M = 4). Per row:
+
+* ``step_s``: a ``fit`` step on the global batch;
+* ``bound_s`` (tensor): one process's step / T plus the activation all-reduces, ``4 * blocks``
+  sums of a ``batch x seq x width`` float32 tensor over the tensor group (two forward, two
+  backward per block), each timed alone in the same job (``allreduce_s``);
+* ``measured_over_bound``: ``step_s / bound_s`` (1.0: nothing beyond split compute and the
+  reduces; the rest is the split layers' own overhead and the small reductions of the loss);
+* ``weight_bytes``: the weights one process holds (tensor: against ``planned_bytes``, the
+  plan's prediction, split / T + replicated);
+* ``speedup_vs_default``: one process's step / this job's.
+
+Example:
+    >>> TensorBenchConfig(quick=True).width
+    64
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from tfdist.bench.workers import WORKERS
+from tfdist.cluster import ClusterSpec
+from tfdist.probe import jobs
+
+__all__ = ["TensorBenchConfig", "run"]
+
+_MODULE = "tfdist.bench.workers.tensor_worker"
+_SCRIPT = WORKERS / "tensor_worker.py"
+_REDUCES_PER_BLOCK = 4
+
+
+@dataclass
+class TensorBenchConfig:
+    """The model, batch and shard count. ``env`` goes to every child."""
+
+    quick: bool = False
+    shards: int = 2
+    batch: int = 16
+    vocab: int = 512
+    seq: int = 64
+    width: int = 256
+    heads: int = 8
+    blocks: int = 2
+    steps: int = 10
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.quick:
+            self.vocab, self.seq, self.width, self.heads, self.steps = 64, 16, 64, 4, 3
+
+    def args(self, mode: str) -> list[str]:
+        return ["--mode", mode, "--shards", str(self.shards), "--batch", str(self.batch),
+                "--vocab", str(self.vocab), "--seq", str(self.seq), "--width", str(self.width),
+                "--heads", str(self.heads), "--blocks", str(self.blocks),
+                "--steps", str(self.steps)]
+
+
+def run(config: TensorBenchConfig, log: IO[str]) -> dict[str, Any]:
+    """Runs every job; returns ``{"rows": [...]}`` (one row per job)."""
+    env = {"TFDIST_BENCH_THREADS": "2,1", "TF_USE_LEGACY_KERAS": "0", **config.env}
+    timeout = 900.0
+    single = jobs.first_report(jobs.run_local(_MODULE, config.args("default"), env=env,
+                                              log=log, timeout=timeout))
+    rows = [{"mode": "default", "processes": 1, "step_s": single["step_s"],
+             "weight_bytes": single["weight_bytes"], "speedup_vs_default": 1.0}]
+    for mode, extra in (("tensor", {"TFDIST_TENSOR_SHARDS": str(config.shards)}),
+                        ("multi_worker", {}),
+                        ("pipeline", {"TFDIST_PIPELINE_STAGES": str(config.shards),
+                                      "TFDIST_PIPELINE_MICRO_BATCHES": "4"})):
+        spec = ClusterSpec.local(workers=config.shards)
+        try:
+            results = jobs.run_tf(spec, _SCRIPT, config.args(mode),
+                                  env={**env, "TFDIST_STRATEGY": mode, **extra}, log=log,
+                                  timeout=timeout)
+        except Exception as err:  # noqa: BLE001 - one layout failing keeps the others' rows
+            rows.append({"mode": mode, "processes": config.shards, "error": str(err)[:200]})
+            continue
+        step = max(r["step_s"] for r in results.values())
+        row = {"mode": mode, "processes": config.shards, "step_s": step,
+               "weight_bytes": max(r["weight_bytes"] for r in results.values()),
+               "speedup_vs_default": single["step_s"] / step}
+        if mode == "tensor":
+            reduce_s = max(r["allreduce_s"] for r in results.values())
+            bound = single["step_s"] / config.shards + _REDUCES_PER_BLOCK * config.blocks * reduce_s
+            row.update(allreduce_s=reduce_s, bound_s=bound, measured_over_bound=step / bound,
+                       planned_bytes=jobs.first_report(results)["planned_bytes"])
+        rows.append(row)
+    return {"rows": rows, "model": {"vocab": config.vocab, "seq": config.seq,
+                                    "width": config.width, "heads": config.heads,
+                                    "blocks": config.blocks, "batch": config.batch},
+            "note": "bound = one process's step / T + 4 x blocks activation all-reduces "
+                    "(each timed alone); on a few CPU cores the reduces over gRPC cost more "
+                    "than the compute they save, so tensor parallelism does not win there."}
