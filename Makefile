@@ -13,8 +13,8 @@ slurm:  ## setup, plus Slurm and munge (apt, as root) for tests/slurm
 main: setup  ## a real 2-worker training on this machine
 	$(VENV_BIN)/tfdist-launch --strategy multi_worker --workers 2 --timeout 900 $(MAIN_JOB) --model-dir runs/main_job
 
-test: slurm  ## the whole test suite (what CI runs; one process: -n 2 for two pytest-xdist workers, not yet the default), Slurm jobs included; ends with its wall time and 15 slowest tests
-	PATH="$(CURDIR)/$(VENV_BIN):$$PATH" $(VENV_BIN)/python -m pytest
+test: slurm  ## the whole test suite (what CI runs) on 2 pytest-xdist workers, Slurm jobs included; ends with its wall time and 15 slowest tests
+	PATH="$(CURDIR)/$(VENV_BIN):$$PATH" $(VENV_BIN)/python -m pytest -n 2 --dist loadgroup
 
 test-fast: setup  ## unit tests only (2 pytest-xdist workers): no cluster, under a minute
 	$(VENV_BIN)/python -m pytest -m unit -n 2

@@ -3,14 +3,14 @@
 Runs unchanged on one process and under every tfdist strategy::
 
     python keras_examples/transformer_lm.py
-    tfdist-launch --workers 2 keras_examples/transformer_lm.py                  # multi_worker
+    tfdist-launch --workers 2 keras_examples/transformer_lm.py            # multi_worker
     tfdist-launch --strategy horovod --workers 2 keras_examples/transformer_lm.py
     tfdist-launch --strategy pipeline --stages 2 --workers 2 --micro-batches 4 \\
-        keras_examples/transformer_lm.py                                        # 2 stages
+        keras_examples/transformer_lm.py                                  # 2 stages
     tfdist-launch --strategy tensor --tensor 2 --workers 2 \\
-        keras_examples/transformer_lm.py                                        # heads split 2 ways
+        keras_examples/transformer_lm.py                                  # heads split 2 ways
     tfdist-launch --strategy tensor --tensor 2 --workers 4 \\
-        keras_examples/transformer_lm.py                                        # 2 replicas x 2 shards
+        keras_examples/transformer_lm.py                                  # 2 replicas x 2 shards
 
 The text is generated (no download): each sequence counts up from a random token by a random
 stride (modulo the vocabulary), so the next token follows from the previous two and a model that

@@ -30,6 +30,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Tests read every task's output (tfdist-launch --verbose); the tests of the launcher's default
 # view (tests/multiprocess/test_launcher_output.py) unset it.
 os.environ.setdefault("TFDIST_LAUNCH_VERBOSE", "1")
+# The processes the suite starts import Keras 3 without scikit-learn (about 1 of 4.4 CPU-s per
+# process; see sitecustomize.py, which Python runs in every child with this checkout on its path).
+os.environ.setdefault("TFDIST_TEST_LEAN_KERAS", "1")
 
 
 SLOWEST = 15
@@ -107,6 +110,23 @@ def _longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
     order = {module: position for position, module in
              enumerate(sorted(modules, key=lambda module: modules[module]))}
     return sorted(items, key=lambda item: order[item.nodeid.split("::", 1)[0]])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuses two test modules of one name anywhere under tests/, even in a one-file run.
+
+    tests/ has no ``__init__.py``: pytest imports a test module by its file name, so a session
+    that collects both (``make test``) stops with "import file mismatch" before any test runs,
+    while each module run alone passes.
+    """
+    by_name: defaultdict[str, list[str]] = defaultdict(list)
+    for path in (REPO_ROOT / "tests").rglob("test_*.py"):
+        by_name[path.name].append(path.relative_to(REPO_ROOT).as_posix())
+    clashes = sorted(paths for paths in by_name.values() if len(paths) > 1)
+    if clashes:
+        raise pytest.UsageError(
+            f"test modules must have unique file names; received: {clashes}. Fix: rename one "
+            "of each (make test collects them in one session).")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

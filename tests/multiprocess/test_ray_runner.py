@@ -137,11 +137,19 @@ def ray_cluster() -> Iterator[LocalRay]:
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def _running(script: Path) -> list[int]:
-    """Processes whose command line names ``script`` (the job's tasks)."""
+def _running(script: Path, results: Path) -> list[int]:
+    """Processes whose command line names ``script``, of the job whose TFDIST_RESULT_DIR is
+    ``results`` (another job running the same script, under pytest -n 2 in another module, is
+    not this job's; a process whose environment cannot be read counts as this job's)."""
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
-        if str(script) in (proc.info["cmdline"] or []):
+        if str(script) not in (proc.info["cmdline"] or []):
+            continue
+        try:
+            result_dir = proc.environ().get(RESULT_DIR_ENV)
+        except psutil.Error:
+            result_dir = None
+        if result_dir in (None, str(results)):
             found.append(proc.info["pid"])
     return found
 
@@ -181,7 +189,7 @@ def test_multi_worker_trains_to_the_local_runs_loss(ray_cluster, local_run, tmp_
     assert proc.returncode == 0, out
     assert "gang of 2 task(s) placed (SPREAD, 1 CPU each)" in out
     assert "task worker:1 on 127.0.0.1 (port " in out
-    assert _running(PARITY_SCRIPT) == []
+    assert _running(PARITY_SCRIPT, tmp_path) == []
     on_ray = _collect(tmp_path)
     assert not on_ray["worker:0"]["ray_token"], "a task must not get the cluster's token"
     _assert_same_training(on_ray, local_run)
@@ -198,7 +206,7 @@ def test_parameter_server_with_chief_and_ps_trains(ray_cluster, tmp_path):
     assert chief["num_workers"] == 1
     assert chief["loss"][-1] < 0.8 * chief["loss"][0], chief["loss"]
     assert sum(map(sum, chief["seen"])) == 30, "every step ran on the worker"
-    assert _running(SCRIPTS / "ps_train.py") == []
+    assert _running(SCRIPTS / "ps_train.py", tmp_path) == []
 
 
 @pytest.mark.horovod
@@ -219,7 +227,7 @@ def test_horovod_ranks_stay_identical_and_match_the_reference(ray_cluster, tmp_p
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
         np.testing.assert_allclose(a, ref, rtol=0, atol=1e-5)  # = one process, global batch
         assert not np.allclose(a, i0), "training did not change the weights"
-    assert _running(script) == []
+    assert _running(script, tmp_path) == []
 
 
 def _task_pids(marker_dir: Path, task: str) -> list[int]:
@@ -242,7 +250,7 @@ def test_a_killed_task_ends_the_job_naming_it(ray_cluster, tmp_path):
     assert "[chief:0] task chief:0 mode sleep" in out  # each task's output, prefixed
     assert time.monotonic() - started < 20, "the job did not end soon after the kill"
     pids = [int(p.name.rsplit(".", 1)[1]) for p in tmp_path.glob("*.pid.*")]
-    assert wait_gone(pids, timeout=10) == [] and _running(script) == []
+    assert wait_gone(pids, timeout=10) == [] and _running(script, tmp_path) == []
 
 
 def test_a_launcher_without_the_clusters_token_is_refused(ray_cluster, tmp_path):

@@ -1,0 +1,49 @@
+"""The test suite's start-up knob: Keras 3 starts without scikit-learn and matplotlib.
+
+Python imports this module at start-up in every process whose path holds this checkout (the
+tests start their children with ``PYTHONPATH=<checkout>``). It does nothing unless
+``TFDIST_TEST_LEAN_KERAS=1`` (``tests/conftest.py`` sets it for the processes the suite starts).
+
+Why: ``import tensorflow`` imports Keras 3, whose ``keras.wrappers`` (the scikit-learn estimator
+wrappers) imports scikit-learn (and SciPy), and whose ``keras.visualization`` imports
+``matplotlib.pyplot``, whenever they are installed (the ``test`` extra installs them): about 1.5 of
+the 4.4 CPU-seconds of the import, paid by every task process of every multi-process test. With
+the knob set, each is hidden from that Keras package only: Keras then defines those functions as it
+does without them (unusable, and no test uses them), and any other import of them (the examples
+load data and score with scikit-learn, the benchmark plots) works as usual.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+LEAN_KERAS_ENV = "TFDIST_TEST_LEAN_KERAS"
+HIDDEN = {"sklearn": "keras.src.wrappers", "matplotlib": "keras.src.visualization"}
+"""Top-level package -> the Keras package it is hidden from."""
+
+
+class _HideFromKeras:
+    """A `sys.meta_path` finder: a `HIDDEN` package imported from its Keras package is not found."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        importer = HIDDEN.get(name)
+        if importer is not None and _imported_from(importer):
+            raise ModuleNotFoundError(f"{LEAN_KERAS_ENV}=1 hides {name} from {importer}",
+                                      name=name)
+        return None  # every other import: the next finder decides
+
+
+def _imported_from(package: str, depth: int = 40) -> bool:
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if frame.f_globals.get("__name__", "").startswith(package):
+            return True
+        frame = frame.f_back
+    return False
+
+
+if os.environ.get(LEAN_KERAS_ENV) == "1":
+    sys.meta_path.insert(0, _HideFromKeras())
