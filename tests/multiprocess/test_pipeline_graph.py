@@ -31,7 +31,8 @@ pytestmark = pytest.mark.multiprocess
 SCRIPTS = Path(__file__).parent / "scripts"
 REPO = Path(__file__).resolve().parents[2]
 PARITY_ATOL = 1e-5
-"""float32 tolerance against the whole model in one process (measured: 0 to 8e-7)."""
+"""float32 tolerance against the whole model in one process (measured: 0 to 8e-7; MobileNetV2
+1.3e-6)."""
 SABOTAGE_MIN_GAP = 1e-2
 """A dropped skip gradient must miss the reference by more (measured: 0.15)."""
 KERAS3_CASES = ["residual:3:4:1f1b", "nested:2:4:gpipe", "two_inputs:2:1:gpipe",
