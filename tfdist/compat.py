@@ -7,8 +7,9 @@ Which Keras is in use is `tfdist.core.flavour`'s; which one a strategy trains wi
 Keras 3 shims (`KERAS3_SHIMS`): each names the upstream issue, the Keras versions it applies to,
 the versions it was checked against, and a probe of Keras's own code that says whether the bug is
 still there; a Keras release that fixes the bug (or a version outside the range) switches the
-shim off by itself. `install_keras3_shims` applies those that are needed, once per process;
-``TFDIST_KERAS_SHIMS=off`` turns them all off (to see Keras's own behaviour).
+shim off by itself. `install_keras3_shims` applies those that are needed, once per process (in
+every task ``tfdist-launch`` starts, through `tfdist.startup_hook`, even for a script that never
+imports tfdist); ``TFDIST_KERAS_SHIMS=off`` turns them all off (to see Keras's own behaviour).
 """
 
 from __future__ import annotations
@@ -149,6 +150,59 @@ def _install_reduce_mean() -> None:
     trainer.reduce_per_replica = reduce_per_replica
 
 
+def _install_coordinator_fit() -> None:
+    """Keras 3's ``fit``/``evaluate`` cannot drive a ``ClusterCoordinator``; under
+    ParameterServerStrategy the shim runs tfdist's coordinator loop instead
+    (`tfdist.coordinator_fit`), so a script written like TensorFlow's parameter-server guide
+    trains unchanged. Under every other strategy Keras's own methods run."""
+    cls = importlib.import_module(_TRAINER).TensorFlowTrainer
+    for name in ("fit", "evaluate"):
+        setattr(cls, name, _routed(getattr(cls, name), f"coordinator_{name}"))
+
+
+def _routed(original: Callable[..., Any], route: str) -> Callable[..., Any]:
+    signature = inspect.signature(original)
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not fit_needs_coordinator(self.distribute_strategy, self):
+            return original(self, *args, **kwargs)
+        given = signature.bind(self, *args, **kwargs).arguments
+        given.pop("self")
+        given.update(given.pop("kwargs", {}))
+        coordinator_fit = importlib.import_module("tfdist.coordinator_fit")
+        return getattr(coordinator_fit, route)(self, **given)
+
+    method.__wrapped_by_tfdist__ = original  # type: ignore[attr-defined]
+    method.__name__, method.__doc__ = original.__name__, original.__doc__
+    return method
+
+
+_TF_KERAS_ONLY = {"experimental": "tf.keras.utils.experimental.DatasetCreator"}
+
+
+def _install_tf_keras_only_names() -> None:
+    """``tf.keras.utils.experimental`` (``DatasetCreator``, which TensorFlow's parameter-server
+    guide feeds ``model.fit``) is tf-keras's; Keras 3 has no such name, and its AttributeError
+    does not say why. The shim's error names the fix, as Keras 3's own
+    ``keras.optimizers.legacy`` does."""
+    utils = importlib.import_module("keras.utils")
+    original = getattr(utils, "__getattr__", None)
+
+    def __getattr__(name: str) -> Any:
+        if name in _TF_KERAS_ONLY:
+            raise AttributeError(
+                f"`keras.utils.{name}` ({_TF_KERAS_ONLY[name]}) is tf-keras (Keras 2) only; "
+                "Keras 3 does not have it. Fix: set TF_USE_LEGACY_KERAS=1 before importing "
+                "TensorFlow (tfdist-launch passes it to every task) so that tf.keras is "
+                "tf-keras, or under Keras 3 pass model.fit a dataset_fn(input_context) with "
+                "steps_per_epoch (tfdist runs it through the coordinator).")
+        if original is not None:
+            return original(name)
+        raise AttributeError(f"module 'keras.utils' has no attribute {name!r}")
+
+    utils.__getattr__ = __getattr__  # type: ignore[attr-defined]
+
+
 KERAS3_SHIMS: tuple[KerasShim, ...] = (
     KerasShim(
         name="multi_worker_symbolic_build",
@@ -177,11 +231,21 @@ KERAS3_SHIMS: tuple[KerasShim, ...] = (
         verified=("3.15.1",),
         still_broken=lambda: "ClusterCoordinator" not in inspect.getsource(
             importlib.import_module(_TRAINER)),
-        install=lambda: None,  # nothing to patch: tfdist.fit drives the coordinator itself
+        install=_install_coordinator_fit,
+    ),
+    KerasShim(
+        name="tf_keras_only_names",
+        issue="tf.keras.utils.experimental.DatasetCreator is absent from Keras 3",
+        first=(3, 0, 0),
+        fixed_in=None,
+        verified=("3.15.1",),
+        still_broken=lambda: not hasattr(importlib.import_module("keras.utils"), "experimental"),
+        install=_install_tf_keras_only_names,
     ),
 )
-"""The Keras 3 shims tfdist knows: two for ``model.fit`` under MultiWorkerMirroredStrategy, and
-the route `tfdist.fit` takes under ParameterServerStrategy (`fit_needs_coordinator`)."""
+"""The Keras 3 shims tfdist knows: two for ``model.fit`` under MultiWorkerMirroredStrategy, the
+route of ``model.fit``/``evaluate`` (and `tfdist.fit`) under ParameterServerStrategy
+(`fit_needs_coordinator`), and an error that names the fix for tf-keras-only names."""
 
 
 def fit_needs_coordinator(strategy: Any, model: Any = None) -> bool:
@@ -218,8 +282,9 @@ def shims_enabled(environ: Mapping[str, str] | None = None) -> bool:
 def install_keras3_shims() -> dict[str, bool]:
     """Installs the Keras 3 shims this Keras needs, once per process; says which are active.
 
-    Called by the strategies whose Keras 3 ``model.fit`` needs them (MultiWorkerMirrored); a
-    no-op under tf-keras, when `SHIMS_ENV` is ``off``, and for a Keras that no longer needs them.
+    Called by the strategies whose Keras 3 ``model.fit`` needs them (MultiWorkerMirrored) and by
+    the launcher's start-up hook once Keras is imported (`tfdist.startup_hook`); a no-op under
+    tf-keras, when `SHIMS_ENV` is ``off``, and for a Keras that no longer needs them.
 
     Example:
         >>> sorted(install_keras3_shims())  # doctest: +SKIP

@@ -1,15 +1,10 @@
 """`fit`: ``model.fit`` under every tfdist strategy and both Kerases, one entry point.
 
-Everywhere ``model.fit`` works, `fit` is ``model.fit``. The one place it does not is Keras 3 under
-ParameterServerStrategy: Keras 3's trainer has no ``ClusterCoordinator`` support (keras#18624;
-the shim ``parameter_server_fit`` in `tfdist.compat.KERAS3_SHIMS` says for which Keras versions).
-There `fit` runs the training itself, as tf-keras's ``fit`` does: the chief (coordinator) builds
-the model and optimizer with their variables on the ps tasks (sharded when the strategy has a
-partitioner), makes one dataset per worker (`create_per_worker_dataset`), schedules each step
-(``model.train_step``, the user's own if overridden) on whichever worker is free, and at each
-epoch's end waits for them (``join``) and reads the metrics, whose variables are shared by all
-workers. Steps are asynchronous, as under tf-keras. A worker that dies is survived the same way:
-the coordinator runs its steps elsewhere and, when it comes back, rebuilds its dataset.
+Everywhere ``model.fit`` works, `fit` is ``model.fit``. The one place Keras's own does not is
+Keras 3 under ParameterServerStrategy (keras#18624; the shim ``parameter_server_fit`` in
+`tfdist.compat.KERAS3_SHIMS` says for which Keras versions). There `fit` runs tfdist's
+coordinator-driven loop (`tfdist.coordinator_fit`), the one that shim also routes ``model.fit``
+and ``model.evaluate`` to, so the same call works whether or not the shims are installed.
 
 Example:
     The same script trains with either Keras, under any strategy::
@@ -24,38 +19,16 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
 
 from tfdist import compat
+from tfdist.coordinator_fit import PerWorkerInput, coordinator_fit
 from tfdist.core import flavour
 from tfdist.errors import StrategyConfigError, format_error
 
 __all__ = ["fit", "PerWorkerInput", "optimizer_variables", "tf_variable", "track_loss"]
-
-_COORDINATOR_FIT_ARGS = ("epochs", "verbose", "callbacks", "initial_epoch", "steps_per_epoch")
-
-
-@dataclasses.dataclass(frozen=True)
-class PerWorkerInput:
-    """What ParameterServerStrategy's ``distribute_dataset`` returns under Keras 3.
-
-    Attributes:
-        dataset_fn: ``dataset_fn(input_context)``, already sharded per worker.
-        worker_dataset_fn: The same, reading the worker's index at run time on the worker.
-        options: ``tf.distribute.InputOptions`` (or None).
-    """
-
-    dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset]
-    worker_dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset]
-    options: Any = None
-
-    def __repr__(self) -> str:  # Keras 3's model.fit shows it in "Unrecognized data type"
-        return ("PerWorkerInput (Keras 3's model.fit cannot train under ParameterServerStrategy, "
-                "keras#18624; Fix: call tfdist.fit(model, this, ...) instead of model.fit)")
 
 
 def fit(model: Any, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
@@ -67,15 +40,16 @@ def fit(model: Any, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
             ``strategy.distribute_dataset(dataset_fn)`` returns.
         y: Targets, as ``model.fit`` takes them (None for datasets).
         **kwargs: ``model.fit``'s other arguments. Under ParameterServer with Keras 3:
-            ``epochs``, ``steps_per_epoch`` (required), ``callbacks``, ``verbose`` and
-            ``initial_epoch``.
+            those of `tfdist.coordinator_fit.FIT_ARGS` (``steps_per_epoch`` required,
+            ``validation_data`` with ``validation_steps``).
 
     Returns:
         The ``History`` of the run (``history.history["loss"]``: one value per epoch).
 
     Raises:
         StrategyConfigError: Under ParameterServer with Keras 3, an argument the coordinator
-            cannot honour (named in the message), or ``steps_per_epoch`` missing.
+            cannot honour (named in the message), input it cannot feed, or
+            ``steps_per_epoch`` missing.
 
     Example:
         >>> import numpy as np
@@ -91,22 +65,7 @@ def fit(model: Any, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
         if isinstance(x, (tf.data.Dataset, tf.distribute.DistributedDataset)):
             kwargs.setdefault("shuffle", False)  # fit ignores it for datasets; Keras 3 warns
         return _model_fit(model, x, y, kwargs)
-    unsupported = sorted(set(kwargs) - set(_COORDINATOR_FIT_ARGS))
-    if y is not None or unsupported or not isinstance(x, PerWorkerInput):
-        given = ", ".join(unsupported + (["y"] if y is not None else []))
-        raise StrategyConfigError(format_error(
-            "tfdist.fit under ParameterServerStrategy with Keras 3 takes per-worker input and "
-            f"{', '.join(_COORDINATOR_FIT_ARGS)} only.",
-            received=f"x={type(x).__name__}" + (f", {given}" if given else ""),
-            expected="x=strategy.distribute_dataset(dataset_fn) and no other fit arguments",
-            fix="batch and weight samples in dataset_fn; evaluate with the sidecar evaluator "
-            "(tfdist-launch --evaluator) instead of validation_data"))
-    if kwargs.get("steps_per_epoch") is None:
-        raise StrategyConfigError(format_error(
-            "tfdist.fit under ParameterServerStrategy needs steps_per_epoch.",
-            received="steps_per_epoch=None", expected="a positive int",
-            fix="repeat the dataset in dataset_fn and pass steps_per_epoch"))
-    return _coordinator_fit(model, strategy, x, **kwargs)
+    return coordinator_fit(model, x, y, **kwargs)
 
 
 _WRONG_SCOPE = "Mixing different tf.distribute.Strategy objects"
@@ -131,62 +90,6 @@ def _model_fit(model: Any, x: Any, y: Any, kwargs: dict[str, Any]) -> Any:
             expected="the optimizer made inside the model's strategy.scope()",
             fix="call model.compile(optimizer=...) inside the `with strategy.scope():` block "
             "that builds the model")) from err
-
-
-def _coordinator_fit(model: Any, strategy: Any, data: PerWorkerInput, *, steps_per_epoch: int,
-                     epochs: int = 1, verbose: Any = "auto", callbacks: Sequence[Any] = (),
-                     initial_epoch: int = 0) -> Any:
-    """Keras 3 training driven by a `ClusterCoordinator` (see the module docstring)."""
-    keras = flavour.get_keras("keras3")
-    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
-    _build(model, strategy, data)
-    iterator = iter(coordinator.create_per_worker_dataset(
-        lambda: strategy.distribute_datasets_from_function(data.worker_dataset_fn, data.options)))
-    train_function = _train_function(model, strategy)
-    callback_list = keras.callbacks.CallbackList(
-        list(callbacks or ()), add_history=True, add_progbar=verbose not in (0, "silent"),
-        verbose=1 if verbose == "auto" else verbose, epochs=epochs, steps=steps_per_epoch,
-        model=model)
-    model.stop_training = False
-    callback_list.on_train_begin()
-    initial_epoch = getattr(model, "_initial_epoch", None) or initial_epoch  # BackupAndRestore
-    logs: dict[str, float] = {}
-    for epoch in range(initial_epoch, epochs):
-        model.reset_metrics()
-        callback_list.on_epoch_begin(epoch)
-        for step in range(steps_per_epoch):
-            callback_list.on_train_batch_begin(step)
-            coordinator.schedule(train_function, args=(iterator,))
-            callback_list.on_train_batch_end(step)
-        coordinator.join()
-        logs = {name: float(value) for name, value in model.get_metrics_result().items()}
-        callback_list.on_epoch_end(epoch, logs)
-        if model.stop_training:
-            break
-    callback_list.on_train_end(logs)
-    model._initial_epoch = None
-    return model.history
-
-
-def _build(model: Any, strategy: Any, data: PerWorkerInput) -> None:
-    """Creates the model's, metrics' and optimizer's variables (on the ps tasks) before any step
-    runs: a scheduled function may not create variables. Only the input's shapes are needed."""
-    spec = data.dataset_fn(tf.distribute.InputContext()).element_spec
-    with strategy.scope():
-        # Keras 3's own pre-fit build (private; what its fit calls), from TensorSpecs.
-        model._symbolic_build(data_batch=spec)
-        if model.optimizer is not None and not model.optimizer.built:
-            model.optimizer.build(model.trainable_variables)
-
-
-def _train_function(model: Any, strategy: Any) -> Callable[[Any], Any]:
-    @tf.function
-    def train_function(iterator: Any) -> Any:
-        outputs = strategy.run(model.train_step, args=(next(iterator),))
-        return tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0],
-                                     outputs)
-
-    return train_function
 
 
 # ------------------------------------------- variables and loss under either Keras

@@ -140,3 +140,36 @@ def test_a_custom_loop_with_the_preemption_handler_resumes_at_the_step_it_saved(
     _, resumed = _finish(tmp_path, "resumed", _start(tmp_path, "resumed", ckpt, script=script))
     assert resumed["worker_0"]["ran"] == list(range(saved + 1, 25))
     _assert_same_weights(resumed, plain)
+
+
+def test_keras3_fit_saves_at_the_step_and_the_rerun_ends_like_an_uninterrupted_run(tmp_path):
+    """Keras 3: tfdist's step backup (`tfdist.strategies.keras3_backup`) saves where tf-keras's
+    does; the rerun calls the saved steps of the epoch without running them (its step callbacks
+    still see them), and its input resumes at the saved step."""
+    keras3 = {"TF_USE_LEGACY_KERAS": "0"}
+    _, plain = _finish(tmp_path, "plain", _start(tmp_path, "plain", tmp_path / "plain-backup",
+                                                 **keras3))
+    assert len(plain["worker_0"]["ran"]) == TOTAL
+
+    backup = tmp_path / "backup"
+    log, status = _preempt(tmp_path, "preempted", backup, **keras3)
+    assert status == 75, log
+    found = re.search(r"worker:0: saved a checkpoint at step (\d+), in "
+                      rf"{re.escape(str(backup))}\.", log)
+    assert found, log
+    saved = int(found[1])
+    assert PAUSE_AT < saved <= PAUSE_AT + 3 and saved % STEPS, found[0]  # mid-epoch
+    shutil.copytree(backup, tmp_path / "saved-backup")  # for the sabotage below
+
+    _, resumed = _finish(tmp_path, "resumed", _start(tmp_path, "resumed", backup, **keras3))
+    epoch = saved // STEPS
+    assert resumed["worker_0"]["ran"][0] == [epoch, 0]
+    assert len(resumed["worker_0"]["ran"]) == TOTAL - epoch * STEPS
+    _assert_same_weights(resumed, plain)
+    assert not backup.exists(), "the finished job left its backup behind"
+
+    # Sabotage: the same rerun with its input started at the first batch ends elsewhere.
+    _, sabotaged = _finish(tmp_path, "no-input-resume", _start(
+        tmp_path, "no-input-resume", tmp_path / "saved-backup", NO_INPUT_RESUME="1", **keras3))
+    with pytest.raises(AssertionError):
+        _assert_same_weights(sabotaged, plain)

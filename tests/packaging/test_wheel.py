@@ -68,10 +68,14 @@ def _dist_info(whl: zipfile.ZipFile, name: str) -> str:
     return whl.read(path).decode()
 
 
+# Directories of modules that are not packages, shipped as package data (pyproject).
+_DATA_DIRS = ("_startup",)  # the start-up hook's sitecustomize.py (tfdist.startup_hook)
+
+
 def test_every_package_directory_has_an_init_py():
     missing = sorted(
         str(d.relative_to(REPO)) for d in [REPO / "tfdist", *(REPO / "tfdist").rglob("*")]
-        if d.is_dir() and d.name != "__pycache__" and any(d.glob("*.py"))
+        if d.is_dir() and d.name not in ("__pycache__", *_DATA_DIRS) and any(d.glob("*.py"))
         and not (d / "__init__.py").exists())
     assert not missing, (
         f"Package directories without __init__.py: {missing}. Expected: every directory of "
@@ -90,6 +94,7 @@ def test_the_wheel_holds_every_module_of_the_checkout_and_nothing_else(wheel):
     top_level = {n.split("/", 1)[0] for n in names}
     assert top_level == {"tfdist", f"tfdist-{tfdist.__version__}.dist-info"}  # no tests/, examples
     assert "tfdist/launcher/__init__.py" in in_wheel
+    assert "tfdist/_startup/sitecustomize.py" in in_wheel  # package data: the start-up hook
 
 
 def test_the_wheel_declares_version_scripts_and_dependency_ranges(wheel):

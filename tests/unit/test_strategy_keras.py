@@ -134,14 +134,35 @@ def test_fit_refuses_what_the_coordinator_cannot_honour(keras3, monkeypatch):
     monkeypatch.setattr(compat, "fit_needs_coordinator", lambda strategy, model: True)
     model = get_keras().Sequential([get_keras().layers.Dense(1)])
     with pytest.raises(StrategyConfigError) as info:
-        training.fit(model, np.ones((4, 2)), validation_data=None, epochs=1)
+        training.fit(model, np.ones((4, 2)), class_weight={0: 1.0}, epochs=1)
     message = str(info.value)
-    assert "Received: x=ndarray, validation_data." in message
-    assert "Fix: batch and weight samples in dataset_fn" in message
+    assert "Received: class_weight." in message
+    assert "Fix: batch, weight and shuffle samples in dataset_fn" in message
+    with pytest.raises(StrategyConfigError) as info:
+        training.fit(model, np.ones((4, 2)), epochs=1, steps_per_epoch=2)
+    assert "Received: x=ndarray." in str(info.value)
+    assert "Fix: pass x=dataset_fn (it shards with input_context)" in str(info.value)
+    with pytest.raises(StrategyConfigError, match="needs validation_steps"):
+        training.fit(model, lambda ctx: None, validation_data=lambda ctx: None,
+                     steps_per_epoch=2)
     data = training.PerWorkerInput(lambda ctx: None, lambda ctx: None)
     with pytest.raises(StrategyConfigError, match="needs steps_per_epoch"):
         training.fit(model, data, epochs=1)
     assert "tfdist.fit(model, this, ...)" in repr(data)
+
+
+def test_keras3_names_the_fix_for_tf_keras_only_names(keras3):
+    import tensorflow as tf
+
+    compat.install_keras3_shims()
+    if flavour_of(tf.keras.Sequential()) != "keras3":
+        pytest.skip("tf.keras is tf-keras in this process")
+    with pytest.raises(AttributeError) as info:
+        tf.keras.utils.experimental.DatasetCreator  # noqa: B018 - the guide's line
+    assert "is tf-keras (Keras 2) only" in str(info.value)
+    assert "Fix: set TF_USE_LEGACY_KERAS=1" in str(info.value)
+    with pytest.raises(AttributeError, match="has no attribute 'nothing_here'"):
+        tf.keras.utils.nothing_here  # noqa: B018
 
 
 @pytest.mark.parametrize("inside_scope", [True, False])

@@ -239,7 +239,7 @@ PARAMETER_SERVER = StrategyTraits(
     fatal_roles=MappingProxyType({"ps": "parameter-server loss is fatal; its variables are gone"}),
 )
 """Both Kerases: tf-keras's ``model.fit`` drives the coordinator; Keras 3's cannot (keras#18624),
-so `tfdist.fit` runs its steps through a ``ClusterCoordinator`` (`tfdist.training`)."""
+so tfdist's shim routes it to a ``ClusterCoordinator`` loop (`tfdist.coordinator_fit`)."""
 
 HOROVOD = StrategyTraits(launch="ranks", roles=("worker",), elastic=True)
 

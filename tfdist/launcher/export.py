@@ -60,13 +60,20 @@ def _container(name: str, image: str, command: list[str], env: dict[str, str]) -
             "env": [{"name": k, "value": v} for k, v in env.items()]}
 
 
+def _image_env(plan: JobPlan) -> dict[str, str]:
+    """The job's variables for a container: without PYTHONPATH, whose directories (the start-up
+    hook's, `tfdist.startup_hook`) are this machine's paths, not the image's."""
+    return {k: v for k, v in plan.env.items() if k != "PYTHONPATH"}
+
+
 def tfjob(plan: JobPlan, export: ExportOptions) -> dict[str, Any]:
     """A Kubeflow ``TFJob`` with one replica spec per role of the job."""
     _check_format(plan, "kubeflow")
     specs = {}
     for role, count in plan.roles.items():
         command = list(plan.task_argv(role, export.python))
-        container = _container("tensorflow", export.image, command, dict(plan.env))  # TFJob's name
+        # "tensorflow": the container name TFJob requires
+        container = _container("tensorflow", export.image, command, _image_env(plan))
         container["ports"] = [{"name": "tfjob-port", "containerPort": TF_PORT}]
         specs[_KUBEFLOW_ROLES[role]] = {
             "replicas": count, "restartPolicy": "OnFailure",
@@ -91,7 +98,7 @@ def mpijob(plan: JobPlan, export: ExportOptions) -> dict[str, Any]:
             received=f"--workers {ranks} --slots-per-worker {slots}",
             expected="--slots-per-worker >= 1 dividing --workers",
             fix=f"use --slots-per-worker 1, or a divisor of {ranks}"))
-    env = dict(plan.env)
+    env = _image_env(plan)
     controller = "--mpi" if plan.options.mpi else "--gloo"
     launcher = ["horovodrun", "-np", str(ranks), "--hostfile", MPI_HOSTFILE, controller,
                 *plan.task_argv("worker", export.python)]

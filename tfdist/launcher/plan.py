@@ -39,6 +39,7 @@ from tfdist.launcher.options import JobOptions, StrategyOptions
 from tfdist.mesh import MESH_ENV, Mesh
 from tfdist.pipeline.config import PipelineConfig
 from tfdist.pipeline.layout import check_processes
+from tfdist.startup_hook import task_env as startup_hook_env
 from tfdist.strategies.startup import STARTUP_TIMEOUT_ENV
 
 __all__ = [
@@ -133,9 +134,12 @@ def plan_job(options: JobOptions, environ: Mapping[str, str] | None = None) -> J
 
 def _task_env(options: JobOptions, traits: StrategyTraits,
               environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables every task of the job gets (TF_CONFIG aside)."""
+    """The variables every task of the job gets (TF_CONFIG aside); the start-up hook's
+    PYTHONPATH (`tfdist.startup_hook`) gives a script that never imports tfdist the Keras 3
+    shims."""
     env = {
         **traits.task_env(options.strategy, environ),
+        **startup_hook_env(environ),
         "PYTHONUNBUFFERED": "1",
         # TensorFlow's C++ INFO/WARNING lines drown the training output; set 0 to see them.
         "TF_CPP_MIN_LOG_LEVEL": environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),

@@ -23,8 +23,8 @@ Saving on SIGTERM (`tfdist.preemption`), where the strategy's ``preemption_saves
 ``PreemptionCheckpointHandler`` (``save_before_preemption``), but switches it on only on Google
 Cloud. tfdist switches it on everywhere, with its own termination config (save at the next step
 all workers agree on, exit 75), and on restore makes the input resume at that step as well
-(`tfdist.preemption.skip_at_start`). Keras 3's callback restores only the epoch, so it cannot
-resume within one.
+(`tfdist.preemption.skip_at_start`). Keras 3's callback restores only the epoch; under Keras 3
+tfdist's own callback saves and resumes at the step (`tfdist.strategies.keras3_backup`).
 """
 
 from __future__ import annotations
@@ -103,6 +103,10 @@ def backup_callback(
         directory = os.path.join(directory, f"rank-{strategy.worker_index}")
     keras = flavour.get_keras()
     if flavour.keras_flavour() == "keras3":
+        if preempt:
+            from tfdist.strategies.keras3_backup import step_backup
+
+            return step_backup(strategy, directory)
         if strategy.is_chief or per_rank:
             return keras.callbacks.BackupAndRestore(directory, **kwargs)
         return _keras3_reader_backup(keras, directory, kwargs)
@@ -128,15 +132,15 @@ def _keras3_reader_backup(keras: Any, directory: str, kwargs: dict[str, Any]) ->
 
 def _preemption_wanted(strategy: Any, requested: bool | None) -> bool:
     supported = bool(getattr(strategy, "preemption_saves", False))
-    if supported and flavour.keras_flavour() == "tf_keras":
+    if supported:
         return requested is not False
     if requested:
         raise StrategyConfigError(
             format_error(
-                "save_before_preemption needs a strategy that saves on SIGTERM, with tf-keras.",
+                "save_before_preemption needs a strategy that saves on SIGTERM.",
                 received=f"strategy {getattr(strategy, 'name', strategy)!r} with "
                 f"{flavour.keras_flavour()}",
-                expected="multi_worker with tf-keras (TF_USE_LEGACY_KERAS=1)",
+                expected="multi_worker (either Keras)",
                 fix="leave save_before_preemption unset (the job then resumes from its last "
                 "backup), or pass save_freq=N to back up every N steps",
             )

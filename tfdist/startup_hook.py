@@ -1,0 +1,137 @@
+"""The start-up hook: the Keras 3 shims in every task ``tfdist-launch`` starts, tfdist or not.
+
+A script written for TensorFlow alone (TensorFlow's "Multi-worker training with Keras" tutorial
+makes its own ``tf.distribute.MultiWorkerMirroredStrategy()`` and calls ``model.fit``) never
+creates a tfdist strategy, so nothing would install the shims of `tfdist.compat.KERAS3_SHIMS`
+and Keras 3 would fail as released (keras#20585). The launcher therefore puts `HOOK_DIR` first
+on every task's ``PYTHONPATH`` (`task_env`, read by `tfdist.launcher.plan`). That directory holds
+one ``sitecustomize.py``, which Python runs at start-up. It:
+
+1. runs the ``sitecustomize`` it hides (the next one on ``sys.path``), so a site's own hook
+   still runs;
+2. calls `arm`: a ``sys.meta_path`` finder waits for ``keras`` or ``tensorflow`` to be imported
+   (nothing of TensorFlow or Keras is imported at start-up, so a task that never uses them pays
+   nothing), and once the outermost of those imports has finished, calls
+   `tfdist.compat.install_keras3_shims`, which applies the shims only under Keras 3 and only
+   while the installed Keras still has the bugs.
+
+``TFDIST_STARTUP_HOOK=off`` (in the launcher's environment) leaves the directory off the tasks'
+``PYTHONPATH``; ``TFDIST_KERAS_SHIMS=off`` turns the shims off wherever they would be installed.
+A failure inside the hook is reported on stderr and never breaks the script's own import.
+
+Example:
+    >>> env = task_env({"PYTHONPATH": "/src"})
+    >>> env["PYTHONPATH"].split(os.pathsep) == [str(HOOK_DIR), "/src"]
+    True
+    >>> task_env({"TFDIST_STARTUP_HOOK": "off"})
+    {}
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+__all__ = ["HOOK_DIR", "HOOK_ENV", "arm", "hook_enabled", "task_env"]
+
+HOOK_DIR = Path(__file__).resolve().parent / "_startup"
+"""The directory put first on a task's PYTHONPATH (its ``sitecustomize.py`` ships in the wheel)."""
+
+HOOK_ENV = "TFDIST_STARTUP_HOOK"
+"""Set to ``off`` in the launcher's environment: tasks start without the hook."""
+
+_WATCHED = ("keras", "tensorflow")
+_TRAINER = "keras.src.backend.tensorflow.trainer"
+
+
+def hook_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """False when `HOOK_ENV` is ``off`` (or ``0``/``false``/``no``).
+
+    Example:
+        >>> hook_enabled({"TFDIST_STARTUP_HOOK": "0"}), hook_enabled({})
+        (False, True)
+    """
+    env = os.environ if environ is None else environ
+    return env.get(HOOK_ENV, "").strip().lower() not in ("off", "0", "false", "no")
+
+
+def task_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``{"PYTHONPATH": ...}`` for a launched task: `HOOK_DIR`, then ``environ``'s own entries.
+
+    Empty when the hook is off (`hook_enabled`).
+    """
+    env = os.environ if environ is None else environ
+    if not hook_enabled(env):
+        return {}
+    hook = str(HOOK_DIR)
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != hook]
+    return {"PYTHONPATH": os.pathsep.join([hook, *rest])}
+
+
+class _KerasImportWatcher(importlib.abc.MetaPathFinder):
+    """Finds nothing itself; wraps the loader of ``keras``/``tensorflow`` so that, once the
+    outermost of their imports has run, the shims are installed (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+    def find_spec(self, name: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> Any:
+        if name not in _WATCHED:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    self._wrap(spec.loader)
+                return spec
+        return None
+
+    def _wrap(self, loader: Any) -> None:
+        run = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            self.depth += 1
+            try:
+                run(module)
+            finally:
+                self.depth -= 1
+            if self.depth == 0:
+                self.loaded()
+
+        loader.exec_module = exec_module
+
+    def loaded(self) -> None:
+        if _TRAINER not in sys.modules:  # tf-keras, or Keras on another backend: nothing to do
+            return
+        disarm()
+        try:
+            from tfdist.compat import install_keras3_shims
+
+            install_keras3_shims()
+        except Exception as err:  # noqa: BLE001 - never break the script's own import
+            print(f"tfdist start-up hook: the Keras 3 shims were not installed: {err!r}",
+                  file=sys.stderr)
+
+
+def arm() -> None:
+    """Installs the shims now if Keras is already imported, else when it is (once)."""
+    if any(isinstance(f, _KerasImportWatcher) for f in sys.meta_path):
+        return
+    watcher = _KerasImportWatcher()
+    if _TRAINER in sys.modules:
+        watcher.loaded()
+        return
+    sys.meta_path.insert(0, watcher)
+
+
+def disarm() -> None:
+    """Removes the import watcher (`arm`'s), if any."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _KerasImportWatcher)]
