@@ -15,7 +15,7 @@ from tfdist.errors import StrategyConfigError
 pytestmark = pytest.mark.unit
 
 BUILTINS = ("default", "mirrored", "multi_worker", "parameter_server", "horovod", "pipeline",
-            "auto")
+            "tensor", "auto")
 
 
 def test_builtin_names():
@@ -31,12 +31,13 @@ def test_traits_answer_without_importing_tensorflow_or_horovod():
             "print(sorted(m for m in ('tensorflow', 'horovod', 'keras') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.splitlines()
-    assert out == ["['single_process', 'single_process', 'tasks', 'tasks', 'ranks', 'tasks']",
+    assert out == ["['single_process', 'single_process', 'tasks', 'tasks', 'ranks', 'tasks', "
+                   "'tasks']",
                    "[]"]
 
 
 @pytest.mark.parametrize("name", ["default", "mirrored", "multi_worker", "parameter_server",
-                                  "pipeline"])
+                                  "pipeline", "tensor"])
 def test_builtin_classes_carry_the_registry_s_traits(name):
     assert tfdist.strategies.get_strategy_class(name).traits is registry.strategy_traits(name)
 
@@ -52,6 +53,7 @@ def test_classes_are_tf_strategies_with_the_mixin():
         "multi_worker": tf.distribute.MultiWorkerMirroredStrategy,
         "parameter_server": tf.distribute.experimental.ParameterServerStrategy,
         "pipeline": tf.distribute.OneDeviceStrategy,
+        "tensor": tf.distribute.OneDeviceStrategy,
     }
     for name, tf_base in expected.items():
         cls = tfdist.strategies.get_strategy_class(name)
@@ -64,8 +66,9 @@ def test_unknown_name_lists_valid_names_and_suggests():
         tfdist.strategies.get_strategy("mirored")
     assert str(info.value) == (
         "Unknown strategy 'mirored'. Received: 'mirored'. Expected: one of default, mirrored, "
-        "multi_worker, parameter_server, horovod, pipeline, auto, or 'package.module:Class'. Fix: "
-        "did you mean 'mirrored'? Or register your own with tfdist.strategies.register(), or "
+        "multi_worker, parameter_server, horovod, pipeline, tensor, auto, or "
+        "'package.module:Class'. Fix: did you mean 'mirrored'? Or register your own with "
+        "tfdist.strategies.register(), or "
         "name its class as 'package.module:Class', or declare it in the 'tfdist.strategies' "
         "entry-point group"
     )

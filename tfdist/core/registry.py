@@ -119,8 +119,9 @@ def available_strategies() -> tuple[str, ...]:
     ``package.module:Class`` names are accepted too, and are not listed.
 
     Example:
-        >>> available_strategies()
-        ('default', 'mirrored', 'multi_worker', 'parameter_server', 'horovod', 'pipeline', 'auto')
+        >>> available_strategies()  # doctest: +NORMALIZE_WHITESPACE
+        ('default', 'mirrored', 'multi_worker', 'parameter_server', 'horovod', 'pipeline',
+         'tensor', 'auto')
     """
     return (*(name for name in _REGISTRY if ":" not in name), AUTO)
 
@@ -291,6 +292,7 @@ _BUILTINS = {
                          builtin_traits.PARAMETER_SERVER),
     "horovod": ("tfdist.strategies.horovod:HorovodStrategy", builtin_traits.HOROVOD),
     "pipeline": ("tfdist.strategies.pipeline:PipelineStrategy", builtin_traits.PIPELINE),
+    "tensor": ("tfdist.strategies.tensor:TensorStrategy", builtin_traits.TENSOR),
 }
 for _name, (_target, _traits) in _BUILTINS.items():
     register(_name, _target, traits=_traits)

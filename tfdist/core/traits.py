@@ -40,6 +40,8 @@ __all__ = [
     "PIPELINE_STAGES_ENV",
     "PIPELINE_MICRO_BATCHES_ENV",
     "PIPELINE_SCHEDULE_ENV",
+    "TENSOR",
+    "TENSOR_SHARDS_ENV",
 ]
 
 Launch = Literal["single_process", "tasks", "ranks"]
@@ -59,6 +61,7 @@ STRATEGY_ENV = "TFDIST_STRATEGY"
 PIPELINE_STAGES_ENV = "TFDIST_PIPELINE_STAGES"
 PIPELINE_MICRO_BATCHES_ENV = "TFDIST_PIPELINE_MICRO_BATCHES"
 PIPELINE_SCHEDULE_ENV = "TFDIST_PIPELINE_SCHEDULE"
+TENSOR_SHARDS_ENV = "TFDIST_TENSOR_SHARDS"
 
 
 
@@ -249,3 +252,12 @@ PIPELINE = StrategyTraits(
                                      "micro_batches": PIPELINE_MICRO_BATCHES_ENV,
                                      "schedule": PIPELINE_SCHEDULE_ENV}),
 )
+
+TENSOR = StrategyTraits(
+    roles=("chief", "worker"),
+    keras=("keras3",),
+    keras_unsupported="its split layers subclass Keras 3's Dense, Embedding and "
+    "MultiHeadAttention",
+    launch_options=MappingProxyType({"tensor": TENSOR_SHARDS_ENV}),
+)
+"""Keras 3 only: the split layers (`tfdist.tensor.layers`) subclass Keras 3's layers."""

@@ -41,13 +41,15 @@ from tfdist.pipeline.partition import check_micro_batches, check_stages, read_la
 from tfdist.pipeline.schedule import SCHEDULES
 
 __all__ = ["PipelineConfig", "STAGES_ENV", "MICRO_BATCHES_ENV", "SCHEDULE_ENV",
-           "LAYER_COSTS_ENV"]
+           "LAYER_COSTS_ENV", "BATCH_NORM_POLICIES"]
 
 STAGES_ENV = PIPELINE_STAGES_ENV
 MICRO_BATCHES_ENV = PIPELINE_MICRO_BATCHES_ENV
 SCHEDULE_ENV = PIPELINE_SCHEDULE_ENV
 LAYER_COSTS_ENV = "TFDIST_PIPELINE_LAYER_COSTS"
 """A JSON file of measured per-layer costs (``tfdist-advise --json``) to balance stages by."""
+BATCH_NORM_POLICIES = ("refuse", "per_micro_batch")
+"""``PipelineConfig.batch_norm``'s values."""
 
 
 def _positive_int(raw: str) -> int:
@@ -101,6 +103,15 @@ class PipelineConfig:
             peer then ends the job through the launcher).
         devices: One local device per stage, to hold all K stages in one process, or None
             (one stage per process; in a single process with K > 1, the first K local devices).
+        batch_norm: What a BatchNormalization anywhere in the model (nested layers and models
+            included) gets when M > 1: ``"refuse"`` (the default: its statistics would be per
+            micro-batch, unlike one device) or ``"per_micro_batch"`` (GPipe's behaviour: each
+            micro-batch normalised by its own statistics, moving averages updated M times).
+        arithmetic_optimization: Keep Grappler's arithmetic optimizer on in stage processes
+            (False: off, else the last stage keeps every micro-batch's gradients to the end
+            of the step; measured in docs/strategies/pipeline.md).
+        recompute: Keep only the stage inputs of micro-batches in flight and run each
+            stage's forward again in its backward (activation recomputation).
 
     Raises:
         StrategyConfigError: a value of the wrong type or range; the message names it, what
@@ -122,6 +133,9 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
     layer_costs: tuple[float, ...] | None = None
     timeout: float | None = None
     devices: tuple[str, ...] | None = None
+    batch_norm: str = "refuse"
+    arithmetic_optimization: bool = False
+    recompute: bool = False
 
     def __post_init__(self) -> None:
         check_stages(self.stages)
@@ -131,6 +145,12 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
                 "Unknown pipeline schedule.", received=f"schedule={self.schedule!r}",
                 expected=f"one of {', '.join(SCHEDULES)}",
                 fix="use 'gpipe' (simplest) or '1f1b' (keeps fewer activations)"))
+        if self.batch_norm not in BATCH_NORM_POLICIES:
+            raise StrategyConfigError(format_error(
+                "Unknown batch_norm policy.", received=f"batch_norm={self.batch_norm!r}",
+                expected=f"one of {', '.join(BATCH_NORM_POLICIES)}",
+                fix="use 'refuse' (one device's result or an error) or 'per_micro_batch' "
+                "(GPipe's per-micro-batch statistics)"))
         self._set("split_points", _names(
             "split_points", self.split_points, "layer names", "['dense_3']",
             "pass a list of the first layer of each stage"))
@@ -156,6 +176,9 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
         layer_costs: Sequence[float] | str | os.PathLike[str] | None = None,
         timeout: float | None = None,
         devices: Sequence[str] | None = None,
+        batch_norm: str | None = None,
+        arithmetic_optimization: bool | None = None,
+        recompute: bool | None = None,
     ) -> PipelineConfig:
         """The config of the given arguments; one left None comes from the launcher's variable
         in ``environ`` (default ``os.environ``), else its default.
@@ -172,7 +195,8 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
         }
         given = {"stages": stages, "micro_batches": micro_batches, "schedule": schedule,
                  "split_points": split_points, "layer_costs": layer_costs, "timeout": timeout,
-                 "devices": devices}
+                 "devices": devices, "batch_norm": batch_norm,
+                 "arithmetic_optimization": arithmetic_optimization, "recompute": recompute}
         chosen = {name: value if value is not None else read.get(name)
                   for name, value in given.items()}
         return cls(**{name: value for name, value in chosen.items() if value is not None})

@@ -37,8 +37,8 @@ from typing import Any, Protocol
 import tensorflow as tf
 
 from tfdist.mesh import DATA, PIPE, ProcessGroup
+from tfdist.pipeline import gradients, transport
 from tfdist.pipeline import schedule as schedules
-from tfdist.pipeline import transport
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.transport import (
     ACTIVATION,
@@ -60,14 +60,6 @@ LossFn = Callable[[Any, Any, Any], Any]
 TERMS_INDEX = 4095
 """The carried loss terms travel as the last tensor index (4095) of micro-batch 0's ACTIVATION
 transfer; the tensors a cut carries take indices ``0..n-1``."""
-
-
-def _accumulate(sums: list[Any], gradients: Sequence[Any]) -> None:
-    """Adds ``gradients`` into ``sums`` in place (None: no gradient, left as it is)."""
-    for i, g in enumerate(gradients):
-        if g is not None:
-            g = tf.convert_to_tensor(g)
-            sums[i] = g if sums[i] is None else sums[i] + g
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,6 +162,9 @@ class StageEngine:
         connect: Makes the link ``connect(pair, timeout)`` to a neighbour from the pair's
             group (`PipelineLayout.pair`): `Link` (collectives between processes), or an
             in-process mailbox's (`tfdist.pipeline.local`).
+        recompute: Keep only each micro-batch's stage input between its forward and its
+            backward, which runs the stage again under a tape (GPipe's re-materialisation):
+            less activation memory for one more forward per micro-batch.
     """
 
     layout: PipelineLayout
@@ -179,6 +174,7 @@ class StageEngine:
     schedule: str = "gpipe"
     timeout: float = 0.0
     connect: Callable[[ProcessGroup, float], Any] = Link
+    recompute: bool = False
 
     # ----------------------------------------------------------------- links
     @property
@@ -300,7 +296,7 @@ class StageEngine:
             value = step.terms.weights()
         if value is None:
             return []
-        _accumulate(step.grads, tape.gradient(value, step.variables))
+        gradients.accumulate(step.grads, tape.gradient(value, step.variables))
         return [value]
 
     def _added(self, terms: LossTerms | None) -> Any | None:
@@ -330,47 +326,72 @@ class StageEngine:
             return xs[m]  # type: ignore[index]
         return recv_boundary(self.previous, self.inputs, rows, ACTIVATION, m, phase)
 
+    def _run(self, step: StageStep, m: int, inp: Any) -> Any:
+        """Runs the stage on micro-batch ``m``'s input (and, on the last stage, its loss)."""
+        out = step.call(inp)
+        added = self._added(step.terms)
+        if added is not None:
+            step.added[m] = added
+        if self.layout.is_last:
+            weight = None if step.weights is None else step.weights[m]
+            step.losses[m] = step.loss_fn(step.ys[m], out, weight) / self.micro_batches
+            if added is not None:
+                step.losses[m] += tf.cast(added, step.losses[m].dtype)
+        return out
+
+    def _differentiable(self, inputs: Sequence[Any]) -> list[Any]:
+        """The received tensors whose gradients go back (`BoundaryTensor.gradient`)."""
+        return [t for t, b in zip(inputs, self.inputs, strict=True) if b.gradient]
+
+    def _taped(self, step: StageStep, m: int, inp: Any) -> tuple[Any, Any]:
+        """`_run` under a tape that watches the differentiable inputs (unless stage 0):
+        ``(tape, output)``."""
+        tape = tf.GradientTape(persistent=False)
+        with tape:
+            if not self.layout.is_first:
+                tape.watch(self._differentiable(inp))
+            out = self._run(step, m, inp)
+        return tape, out
+
     def _forward_op(self, step: StageStep, m: int) -> Any:
         layout = self.layout
         inp = self._input(m, step.rows, step.xs, TRAIN)
-        tape = tf.GradientTape(persistent=False)
-        with tape:
-            if not layout.is_first:
-                tape.watch([t for t, b in zip(inp, self.inputs, strict=True) if b.gradient])
-            out = step.call(inp)
-            added = self._added(step.terms)
-            if added is not None:
-                step.added[m] = added
+        step.inputs[m] = inp
+        if self.recompute:  # keep the input only; the backward runs the stage again
+            out = self._run(step, m, inp)
             if layout.is_last:
-                weight = None if step.weights is None else step.weights[m]
-                step.losses[m] = step.loss_fn(step.ys[m], out, weight) / self.micro_batches
-                if added is not None:
-                    step.losses[m] += tf.cast(added, step.losses[m].dtype)
-        step.tapes[m], step.inputs[m], step.outputs[m] = tape, inp, out
+                step.outputs[m] = out
+        else:
+            step.tapes[m], out = self._taped(step, m, inp)
+            step.outputs[m] = out
         if layout.is_last:
             return step.losses[m]
-        step.outputs[m] = out = tf.nest.flatten(out)
+        out = tf.nest.flatten(out)
+        if not self.recompute:
+            step.outputs[m] = out
         step.sends.extend(send_boundary(self.next, out, self.outputs, ACTIVATION, m))
         return out
 
     def _backward_op(self, step: StageStep, m: int) -> Any:
         layout, variables, grads = self.layout, step.variables, step.grads
-        inputs = [] if layout.is_first else [
-            t for t, b in zip(step.inputs[m], self.inputs, strict=True) if b.gradient]
+        inputs = [] if layout.is_first else self._differentiable(step.inputs[m])
         sources = [*variables, *inputs]
-        tape = step.tapes.pop(m)
+        if self.recompute:
+            tape, output = self._taped(step, m, step.inputs[m])
+            output = output if layout.is_last else tf.nest.flatten(output)
+        else:
+            tape, output = step.tapes.pop(m), step.outputs[m]
         if layout.is_last:
             result = tape.gradient(step.losses[m], sources)
         else:
             upstream = recv_boundary(self.next, self.outputs, step.rows, GRADIENT, m)
-            pairs = [(t, g) for t, g in zip(step.outputs[m], upstream, strict=True)
-                     if g is not None]
+            pairs = [(t, g) for t, g in zip(output, upstream, strict=True) if g is not None]
             targets, heads = [t for t, _ in pairs], [g for _, g in pairs]
             if m in step.added:
                 targets.append(step.added[m])
                 heads.append(tf.ones_like(step.added[m]))
             result = tape.gradient(targets, sources, output_gradients=heads)
-        _accumulate(grads, result[:len(variables)])
+        gradients.accumulate(grads, result[:len(variables)])
         if layout.is_first:
             done = [g for g in grads if g is not None]
             return tf.group(done) if done else tf.no_op()
@@ -422,9 +443,10 @@ class StageEngine:
     # ----------------------------------------------------------------- replicas
     def average_over_replicas(self, tensors: Sequence[Any], kind: int = REDUCE,
                               phase: int = TRAIN) -> list[Any]:
-        """The mean of each tensor over this stage's D replicas (identity when D = 1)."""
-        return transport.all_reduce_mean(tensors, group=self.layout.group(DATA), kind=kind,
-                                         phase=phase, timeout=self.timeout)
+        """The mean of each tensor over this stage's D replicas (identity when D = 1); an
+        ``IndexedSlices`` stays one, with every replica's rows (`gradients.average_over_group`)."""
+        return gradients.average_over_group(tensors, self.layout.group(DATA), kind, phase,
+                                            self.timeout)
 
     def share(self, values: Any | None, shape: Any, dtype: Any, index: int = 0,
               phase: int = TRAIN) -> Any:

@@ -24,9 +24,10 @@ def bind_unbuilt_optimizer(optimizer: Any, strategy: Any) -> bool:
     Keras 3's TensorFlow optimizer keeps the strategy in scope when it was constructed and creates
     its slots (Adam's moments, SGD's momentum) under that strategy: one constructed outside
     ``strategy.scope()`` fails in its first ``fit`` with "Mixing different tf.distribute.Strategy
-    objects". Only for a strategy whose variables are plain per process (the pipeline): under a
-    mirrored strategy the optimizer's own variables must be mirrored too, so there the optimizer
-    has to be constructed inside the scope. tf-keras optimizers need none of this.
+    objects". A tf-keras optimizer keeps it too, and updates its moving averages (``use_ema``)
+    under it ("Must not nest tf.distribute.Strategy scopes"). Only for a strategy whose variables
+    are plain per process (the pipeline): under a mirrored strategy the optimizer's own variables
+    must be mirrored too, so there the optimizer has to be constructed inside the scope.
 
     Example:
         >>> import keras
@@ -34,10 +35,19 @@ def bind_unbuilt_optimizer(optimizer: Any, strategy: Any) -> bool:
         >>> bind_unbuilt_optimizer(keras.optimizers.Adam(), tf.distribute.get_strategy())
         True
     """
-    if getattr(optimizer, "built", True) or not hasattr(optimizer, "_distribution_strategy"):
+    if not hasattr(optimizer, "_distribution_strategy") or _built(optimizer):
         return False
     optimizer._distribution_strategy = strategy
     return True
+
+
+def _built(optimizer: Any) -> bool:
+    """Whether ``optimizer`` has made its slots (a tf-keras one has no ``built``: it holds only
+    its iteration counter before)."""
+    if hasattr(optimizer, "built"):
+        return bool(optimizer.built)
+    variables = getattr(optimizer, "variables", ())
+    return len(variables() if callable(variables) else variables) > 1
 
 
 def weight_losses(model: Any) -> list[Any]:

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from tfdist.core.flavour import flavour_of, get_keras
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.pipeline import keras_compat
+from tfdist.pipeline import keras_compat, optimizers
 from tfdist.pipeline.engine import LossTerms, PipelineEngine
 from tfdist.pipeline.transport import EVALUATE, METRICS, PREDICT, TRAIN
 
@@ -125,8 +125,7 @@ def apply_step(model: Any, engine: PipelineEngine, optimizer: Any, x: Any, y: An
     variables = list(model.trainable_variables)
     total, grads, outs = engine.train(model.stage_calls(training=True), model.stage_variables(),
                                       x, y, loss, sample_weight, model.stage_loss_terms())
-    grads = model.sum_tied(engine.average_over_replicas(grads))
-    optimizer.apply_gradients(zip(grads, variables, strict=True))
+    optimizers.apply_gradients(optimizer, engine, grads, variables, combine=model.sum_tied)
     return total, outs
 
 
@@ -211,6 +210,7 @@ class _StageModelMixin:
         """Lets an optimizer made outside ``strategy.scope()`` create its slots in ``fit``: a
         stage's variables are plain, so where the optimizer was made does not matter."""
         keras_compat.bind_unbuilt_optimizer(self.optimizer, self._pipeline)  # type: ignore[attr-defined]
+        self._pipeline.check_optimizer(self.optimizer)  # type: ignore[attr-defined]
 
     def get_weights(self) -> list[Any]:
         """The stage's layers' weights (a tf-keras functional model would add its metrics')."""
@@ -386,6 +386,7 @@ class _LocalStagesMixin(_StageModelMixin):
         """Builds the optimizer now, eagerly: its slots then sit with their variables, on each
         stage's device (built inside ``fit``, they would not)."""
         optimizer = self.optimizer  # type: ignore[attr-defined]
+        self._pipeline.check_optimizer(optimizer)
         keras_compat.bind_unbuilt_optimizer(optimizer, tf.distribute.get_strategy())
         optimizer.build(self.trainable_variables)  # type: ignore[attr-defined]
 

@@ -19,11 +19,13 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Protocol
 
 import tensorflow as tf
 
+from tfdist.core.flavour import get_keras
 from tfdist.pipeline import local, stage, tied
 from tfdist.pipeline.config import PipelineConfig
 from tfdist.pipeline.engine import StageEngine
@@ -61,6 +63,15 @@ class PipelineMode(Protocol):
         ...
 
 
+def whole_model_scope(spec: stage.ModelSpec) -> Any:
+    """Keras 3: the whole model's name scope, so that a stage's variables have the paths (and
+    TensorFlow names) they have in the whole model, which name-based optimizer options match
+    (``exclude_from_weight_decay(var_names=...)``). tf-keras names no model in them."""
+    if spec.flavour != "keras3":
+        return contextlib.nullcontext()
+    return get_keras("keras3").name_scope(spec.name)
+
+
 def stage_engine(config: PipelineConfig, spec: stage.ModelSpec, bounds: tuple[int, ...],
                  layout: PipelineLayout) -> StageEngine:
     """The engine of ``layout.stage`` (the tensors its cuts carry, from the split model)."""
@@ -69,7 +80,7 @@ def stage_engine(config: PipelineConfig, spec: stage.ModelSpec, bounds: tuple[in
         layout=layout, inputs=spec.boundary(cuts[k - 1]) if k > 0 else (),
         outputs=spec.boundary(cuts[k]) if k < len(cuts) else (),
         micro_batches=config.micro_batches, schedule=config.schedule,
-        timeout=config.timeout or 0.0)
+        timeout=config.timeout or 0.0, recompute=config.recompute)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +98,7 @@ class StagePerProcess:
 
     def build(self, spec: stage.ModelSpec, bounds: tuple[int, ...], strategy: Any) -> Any:
         """This stage's layers, made in ``strategy.scope()``."""
-        with strategy.scope():
+        with strategy.scope(), whole_model_scope(spec):
             model = stage.build_stage(spec, bounds, self.layout.stage,
                                       cls=stage_model_class(spec.flavour))
         engine = stage_engine(self.config, spec, bounds, self.layout)
@@ -118,7 +129,7 @@ class StagesOnDevices:
         one device would hold them all."""
         stages = []
         for k, device in enumerate(self.devices):
-            with tf.device(device):
+            with tf.device(device), whole_model_scope(spec):
                 stages.append(stage.build_stage(spec, bounds, k))
         local.check_placement([s.weights for s in stages], self.devices)
         model = local_stages_model(spec.flavour, stages, self.devices, spec.name)

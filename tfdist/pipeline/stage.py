@@ -254,7 +254,7 @@ def _check_unique_names(layers: Sequence[Any]) -> None:
 def split_model(
     model_or_fn: Any, stages: int, micro_batches: int = 1,
     split_points: Sequence[str] | None = None,
-    layer_costs: Sequence[float] | None = None,
+    layer_costs: Sequence[float] | None = None, batch_norm: str = "refuse",
 ) -> tuple[ModelSpec, tuple[int, ...]]:
     """Describes a model (without weights for a build function) and splits it into ``stages``.
 
@@ -294,7 +294,8 @@ def split_model(
         bounds = partition.balanced_bounds(costs, stages, carried)
     _check_static_cuts(spec, bounds)
     _check_rebuildable(spec)
-    partition.check_layer_classes(spec.classes, spec.names, micro_batches)
+    if batch_norm == "refuse":  # else the explicit opt-in (`PipelineConfig.batch_norm`)
+        partition.check_layer_classes(spec.classes, spec.names, micro_batches)
     if micro_batches > 1:
         partition.check_added_losses([added_loss(spec, i) for i in range(len(spec.nodes))],
                                      spec.names, micro_batches)

@@ -40,6 +40,7 @@ __all__ = [
     "MultiWorkerMirroredStrategy",
     "ParameterServerStrategy",
     "PipelineStrategy",
+    "TensorStrategy",
 ]
 
 _LAZY = {
@@ -49,6 +50,7 @@ _LAZY = {
     "MultiWorkerMirroredStrategy": "tfdist.strategies.multi_worker",
     "ParameterServerStrategy": "tfdist.strategies.parameter_server",
     "PipelineStrategy": "tfdist.strategies.pipeline",
+    "TensorStrategy": "tfdist.strategies.tensor",
     # Not in __all__: a star-import must not need Horovod.
     "HorovodStrategy": "tfdist.strategies.horovod",
 }

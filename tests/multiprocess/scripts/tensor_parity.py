@@ -1,0 +1,169 @@
+"""One process of a tensor-parallel job (D replicas x T shards): trains a small Transformer LM
+(token + position embedding, 2 blocks of causal attention + feed-forward with LayerNorm and
+residuals, vocabulary projection) with Adam and ``model.fit``, and reports what the test checks.
+
+Args: ``steps [--sabotage] [--custom-loop] [--clip] [--save DIR]``. Every process first builds
+the model from its build function (each allocating only its shards: the bytes are reported
+against the plan), then builds the whole model once with a fixed seed and takes its shards from
+it, fits ``steps`` global batches of ``GLOBAL`` sequences, and reports the gathered weights. The
+chief also trains the whole model in one process on the same global batches (the reference).
+``--clip`` clips the global gradient norm (below the first step's). ``--sabotage`` makes the
+row-split layers skip their all-reduce (the parity must then fail)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+
+import keras
+import numpy as np
+
+import tfdist
+from tfdist.testing import report
+
+GLOBAL, VOCAB, SEQ, WIDTH, HEADS, HIDDEN, LR = 8, 16, 8, 16, 4, 32, 0.01
+CLIP = 0.5
+
+
+@keras.saving.register_keras_serializable("tfdist_tests")
+class PositionEmbedding(keras.layers.Layer):
+    """Adds a learned vector per position."""
+
+    def __init__(self, length, width, **kwargs):
+        super().__init__(**kwargs)
+        self.length, self.width = length, width
+
+    def build(self, input_shape):
+        self.positions = self.add_weight(name="positions", shape=(self.length, self.width),
+                                         initializer="glorot_uniform")
+
+    def call(self, inputs):
+        return inputs + self.positions[None]
+
+    def get_config(self):
+        return {**super().get_config(), "length": self.length, "width": self.width}
+
+
+def build():
+    layers = keras.layers
+    tokens = keras.Input((SEQ,), dtype="int32", name="tokens")
+    x = layers.Embedding(VOCAB, WIDTH, name="tok_emb")(tokens)
+    x = PositionEmbedding(SEQ, WIDTH, name="pos_emb")(x)
+    for b in range(2):
+        h = layers.LayerNormalization(name=f"b{b}_ln1")(x)
+        h = layers.MultiHeadAttention(HEADS, WIDTH // HEADS, name=f"b{b}_attn")(
+            h, h, use_causal_mask=True)
+        x = layers.Add(name=f"b{b}_add1")([x, h])
+        h = layers.LayerNormalization(name=f"b{b}_ln2")(x)
+        h = layers.Dense(HIDDEN, activation="gelu", name=f"b{b}_ffn_in")(h)
+        h = layers.Dense(WIDTH, name=f"b{b}_ffn_out")(h)
+        x = layers.Add(name=f"b{b}_add2")([x, h])
+    x = layers.LayerNormalization(name="ln_f")(x)
+    return keras.Model(tokens, layers.Dense(VOCAB, name="lm_head")(x), name="tiny_lm")
+
+
+def data(steps):
+    rng = np.random.default_rng(7)
+    tokens = rng.integers(0, VOCAB, size=(steps * GLOBAL, SEQ + 1)).astype("int32")
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def loss():
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def optimizer(argv):
+    """Adam; with ``--clip``, with a global-norm clip below the first step's norm."""
+    return keras.optimizers.Adam(LR, global_clipnorm=CLIP if "--clip" in argv else None)
+
+
+def first_gradient_norm(model, x, y):
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        value = loss()(y[:GLOBAL], model(x[:GLOBAL]))
+    return float(tf.linalg.global_norm(tape.gradient(value, model.trainable_weights)))
+
+
+def sabotage_row_reduce():
+    """The row-split layers skip their all-reduce (each shard keeps its partial sum)."""
+    from tfdist.tensor import layers as split
+
+    def call(self, inputs, training=None):
+        x = keras.ops.matmul(inputs, self.kernel)
+        return x + self.bias if self.bias is not None else x
+
+    split.RowDense.call = call
+
+
+def digest(weights):
+    return hashlib.sha256(b"".join(np.asarray(w).tobytes() for w in weights)).hexdigest()
+
+
+def flat(model_or_dict, names):
+    if isinstance(model_or_dict, dict):
+        return [w for name in names for w in model_or_dict.get(name, [])]
+    return [w for name in names for w in model_or_dict.get_layer(name).get_weights()]
+
+
+def main(argv):
+    steps = int(argv[0])
+    if "--sabotage" in argv:
+        sabotage_row_reduce()
+    strategy = tfdist.get_strategy("auto")
+    # 1. From the build function: only the shards are allocated.
+    from_fn = strategy.build_model(build)
+    plan = strategy.plan
+    replicated = [v.numpy() for layer in plan.layers
+                  for v, w in zip(from_fn.get_layer(layer.name).weights, layer.weights, strict=True)
+                  if w.axis is None]
+    result = {"strategy": strategy.name, "shards": strategy.shards,
+              "replicas": strategy.num_replicas, "plan": plan.as_dict(),
+              "fn_bytes": strategy.weight_bytes(from_fn),
+              "replicated_digest": digest(replicated)}
+    del from_fn
+    # 2. From a whole model built with a fixed seed: the shards are its slices.
+    keras.utils.set_random_seed(1)
+    whole = build()
+    names = [layer.name for layer in whole.layers if layer.weights]
+    initial = [w.copy() for w in whole.get_weights()]
+    model = strategy.build_model(whole)
+    x, y = data(steps)
+    if "--custom-loop" in argv:
+        step = strategy.train_step(model, loss(), optimizer(argv))
+        losses = [float(step(x[i:i + GLOBAL], y[i:i + GLOBAL])) for i in range(0, len(x), GLOBAL)]
+        result["loss"] = [float(np.mean(losses))]
+    else:
+        model.compile(optimizer=optimizer(argv), loss=loss())
+        result["loss"] = model.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False,
+                                   verbose=0).history["loss"]
+        result["evaluate"] = model.evaluate(x, y, batch_size=GLOBAL, verbose=0)
+        result["predict"] = model.predict(x[:GLOBAL], batch_size=GLOBAL, verbose=0).tolist()
+    result["held_bytes"] = strategy.weight_bytes(model)
+    trained = flat(strategy.gather_weights(model), names)
+    save_dir = argv[argv.index("--save") + 1] if "--save" in argv else None
+    if save_dir:
+        result["saved"] = strategy.save_model(model, os.path.join(save_dir, "model.keras"))
+    if strategy.is_chief:
+        keras.utils.set_random_seed(1)
+        reference = build()
+        reference.set_weights(initial)
+        result["first_gradient_norm"] = first_gradient_norm(reference, x, y)
+        reference.compile(optimizer=optimizer(argv), loss=loss())
+        history = reference.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False, verbose=0)
+        result.update(
+            trained=[w.tolist() for w in trained], initial=[w.tolist() for w in initial],
+            reference=[w.tolist() for w in flat(reference, names)],
+            reference_loss=history.history["loss"],
+            reference_evaluate=reference.evaluate(x, y, batch_size=GLOBAL, verbose=0),
+            reference_predict=reference.predict(x[:GLOBAL], batch_size=GLOBAL,
+                                                verbose=0).tolist())
+        if save_dir:
+            loaded = keras.models.load_model(os.path.join(save_dir, "model.keras"))
+            result["reloaded"] = [w.tolist() for w in flat(loaded, names)]
+    report(result)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,288 @@
+"""``"tensor"``: each layer's operators split across T processes (Megatron-style tensor
+parallelism), and D data-parallel replicas of that on D x T processes.
+
+Every process runs the same script and is given the same global batches. `TensorStrategy.
+build_model` decides which layers to split (`tfdist.tensor.rules`: attention by heads,
+feed-forward pairs by columns then rows, embeddings and the output logits by vocabulary;
+everything else replicated), prints the plan, and builds this process's shard from the layers'
+configs (`tfdist.tensor.build`), so each process allocates only its shards. Activations are
+all-reduced inside the split layers over the tensor group (`tfdist.tensor.collectives`), on the
+same TensorFlow collective runtime as the pipeline; gradients are averaged over the data group.
+A step equals one step of the whole model on the whole global batch.
+
+Processes are placed on a `tfdist.mesh.Mesh` ``(data=D, pipe=1, tensor=T)``; rank ``r`` (its
+worker index) holds shard ``r % T`` of replica ``r // T``.
+
+Example:
+    Under ``tfdist-launch --strategy tensor --workers 2`` (``TFDIST_TENSOR_SHARDS=2``)::
+
+        strategy = tfdist.get_strategy("auto")         # tensor, T=2
+        model = strategy.build_model(build_model_fn)   # this process's shards
+        model.compile(optimizer="adam",
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(dataset, epochs=2)                   # the same global batches everywhere
+        strategy.save_model(model, "model.keras")      # every process; the chief writes it
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import tensorflow as tf
+
+from tfdist.core import traits as builtin
+from tfdist.errors import StrategyConfigError, format_error
+from tfdist.mesh import DATA, TENSOR, Mesh
+from tfdist.options import check_positive_number
+from tfdist.pipeline import keras_compat, transport
+from tfdist.strategies.base import TfdistStrategyMixin
+from tfdist.strategies.pipeline import _wait_for_every_process_at_exit
+from tfdist.strategies.startup import resolve_startup_timeout, startup_deadline
+from tfdist.tensor import build as shards_of
+from tfdist.tensor.collectives import DEFAULT_TIMEOUT, broadcast
+from tfdist.tensor.model import TensorModel
+from tfdist.tensor.plan import TensorPlan
+from tfdist.tensor.rules import plan_model
+
+__all__ = ["TensorStrategy", "TENSOR_SHARDS_ENV"]
+
+TENSOR_SHARDS_ENV = builtin.TENSOR_SHARDS_ENV
+_log = logging.getLogger("tfdist")
+
+
+def _shards_from_env(shards: int | None, processes: int) -> int:
+    if shards is not None:
+        value: Any = shards
+    else:
+        value = os.environ.get(TENSOR_SHARDS_ENV, str(processes))
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if isinstance(value, bool) or number < 1 or str(number) != str(value).strip():
+        raise StrategyConfigError(format_error(
+            "The tensor shard count must be a positive int.",
+            received=f"shards={value!r}", expected="an int >= 1 that divides the processes",
+            fix=f"pass shards=T or set {TENSOR_SHARDS_ENV}=T"))
+    return number
+
+
+class TensorStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
+    """Tensor (and data x tensor) parallelism over the workers of TF_CONFIG.
+
+    Args:
+        shards: T, the processes each split layer is spread over (None:
+            ``$TFDIST_TENSOR_SHARDS``, else every process). D = processes / T.
+        rules: ``{layer-name regex: kind}`` overriding the automatic splits
+            (`tfdist.tensor.rules`); kinds ``column``, ``row``, ``heads``, ``vocab``,
+            ``output``, ``replicated``.
+        timeout_seconds: Deadline of each collective (default 300 s).
+        startup_timeout_seconds: Deadline for all processes to join.
+        tf_config: The TF_CONFIG to use instead of the environment's.
+
+    Raises:
+        StrategyConfigError: a shard count that is not a positive int or does not divide the
+            processes (raised before any waiting).
+
+    Example:
+        >>> strategy = TensorStrategy()   # one process: T=1, plain layers
+        >>> strategy.shards, strategy.num_replicas, strategy.mesh
+        (1, 1, Mesh(data=1, pipe=1, tensor=1))
+    """
+
+    name = "tensor"
+    traits = builtin.TENSOR
+    per_rank_backups = True  # each process holds different shards
+
+    def __init__(self, shards: int | None = None, rules: Mapping[str, str] | None = None,
+                 timeout_seconds: float | None = None,
+                 startup_timeout_seconds: float | None = None,
+                 tf_config: str | Mapping[str, Any] | None = None) -> None:
+        self._check_keras()
+        deadline = check_positive_number(
+            "startup_timeout_seconds", resolve_startup_timeout(startup_timeout_seconds))
+        self.timeout = float(check_positive_number(
+            "timeout_seconds", DEFAULT_TIMEOUT if timeout_seconds is None else timeout_seconds))
+        if tf_config is None and not os.environ.get("TF_CONFIG"):
+            cluster, task, processes, rank = None, None, 1, 0
+        else:
+            cluster, task = self._read_cluster(tf_config)
+            processes = max(1, len(cluster.chief) + len(cluster.worker))
+            rank = 0 if task.type == "chief" else len(cluster.chief) + task.index
+        self.mesh = Mesh.for_processes(processes, tensor=_shards_from_env(shards, processes))
+        self.rules = dict(rules or {})
+        self.rank = rank
+        if processes > 1:
+            with startup_deadline(deadline, cluster, task, f"TensorStrategy on {task}"):
+                transport.enable_collectives(cluster, task)
+            # Task 0 leads every collective's resolution: it waits for the others at exit.
+            _wait_for_every_process_at_exit(self.mesh.world(rank))
+        super().__init__("/cpu:0" if not tf.config.list_physical_devices("GPU") else "/gpu:0")
+        self._init_tfdist(cluster, task)
+        self.plan: TensorPlan | None = None
+        self._abstract: Any = None
+
+    # ----------------------------------------------------------------- surface
+    @property
+    def shards(self) -> int:
+        """T."""
+        return self.mesh.tensor
+
+    @property
+    def tensor_group(self) -> Any:
+        return self.mesh.group(TENSOR, self.rank)
+
+    @property
+    def data_group(self) -> Any:
+        return self.mesh.group(DATA, self.rank)
+
+    @property
+    def num_replicas(self) -> int:
+        """D: the data-parallel replicas whose gradients make one step."""
+        return self.mesh.data
+
+    @property
+    def num_workers(self) -> int:
+        return self.mesh.size
+
+    @property
+    def worker_index(self) -> int:
+        return self.rank
+
+    def input_context(self) -> tf.distribute.InputContext:
+        """Every process reads the whole global batch (each step takes its replica's rows)."""
+        return tf.distribute.InputContext(
+            num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)
+
+    def _distribute_dataset_fn(self, dataset_fn: Any, options: Any) -> Any:
+        return dataset_fn(self.input_context())
+
+    def describe(self) -> str:
+        """One line: shard and replica of this process.
+
+        Example:
+            >>> TensorStrategy().describe()
+            'tensor: shard 0 of 1, replica 0 of 1, chief'
+        """
+        place = self.mesh.coordinates(self.rank)
+        chief = ", chief" if self.is_chief else ""
+        return (f"tensor: shard {place.tensor} of {self.shards}, replica {place.data} of "
+                f"{self.mesh.data}{chief}")
+
+    # ----------------------------------------------------------------- the model
+    def plan_model(self, model_or_fn: Any) -> TensorPlan:
+        """The plan for a built model or the one a build function makes (no weights)."""
+        if hasattr(model_or_fn, "layers"):
+            return plan_model(model_or_fn, self.shards, self.rules)
+        with keras_compat.abstract_build():
+            abstract = model_or_fn()
+        self._abstract = abstract
+        return plan_model(abstract, self.shards, self.rules)
+
+    def build_model(self, model_or_fn: Any) -> Any:
+        """This process's shard of the model, ready to ``compile`` and ``fit``.
+
+        Args:
+            model_or_fn: A function that builds the whole Keras 3 model (called without
+                allocating weights: each process creates only its shards, initialised as
+                slices of whole-layer draws, the replicated weights and other replicas
+                given shard 0 of replica 0's values). Or a built model: each shard copies its
+                slices of the weights (the whole model then exists once per process).
+
+        Returns:
+            A `tfdist.tensor.model.TensorModel`.
+        """
+        self.plan = self.plan_model(model_or_fn)
+        built = hasattr(model_or_fn, "layers")
+        source = model_or_fn if built else self._abstract
+        self._abstract = source
+        tensor = self.tensor_group
+        model = shards_of.build_shard(source, self.plan, tensor, self.timeout, TensorModel)
+        model.attach(self.plan, tensor, self.data_group,
+                     shards_of.vocab_start(self.plan, tensor), self.timeout)
+        if built:
+            shards_of.set_layer_weights(
+                model, shards_of.shard_weights(model_or_fn, self.plan, tensor.rank))
+        else:
+            self._share_initial_weights(model)
+        if self.is_chief:
+            _log.info("%s\n%s", self.describe(), self.plan.table())
+        return model
+
+    def _share_initial_weights(self, model: Any) -> None:
+        """Replicated weights from shard 0, then everything from replica 0."""
+        for layer in self.plan.layers:
+            for variable, weight in zip(model.get_layer(layer.name).weights, layer.weights,
+                                        strict=True):
+                if weight.axis is None:
+                    variable.assign(broadcast(variable, self.tensor_group, self.timeout))
+        for variable in model.weights:
+            variable.assign(broadcast(variable, self.data_group, self.timeout))
+
+    def weight_bytes(self, model: Any) -> int:
+        """Bytes of the weights this process holds."""
+        return int(sum(v.numpy().nbytes for v in model.weights))
+
+    def train_step(self, model: Any, loss: Any, optimizer: Any) -> Any:
+        """The custom-loop path: a ``tf.function`` ``step(x, y, sample_weight=None) -> loss``
+        of one step on the global batch (the same on every process).
+
+        Example:
+            >>> import keras, numpy as np
+            >>> strategy = TensorStrategy()
+            >>> model = strategy.build_model(lambda: keras.Sequential(
+            ...     [keras.Input((2,)), keras.layers.Dense(1, name="a")]))
+            >>> step = strategy.train_step(model, "mse", keras.optimizers.SGD(0.1))
+            >>> float(step(np.ones((4, 2), "float32"), np.zeros((4, 1), "float32"))) >= 0
+            True
+        """
+        import keras
+
+        from tfdist.tensor.model import split_loss
+
+        if model.tensor_plan.output_layer is not None:
+            loss_fn = split_loss(loss, model.tensor_plan, model.tensor_group, model.vocab_start,
+                                 self.timeout)
+        else:
+            loss_fn = keras.losses.get(loss)
+            if not isinstance(loss_fn, keras.losses.Loss):  # "mse": a function of (y, y_pred)
+                from keras.src.losses.losses import LossFunctionWrapper
+
+                loss_fn = LossFunctionWrapper(loss_fn)
+
+        def compute_loss(x: Any, y: Any, y_pred: Any, sample_weight: Any) -> Any:
+            return loss_fn(y, y_pred, sample_weight=sample_weight)
+
+        @tf.function
+        def step(x: Any, y: Any, sample_weight: Any = None) -> Any:
+            return model.apply_step(x, y, sample_weight, compute_loss, optimizer)[0]
+
+        return step
+
+    # ----------------------------------------------------------------- saving
+    def gather_weights(self, model: Any) -> dict[str, list[Any]]:
+        """Every layer's whole weights (a collective of the tensor group)."""
+        return shards_of.gather_weights(model, model.tensor_plan, self.tensor_group,
+                                        self.timeout)
+
+    def assemble(self, model: Any) -> Any | None:
+        """The whole model with the trained weights on the chief, None elsewhere (every
+        process calls it)."""
+        weights = self.gather_weights(model)
+        if not self.is_chief:
+            return None
+        return shards_of.assemble(self._abstract, weights)
+
+    def save_model(self, model: Any, filepath: str | os.PathLike[str], **kwargs: Any) -> str | None:
+        """Saves the whole model: every process calls it, the chief writes ``filepath``, a
+        ``.keras`` file that ``keras.models.load_model`` opens in one process."""
+        whole = self.assemble(model)
+        if whole is None:
+            return None
+        path = os.fspath(filepath)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        whole.save(path, **kwargs)
+        return path

@@ -1,0 +1,17 @@
+"""Tensor (intra-operator) parallelism: layers split across the processes of a tensor group.
+
+* `tfdist.tensor.collectives`: Megatron's mappings (copy to / reduce from the group, gather)
+  on TensorFlow's collective ops, with group keys from `tfdist.mesh`;
+* `tfdist.tensor.layers`: the split Keras 3 layers (column/row ``Dense``, heads-split
+  ``MultiHeadAttention``, vocabulary-split ``Embedding``);
+* `tfdist.tensor.loss`: cross-entropy on vocabulary-split logits;
+* `tfdist.tensor.rules` and `tfdist.tensor.plan`: which layer is split how, as data;
+* `tfdist.tensor.build`: a process's shard built from configs, weights sliced and gathered;
+* `tfdist.tensor.model`: the shard's Keras model and its training step.
+
+The strategy that uses them is `tfdist.strategies.tensor.TensorStrategy` (``"tensor"``).
+"""
+
+from tfdist.tensor.plan import SPLIT_KINDS, LayerSplit, TensorPlan, WeightSplit
+
+__all__ = ["SPLIT_KINDS", "LayerSplit", "TensorPlan", "WeightSplit"]

@@ -1,0 +1,176 @@
+"""The Keras model a tensor-parallel process trains: its shard, with the steps that keep the
+shards in step.
+
+`TensorModel` is a functional ``keras.Model`` of one shard (`tfdist.tensor.build.build_shard`).
+Every process of the job is given the same global batches. A training step:
+
+1. takes this data replica's rows of the batch (``D`` replicas: ``1/D`` of the rows each);
+2. runs the shard forward and backward: the split layers' collectives (`tfdist.tensor.
+   collectives`) make every shard's gradients exact, and the replicated variables' gradients
+   the same on every shard;
+3. averages the gradients over the data axis (an ``Embedding``'s gradient stays row slices, so
+   Keras 3's Adam updates as it would on one process) and applies them.
+
+Norm clipping (``clipnorm``, ``global_clipnorm``) is computed over the whole split variables
+(`tfdist.tensor.clipping`), then the optimizer applies the clipped gradients. ``compile`` swaps
+a vocabulary-split output's loss for the vocab-parallel cross-entropy; ``predict`` gathers the
+vocabulary-split logits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tfdist.errors import StrategyConfigError, format_error
+from tfdist.mesh import ProcessGroup
+from tfdist.pipeline.keras_compat import bind_unbuilt_optimizer
+from tfdist.tensor.clipping import clip_each, clip_global
+from tfdist.tensor.collectives import all_reduce_sum, gather_axis, gather_last_axis
+from tfdist.tensor.loss import VocabParallelCrossEntropy
+from tfdist.tensor.plan import TensorPlan
+
+__all__ = ["TensorModel", "clipping_off", "split_loss"]
+
+
+@contextlib.contextmanager
+def clipping_off(optimizer: Any) -> Iterator[None]:
+    """The optimizer's own norm clipping off (the model clips across shards instead)."""
+    saved = {key: getattr(optimizer, key, None) for key in ("clipnorm", "global_clipnorm")}
+    for key in saved:
+        setattr(optimizer, key, None)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            setattr(optimizer, key, value)
+
+
+def split_loss(loss: Any, plan: TensorPlan, group: ProcessGroup, start: int,
+               timeout: float) -> Any:
+    """The loss for a model whose output logits are split by vocabulary: the vocab-parallel
+    cross-entropy in place of ``SparseCategoricalCrossentropy(from_logits=True)``."""
+    keras_loss = keras.losses.get(loss) if isinstance(loss, str) else loss
+    config = keras_loss.get_config() if hasattr(keras_loss, "get_config") else {}
+    if not (isinstance(keras_loss, keras.losses.SparseCategoricalCrossentropy)
+            and config.get("from_logits") and config.get("ignore_class") is None):
+        raise StrategyConfigError(format_error(
+            f"Layer {plan.output_layer!r} gives logits split by vocabulary, whose loss tfdist "
+            "computes on the shards: only sparse softmax cross-entropy from logits.",
+            received=f"loss={loss!r}",
+            expected="keras.losses.SparseCategoricalCrossentropy(from_logits=True)",
+            fix=f"use that loss, or keep the output whole: rules={{{plan.output_layer!r}: "
+            "'replicated'}"))
+    return VocabParallelCrossEntropy(group, start, timeout, reduction=keras_loss.reduction)
+
+
+class TensorModel(keras.Model):
+    """One shard of a tensor-parallel model (built by `TensorStrategy.build_model`)."""
+
+    def attach(self, plan: TensorPlan, tensor: ProcessGroup, data: ProcessGroup, start: int,
+               timeout: float) -> None:
+        """Records the plan and groups (not part of the model's config)."""
+        self.tensor_plan, self.tensor_group, self.data_group = plan, tensor, data
+        self.vocab_start, self.tensor_timeout = start, timeout
+        self._home_strategy = tf.distribute.get_strategy()  # where the shard's variables live
+        self._split_ids = {id(variable) for layer in plan.layers
+                           for variable, weight in zip(self.get_layer(layer.name).weights,
+                                                       layer.weights, strict=True)
+                           if weight.axis is not None}
+
+    def compile(self, optimizer: Any = "rmsprop", loss: Any = None, metrics: Any = None,
+                **kwargs: Any) -> None:
+        optimizer = keras.optimizers.get(optimizer)
+        if self.tensor_plan.output_layer is not None and loss is not None:
+            if metrics:
+                raise StrategyConfigError(format_error(
+                    "Metrics cannot read logits split by vocabulary.",
+                    received=f"metrics={metrics!r}", expected="metrics=None",
+                    fix="evaluate the loss only, or keep the output whole: rules="
+                    f"{{{self.tensor_plan.output_layer!r}: 'replicated'}}"))
+            loss = split_loss(loss, self.tensor_plan, self.tensor_group, self.vocab_start,
+                              self.tensor_timeout)
+        super().compile(optimizer=optimizer, loss=loss, metrics=metrics, **kwargs)
+        # compile inside strategy.scope() (as scripts for the other strategies do): the
+        # optimizer's slots go where the shard's plain variables are.
+        bind_unbuilt_optimizer(self.optimizer, self._home_strategy)
+
+    # ------------------------------------------------------------------- steps
+    def replica_rows(self, value: Any) -> Any:
+        """This data replica's rows of a global batch (the whole batch when D = 1)."""
+        group = self.data_group
+        if value is None or group.size == 1:
+            return value
+
+        def rows(t: Any) -> Any:
+            size = tf.shape(t)[0] // group.size
+            return t[group.rank * size:(group.rank + 1) * size]
+
+        return tf.nest.map_structure(rows, value)
+
+    def average_gradients(self, gradients: list[Any]) -> list[Any]:
+        """Each gradient's mean over the data axis; row slices stay row slices."""
+        group = self.data_group
+        if group.size == 1:
+            return gradients
+        averaged = []
+        for g in gradients:
+            if isinstance(g, tf.IndexedSlices):
+                averaged.append(tf.IndexedSlices(
+                    gather_axis(g.values, 0, group, self.tensor_timeout) / group.size,
+                    gather_axis(g.indices, 0, group, self.tensor_timeout), g.dense_shape))
+            elif g is not None:
+                averaged.append(all_reduce_sum(g, group, self.tensor_timeout) / group.size)
+            else:
+                averaged.append(g)
+        return averaged
+
+    def clip(self, gradients: list[Any], optimizer: Any) -> list[Any]:
+        """The optimizer's norm clipping, with norms over the whole (split) variables."""
+        split = [id(v) in self._split_ids for v in self.trainable_weights]
+        args = (self.tensor_group, self.tensor_timeout)
+        if getattr(optimizer, "global_clipnorm", None):
+            return clip_global(gradients, split, optimizer.global_clipnorm, *args)
+        if getattr(optimizer, "clipnorm", None):
+            return clip_each(gradients, split, optimizer.clipnorm, *args)
+        return gradients
+
+    def apply_step(self, x: Any, y: Any, sample_weight: Any, compute_loss: Any,
+                   optimizer: Any) -> Any:
+        """One step on this replica's rows; returns the global batch's loss."""
+        x, y, sample_weight = (self.replica_rows(v) for v in (x, y, sample_weight))
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = compute_loss(x, y, y_pred, sample_weight)
+        gradients = self.clip(self.average_gradients(
+            tape.gradient(loss, self.trainable_weights)), optimizer)
+        with clipping_off(optimizer):
+            optimizer.apply_gradients(zip(gradients, self.trainable_weights, strict=True))
+        if self.data_group.size > 1:
+            loss = all_reduce_sum(loss, self.data_group, self.tensor_timeout) / \
+                self.data_group.size
+        return loss, y_pred, (x, y, sample_weight)
+
+    def train_step(self, data: Any) -> Any:
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+
+        def compute_loss(x: Any, y: Any, y_pred: Any, sample_weight: Any) -> Any:
+            return self._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                      training=True)
+
+        loss, y_pred, (x, y, sample_weight) = self.apply_step(
+            x, y, sample_weight, compute_loss, self.optimizer)
+        rows = tf.shape(tf.nest.flatten(x)[0])[0] * self.data_group.size
+        self._loss_tracker.update_state(loss, sample_weight=rows)
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def predict_step(self, data: Any) -> Any:
+        x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+        y_pred = self(x, training=False)
+        if self.tensor_plan.output_layer is None:
+            return y_pred
+        return gather_last_axis(y_pred, self.tensor_group, self.tensor_timeout)

@@ -1,0 +1,161 @@
+"""Which layer is split how, as data: `LayerSplit` per layer and the whole `TensorPlan`.
+
+A plan is what `tfdist.tensor.rules.plan_model` decides for a model and ``T`` shards; the
+strategy builds the shards from it, slices and gathers weights with it, and prints it. Each
+weight carries the axis it is split on (None: replicated, the same on every shard), so the
+bytes a process holds are known before anything is built. TensorFlow-free.
+
+Split kinds (Megatron-LM's names in brackets):
+
+* ``column``: a ``Dense`` split by output columns [ColumnParallelLinear];
+* ``row``: a ``Dense`` split by input rows, bias after the sum [RowParallelLinear];
+* ``heads``: a ``MultiHeadAttention`` split by heads;
+* ``vocab``: an ``Embedding`` split by vocabulary rows [VocabParallelEmbedding];
+* ``output``: the model's output ``Dense`` split by vocabulary columns; its logits stay split
+  and the loss is computed on the shards [vocab-parallel cross-entropy];
+* ``replicated``: whole on every shard.
+
+Example:
+    >>> plan = TensorPlan(shards=2, layers=(
+    ...     LayerSplit("ffn_in", "Dense", "column", "auto", (
+    ...         WeightSplit("kernel", (4, 8), 4, 1), WeightSplit("bias", (8,), 4, 0))),
+    ...     LayerSplit("norm", "LayerNormalization", "replicated", "auto", (
+    ...         WeightSplit("gamma", (4,), 4, None), WeightSplit("beta", (4,), 4, None)))))
+    >>> plan.whole_bytes, plan.bytes_per_process, plan.split_layers
+    (192, 112, ('ffn_in',))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+__all__ = ["SplitKind", "SPLIT_KINDS", "WeightSplit", "LayerSplit", "TensorPlan"]
+
+SplitKind = Literal["column", "row", "heads", "vocab", "output", "replicated"]
+SPLIT_KINDS: tuple[str, ...] = ("column", "row", "heads", "vocab", "output", "replicated")
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightSplit:
+    """One weight of a layer: its whole shape, bytes per element, and split axis (or None)."""
+
+    name: str
+    shape: tuple[int, ...]
+    itemsize: int
+    axis: int | None
+
+    @property
+    def whole_bytes(self) -> int:
+        size = self.itemsize
+        for dim in self.shape:
+            size *= dim
+        return size
+
+    def shard_shape(self, shards: int) -> tuple[int, ...]:
+        """The shape one process holds."""
+        if self.axis is None:
+            return self.shape
+        shape = list(self.shape)
+        shape[self.axis] //= shards
+        return tuple(shape)
+
+    def bytes_per_process(self, shards: int) -> int:
+        return self.whole_bytes if self.axis is None else self.whole_bytes // shards
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerSplit:
+    """How one layer is held: its kind, why (``auto``, a user rule, or why it cannot split),
+    and its weights in ``get_weights`` order."""
+
+    name: str
+    class_name: str
+    kind: SplitKind
+    reason: str
+    weights: tuple[WeightSplit, ...] = ()
+
+    @property
+    def split(self) -> bool:
+        return self.kind != "replicated"
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorPlan:
+    """Every layer of a model with weights or a split, for ``shards`` (T) processes.
+
+    Attributes:
+        shards: T.
+        layers: One `LayerSplit` per layer, in the model's order.
+    """
+
+    shards: int
+    layers: tuple[LayerSplit, ...]
+
+    def layer(self, name: str) -> LayerSplit:
+        for layer in self.layers:
+            if layer.name == name:
+                return layer
+        raise KeyError(name)
+
+    @property
+    def split_layers(self) -> tuple[str, ...]:
+        return tuple(layer.name for layer in self.layers if layer.split)
+
+    @property
+    def output_layer(self) -> str | None:
+        """The layer whose logits stay split by vocabulary (kind ``output``), if any."""
+        return next((layer.name for layer in self.layers if layer.kind == "output"), None)
+
+    @property
+    def whole_bytes(self) -> int:
+        """Bytes of the whole model's weights."""
+        return sum(w.whole_bytes for layer in self.layers for w in layer.weights)
+
+    @property
+    def split_bytes(self) -> int:
+        """Bytes of the whole model's split weights (each process holds 1/T of them)."""
+        return sum(w.whole_bytes for layer in self.layers for w in layer.weights
+                   if w.axis is not None)
+
+    @property
+    def bytes_per_process(self) -> int:
+        """Bytes one process holds: split part / T + replicated part."""
+        return sum(w.bytes_per_process(self.shards) for layer in self.layers
+                   for w in layer.weights)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The plan as JSON-ready data."""
+        return {
+            "shards": self.shards, "whole_bytes": self.whole_bytes,
+            "split_bytes": self.split_bytes, "bytes_per_process": self.bytes_per_process,
+            "layers": [{
+                "name": layer.name, "class": layer.class_name, "kind": layer.kind,
+                "reason": layer.reason,
+                "bytes_per_process": sum(w.bytes_per_process(self.shards)
+                                         for w in layer.weights),
+                "weights": [{"name": w.name, "shape": list(w.shape), "axis": w.axis}
+                            for w in layer.weights]} for layer in self.layers]}
+
+    def table(self) -> str:
+        """The plan as a table: layer, class, split, bytes per process, why.
+
+        Example:
+            >>> print(TensorPlan(2, (LayerSplit("d", "Dense", "replicated", "auto", (
+            ...     WeightSplit("kernel", (2, 2), 4, None),)),)).table())
+            tensor plan, T=2: 16 B per process of 16 B (split 0 B / 2 + replicated 16 B)
+              layer  class  split       bytes/process  why
+              d      Dense  replicated  16             auto
+        """
+        rows = [("layer", "class", "split", "bytes/process", "why")]
+        for layer in self.layers:
+            size = sum(w.bytes_per_process(self.shards) for w in layer.weights)
+            rows.append((layer.name, layer.class_name, layer.kind, str(size), layer.reason))
+        widths = [max(len(row[i]) for row in rows) for i in range(5)]
+        lines = ["  " + "  ".join(cell.ljust(width)
+                                  for cell, width in zip(row, widths, strict=True)).rstrip()
+                 for row in rows]
+        head = (f"tensor plan, T={self.shards}: {self.bytes_per_process} B per process of "
+                f"{self.whole_bytes} B (split {self.split_bytes} B / {self.shards} + replicated "
+                f"{self.whole_bytes - self.split_bytes} B)")
+        return "\n".join([head, *lines])
