@@ -82,15 +82,41 @@ def test_balanced_bounds_are_optimal(costs, stages):
     assert max(partition.stage_costs(costs, bounds)) == _brute_force(costs, stages)
 
 
-def test_edges_across_stages_are_refused():
-    chain = [(-1, 0), (0, 1), (1, 2), (2, 3)]
-    partition.check_edges(chain, (0, 2, 4), NAMES[:4])
-    with pytest.raises(StrategyConfigError) as info:
-        partition.check_edges([*chain, (0, 3)], (0, 1, 2, 4), NAMES[:4])
-    assert ("The output of layer 'd0' is used by layer 'd3' (from stage 0 to stage 2, not a "
-            "neighbour)") in str(info.value)
-    with pytest.raises(StrategyConfigError, match=r"\(in stage 0\)"):
-        partition.check_edges([*chain, (0, 2)], (0, 3, 4), NAMES[:4])
+# Synthetic graphs: (node inputs, node outputs, model inputs, model outputs); tensor ids.
+CHAIN = ([(0,), (1,), (2,), (3,)], [(1,), (2,), (3,), (4,)], [0], [4])
+# x -> n0 -> n1 -> n2 = add(n0, n1) -> n3 = add(n2, x): a skip over n1, one from the input.
+RESIDUAL = ([(0,), (1,), (1, 2), (3, 0)], [(1,), (2,), (3,), (4,)], [0], [4])
+# Two inputs (x: 0, mask: 1, integer); every block reads the mask; two outputs, the first made
+# early: n0(x) -> n1(n0, mask) -> n2(n1, mask) -> n3(n2); outputs n0's and n3's.
+TWO_INPUTS = ([(0,), (2, 1), (3, 1), (4,)], [(2,), (3,), (4,), (5,)], [0, 1], [2, 5])
+# A node with two outputs (tensors 2 and 3) read by different later nodes.
+TWO_OUTPUTS = ([(0,), (1,), (2,), (3, 4)], [(1,), (2, 3), (4,), (5,)], [0], [5])
+
+
+@pytest.mark.parametrize("graph, bounds, expected", [
+    (CHAIN, (0, 2, 4), ((2,),)),
+    (CHAIN, (0, 1, 2, 3, 4), ((1,), (2,), (3,))),
+    (RESIDUAL, (0, 1, 4), ((0, 1),)),
+    (RESIDUAL, (0, 2, 4), ((0, 1, 2),)),
+    (RESIDUAL, (0, 1, 2, 4), ((0, 1), (0, 1, 2))),
+    (RESIDUAL, (0, 3, 4), ((0, 3),)),
+    (TWO_INPUTS, (0, 1, 4), ((1, 2),)),
+    (TWO_INPUTS, (0, 2, 3, 4), ((1, 2, 3), (2, 4))),
+    (TWO_OUTPUTS, (0, 2, 4), ((2, 3),)),
+    (TWO_OUTPUTS, (0, 3, 4), ((3, 4),)),
+])
+def test_the_tensors_alive_across_each_cut(graph, bounds, expected):
+    assert partition.crossing(*graph, bounds) == expected
+
+
+def test_cut_bytes_and_balancing_prefer_the_lighter_cut():
+    # The cut after n0 carries x and n0 (8 bytes), after n1 three tensors, after n2 two.
+    carried = partition.cut_bytes(*RESIDUAL, tensor_bytes=[4, 4, 4, 4, 4])
+    assert carried == [0, 8, 12, 8]
+    assert partition.balanced_bounds([1, 1, 1, 1], 2, carried) == (0, 2, 4)
+    # Cuts after n0, n1 or n2 all balance [1, 0, 0, 1]; the first and last carry 8 bytes.
+    assert partition.balanced_bounds([1, 0, 0, 1], 2, carried) == (0, 1, 4)
+    assert partition.balanced_bounds([1, 0, 0, 1], 2, [0, 9, 9, 1]) == (0, 3, 4)
 
 
 def test_batch_norm_is_refused_with_micro_batches():

@@ -1,6 +1,6 @@
 """One pipelined training step of one stage, built from a schedule (graph code, no Keras API).
 
-`StageEngine` holds what a stage process knows: its `PipelineLayout`, the activation shapes at
+`StageEngine` holds what a stage process knows: its `PipelineLayout`, the tensors the cuts at
 its boundaries, the number of micro-batches and its schedule. Its methods build the ops of a
 step inside the caller's ``tf.function`` (Keras's ``train_step``, or a custom loop):
 
@@ -47,15 +47,19 @@ from tfdist.pipeline.transport import (
     REDUCE,
     SHARE,
     TRAIN,
+    BoundaryTensor,
     Link,
     instance_key,
+    recv_boundary,
+    send_boundary,
 )
 
 __all__ = ["PipelineEngine", "StageEngine", "StageStep", "LossTerms"]
 
 LossFn = Callable[[Any, Any, Any], Any]
-TERMS_INDEX = 1
-"""The carried loss terms travel as tensor 1 of micro-batch 0's ACTIVATION transfer."""
+TERMS_INDEX = 4095
+"""The carried loss terms travel as the last tensor index (4095) of micro-batch 0's ACTIVATION
+transfer; the tensors a cut carries take indices ``0..n-1``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,10 +153,9 @@ class StageEngine:
 
     Attributes:
         layout: Where this process sits (stage, replica, neighbours).
-        input_shape: This stage's input shape without the batch dimension.
-        input_dtype: Its dtype.
-        output_shape: This stage's output shape without the batch dimension.
-        output_dtype: Its dtype.
+        inputs: The tensors this stage receives from the previous one (the cut before it;
+            ``()`` for stage 0, which reads the model's inputs).
+        outputs: The tensors it sends to the next one (``()`` for the last stage).
         micro_batches: M.
         schedule: ``"gpipe"`` or ``"1f1b"``.
         timeout: Seconds each transfer may wait for its peer (0: no limit).
@@ -165,10 +168,8 @@ class StageEngine:
     """
 
     layout: PipelineLayout
-    input_shape: tuple[int | None, ...]
-    input_dtype: str
-    output_shape: tuple[int | None, ...]
-    output_dtype: str
+    inputs: tuple[BoundaryTensor, ...]
+    outputs: tuple[BoundaryTensor, ...]
     micro_batches: int
     schedule: str = "gpipe"
     timeout: float = 0.0
@@ -201,6 +202,11 @@ class StageEngine:
 
     def _split(self, tensor: Any) -> list[Any]:
         return tf.split(tensor, self.micro_batches, axis=0)
+
+    def _split_inputs(self, x: Any) -> list[list[Any]]:
+        """Each micro-batch's model inputs (``x``: one tensor, or a structure of them)."""
+        parts = [self._split(t) for t in tf.nest.flatten(x)]
+        return [list(inputs) for inputs in zip(*parts, strict=True)]
 
     def _micro_rows(self, batch_rows: Any) -> Any:
         return batch_rows // self.micro_batches
@@ -248,8 +254,8 @@ class StageEngine:
         last = layout.is_last
         return StageStep(
             call=call, variables=list(variables), loss_fn=loss_fn,
-            rows=self._micro_rows(tf.shape(x)[0]),
-            xs=self._split(x) if layout.is_first else None,
+            rows=self._micro_rows(tf.shape(tf.nest.flatten(x)[0])[0]),
+            xs=self._split_inputs(x) if layout.is_first else None,
             ys=self._split(y) if last else None,
             weights=self._split(sample_weight) if last and sample_weight is not None else None,
             grads=[None] * len(variables), terms=terms)
@@ -313,12 +319,12 @@ class StageEngine:
             total, ACTIVATION, 0, index=TERMS_INDEX, phase=phase))
         return None
 
-    def _input(self, m: int, rows: Any, xs: list[Any] | None, phase: int) -> Any:
-        """Micro-batch ``m``'s input: stage 0's slice of the data, else the previous stage's."""
+    def _input(self, m: int, rows: Any, xs: list[Any] | None, phase: int) -> list[Any]:
+        """Micro-batch ``m``'s inputs: stage 0's slice of the data, else the tensors the previous
+        stage sends across the cut."""
         if self.layout.is_first:
             return xs[m]  # type: ignore[index]
-        return self.previous.recv(self._shape(rows, self.input_shape),  # type: ignore[union-attr]
-                                  self.input_dtype, ACTIVATION, m, phase=phase)
+        return recv_boundary(self.previous, self.inputs, rows, ACTIVATION, m, phase)
 
     def _run(self, step: StageStep, m: int, inp: Any) -> Any:
         """Runs the stage on micro-batch ``m``'s input (and, on the last stage, its loss)."""
@@ -333,12 +339,17 @@ class StageEngine:
                 step.losses[m] += tf.cast(added, step.losses[m].dtype)
         return out
 
+    def _differentiable(self, inputs: Sequence[Any]) -> list[Any]:
+        """The received tensors whose gradients go back (`BoundaryTensor.gradient`)."""
+        return [t for t, b in zip(inputs, self.inputs, strict=True) if b.gradient]
+
     def _taped(self, step: StageStep, m: int, inp: Any) -> tuple[Any, Any]:
-        """`_run` under a tape that watches the input (unless stage 0): ``(tape, output)``."""
+        """`_run` under a tape that watches the differentiable inputs (unless stage 0):
+        ``(tape, output)``."""
         tape = tf.GradientTape(persistent=False)
         with tape:
             if not self.layout.is_first:
-                tape.watch(inp)
+                tape.watch(self._differentiable(inp))
             out = self._run(step, m, inp)
         return tape, out
 
@@ -355,22 +366,27 @@ class StageEngine:
             step.outputs[m] = out
         if layout.is_last:
             return step.losses[m]
-        step.sends.append(self.next.send(out, ACTIVATION, m))  # type: ignore[union-attr]
+        out = tf.nest.flatten(out)
+        if not self.recompute:
+            step.outputs[m] = out
+        step.sends.extend(send_boundary(self.next, out, self.outputs, ACTIVATION, m))
         return out
 
     def _backward_op(self, step: StageStep, m: int) -> Any:
         layout, variables, grads = self.layout, step.variables, step.grads
-        sources = variables if layout.is_first else [*variables, step.inputs[m]]
+        inputs = [] if layout.is_first else self._differentiable(step.inputs[m])
+        sources = [*variables, *inputs]
         if self.recompute:
             tape, output = self._taped(step, m, step.inputs[m])
+            output = output if layout.is_last else tf.nest.flatten(output)
         else:
             tape, output = step.tapes.pop(m), step.outputs[m]
         if layout.is_last:
             result = tape.gradient(step.losses[m], sources)
         else:
-            upstream = self.next.recv(  # type: ignore[union-attr]
-                self._shape(step.rows, self.output_shape), self.output_dtype, GRADIENT, m)
-            targets, heads = [output], [upstream]
+            upstream = recv_boundary(self.next, self.outputs, step.rows, GRADIENT, m)
+            pairs = [(t, g) for t, g in zip(output, upstream, strict=True) if g is not None]
+            targets, heads = [t for t, _ in pairs], [g for _, g in pairs]
             if m in step.added:
                 targets.append(step.added[m])
                 heads.append(tf.ones_like(step.added[m]))
@@ -379,9 +395,11 @@ class StageEngine:
         if layout.is_first:
             done = [g for g in grads if g is not None]
             return tf.group(done) if done else tf.no_op()
-        back = result[-1]
-        step.sends.append(self.previous.send(back, GRADIENT, m))  # type: ignore[union-attr]
-        return back
+        back = iter(tf.zeros_like(t) if g is None else g
+                    for t, g in zip(inputs, result[len(variables):], strict=True))
+        backs = [next(back) if b.gradient else None for b in self.inputs]
+        step.sends.extend(send_boundary(self.previous, backs, self.inputs, GRADIENT, m))
+        return tf.group([g for g in backs if g is not None])
 
     def forward(self, call: Callable[[Any], Any], x: Any, phase: int = EVALUATE,
                 terms: LossTerms | None = None) -> tuple[list[Any], Any | None]:
@@ -396,8 +414,8 @@ class StageEngine:
             `tf.no_op` with every send as a control input, and None.
         """
         layout = self.layout
-        rows = self._micro_rows(tf.shape(x)[0])
-        xs = self._split(x) if layout.is_first else None
+        rows = self._micro_rows(tf.shape(tf.nest.flatten(x)[0])[0])
+        xs = self._split_inputs(x) if layout.is_first else None
         chain: list[Any] = []
         sends: list[Any] = []
         outs, added = [], []
@@ -408,9 +426,10 @@ class StageEngine:
                 if layout.is_last:
                     outs.append(out)
                 else:
-                    sends.append(self.next.send(  # type: ignore[union-attr]
-                        out, ACTIVATION, m, phase=phase))
-            chain = [out]
+                    out = tf.nest.flatten(out)
+                    sends.extend(send_boundary(self.next, out, self.outputs, ACTIVATION, m,
+                                               phase))
+            chain = tf.nest.flatten(out)
         carried = None
         if terms is not None:
             weights = terms.weights()
@@ -446,6 +465,4 @@ class StageEngine:
             values if self.layout.is_last else None, shape, dtype, group=group,
             instance=instance_key(SHARE, 0, index, phase), timeout=self.timeout)
 
-    @staticmethod
-    def _shape(rows: Any, shape: Sequence[int | None]) -> Any:
-        return tf.stack([rows, *[int(d) for d in shape]])
+

@@ -11,9 +11,10 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from tfdist.core.flavour import KerasFlavour, flavour_of, get_keras, keras_flavour
+from tfdist.core.flavour import KerasFlavour, flavour_of, get_keras, keras_flavour  # noqa: F401 - get_keras: the examples
 
-__all__ = ["abstract_build", "bind_unbuilt_optimizer", "call_losses", "weight_losses"]
+__all__ = ["abstract_build", "bind_unbuilt_optimizer", "call_losses", "functional_class",
+           "metrics_scope", "weight_losses"]
 
 
 def bind_unbuilt_optimizer(optimizer: Any, strategy: Any) -> bool:
@@ -88,17 +89,21 @@ def call_losses(model: Any) -> list[Any]:
 
 @contextlib.contextmanager
 def abstract_build(flavour: KerasFlavour | None = None) -> Iterator[None]:
-    """A context where building a Keras model allocates no variable memory.
+    """A context where building a Keras model allocates no memory for its weights.
 
-    Layers get their shapes and configs, and outputs their symbolic shapes, but no weights: Keras
-    3 defers initialisation (``StatelessScope(initialize_variables=False)``; the deferred
-    variables are dropped afterwards), tf-keras builds in a throwaway ``tf.Graph``. The pipeline
-    describes a whole model this way and then builds one stage for real.
+    Layers get their shapes and configs, and outputs their symbolic shapes, but no weights.
+    Keras 3: every variable made from an initializer (all layer weights, metric and seed
+    states) is left uninitialised, as ``StatelessScope(initialize_variables=False)`` leaves it,
+    and dropped afterwards; unlike that scope, a variable made from a value (an optimizer's
+    iteration count and learning rate, made when a model compiles itself in its constructor)
+    is allowed, and made (a few scalars). tf-keras builds in a throwaway ``tf.Graph``. The
+    pipeline describes a whole model this way and then builds one stage for real.
 
     Example:
         >>> keras = get_keras()
         >>> with abstract_build():
         ...     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        ...     model.compile(optimizer=keras.optimizers.Adam(), loss="mse")
         >>> model.count_params()
         8
     """
@@ -108,13 +113,50 @@ def abstract_build(flavour: KerasFlavour | None = None) -> Iterator[None]:
         with tf.Graph().as_default():
             yield
         return
-    keras = get_keras("keras3")
     from keras.src.backend.common import global_state
+    from keras.src.backend.common.variables import register_uninitialized_variable
+    from keras.src.backend.tensorflow.core import Variable
+
+    def deferred(variable: Any, initializer: Any) -> None:
+        variable._value = None
+        variable._initializer = initializer
+        register_uninitialized_variable(variable)
 
     key = "uninitialized_variables"
     before = list(global_state.get_global_attribute(key, []) or [])
+    real = Variable._initialize_with_initializer
+    Variable._initialize_with_initializer = deferred
     try:
-        with keras.StatelessScope(initialize_variables=False):
-            yield
+        yield
     finally:
+        Variable._initialize_with_initializer = real
         global_state.set_global_attribute(key, before)
+
+
+def metrics_scope(model: Any) -> Any:
+    """Where a stage model makes the metrics it holds: tf-keras compiles a functional model
+    inside the strategy it was built in and refuses variables made elsewhere, so there; Keras 3
+    needs no scope.
+
+    Example:
+        >>> keras = get_keras()
+        >>> with metrics_scope(keras.Sequential([keras.Input((1,))])):
+        ...     pass
+    """
+    if flavour_of(model) == "tf_keras":
+        return model.distribute_strategy.scope()
+    return contextlib.nullcontext()
+
+
+def functional_class(flavour: KerasFlavour) -> type:
+    """The functional model class of ``flavour`` (stage models subclass it).
+
+    Example:
+        >>> functional_class(keras_flavour()).__name__
+        'Functional'
+    """
+    if flavour == "tf_keras":
+        from tf_keras.src.engine.functional import Functional
+    else:
+        from keras.src.models.functional import Functional
+    return Functional

@@ -125,7 +125,7 @@ def apply_step(model: Any, engine: PipelineEngine, optimizer: Any, x: Any, y: An
     variables = list(model.trainable_variables)
     total, grads, outs = engine.train(model.stage_calls(training=True), model.stage_variables(),
                                       x, y, loss, sample_weight, model.stage_loss_terms())
-    optimizers.apply_gradients(optimizer, engine, grads, variables)
+    optimizers.apply_gradients(optimizer, engine, grads, variables, combine=model.sum_tied)
     return total, outs
 
 
@@ -153,14 +153,15 @@ def _resolve_metrics(keras: Any, metrics: Any, weighted_metrics: Any,
 
 
 class _StageModelMixin:
-    """The pipeline's ``train_step``/``test_step``/``predict_step``; mixed into a Sequential."""
+    """The pipeline's ``train_step``/``test_step``/``predict_step``; mixed into a functional
+    model whose inputs are a list (the tensors the cut before the stage carries)."""
 
     _engine: PipelineEngine
     _pipeline: Any  # tfdist.strategies.pipeline.PipelineStrategy
 
     def stage_calls(self, training: bool) -> Any:
-        """What the engine runs on a micro-batch: this model."""
-        return lambda a: self(a, training=training)  # type: ignore[operator]
+        """What the engine runs on a micro-batch: this model, on the list of its inputs."""
+        return lambda a: self(list(a), training=training)  # type: ignore[operator]
 
     def stage_variables(self) -> Any:
         """The variables the engine differentiates, in ``trainable_variables`` order."""
@@ -170,7 +171,14 @@ class _StageModelMixin:
         """This stage's regularization losses, for the engine."""
         return loss_terms(self)
 
-    def _init_pipeline(self, engine: PipelineEngine, strategy: Any) -> None:
+    def sum_tied(self, grads: list[Any]) -> list[Any]:
+        """``grads`` with the gradients of weights tied across stages summed over the stages
+        that hold them (`tfdist.pipeline.tied`)."""
+        tied = getattr(self, "_pipeline_tied", None)
+        return grads if tied is None else tied(grads)
+
+    def _init_pipeline(self, engine: PipelineEngine, strategy: Any, tied: Any = None) -> None:
+        self._pipeline_tied = tied
         self._engine = engine
         self._pipeline = strategy
         self._pipeline_loss = None
@@ -190,10 +198,11 @@ class _StageModelMixin:
                 expected="compile(optimizer, loss=..., metrics=[...])",
                 fix="pass the loss you would give the whole model"))
         self._pipeline_loss = mean_loss(keras.losses.get(loss))
-        real = _resolve_metrics(keras, metrics, weighted_metrics, loss)
-        self._pipeline_real_metrics = real if self._engine.layout.is_last else []
-        self._pipeline_tracker = keras.metrics.Mean(name="loss")
-        self._pipeline_mirrors = [keras.metrics.Mean(name=m.name) for m, _ in real]
+        with keras_compat.metrics_scope(self):
+            real = _resolve_metrics(keras, metrics, weighted_metrics, loss)
+            self._pipeline_real_metrics = real if self._engine.layout.is_last else []
+            self._pipeline_tracker = keras.metrics.Mean(name="loss")
+            self._pipeline_mirrors = [keras.metrics.Mean(name=m.name) for m, _ in real]
         super().compile(optimizer=optimizer, **kwargs)  # type: ignore[misc]
         self._adopt_optimizer()
 
@@ -202,6 +211,17 @@ class _StageModelMixin:
         stage's variables are plain, so where the optimizer was made does not matter."""
         keras_compat.bind_unbuilt_optimizer(self.optimizer, self._pipeline)  # type: ignore[attr-defined]
         self._pipeline.check_optimizer(self.optimizer)  # type: ignore[attr-defined]
+
+    def get_weights(self) -> list[Any]:
+        """The stage's layers' weights (a tf-keras functional model would add its metrics')."""
+        return [w for layer in self.layers for w in layer.get_weights()]  # type: ignore[attr-defined]
+
+    def set_weights(self, weights: Any) -> None:
+        weights = list(weights)
+        for layer in self.layers:  # type: ignore[attr-defined]
+            count = len(layer.weights)
+            layer.set_weights(weights[:count])
+            weights = weights[count:]
 
     @property
     def metrics(self) -> list[Any]:
@@ -219,10 +239,13 @@ class _StageModelMixin:
         """Refuses, before any step, batches that do not cut into replicas x micro-batches."""
         if isinstance(x, tf.data.Dataset):
             spec = x.element_spec[0] if isinstance(x.element_spec, tuple) else x.element_spec
+            spec = tf.nest.flatten(spec)[0]
             rows = spec.shape[0] if hasattr(spec, "shape") and spec.shape.rank else None
             if rows is not None:
                 self._pipeline.check_rows(rows)
             return
+        if isinstance(x, (list, tuple, dict)):  # a model of several inputs
+            x = tf.nest.flatten(x)[0]
         rows = len(x) if hasattr(x, "__len__") else None
         if rows is None:
             return
@@ -309,11 +332,13 @@ class _StageModelMixin:
         engine = self._engine
         outs, _ = engine.forward(self.stage_calls(training=False), x, PREDICT)
         spec = self._pipeline.spec
+        out = spec.outputs[0]
         if engine.layout.is_last:
-            return engine.share(tf.concat(outs, axis=0), None, spec.dtypes[-1], 1, PREDICT)
-        shape = tf.stack([tf.shape(x)[0], *[int(d) for d in spec.shapes[-1]]])
+            return engine.share(tf.concat(outs, axis=0), None, spec.dtypes[out], 1, PREDICT)
+        rows = tf.shape(tf.nest.flatten(x)[0])[0]
+        shape = tf.stack([rows, *[int(d) for d in spec.shapes[out]]])
         with tf.control_dependencies(outs):  # this stage's sends
-            return engine.share(None, shape, spec.dtypes[-1], 1, PREDICT)
+            return engine.share(None, shape, spec.dtypes[out], 1, PREDICT)
 
     # ------------------------------------------------------------ saving
     def whole_model(self) -> Any | None:
@@ -379,12 +404,13 @@ class _LocalStagesMixin(_StageModelMixin):
     def call(self, inputs: Any, training: Any = None) -> Any:
         for stage, device in zip(self.pipeline_stages, self.pipeline_devices, strict=True):
             with tf.device(device):
-                inputs = stage(inputs, training=training)
+                inputs = stage(tf.nest.flatten(inputs), training=training)
         return inputs
 
     def stage_calls(self, training: bool) -> Any:
         """One call per stage."""
-        return [functools.partial(stage, training=training) for stage in self.pipeline_stages]
+        return [functools.partial(lambda s, a: s(list(a), training=training), stage)
+                for stage in self.pipeline_stages]
 
     def stage_variables(self) -> Any:
         """Each stage's trainable variables (in stage order they are ``trainable_variables``)."""
@@ -397,9 +423,11 @@ class _LocalStagesMixin(_StageModelMixin):
 
 @functools.cache
 def stage_model_class(flavour: str) -> type:
-    """The stage model class for Keras ``flavour``: ``_StageModelMixin`` over its Sequential."""
-    keras = get_keras(flavour)  # type: ignore[arg-type]
-    return type("PipelineStageModel", (_StageModelMixin, keras.Sequential), {})
+    """The stage model class for Keras ``flavour``: ``_StageModelMixin`` over its functional
+    model class (a stage is a functional sub-graph of the model, `tfdist.pipeline.stage`)."""
+    return type("PipelineStageModel",
+                (_StageModelMixin, keras_compat.functional_class(flavour)),  # type: ignore[arg-type]
+                {})
 
 
 def local_stages_model(flavour: str, stages: list[Any], devices: tuple[str, ...],

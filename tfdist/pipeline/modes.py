@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import tensorflow as tf
 
 from tfdist.core.flavour import get_keras
-from tfdist.pipeline import local, stage
+from tfdist.pipeline import local, stage, tied
 from tfdist.pipeline.config import PipelineConfig
 from tfdist.pipeline.engine import StageEngine
 from tfdist.pipeline.keras_model import local_stages_model, stage_model_class
@@ -57,6 +57,11 @@ class PipelineMode(Protocol):
         `PipelineStrategy` the model reports to."""
         ...
 
+    def sync_tied(self, model: Any) -> None:
+        """Gives every stage holding a weight tied across stages the first holder's values (a
+        collective of the holders)."""
+        ...
+
 
 def whole_model_scope(spec: stage.ModelSpec) -> Any:
     """Keras 3: the whole model's name scope, so that a stage's variables have the paths (and
@@ -69,11 +74,11 @@ def whole_model_scope(spec: stage.ModelSpec) -> Any:
 
 def stage_engine(config: PipelineConfig, spec: stage.ModelSpec, bounds: tuple[int, ...],
                  layout: PipelineLayout) -> StageEngine:
-    """The engine of ``layout.stage`` (its boundary shapes from the split model)."""
-    start, stop = bounds[layout.stage], bounds[layout.stage + 1]
+    """The engine of ``layout.stage`` (the tensors its cuts carry, from the split model)."""
+    cuts, k = spec.cuts(bounds), layout.stage
     return StageEngine(
-        layout=layout, input_shape=spec.shapes[start], input_dtype=spec.dtypes[start],
-        output_shape=spec.shapes[stop], output_dtype=spec.dtypes[stop],
+        layout=layout, inputs=spec.boundary(cuts[k - 1]) if k > 0 else (),
+        outputs=spec.boundary(cuts[k]) if k < len(cuts) else (),
         micro_batches=config.micro_batches, schedule=config.schedule,
         timeout=config.timeout or 0.0, recompute=config.recompute)
 
@@ -97,8 +102,15 @@ class StagePerProcess:
             model = stage.build_stage(spec, bounds, self.layout.stage,
                                       cls=stage_model_class(spec.flavour))
         engine = stage_engine(self.config, spec, bounds, self.layout)
-        model._init_pipeline(engine, strategy)  # noqa: SLF001
+        tied_weights = tied.tied_for_stage(spec, bounds, self.layout, model,
+                                           self.config.timeout or 0.0)
+        model._init_pipeline(engine, strategy, tied_weights if tied_weights.entries else None)  # noqa: SLF001
         return model
+
+    def sync_tied(self, model: Any) -> None:
+        """Gives every holder of a tied weight its first holder's values."""
+        if model._pipeline_tied is not None:  # noqa: SLF001
+            model._pipeline_tied.sync(model.trainable_variables)  # noqa: SLF001
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,8 +136,15 @@ class StagesOnDevices:
         count = self.layout.stages
         engines = tuple(stage_engine(self.config, spec, bounds, PipelineLayout(count, count, k))
                         for k in range(count))
-        model._init_pipeline(local.LocalPipeline(engines, self.devices), strategy)  # noqa: SLF001
+        summed, sync = tied.tied_for_local(spec, bounds, stages)
+        model._init_pipeline(local.LocalPipeline(engines, self.devices), strategy,  # noqa: SLF001
+                             summed)
+        model._pipeline_sync_tied = sync  # noqa: SLF001
         return model
+
+    def sync_tied(self, model: Any) -> None:
+        """Gives every holder of a tied weight its first holder's values."""
+        model._pipeline_sync_tied()  # noqa: SLF001
 
 
 def choose_mode(config: PipelineConfig, processes: int, rank: int) -> PipelineMode:

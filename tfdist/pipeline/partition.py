@@ -29,7 +29,8 @@ __all__ = [
     "check_layer_costs",
     "read_layer_costs",
     "stage_costs",
-    "check_edges",
+    "crossing",
+    "cut_bytes",
     "check_layer_classes",
     "check_added_losses",
     "UNSUPPORTED_LAYERS",
@@ -139,32 +140,41 @@ def bounds_from_split_points(
     return (0, *starts, len(names))
 
 
-def balanced_bounds(costs: Sequence[float], stages: int) -> tuple[int, ...]:
+def balanced_bounds(costs: Sequence[float], stages: int,
+                    cut_costs: Sequence[float] | None = None) -> tuple[int, ...]:
     """The contiguous partition of ``costs`` into ``stages`` parts whose largest part is least.
 
-    ``costs`` are per-layer (parameter counts, or measured seconds). Exact (dynamic
-    programming, O(K n^2)); ties favour earlier split points.
+    ``costs`` are per-layer (parameter counts, or measured seconds). Among partitions whose
+    largest part is least, the one whose cuts carry the least (``cut_costs[i]``: what a cut
+    before layer ``i`` carries, e.g. bytes per row; see `cut_bytes`). Exact (dynamic
+    programming, O(K n^2)); remaining ties favour earlier split points.
 
     Example:
         >>> balanced_bounds([4, 1, 1, 1, 1], stages=2)
         (0, 1, 5)
         >>> balanced_bounds([1, 2, 3, 4, 5, 6], stages=3)
         (0, 3, 5, 6)
+        >>> balanced_bounds([2, 0, 0, 2], stages=2, cut_costs=[0, 9, 1, 9])
+        (0, 2, 4)
     """
     n = len(costs)
     check_stages(stages, n)
+    carried = [float(c) for c in cut_costs] if cut_costs is not None else [0.0] * n
     prefix = [0.0]
     for cost in costs:
         prefix.append(prefix[-1] + float(cost))
-    inf = float("inf")
-    # best[k][j]: least max-stage cost of layers[:j] in k stages; cut[k][j]: start of stage k-1.
+    inf = (float("inf"), float("inf"))
+    # best[k][j]: least (max-stage cost, cut cost) of layers[:j] in k stages; cut[k][j]: start
+    # of stage k-1.
     best = [[inf] * (n + 1) for _ in range(stages + 1)]
     cut = [[0] * (n + 1) for _ in range(stages + 1)]
-    best[0][0] = 0.0
+    best[0][0] = (0.0, 0.0)
     for k in range(1, stages + 1):
         for j in range(k, n - (stages - k) + 1):
             for i in range(k - 1, j):
-                value = max(best[k - 1][i], prefix[j] - prefix[i])
+                before = best[k - 1][i]
+                value = (max(before[0], prefix[j] - prefix[i]),
+                         before[1] + (carried[i] if i else 0.0))
                 if value < best[k][j]:
                     best[k][j], cut[k][j] = value, i
     bounds = [n]
@@ -224,38 +234,52 @@ def stage_costs(costs: Sequence[float], bounds: Sequence[int]) -> list[float]:
     return [float(sum(costs[a:b])) for a, b in itertools.pairwise(bounds)]
 
 
-def _stage_of(bounds: Sequence[int], layer: int) -> int:
-    return next(k for k in range(len(bounds) - 1) if bounds[k] <= layer < bounds[k + 1])
+def crossing(node_inputs: Sequence[Sequence[int]], node_outputs: Sequence[Sequence[int]],
+             model_inputs: Sequence[int], model_outputs: Sequence[int],
+             bounds: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """The tensors alive across each cut: ``result[c]`` lists (by id) what stage ``c`` hands to
+    stage ``c + 1``.
 
-
-def check_edges(
-    edges: Sequence[tuple[int, int]], bounds: Sequence[int], names: Sequence[str]
-) -> None:
-    """Raises if a layer's output feeds a layer other than the next one in order.
-
-    Stages exchange one tensor with their neighbours, so the model must be a chain of layers:
-    each layer's input is the previous layer's output. ``edges`` are ``(producer, consumer)``
-    layer indices (-1: the model input).
+    Node ``i`` reads tensors ``node_inputs[i]`` and makes ``node_outputs[i]``; stage ``k`` holds
+    nodes ``bounds[k]:bounds[k+1]``. A tensor crosses cut ``c`` when it exists before it (a model
+    input, or made by a node of stages ``0..c``) and is needed after it (read by a node of stages
+    ``c+1..``, or a model output). A tensor needed two stages later crosses both cuts: the stage
+    between passes it on.
 
     Example:
-        >>> check_edges([(-1, 0), (0, 1), (1, 2)], (0, 1, 3), ["a", "b", "c"])
+        >>> # x -> a -> b -> add(x, b): x (tensor 0) is alive across the cut after node 0.
+        >>> crossing([(0,), (1,), (0, 2)], [(1,), (2,), (3,)], [0], [3], (0, 1, 3))
+        ((0, 1),)
     """
-    for producer, consumer in edges:
-        if consumer == producer + 1:
-            continue
-        src = "the model input" if producer < 0 else f"layer {names[producer]!r}"
-        a = 0 if producer < 0 else _stage_of(bounds, producer)
-        b = _stage_of(bounds, consumer)
-        where = (f"in stage {a}" if a == b else
-                 f"from stage {a} to stage {b}, not a neighbour" if abs(b - a) > 1 else
-                 f"from stage {a} to stage {b}")
-        raise StrategyConfigError(format_error(
-            f"The output of {src} is used by layer {names[consumer]!r} ({where}): the pipeline "
-            "supports a chain of layers only (no skip connections or branches).",
-            received=f"edge {src} -> {names[consumer]!r}",
-            expected="each layer taking the previous layer's output only",
-            fix="wrap the branching block in one layer (a custom Layer or a nested Model) so "
-            "that it sits inside one stage"))
+    made = {t: -1 for t in model_inputs}
+    for i, outputs in enumerate(node_outputs):
+        made.update({t: i for t in outputs})
+    last_use = dict.fromkeys(made, -1)
+    for i, inputs in enumerate(node_inputs):
+        for t in inputs:
+            last_use[t] = max(last_use[t], i)
+    end = len(node_inputs)
+    for t in model_outputs:
+        last_use[t] = end
+    cuts = []
+    for cut in bounds[1:-1]:
+        cuts.append(tuple(sorted(t for t, at in made.items() if at < cut <= last_use[t])))
+    return tuple(cuts)
+
+
+def cut_bytes(node_inputs: Sequence[Sequence[int]], node_outputs: Sequence[Sequence[int]],
+              model_inputs: Sequence[int], model_outputs: Sequence[int],
+              tensor_bytes: Sequence[int]) -> list[int]:
+    """``result[i]``: the bytes per row a cut before node ``i`` carries (``i`` in ``1..n-1``;
+    ``result[0]`` is 0).
+
+    Example:
+        >>> cut_bytes([(0,), (1,), (0, 2)], [(1,), (2,), (3,)], [0], [3], [4, 8, 8, 4])
+        [0, 12, 12]
+    """
+    n = len(node_inputs)
+    alive = crossing(node_inputs, node_outputs, model_inputs, model_outputs, range(n + 1))
+    return [0, *[sum(tensor_bytes[t] for t in tensors) for tensors in alive[:n - 1]]]
 
 
 def check_layer_classes(classes: Sequence[str], names: Sequence[str], micro_batches: int) -> None:

@@ -9,7 +9,8 @@ makes the instance keys, unique within a group:
 
 ``phase << 27 | kind << 24 | micro_batch << 12 | index``, ``kind`` one of `ACTIVATION`,
 `GRADIENT`, `WEIGHTS`, `REDUCE`, `SHARE`, `METRICS`; ``index`` numbers the tensors of one
-transfer (the variables of a weight transfer or an all-reduce); ``phase`` separates training,
+transfer (the tensors a cut carries, `BoundaryTensor`; the variables of a weight transfer or an
+all-reduce); ``phase`` separates training,
 evaluation, prediction and custom-loop steps (`TRAIN`, `EVALUATE`, `PREDICT`, `CUSTOM`), whose
 tensors differ in shape: TensorFlow refuses one instance key used with two shapes.
 
@@ -45,12 +46,18 @@ __all__ = [
     "REDUCE",
     "instance_key",
     "Link",
+    "BoundaryTensor",
+    "send_boundary",
+    "recv_boundary",
     "group_broadcast",
     "all_reduce_mean",
     "enable_collectives",
 ]
 
 ACTIVATION, GRADIENT, WEIGHTS, REDUCE, SHARE, METRICS = 1, 2, 3, 4, 5, 6
+TIED = 0
+"""The kind of the sums (and initial copies) of weights tied across stages
+(`tfdist.pipeline.tied`), on the pair group of their two holders."""
 TRAIN, EVALUATE, PREDICT, CUSTOM = 0, 1, 2, 3
 EXIT = 7
 
@@ -95,6 +102,65 @@ class Link:
                                timeout=self.timeout)
 
 
+@dataclasses.dataclass(frozen=True)
+class BoundaryTensor:
+    """One tensor alive across a cut between stages (`tfdist.pipeline.partition.crossing`).
+
+    A cut carries a tuple of them: tensor ``i`` travels as index ``i`` of each micro-batch's
+    ``ACTIVATION`` transfer, and, when it has a ``gradient``, its gradient comes back as index
+    ``i`` of the ``GRADIENT`` transfer.
+
+    Attributes:
+        shape: Its shape without the batch dimension.
+        dtype: Its dtype name.
+        gradient: Whether its gradient goes back: a floating tensor made by a layer (integer
+            tensors, masks and the model's inputs travel forward only).
+
+    Example:
+        >>> BoundaryTensor((4,), "int32", gradient=False).nbytes
+        16
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    gradient: bool
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes per row."""
+        size = tf.as_dtype(self.dtype).size
+        for d in self.shape:
+            size *= int(d)
+        return size
+
+
+def send_boundary(link: Any, tensors: Sequence[Any], boundary: Sequence[BoundaryTensor],
+                  kind: int, micro_batch: int = 0, phase: int = TRAIN) -> list[Any]:
+    """Sends a cut's tensors (``kind`` ACTIVATION: all; GRADIENT: those with a gradient, a
+    None one as zeros); returns the sends, to tie to the step's outputs."""
+    sends = []
+    for i, (tensor, spec) in enumerate(zip(tensors, boundary, strict=True)):
+        if kind == GRADIENT and not spec.gradient:
+            continue
+        sends.append(link.send(tensor, kind, micro_batch, index=i, phase=phase))
+    return sends
+
+
+def recv_boundary(link: Any, boundary: Sequence[BoundaryTensor], rows: Any, kind: int,
+                  micro_batch: int = 0, phase: int = TRAIN) -> list[Any]:
+    """Receives what `send_boundary` sends: ``kind`` ACTIVATION, every tensor of the cut;
+    GRADIENT, a gradient per tensor that has one, None for the others."""
+    received = []
+    for i, spec in enumerate(boundary):
+        if kind == GRADIENT and not spec.gradient:
+            received.append(None)
+            continue
+        shape = tf.stack([rows, *[int(d) for d in spec.shape]])
+        received.append(link.recv(shape, tf.as_dtype(spec.dtype), kind, micro_batch, index=i,
+                                  phase=phase))
+    return received
+
+
 def group_broadcast(value: Any | None, shape: Any, dtype: Any, *, group: ProcessGroup,
                     instance: int, timeout: float = 0.0) -> tf.Tensor:
     """``value`` from the one member that passes it to every member of ``group``.
@@ -123,6 +189,16 @@ def all_reduce_mean(tensors: Sequence[Any], *, group: ProcessGroup, kind: int = 
             timeout=timeout) / group.size
         for i, t in enumerate(tensors)
     ]
+
+
+def all_reduce_sum(tensor: Any, *, group: ProcessGroup, instance: int,
+                   timeout: float = 0.0) -> Any:
+    """The element-wise sum of ``tensor`` over the members of ``group``."""
+    if group.size == 1:
+        return tensor
+    return collective_ops.all_reduce_v2(
+        tensor, group_size=group.size, group_key=group.key, instance_key=instance,
+        merge_op="Add", final_op="Id", timeout=timeout)
 
 
 def exit_barrier(world: ProcessGroup, timeout: float = 60.0) -> bool:

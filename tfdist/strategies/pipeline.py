@@ -105,6 +105,12 @@ def _warn_if_one_inter_op_thread() -> None:
             "or more (tf.config.threading.set_inter_op_parallelism_threads(2)).")
 
 
+def _stage_model(model: Any, k: int) -> Any:
+    """Stage ``k``'s model: ``model`` itself, or its ``k``-th when it holds every stage."""
+    stages = getattr(model, "pipeline_stages", None)
+    return model if stages is None else stages[k]
+
+
 class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
     """Pipeline (and data x pipeline) parallelism over the workers of TF_CONFIG.
 
@@ -292,10 +298,14 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
                                self.layout.group(PIPE), self.timeout)
         held = self.layout.held
         if hasattr(model_or_fn, "layers"):
-            model.set_weights([w for k in held
-                               for w in stage.stage_weights(model_or_fn, spec, bounds, k)])
-        elif self.layout.replicas > 1:
-            self._broadcast_from_first_replica(model)
+            for k in held:
+                stage.set_layer_weights(_stage_model(model, k), spec,
+                                        stage.stage_layers(spec, bounds, k),
+                                        stage.stage_weights(model_or_fn, spec, bounds, k))
+        else:
+            self.mode.sync_tied(model)
+            if self.layout.replicas > 1:
+                self._broadcast_from_first_replica(model)
         size = stage.weights_nbytes(model.weights)
         _log.info("pipeline %s: layers %s..%s, %.2f MB of %.2f MB parameters (%.0f%%)",
                   self.describe(), spec.names[bounds[held.start]],
@@ -358,12 +368,13 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
                 "No model yet.", received="stage_report() before build_model()",
                 expected="build_model() first", fix="call strategy.build_model(...)"))
         held = self.layout.held
-        start, stop = self.bounds[held.start], self.bounds[held.stop]
+        layers = [lid for k in held for lid in stage.stage_layers(self.spec, self.bounds, k)]
+        layers = list(dict.fromkeys(layers))
         return {
             "stage": held.start, "stages": self.stages, "replica": self.layout.replica,
             "devices": list(self.devices),
-            "layers": list(self.spec.names[start:stop]),
-            "param_bytes": int(sum(self.spec.param_bytes[start:stop])),
+            "layers": [self.spec.layers[lid].name for lid in layers],
+            "param_bytes": int(sum(self.spec.param_bytes[lid] for lid in layers)),
             "model_param_bytes": self.spec.total_param_bytes,
             "largest_layer_bytes": max(self.spec.param_bytes),
             "bounds": list(self.bounds),
@@ -387,6 +398,7 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
     def check_batch(self, x: Any) -> None:
         """`check_rows` for a batch tensor: at trace time if its row count is static, else a
         runtime assertion."""
+        x = tf.nest.flatten(x)[0]
         rows = x.shape[0]
         if rows is not None:
             self.check_rows(rows)
@@ -416,20 +428,23 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         layout = self.layout
         if layout.replica != 0:
             return None
-        own = [np.asarray(w) for w in model.get_weights()]
+        assert self.spec is not None and self.bounds is not None
+        spec, bounds = self.spec, self.bounds
         if layout.holds_all:
-            return own
+            return [np.asarray(w) for k in range(layout.stages) for w in stage.layer_weights(
+                _stage_model(model, k), spec, stage.owned_layers(spec, bounds, k))]
+        own = [np.asarray(w) for w in stage.layer_weights(
+            model, spec, stage.owned_layers(spec, bounds, layout.stage))]
         if layout.stage != 0:
             link = transport.Link(layout.pair(layout.rank_of(0, 0)), self.timeout)
             for i, w in enumerate(own):
                 link.send(tf.constant(w), transport.WEIGHTS, 0, i)
             return None
-        assert self.spec is not None and self.bounds is not None
         weights = own
         for k in range(1, layout.stages):
             link = transport.Link(layout.pair(layout.rank_of(0, k)), self.timeout)
-            start, stop = self.bounds[k], self.bounds[k + 1]
-            shapes = [w for layer in self.spec.weights[start:stop] for w in layer]
+            shapes = [w for lid in stage.owned_layers(spec, bounds, k)
+                      for w in spec.layers[lid].weights]
             for i, (shape, dtype) in enumerate(shapes):
                 weights.append(link.recv(shape, tf.as_dtype(dtype), transport.WEIGHTS, 0,
                                          i).numpy())

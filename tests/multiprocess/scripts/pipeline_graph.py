@@ -1,0 +1,111 @@
+"""One process of a pipeline job on a functional graph (`graph_models`), or, without TF_CONFIG,
+all stages in this process on logical CPUs: trains with ``model.fit`` and reports the gathered
+weights, the logged loss, and the same model trained in one process.
+
+Args: cases ``model:stages:micro_batches:schedule[:sabotage]`` (3 steps each), reported as
+one JSON object by case. ``sabotage`` zeroes the gradient of tensor 1 of each cut on its way
+back (in the residual model, split inside a block, the block's input: the skip): the parity
+check must then fail.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import tensorflow as tf
+
+if not os.environ.get("TF_CONFIG"):
+    tf.config.set_logical_device_configuration(
+        tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 3)
+
+import numpy as np  # noqa: E402
+from graph_models import GLOBAL, MODELS, compile_args, keras, layer_weights  # noqa: E402
+
+import tfdist  # noqa: E402
+from tfdist.core import flavour  # noqa: E402
+from tfdist.pipeline import local, transport  # noqa: E402
+from tfdist.testing import report  # noqa: E402
+
+
+def sabotage_first_gradient(link_class):
+    """The gradient a stage sends back as index 1 of a cut becomes zeros."""
+    send = link_class.send
+
+    def zero(self, tensor, kind, micro_batch=0, index=0, phase=transport.TRAIN):
+        if kind == transport.GRADIENT and index == 1:
+            tensor = tf.zeros_like(tensor)
+        return send(self, tensor, kind, micro_batch, index, phase)
+
+    link_class.send = zero
+
+
+def fitted(model, x, y, loss, optimizer):
+    model.compile(**compile_args(loss, optimizer))
+    history = model.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False, verbose=0)
+    return history.history["loss"]
+
+
+def run_case(case, steps=3):
+    """Trains case ``model:stages:micro_batches:schedule[:sabotage]``; returns its report."""
+    name, stages, micro, schedule, *flags = case.split(":")
+    build, data, loss, optimizer = MODELS[name]
+    strategy = tfdist.get_strategy("pipeline", stages=int(stages), micro_batches=int(micro),
+                                   schedule=schedule)
+    keras.utils.set_random_seed(1)
+    whole = build()
+    initial = [w.copy() for w in layer_weights(whole)]
+    model = strategy.build_model(whole)
+    link_class = local.LocalLink if strategy.devices else transport.Link
+    real_send = link_class.send
+    if "sabotage" in flags:
+        sabotage_first_gradient(link_class)
+    x, y = data(steps)
+    history = fitted(model, x, y, loss, optimizer)
+    link_class.send = real_send
+    trained = strategy.gather_weights(model)
+    result = {"loss": history, "stage": strategy.stage_report(),
+              "cuts": [list(c) for c in strategy.spec.cuts(strategy.bounds)],
+              "flavour": flavour.flavour_of(model)}
+    if strategy.is_chief:
+        keras.utils.set_random_seed(1)
+        reference = build()
+        ref_loss = fitted(reference, x, y, loss, optimizer)
+        result.update(
+            trained=[np.asarray(w).tolist() for w in trained],
+            initial=[w.tolist() for w in initial],
+            reference=[w.tolist() for w in layer_weights(reference)], reference_loss=ref_loss)
+    return result
+
+
+def split_only(name):
+    """keras.applications ``name`` (32x32 inputs, no weights) described, split in two at the
+    balanced cut and both stages built: what the cut carries and what each stage holds."""
+    from tfdist.pipeline import stage
+
+    def build():
+        return getattr(keras.applications, name)(input_shape=(32, 32, 3), weights=None,
+                                                 classes=5)
+
+    spec, bounds = stage.split_model(build, stages=2)
+    parts = [stage.build_stage(spec, bounds, k) for k in range(2)]
+    out = parts[1](parts[0]([np.zeros((2, 32, 32, 3), "float32")]))
+    try:
+        stage.split_model(build, stages=2, micro_batches=4)
+        refused = None
+    except tfdist.StrategyConfigError as err:
+        refused = str(err)
+    return {"nodes": len(spec.nodes), "bounds": list(bounds),
+            "cut_shapes": [[list(spec.shapes[t]) for t in cut] for cut in spec.cuts(bounds)],
+            "stage_bytes": [stage.weights_nbytes(p.weights) for p in parts],
+            "model_bytes": spec.total_param_bytes, "output_shape": list(out.shape),
+            "refused_m4": refused}
+
+
+def main(cases):
+    report({case: split_only(case.split(":")[0]) if case.endswith(":split") else run_case(case)
+            for case in cases})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

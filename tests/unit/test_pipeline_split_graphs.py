@@ -1,0 +1,169 @@
+"""Functional graphs split into stages, in one process: nested models flattened, several inputs,
+layers shared across stages, models that build state in their constructor, custom layers that
+are not registered, and keras.applications models (split and built)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tfdist.core import flavour
+from tfdist.errors import StrategyConfigError
+from tfdist.pipeline import graph, stage, tied
+
+pytestmark = pytest.mark.unit
+
+keras = flavour.get_keras()
+
+
+def run_stages(spec, bounds, whole, x):
+    """The stages built from ``spec`` with ``whole``'s weights, run one after the other."""
+    values = x
+    for k in range(len(bounds) - 1):
+        part = stage.build_stage(spec, bounds, k)
+        stage.set_layer_weights(part, spec, stage.stage_layers(spec, bounds, k),
+                                stage.stage_weights(whole, spec, bounds, k))
+        values = part(list(values))
+        values = values if isinstance(values, list) else [values]
+    return values[0]
+
+
+def nested_blocks():
+    x = keras.Input((4,), name="x")
+    h = keras.layers.Dense(6, name="d0")(x)
+    for i in range(2):
+        inner = keras.Input((6,))
+        a = keras.layers.Dense(6, activation="tanh", name=f"b{i}_a")(inner)
+        block = keras.Model(inner, keras.layers.Add(name=f"b{i}_add")([inner, a]), name=f"b{i}")
+        h = block(h)
+    return keras.Model(x, keras.layers.Dense(1, name="out")(h), name="nested")
+
+
+def test_nested_functional_blocks_are_flattened_and_split_inside():
+    whole = nested_blocks()
+    spec, bounds = stage.split_model(whole, stages=3, split_points=["b0_add", "b1_a"])
+    assert spec.names == ("d0", "b0_a", "b0_add", "b1_a", "b1_add", "out")
+    # The first cut is inside block 0: it carries the block's input (its skip) and b0_a's output.
+    assert spec.cuts(bounds) == ((1, 2), (3,))
+    x = np.random.default_rng(0).normal(size=(3, 4)).astype("float32")
+    np.testing.assert_allclose(run_stages(spec, bounds, whole, [x]), whole(x), atol=1e-6)
+
+
+def test_a_model_with_two_inputs_is_split_and_its_integer_input_has_no_gradient():
+    ids = keras.Input((3,), dtype="int32", name="ids")
+    scale = keras.Input((1,), name="scale")
+    e = keras.layers.Flatten(name="flat")(keras.layers.Embedding(5, 2, name="emb")(ids))
+    h = keras.layers.Dense(4, name="d")(keras.layers.Concatenate(name="cat")([e, scale]))
+    out = keras.layers.Dense(1, name="out")(keras.layers.Multiply(name="mul")([h, scale]))
+    whole = keras.Model([ids, scale], out)
+    spec, bounds = stage.split_model(whole, stages=2, split_points=["flat"])
+    assert spec.input_names == ("ids", "scale") and spec.inputs == (0, 1)
+    (cut,) = spec.cuts(bounds)
+    assert [(b.dtype, b.gradient) for b in spec.boundary(cut)] == [
+        ("float32", False), ("float32", True)]  # scale (a model input), emb's output
+    x = [np.array([[1, 2, 3], [4, 0, 1]], "int32"), np.array([[0.5], [2.0]], "float32")]
+    np.testing.assert_allclose(run_stages(spec, bounds, whole, x), whole(x), atol=1e-6)
+
+
+def test_a_subclassed_model_is_refused_with_the_fix_for_it():
+    class Net(keras.Model):
+        def call(self, x):
+            return x
+
+    with pytest.raises(StrategyConfigError) as info:
+        stage.describe_model(Net())
+    message = str(info.value)
+    assert "built from keras.Input tensors" in message and "subclassed model" in message
+    assert "as the first layer" not in message.split("Fix:")[1].split(",")[-1]
+
+
+def test_a_layer_called_in_two_stages_is_held_by_both_and_owned_by_the_first():
+    x = keras.Input((3,))
+    shared = keras.layers.Dense(3, name="shared")
+    out = shared(keras.layers.Dense(3, name="mid")(shared(x)))
+    whole = keras.Model(x, out)
+    spec, bounds = stage.split_model(whole, stages=2, split_points=["mid"])
+    assert tied.shared_layers(spec, bounds) == {0: (0, 1)}
+    assert stage.stage_layers(spec, bounds, 1) == (1, 0)
+    assert stage.owned_layers(spec, bounds, 1) == (1,)
+    x = np.ones((2, 3), "float32")
+    np.testing.assert_allclose(run_stages(spec, bounds, whole, [x]), whole(x), atol=1e-6)
+
+
+def compiles_itself():
+    x = keras.Input((3,))
+    h = keras.layers.Dropout(0.1, seed=1, name="drop")(keras.layers.Dense(8, name="a")(x))
+    model = keras.Model(x, keras.layers.Dense(1, name="b")(h))
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+    if flavour.keras_flavour() == "keras3":
+        model.seed = keras.random.SeedGenerator(3)
+    return model
+
+
+def test_a_model_that_builds_state_in_its_constructor_is_described_without_weights():
+    spec, bounds = stage.split_model(compiles_itself, stages=2, split_points=["b"])
+    assert spec.names == ("a", "drop", "b") and spec.params == (32, 0, 9)
+    part = stage.build_stage(spec, bounds, 1)
+    assert [tuple(w.shape) for w in part.weights] == [(8, 1), (1,)]
+
+
+class Scale(keras.layers.Layer):
+    """Not registered as serializable."""
+
+    def __init__(self, factor=2.0, **kwargs):
+        super().__init__(**kwargs)
+        self.factor = factor
+
+    def call(self, x):
+        return x * self.factor
+
+    def get_config(self):
+        return {**super().get_config(), "factor": self.factor}
+
+
+class Factor:
+    """A plain object: no config can carry it."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+class Forgets(keras.layers.Layer):
+    """Its config cannot carry a constructor argument."""
+
+    def __init__(self, factor, **kwargs):
+        super().__init__(**kwargs)
+        self.factor = factor
+
+    def call(self, x):
+        return x * self.factor.value
+
+
+def with_layer(layer):
+    return keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, name="d"), layer,
+                             keras.layers.Dense(1, name="out")])
+
+
+def test_an_unregistered_custom_layer_is_rebuilt_from_its_live_class():
+    whole = with_layer(Scale(3.0, name="scale"))
+    spec, bounds = stage.split_model(whole, stages=2, split_points=["scale"])
+    x = np.ones((2, 2), "float32")
+    np.testing.assert_allclose(run_stages(spec, bounds, whole, [x]), whole(x), atol=1e-6)
+
+
+def test_a_custom_layer_its_config_cannot_rebuild_is_refused_up_front():
+    with pytest.raises(StrategyConfigError) as info:
+        stage.split_model(with_layer(Forgets(Factor(3.0), name="forgets")), stages=2)
+    message = str(info.value)
+    assert "Layer 'forgets' (Forgets) cannot be rebuilt from its config" in message
+    assert "keras.saving.register_keras_serializable" in message
+
+
+def test_graph_read_lists_calls_after_their_inputs():
+    whole = nested_blocks()
+    read = graph.read_graph(whole)
+    made = set(read.inputs)
+    for node in read.nodes:
+        assert set(node.inputs) <= made
+        made |= set(node.outputs)
+    assert set(read.outputs) <= made
