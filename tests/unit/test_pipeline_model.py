@@ -54,6 +54,32 @@ def test_describing_a_build_function_allocates_no_weights_and_a_stage_holds_its_
             if type(layer).__name__ != "InputLayer"] == ["d1", "out"]
 
 
+class _Shift(keras.layers.Layer):
+    """A user's layer without ``compute_output_shape``: Keras traces it symbolically."""
+
+    def build(self, input_shape):
+        self.shift = self.add_weight(shape=input_shape[-1:], initializer="ones")
+
+    def call(self, x):
+        return x + self.shift
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(flavour.keras_flavour() != "keras3", reason="Keras 3's deferred variables")
+def test_describing_a_users_layer_ends_and_allocates_no_weights():
+    # Keras traces a layer without compute_output_shape in a StatelessScope whose exit
+    # initialises every deferred variable; under abstract_build each re-registered itself in the
+    # list being walked, and the walk never ended (transformer_lm's position embedding hung).
+    from tfdist.pipeline.keras_compat import abstract_build
+
+    with abstract_build():
+        tokens = keras.Input((16,), dtype="int32")
+        x = keras.layers.Embedding(32, 8)(tokens)
+        model = keras.Model(tokens, _Shift()(x))
+    assert model.count_params() == 32 * 8 + 8
+    assert all(w._value is None for w in model.weights)
+
+
 def test_weights_split_and_reassemble_to_the_same_model():
     whole = chain()
     spec, bounds = stage.split_model(whole, stages=2)

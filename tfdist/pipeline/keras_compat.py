@@ -122,14 +122,19 @@ def abstract_build(flavour: KerasFlavour | None = None) -> Iterator[None]:
         variable._initializer = initializer
         register_uninitialized_variable(variable)
 
+    def stay_deferred(variable: Any) -> None:
+        """A layer's symbolic call (MultiHeadAttention's) ends in a ``StatelessScope`` whose exit
+        initialises every deferred variable: here they stay deferred (else each re-registers
+        itself in the list being walked, and that walk never ends)."""
+
     key = "uninitialized_variables"
     before = list(global_state.get_global_attribute(key, []) or [])
-    real = Variable._initialize_with_initializer
-    Variable._initialize_with_initializer = deferred
+    real = Variable._initialize_with_initializer, Variable._deferred_initialize
+    Variable._initialize_with_initializer, Variable._deferred_initialize = deferred, stay_deferred
     try:
         yield
     finally:
-        Variable._initialize_with_initializer = real
+        Variable._initialize_with_initializer, Variable._deferred_initialize = real
         global_state.set_global_attribute(key, before)
 
 
