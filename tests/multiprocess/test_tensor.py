@@ -3,15 +3,19 @@ trained with Adam by T=2 and T=4 shards, and by D=2 replicas x T=2 shards, ends 
 (and the logged loss, evaluate and predict) of one process training the whole model on the same
 global batches (T=4 with global-norm clipping computed across the shards); skipping the row-
 split layers' all-reduce breaks it; each process holds the bytes the plan predicts; the saved
-model loads whole in one process."""
+model loads whole in one process; a stuck shard fails its peers' step at the step deadline,
+and training keeps no thread per collective run."""
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import pytest
 from parity_checks import max_gap
 
 from tfdist.cluster import ClusterSpec
+from tfdist.errors import TaskFailedError
 
 pytestmark = pytest.mark.multiprocess
 
@@ -24,6 +28,9 @@ shifts every score of a query alike, and softmax ignores that), so what they get
 rounding noise (~1e-10), which Adam divides by its epsilon (1e-7) into updates of ~1e-5; they
 are held to this looser bound (measured on one process vs the reference alone: 2e-5)."""
 SABOTAGE_MIN_GAP = 1e-2
+MAX_THREADS = 300
+"""OS threads of a process after fit, evaluate and predict of 3 steps: measured 100-110 at T=2;
+with a 300 s timeout on each collective op (a sleeping timer thread per op run) it was ~700."""
 
 
 def run_tensor(cluster_runner, *, processes, shards, args, timeout=240):
@@ -56,6 +63,7 @@ def check_parity(results, processes):
     assert parity_gap(chief) <= PARITY_ATOL
     for rank in range(processes):
         result = results[f"worker:{rank}"]
+        assert result["threads"] < MAX_THREADS, result["threads"]
         np.testing.assert_allclose(result["loss"], chief["reference_loss"], atol=PARITY_ATOL)
         if "evaluate" in result:
             np.testing.assert_allclose(result["evaluate"], chief["reference_evaluate"],
@@ -115,3 +123,18 @@ def test_the_custom_loop_path_matches_one_process(cluster_runner):
 def test_skipping_the_row_all_reduce_breaks_parity(cluster_runner):
     results = run_tensor(cluster_runner, processes=2, shards=2, args=["3", "--sabotage"])
     assert parity_gap(results["worker:0"]) > SABOTAGE_MIN_GAP
+
+
+def test_a_stuck_shard_fails_its_peer_at_the_step_deadline(cluster_runner):
+    # worker:1 gets stuck in Python as its second batch starts (alive: TensorFlow's coordination
+    # service, which catches a dead or SIGSTOPped peer, still gets its heartbeats); worker:0
+    # waits in the step's collectives until the 10 s step deadline aborts them. Without the
+    # watchdog it waits for the job's timeout (TaskTimeoutError) instead.
+    started = time.monotonic()
+    with pytest.raises(TaskFailedError) as failed:
+        run_tensor(cluster_runner, processes=2, shards=2,
+                   args=["3", "--stall", "1", "--deadline", "10"], timeout=200)
+    assert failed.value.task == "worker:0"
+    tail = failed.value.output_tail
+    assert "ran past its deadline of 10 s waiting for its tensor group of 2" in tail, tail
+    assert time.monotonic() - started < 180

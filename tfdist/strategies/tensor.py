@@ -106,6 +106,8 @@ class TensorStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
             "startup_timeout_seconds", resolve_startup_timeout(startup_timeout_seconds))
         self.timeout = float(check_positive_number(
             "timeout_seconds", DEFAULT_TIMEOUT if timeout_seconds is None else timeout_seconds))
+        # a function's first batch traces and compiles it too: it may take the start-up deadline
+        self.first_step_timeout = max(self.timeout, float(deadline or 0.0))
         if tf_config is None and not os.environ.get("TF_CONFIG"):
             cluster, task, processes, rank = None, None, 1, 0
         else:
@@ -202,7 +204,8 @@ class TensorStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         tensor = self.tensor_group
         model = shards_of.build_shard(source, self.plan, tensor, self.timeout, TensorModel)
         model.attach(self.plan, tensor, self.data_group,
-                     shards_of.vocab_start(self.plan, tensor), self.timeout)
+                     shards_of.vocab_start(self.plan, tensor), self.timeout,
+                     first_timeout=self.first_step_timeout)
         if built:
             shards_of.set_layer_weights(
                 model, shards_of.shard_weights(model_or_fn, self.plan, tensor.rank))
@@ -257,8 +260,20 @@ class TensorStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
             return loss_fn(y, y_pred, sample_weight=sample_weight)
 
         @tf.function
-        def step(x: Any, y: Any, sample_weight: Any = None) -> Any:
+        def traced(x: Any, y: Any, sample_weight: Any = None) -> Any:
             return model.apply_step(x, y, sample_weight, compute_loss, optimizer)[0]
+
+        traced_once: list[bool] = []
+
+        def step(x: Any, y: Any, sample_weight: Any = None) -> Any:
+            if not tf.executing_eagerly():  # inside the caller's own tf.function
+                return traced(x, y, sample_weight)
+            model.step_watchdog.arm(first=not traced_once)  # `tfdist.tensor.watchdog`
+            try:
+                return traced(x, y, sample_weight)
+            finally:
+                model.step_watchdog.disarm()
+                traced_once.append(True)
 
         return step
 

@@ -10,8 +10,11 @@ backward is the other's forward:
 
 and `gather_last_axis` (all-gather of shards along the last axis, for predictions and saving).
 
-Every collective takes its group as a `tfdist.mesh.ProcessGroup` (the mesh hands it out) and
-waits at most ``timeout`` seconds. Instance keys are handed out at trace time by `next_key`, in
+Every collective takes its group as a `tfdist.mesh.ProcessGroup` (the mesh hands it out). Run
+eagerly (a broadcast at build, a gather at save) it waits at most ``timeout`` seconds; inside a
+traced step it has no timeout of its own, the step's deadline is `tfdist.tensor.watchdog`'s
+(TensorFlow's per-op timer is a thread sleeping for the whole timeout, one per op run).
+Instance keys are handed out at trace time by `next_key`, in
 the order the program traces its collectives: every process of a tensor group runs the same
 script and traces the same functions in the same order, so the n-th collective traced gets the
 same key everywhere, and a retrace (a new shape) gets new keys (TensorFlow refuses one instance
@@ -35,7 +38,7 @@ from tensorflow.python.ops import collective_ops
 
 from tfdist.mesh import ProcessGroup
 
-__all__ = ["DEFAULT_TIMEOUT", "next_key", "all_reduce_sum", "all_reduce_max",
+__all__ = ["DEFAULT_TIMEOUT", "next_key", "op_timeout", "all_reduce_sum", "all_reduce_max",
            "copy_to_group", "reduce_from_group", "gather_last_axis", "broadcast"]
 
 DEFAULT_TIMEOUT = 300.0
@@ -51,10 +54,21 @@ def next_key() -> int:
     return KEY_BASE + next(_counter)
 
 
+def op_timeout(timeout: float) -> float:
+    """``timeout`` for an op run eagerly; 0 (none) inside a traced step, whose deadline is the
+    step watchdog's (`tfdist.tensor.watchdog`).
+
+    Example:
+        >>> op_timeout(30.0), float(tf.function(lambda: tf.constant(op_timeout(30.0)))())
+        (30.0, 0.0)
+    """
+    return timeout if tf.executing_eagerly() else 0.0
+
+
 def _reduce(x: Any, group: ProcessGroup, op: str, timeout: float) -> tf.Tensor:
     return collective_ops.all_reduce_v2(
         x, group_size=group.size, group_key=group.key, instance_key=next_key(),
-        merge_op=op, final_op="Id", timeout=timeout)
+        merge_op=op, final_op="Id", timeout=op_timeout(timeout))
 
 
 def all_reduce_sum(x: Any, group: ProcessGroup, timeout: float = DEFAULT_TIMEOUT) -> Any:
@@ -111,7 +125,7 @@ def gather_axis(x: Any, axis: int, group: ProcessGroup,
     moved = tf.transpose(x, order) if axis else x
     gathered = collective_ops.all_gather_v2(
         moved, group_size=group.size, group_key=group.key, instance_key=next_key(),
-        timeout=timeout)
+        timeout=op_timeout(timeout))
     inverse = [order.index(i) for i in range(len(order))]
     return tf.transpose(gathered, inverse) if axis else gathered
 
@@ -125,7 +139,7 @@ def broadcast(value: Any, group: ProcessGroup, timeout: float = DEFAULT_TIMEOUT)
     if group.rank == 0:
         return collective_ops.broadcast_send_v2(
             value, group_size=group.size, group_key=group.key, instance_key=key,
-            timeout=timeout)
+            timeout=op_timeout(timeout))
     return collective_ops.broadcast_recv_v2(
         tf.shape(value), value.dtype, group_size=group.size, group_key=group.key,
-        instance_key=key, timeout=timeout)
+        instance_key=key, timeout=op_timeout(timeout))

@@ -33,6 +33,7 @@ from tfdist.tensor.clipping import clip_each, clip_global
 from tfdist.tensor.collectives import all_reduce_sum, gather_axis, gather_last_axis
 from tfdist.tensor.loss import VocabParallelCrossEntropy
 from tfdist.tensor.plan import TensorPlan
+from tfdist.tensor.watchdog import StepDeadline, StepWatchdog
 
 __all__ = ["TensorModel", "clipping_off", "split_loss"]
 
@@ -72,10 +73,13 @@ class TensorModel(keras.Model):
     """One shard of a tensor-parallel model (built by `TensorStrategy.build_model`)."""
 
     def attach(self, plan: TensorPlan, tensor: ProcessGroup, data: ProcessGroup, start: int,
-               timeout: float) -> None:
+               timeout: float, first_timeout: float | None = None) -> None:
         """Records the plan and groups (not part of the model's config)."""
         self.tensor_plan, self.tensor_group, self.data_group = plan, tensor, data
         self.vocab_start, self.tensor_timeout = start, timeout
+        replicas = f" and its {data.size} data replicas" if data.size > 1 else ""
+        self.step_watchdog = StepWatchdog(timeout, f"tensor group of {tensor.size}{replicas}",
+                                          first_seconds=first_timeout)
         self._home_strategy = tf.distribute.get_strategy()  # where the shard's variables live
         self._split_ids = {id(variable) for layer in plan.layers
                            for variable, weight in zip(self.get_layer(layer.name).weights,
@@ -98,6 +102,32 @@ class TensorModel(keras.Model):
         # compile inside strategy.scope() (as scripts for the other strategies do): the
         # optimizer's slots go where the shard's plain variables are.
         bind_unbuilt_optimizer(self.optimizer, self._home_strategy)
+
+    # ------------------------------------------------- the steps' deadline
+    def _with_deadline(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+                       position: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``(args, kwargs)`` with `StepDeadline` among the callbacks, which the caller passed
+        by keyword or at ``position``."""
+        positional = len(args) > position
+        given = args[position] if positional else kwargs.get("callbacks")
+        callbacks = list(given or [])
+        if not any(isinstance(c, StepDeadline) for c in callbacks):
+            callbacks.append(StepDeadline(self.step_watchdog))
+        if positional:
+            return (*args[:position], callbacks, *args[position + 1:]), kwargs
+        return args, {**kwargs, "callbacks": callbacks}
+
+    def fit(self, *args: Any, **kwargs: Any) -> Any:
+        args, kwargs = self._with_deadline(args, kwargs, 5)
+        return super().fit(*args, **kwargs)
+
+    def evaluate(self, *args: Any, **kwargs: Any) -> Any:
+        args, kwargs = self._with_deadline(args, kwargs, 6)
+        return super().evaluate(*args, **kwargs)
+
+    def predict(self, *args: Any, **kwargs: Any) -> Any:
+        args, kwargs = self._with_deadline(args, kwargs, 4)
+        return super().predict(*args, **kwargs)
 
     # ------------------------------------------------------------------- steps
     def replica_rows(self, value: Any) -> Any:

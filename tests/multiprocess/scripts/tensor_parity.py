@@ -2,19 +2,23 @@
 (token + position embedding, 2 blocks of causal attention + feed-forward with LayerNorm and
 residuals, vocabulary projection) with Adam and ``model.fit``, and reports what the test checks.
 
-Args: ``steps [--sabotage] [--custom-loop] [--clip] [--save DIR]``. Every process first builds
-the model from its build function (each allocating only its shards: the bytes are reported
-against the plan), then builds the whole model once with a fixed seed and takes its shards from
-it, fits ``steps`` global batches of ``GLOBAL`` sequences, and reports the gathered weights. The
-chief also trains the whole model in one process on the same global batches (the reference).
-``--clip`` clips the global gradient norm (below the first step's). ``--sabotage`` makes the
-row-split layers skip their all-reduce (the parity must then fail)."""
+Args: ``steps [--sabotage] [--custom-loop] [--clip] [--save DIR] [--stall RANK --deadline S]``.
+Every process first builds the model from its build function (each allocating only its shards: the
+bytes are reported against the plan), then builds the whole model once with a fixed seed and takes
+its shards from it, fits ``steps`` global batches of ``GLOBAL`` sequences, and reports the gathered
+weights. The chief also trains the whole model in one process on the same global batches (the
+reference). ``--clip`` clips the global gradient norm (below the first step's). ``--sabotage``
+makes the row-split layers skip their all-reduce (the parity must then fail). ``--stall RANK`` gets
+that process stuck (alive, heartbeats going) as its second training batch starts; the others, whose
+steps have a deadline of ``--deadline`` seconds, must fail at it. Each process reports its OS
+threads after training (a thread per collective op run was the leak of per-op timeouts)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import sys
+import time
 
 import keras
 import numpy as np
@@ -107,11 +111,24 @@ def flat(model_or_dict, names):
     return [w for name in names for w in model_or_dict.get_layer(name).get_weights()]
 
 
+def stall_callbacks(argv, strategy):
+    """``--stall RANK``: that process gets stuck as its second training batch starts: alive
+    (TensorFlow's coordination service still gets its heartbeats) but never joining the step."""
+    if "--stall" not in argv or strategy.rank != int(argv[argv.index("--stall") + 1]):
+        return []
+    stuck = keras.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: batch == 1 and
+                                           time.sleep(3600))
+    return [stuck]
+
+
 def main(argv):
     steps = int(argv[0])
     if "--sabotage" in argv:
         sabotage_row_reduce()
-    strategy = tfdist.get_strategy("auto")
+    options = {}
+    if "--deadline" in argv:
+        options["timeout_seconds"] = float(argv[argv.index("--deadline") + 1])
+    strategy = tfdist.get_strategy("auto", **options)
     # 1. From the build function: only the shards are allocated.
     from_fn = strategy.build_model(build)
     plan = strategy.plan
@@ -136,10 +153,11 @@ def main(argv):
         result["loss"] = [float(np.mean(losses))]
     else:
         model.compile(optimizer=optimizer(argv), loss=loss())
-        result["loss"] = model.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False,
-                                   verbose=0).history["loss"]
+        result["loss"] = model.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False, verbose=0,
+                                   callbacks=stall_callbacks(argv, strategy)).history["loss"]
         result["evaluate"] = model.evaluate(x, y, batch_size=GLOBAL, verbose=0)
         result["predict"] = model.predict(x[:GLOBAL], batch_size=GLOBAL, verbose=0).tolist()
+    result["threads"] = len(os.listdir("/proc/self/task"))
     result["held_bytes"] = strategy.weight_bytes(model)
     trained = flat(strategy.gather_weights(model), names)
     save_dir = argv[argv.index("--save") + 1] if "--save" in argv else None
