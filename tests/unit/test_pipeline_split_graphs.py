@@ -90,6 +90,22 @@ def test_a_layer_called_in_two_stages_is_held_by_both_and_owned_by_the_first():
     np.testing.assert_allclose(run_stages(spec, bounds, whole, [x]), whole(x), atol=1e-6)
 
 
+def test_global_clipnorm_with_a_weight_tied_across_stages_is_refused_naming_it():
+    x = keras.Input((3,))
+    shared = keras.layers.Dense(3, name="shared")
+    whole = keras.Model(x, shared(keras.layers.Dense(3, name="mid")(shared(x))))
+    spec, bounds = stage.split_model(whole, stages=2, split_points=["mid"])
+    with pytest.raises(StrategyConfigError) as info:
+        tied.check_clipping(keras.optimizers.Adam(global_clipnorm=1.0), spec, bounds)
+    message = str(info.value)
+    assert "global_clipnorm=1.0 with ['shared']" in message and "use clipnorm" in message
+    tied.check_clipping(keras.optimizers.Adam(clipnorm=1.0), spec, bounds)  # per variable: exact
+    untied, untied_bounds = stage.split_model(
+        keras.Sequential([keras.Input((3,)), keras.layers.Dense(3, name="a"),
+                          keras.layers.Dense(3, name="b")]), stages=2, split_points=["b"])
+    tied.check_clipping(keras.optimizers.Adam(global_clipnorm=1.0), untied, untied_bounds)
+
+
 def compiles_itself():
     x = keras.Input((3,))
     h = keras.layers.Dropout(0.1, seed=1, name="drop")(keras.layers.Dense(8, name="a")(x))

@@ -32,7 +32,7 @@ from tfdist.pipeline import stage as stages
 from tfdist.pipeline import transport
 from tfdist.pipeline.layout import PipelineLayout
 
-__all__ = ["shared_layers", "TiedWeights", "tied_for_stage", "tied_for_local"]
+__all__ = ["shared_layers", "check_clipping", "TiedWeights", "tied_for_stage", "tied_for_local"]
 
 Sum = Callable[[list[Any]], list[Any]]
 
@@ -44,6 +44,26 @@ def shared_layers(spec: stages.ModelSpec, bounds: Sequence[int]) -> dict[int, tu
         for lid in stages.stage_layers(spec, bounds, k):
             holders.setdefault(lid, []).append(k)
     return {lid: tuple(ks) for lid, ks in holders.items() if len(ks) > 1}
+
+
+def check_clipping(optimizer: Any, spec: stages.ModelSpec, bounds: Sequence[int]) -> None:
+    """Refuses ``global_clipnorm`` when a weight is tied across stages: each holder's copy has the
+    summed gradient, so a norm over the stages would count it once per holder, not once.
+
+    Raises:
+        StrategyConfigError: naming ``global_clipnorm``, the shared layers and the fixes.
+    """
+    limit = getattr(optimizer, "global_clipnorm", None)
+    shared = shared_layers(spec, bounds) if limit else {}
+    if shared:
+        names = [spec.layers[lid].name for lid in sorted(shared)]
+        raise StrategyConfigError(format_error(
+            "global_clipnorm would count a weight tied across stages once per stage holding it "
+            "(one device's norm counts it once): not exact.",
+            received=f"global_clipnorm={limit} with {names} held by several stages",
+            expected="no global_clipnorm, or no weight shared across stages",
+            fix="use clipnorm (per variable, exact), or split_points that keep each shared "
+                "layer's calls in one stage"))
 
 
 def _positions(model: Any, name: str, variables: Sequence[Any]) -> list[int]:

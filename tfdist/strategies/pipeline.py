@@ -41,7 +41,7 @@ from tfdist.core import traits as builtin
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.mesh import DATA, PIPE, ProcessGroup, task_rank
 from tfdist.options import check_positive_number
-from tfdist.pipeline import batch_norm, optimizers, stage, transport
+from tfdist.pipeline import batch_norm, optimizers, stage, tied, transport
 from tfdist.pipeline.config import (
     LAYER_COSTS_ENV,
     MICRO_BATCHES_ENV,
@@ -360,6 +360,8 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         """Raises before training for an optimizer option the pipeline cannot apply as one
         device would (`tfdist.pipeline.optimizers`: which options are exact, which refused)."""
         optimizers.check_optimizer(optimizer, spans_processes=not self.layout.holds_all)
+        if self.spec is not None and self.bounds is not None:
+            tied.check_clipping(optimizer, self.spec, self.bounds)
 
     def stage_report(self) -> dict[str, Any]:
         """What this stage holds: layers and parameter bytes, against the whole model."""
