@@ -36,6 +36,8 @@ os.environ.setdefault("TFDIST_TEST_LEAN_KERAS", "1")
 
 
 SLOWEST = 15
+SLOWEST_MODULES = 30
+"""Modules listed by their tests' added durations: enough to see where the suite's time goes."""
 _started = time.monotonic()
 _load_at_start = os.getloadavg()
 _seconds_by_test: defaultdict[str, float] = defaultdict(float)
@@ -158,8 +160,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     by_module: defaultdict[str, float] = defaultdict(float)
     for nodeid, seconds in _seconds_by_test.items():
         by_module[nodeid.split("::", 1)[0]] += seconds
-    write(f"the {SLOWEST} slowest modules (their tests' durations added up):")
-    for module, seconds in sorted(by_module.items(), key=lambda item: -item[1])[:SLOWEST]:
+    total = sum(by_module.values())
+    write(f"the {SLOWEST_MODULES} slowest modules (their tests' durations added up; all "
+          f"modules: {total:.0f} s, {total / max(wall, 1e-9):.2f} x the wall time):")
+    for module, seconds in sorted(by_module.items(), key=lambda item: -item[1])[:SLOWEST_MODULES]:
         write(f"{seconds:8.1f} s  {module}")
 
 
