@@ -321,3 +321,22 @@ def test_the_custom_loop_step_takes_sample_weights_like_fit(monkeypatch):
     assert max(float(np.max(np.abs(a - b)))
                for a, b in zip(model.get_weights(), plain.get_weights(), strict=True)) < 1e-5
     assert np.mean(losses) == pytest.approx(history.history["loss"][0], rel=1e-5)
+
+
+def test_a_finite_dataset_that_may_end_short_is_refused_before_the_first_step(monkeypatch):
+    from tfdist.strategies.pipeline import PipelineStrategy
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    x = np.ones((38, 3), "float32")
+    y = np.zeros((38, 1), "float32")
+    strategy = PipelineStrategy(micro_batches=4)
+    model = strategy.build_model(chain())
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    rows = tf.data.Dataset.from_tensor_slices((x, y))
+    before = [w.copy() for w in model.get_weights()]
+    with pytest.raises(StrategyConfigError) as info:  # 38 = 2 x 16 + 6: 6 rows in 4 micro-batches
+        model.fit(rows.batch(16), epochs=1, verbose=0)
+    assert "drop_remainder=True" in str(info.value) and "batch dimension None" in str(info.value)
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), before, strict=True))
+    model.fit(rows.batch(16, drop_remainder=True), epochs=1, verbose=0)  # 2 full batches
+    model.fit(rows.repeat().batch(16), steps_per_epoch=3, epochs=1, verbose=0)  # never ends

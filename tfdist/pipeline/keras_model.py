@@ -152,6 +152,22 @@ def _resolve_metrics(keras: Any, metrics: Any, weighted_metrics: Any,
     return real
 
 
+def _refuse_a_short_last_batch(dataset: tf.data.Dataset) -> None:
+    """A finite dataset whose batches have no fixed size (``Dataset.batch`` without
+    ``drop_remainder=True``) may end with a batch too short to cut into replicas x micro-batches:
+    refused before the first step, rather than failing at that batch. A repeated dataset (its
+    cardinality infinite) never ends with one."""
+    if int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
+        return
+    raise StrategyConfigError(format_error(
+        "A finite dataset whose batch size is not fixed may end with a short batch, which a "
+        "pipeline cannot cut into equal micro-batches (it would fail at that batch).",
+        received="a dataset with element_spec batch dimension None",
+        expected="batches of a fixed size, a multiple of replicas x micro_batches",
+        fix="batch with drop_remainder=True (dataset.batch(n, drop_remainder=True)), or repeat "
+            "the dataset before batching and pass steps_per_epoch"))
+
+
 class _StageModelMixin:
     """The pipeline's ``train_step``/``test_step``/``predict_step``; mixed into a functional
     model whose inputs are a list (the tensors the cut before the stage carries)."""
@@ -243,6 +259,8 @@ class _StageModelMixin:
             rows = spec.shape[0] if hasattr(spec, "shape") and spec.shape.rank else None
             if rows is not None:
                 self._pipeline.check_rows(rows)
+            elif hasattr(spec, "shape") and spec.shape.rank:
+                _refuse_a_short_last_batch(x)
             return
         if isinstance(x, (list, tuple, dict)):  # a model of several inputs
             x = tf.nest.flatten(x)[0]
