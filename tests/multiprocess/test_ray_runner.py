@@ -113,7 +113,7 @@ def _stop_head(head: subprocess.Popen[str]) -> None:
     wait_gone(cluster, timeout=10)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[LocalRay]:
     if importlib.util.find_spec("ray") is None:
         pytest.skip("ray is not installed: pip install 'tfdist[ray]' (launch/setup.sh does)")
@@ -162,7 +162,7 @@ def _finish(proc: subprocess.Popen[str], timeout: float = 200) -> str:
 PARITY_SCRIPT = SCRIPTS / "ray_parity_train.py"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def local_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The parity script's results under the local launcher (2 workers, this machine)."""
     results = tmp_path_factory.mktemp("local_run")
