@@ -11,6 +11,11 @@ the 4.4 CPU-seconds of the import, paid by every task process of every multi-pro
 the knob set, each is hidden from that Keras package only: Keras then defines those functions as it
 does without them (unusable, and no test uses them), and any other import of them (the examples
 load data and score with scikit-learn, the benchmark plots) works as usual.
+
+The suite's process census: with ``TFDIST_TEST_PROCESS_LOG=<file>`` (``tests/conftest.py`` sets
+it), each process appends one line when it starts (its command line) and one when it exits
+normally (its CPU-seconds, and whether it imported TensorFlow), so the run's summary can say how
+many processes the suite started and what they cost.
 """
 
 from __future__ import annotations
@@ -45,5 +50,33 @@ def _imported_from(package: str, depth: int = 40) -> bool:
     return False
 
 
+PROCESS_LOG_ENV = "TFDIST_TEST_PROCESS_LOG"
+
+
+def _census(path: str) -> None:
+    """Appends this process's start line now and its exit line at exit (JSON lines)."""
+    import atexit
+    import json
+
+    pid = os.getpid()
+
+    def append(kind: str, **fields: object) -> None:
+        try:
+            with open(path, "a") as log:
+                log.write(json.dumps({"kind": kind, "pid": pid, **fields}) + "\n")
+        except OSError:
+            pass  # a census line is never worth a failure
+
+    def at_exit() -> None:
+        times = os.times()
+        append("exit", cpu=times.user + times.system,
+               tensorflow="tensorflow" in sys.modules)
+
+    append("start", argv=[str(a) for a in getattr(sys, "orig_argv", [])[:6]])
+    atexit.register(at_exit)
+
+
 if os.environ.get(LEAN_KERAS_ENV) == "1":
     sys.meta_path.insert(0, _HideFromKeras())
+    if os.environ.get(PROCESS_LOG_ENV):
+        _census(os.environ[PROCESS_LOG_ENV])

@@ -33,6 +33,12 @@ os.environ.setdefault("TFDIST_LAUNCH_VERBOSE", "1")
 # The processes the suite starts import Keras 3 without scikit-learn (about 1 of 4.4 CPU-s per
 # process; see sitecustomize.py, which Python runs in every child with this checkout on its path).
 os.environ.setdefault("TFDIST_TEST_LEAN_KERAS", "1")
+# ... and note their start and, at a normal exit, their CPU time (sitecustomize.py's census): the
+# summary counts them. Set once, by the first pytest process (xdist's workers inherit it).
+if "TFDIST_TEST_PROCESS_LOG" not in os.environ:
+    _census_log = Path(os.environ.get("TMPDIR", "/tmp")) / f"tfdist-census-{os.getpid()}.jsonl"
+    _census_log.unlink(missing_ok=True)
+    os.environ["TFDIST_TEST_PROCESS_LOG"] = str(_census_log)
 
 
 SLOWEST = 15
@@ -161,10 +167,40 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     for nodeid, seconds in _seconds_by_test.items():
         by_module[nodeid.split("::", 1)[0]] += seconds
     total = sum(by_module.values())
+    is_xdist_worker = hasattr(config, "workerinput")  # the controller reads the census
+    census = "" if is_xdist_worker else _process_census(os.environ["TFDIST_TEST_PROCESS_LOG"])
+    if census:
+        write(census)
     write(f"the {SLOWEST_MODULES} slowest modules (their tests' durations added up; all "
           f"modules: {total:.0f} s, {total / max(wall, 1e-9):.2f} x the wall time):")
     for module, seconds in sorted(by_module.items(), key=lambda item: -item[1])[:SLOWEST_MODULES]:
         write(f"{seconds:8.1f} s  {module}")
+
+
+def _process_census(path: str) -> str:
+    """One line on the processes the tests started (`sitecustomize.py` logs them), or ''."""
+    import json
+
+    try:
+        lines = Path(path).read_text().splitlines()
+        Path(path).unlink()
+    except OSError:
+        return ""
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    starts = sum(r["kind"] == "start" for r in records)
+    exits = [r for r in records if r["kind"] == "exit"]
+    with_tf = sorted(r["cpu"] for r in exits if r["tensorflow"])
+    if not starts:
+        return ""
+    median = with_tf[len(with_tf) // 2] if with_tf else 0.0
+    return (f"processes the tests started: {starts}, {starts - len(exits)} of them ended by a "
+            f"signal or os._exit; of the {len(exits)} that exited normally, {len(with_tf)} had "
+            f"imported TensorFlow ({sum(with_tf):.0f} CPU-s in all, median {median:.1f} each)")
 
 
 @pytest.fixture
