@@ -25,11 +25,8 @@ Example:
 
 from __future__ import annotations
 
-import atexit
-import functools
 import logging
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,7 +36,7 @@ import tensorflow as tf
 from tfdist.core import flavour
 from tfdist.core import traits as builtin
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.mesh import DATA, PIPE, ProcessGroup, task_rank
+from tfdist.mesh import DATA, PIPE
 from tfdist.options import check_positive_number
 from tfdist.pipeline import batch_norm, optimizers, stage, tied, transport
 from tfdist.pipeline.config import (
@@ -56,28 +53,14 @@ from tfdist.pipeline.keras_model import (
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.modes import PipelineMode, choose_mode
 from tfdist.strategies.base import TfdistStrategyMixin
-from tfdist.strategies.startup import resolve_startup_timeout, startup_deadline
+from tfdist.strategies.model_parallel import ModelParallelMixin
+from tfdist.strategies.startup import resolve_startup_timeout
 
 __all__ = ["PipelineStrategy", "STAGES_ENV", "MICRO_BATCHES_ENV", "SCHEDULE_ENV",
            "LAYER_COSTS_ENV"]
 
 
 _log = logging.getLogger("tfdist")
-
-
-@functools.cache  # once per process, like enable_collectives: one barrier, one instance key
-def _wait_for_every_process_at_exit(world: ProcessGroup) -> None:
-    """At a normal exit, `transport.exit_barrier`; not after an uncaught exception (the
-    launcher should hear of a failure at once, not after the barrier's timeout)."""
-    failed = []
-    previous_hook = sys.excepthook
-
-    def record_failure(*exc_info: Any) -> None:
-        failed.append(exc_info[0])
-        previous_hook(*exc_info)
-
-    sys.excepthook = record_failure
-    atexit.register(lambda: failed or transport.exit_barrier(world))
 
 
 def _keep_micro_batch_gradients_apart() -> None:
@@ -111,7 +94,8 @@ def _stage_model(model: Any, k: int) -> Any:
     return model if stages is None else stages[k]
 
 
-class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
+class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
+                       tf.distribute.OneDeviceStrategy):
     """Pipeline (and data x pipeline) parallelism over the workers of TF_CONFIG.
 
     Args:
@@ -183,21 +167,14 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         deadline = check_positive_number(
             "startup_timeout_seconds", resolve_startup_timeout(startup_timeout_seconds))
         self._check_keras()
-        if tf_config is None and not os.environ.get("TF_CONFIG"):
-            cluster, task, processes, rank = None, None, 1, 0
-        else:
-            cluster, task = self._read_cluster(tf_config)
-            processes = max(1, len(cluster.chief) + len(cluster.worker))
-            rank = task_rank(task.type, task.index, chiefs=len(cluster.chief))
+        cluster, task, processes, rank = self._job_place(tf_config)
         self.mode: PipelineMode = choose_mode(self.config, processes, rank)
         if processes > 1:
             _warn_if_one_inter_op_thread()
             if self.config.stages > 1 and not self.config.arithmetic_optimization:
                 _keep_micro_batch_gradients_apart()
-            with startup_deadline(deadline, cluster, task, f"PipelineStrategy on {task}"):
-                transport.enable_collectives(cluster, task)
-            _wait_for_every_process_at_exit(self.layout.world())
-        super().__init__("/cpu:0" if not tf.config.list_physical_devices("GPU") else "/gpu:0")
+            self._join_collectives(deadline, cluster, task, self.layout.world())
+        super().__init__(self._device())
         self._init_tfdist(cluster, task)
         self.spec: stage.ModelSpec | None = None
         self.bounds: tuple[int, ...] | None = None
@@ -245,16 +222,6 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
     @property
     def worker_index(self) -> int:
         return self.layout.rank
-
-    def input_context(self) -> tf.distribute.InputContext:
-        """Every process reads the whole global batch (each step slices its replica's rows), so
-        its one input pipeline batches by the global batch size."""
-        return tf.distribute.InputContext(
-            num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)
-
-    def _distribute_dataset_fn(self, dataset_fn: Any, options: Any) -> Any:
-        # Every process reads the whole global batch; each step slices its replica's rows.
-        return dataset_fn(self.input_context())
 
     def describe(self) -> str:
         """One line: where this process's stages are (its mode), micro-batches, schedule.
@@ -459,17 +426,3 @@ class PipelineStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
             return None
         assert self.spec is not None
         return stage.assemble(self.spec, weights)
-
-    def save_model(self, model: Any, filepath: str | os.PathLike[str], **kwargs: Any) -> str | None:
-        """Saves the whole model: every process calls it, the chief writes ``filepath``.
-
-        Returns:
-            ``filepath`` on the chief, None elsewhere.
-        """
-        whole = self.assemble(model)
-        if whole is None:
-            return None
-        path = os.fspath(filepath)
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        whole.save(path, **kwargs)
-        return path

@@ -37,10 +37,10 @@ from tfdist.core import traits as builtin
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.mesh import DATA, TENSOR, Mesh
 from tfdist.options import check_positive_number
-from tfdist.pipeline import keras_compat, transport
+from tfdist.pipeline import keras_compat
 from tfdist.strategies.base import TfdistStrategyMixin
-from tfdist.strategies.pipeline import _wait_for_every_process_at_exit
-from tfdist.strategies.startup import resolve_startup_timeout, startup_deadline
+from tfdist.strategies.model_parallel import ModelParallelMixin
+from tfdist.strategies.startup import resolve_startup_timeout
 from tfdist.tensor import build as shards_of
 from tfdist.tensor.collectives import DEFAULT_TIMEOUT, broadcast
 from tfdist.tensor.model import TensorModel
@@ -70,7 +70,8 @@ def _shards_from_env(shards: int | None, processes: int) -> int:
     return number
 
 
-class TensorStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
+class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
+                     tf.distribute.OneDeviceStrategy):
     """Tensor (and data x tensor) parallelism over the workers of TF_CONFIG.
 
     Args:
@@ -108,21 +109,13 @@ class TensorStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
             "timeout_seconds", DEFAULT_TIMEOUT if timeout_seconds is None else timeout_seconds))
         # a function's first batch traces and compiles it too: it may take the start-up deadline
         self.first_step_timeout = max(self.timeout, float(deadline or 0.0))
-        if tf_config is None and not os.environ.get("TF_CONFIG"):
-            cluster, task, processes, rank = None, None, 1, 0
-        else:
-            cluster, task = self._read_cluster(tf_config)
-            processes = max(1, len(cluster.chief) + len(cluster.worker))
-            rank = 0 if task.type == "chief" else len(cluster.chief) + task.index
+        cluster, task, processes, rank = self._job_place(tf_config)
         self.mesh = Mesh.for_processes(processes, tensor=_shards_from_env(shards, processes))
         self.rules = dict(rules or {})
         self.rank = rank
         if processes > 1:
-            with startup_deadline(deadline, cluster, task, f"TensorStrategy on {task}"):
-                transport.enable_collectives(cluster, task)
-            # Task 0 leads every collective's resolution: it waits for the others at exit.
-            _wait_for_every_process_at_exit(self.mesh.world(rank))
-        super().__init__("/cpu:0" if not tf.config.list_physical_devices("GPU") else "/gpu:0")
+            self._join_collectives(deadline, cluster, task, self.mesh.world(rank))
+        super().__init__(self._device())
         self._init_tfdist(cluster, task)
         self.plan: TensorPlan | None = None
         self._abstract: Any = None
@@ -153,14 +146,6 @@ class TensorStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
     @property
     def worker_index(self) -> int:
         return self.rank
-
-    def input_context(self) -> tf.distribute.InputContext:
-        """Every process reads the whole global batch (each step takes its replica's rows)."""
-        return tf.distribute.InputContext(
-            num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)
-
-    def _distribute_dataset_fn(self, dataset_fn: Any, options: Any) -> Any:
-        return dataset_fn(self.input_context())
 
     def describe(self) -> str:
         """One line: shard and replica of this process.
@@ -290,14 +275,3 @@ class TensorStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
         if not self.is_chief:
             return None
         return shards_of.assemble(self._abstract, weights)
-
-    def save_model(self, model: Any, filepath: str | os.PathLike[str], **kwargs: Any) -> str | None:
-        """Saves the whole model: every process calls it, the chief writes ``filepath``, a
-        ``.keras`` file that ``keras.models.load_model`` opens in one process."""
-        whole = self.assemble(model)
-        if whole is None:
-            return None
-        path = os.fspath(filepath)
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        whole.save(path, **kwargs)
-        return path

@@ -1,0 +1,91 @@
+"""What the strategies that split one model across processes share (``pipeline``, ``tensor``).
+
+Every process of such a job runs the same script on the whole global batch (each step takes its
+part), finds its place on the job's mesh from ``TF_CONFIG``, joins TensorFlow's collective runtime
+within the start-up deadline, waits for the others at a normal exit (task 0 leads every
+collective's resolution), and saves the whole model from the chief.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import tensorflow as tf
+
+from tfdist.mesh import ProcessGroup, task_rank
+from tfdist.pipeline import transport
+from tfdist.strategies.startup import startup_deadline
+
+__all__ = ["ModelParallelMixin"]
+
+
+@functools.cache  # once per process, like enable_collectives: one barrier, one instance key
+def _wait_for_every_process_at_exit(world: ProcessGroup) -> None:
+    """At a normal exit, `transport.exit_barrier`; not after an uncaught exception (the
+    launcher should hear of a failure at once, not after the barrier's timeout)."""
+    failed = []
+    previous_hook = sys.excepthook
+
+    def record_failure(*exc_info: Any) -> None:
+        failed.append(exc_info[0])
+        previous_hook(*exc_info)
+
+    sys.excepthook = record_failure
+    atexit.register(lambda: failed or transport.exit_barrier(world))
+
+
+class ModelParallelMixin:
+    """Mixed into a `TfdistStrategyMixin` + ``OneDeviceStrategy`` subclass that defines
+    ``assemble(model)`` (the whole model on the chief, None elsewhere)."""
+
+    def _job_place(self, tf_config: str | Mapping[str, Any] | None) -> tuple[Any, Any, int, int]:
+        """``(cluster, task, processes, rank)`` of this process; one process of rank 0 when
+        there is no ``TF_CONFIG``."""
+        if tf_config is None and not os.environ.get("TF_CONFIG"):
+            return None, None, 1, 0
+        cluster, task = self._read_cluster(tf_config)  # type: ignore[attr-defined]
+        processes = max(1, len(cluster.chief) + len(cluster.worker))
+        return cluster, task, processes, task_rank(task.type, task.index,
+                                                   chiefs=len(cluster.chief))
+
+    def _join_collectives(self, deadline: float | None, cluster: Any, task: Any,
+                          world: ProcessGroup) -> None:
+        """Joins the job's collective runtime (at most ``deadline`` s) and, at exit, waits for
+        every process of ``world``."""
+        name = type(self).__name__
+        with startup_deadline(deadline, cluster, task, f"{name} on {task}"):
+            transport.enable_collectives(cluster, task)
+        _wait_for_every_process_at_exit(world)
+
+    @staticmethod
+    def _device() -> str:
+        return "/cpu:0" if not tf.config.list_physical_devices("GPU") else "/gpu:0"
+
+    def input_context(self) -> tf.distribute.InputContext:
+        """Every process reads the whole global batch (each step takes its replica's rows), so
+        its one input pipeline batches by the global batch size."""
+        return tf.distribute.InputContext(
+            num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)
+
+    def _distribute_dataset_fn(self, dataset_fn: Any, options: Any) -> Any:
+        return dataset_fn(self.input_context())
+
+    def save_model(self, model: Any, filepath: str | os.PathLike[str], **kwargs: Any) -> str | None:
+        """Saves the whole model: every process calls it, the chief writes ``filepath``, a
+        ``.keras`` file that ``keras.models.load_model`` opens in one process.
+
+        Returns:
+            ``filepath`` on the chief, None elsewhere.
+        """
+        whole = self.assemble(model)  # type: ignore[attr-defined]
+        if whole is None:
+            return None
+        path = os.fspath(filepath)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        whole.save(path, **kwargs)
+        return path
