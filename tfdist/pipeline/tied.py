@@ -96,14 +96,9 @@ class TiedWeights:
     def sync(self, variables: Sequence[Any]) -> None:
         """Gives every holder the first holder's values (the lower rank of each pair sends)."""
         for position, group, index in self.entries:
-            variable = variables[position]
-            first = group.rank == 0
-            value = transport.group_broadcast(
-                tf.convert_to_tensor(variable) if first else None, variable.shape,
-                tf.as_dtype(variable.dtype), group=group,
+            transport.broadcast_variable(
+                variables[position], group=group,
                 instance=transport.instance_key(transport.TIED, 1, index), timeout=self.timeout)
-            if not first:
-                variable.assign(value)
 
 
 def tied_for_stage(spec: stages.ModelSpec, bounds: Sequence[int], layout: PipelineLayout,

@@ -177,6 +177,19 @@ def group_broadcast(value: Any | None, shape: Any, dtype: Any, *, group: Process
         timeout=timeout)
 
 
+def broadcast_variable(variable: Any, *, group: ProcessGroup, instance: int,
+                       timeout: float = 0.0) -> None:
+    """Gives ``variable`` on every member of ``group`` the value it has on group rank 0."""
+    if group.size == 1:
+        return
+    first = group.rank == 0
+    value = group_broadcast(tf.convert_to_tensor(variable) if first else None, variable.shape,
+                            tf.as_dtype(variable.dtype), group=group, instance=instance,
+                            timeout=timeout)
+    if not first:
+        variable.assign(value)
+
+
 def all_reduce_mean(tensors: Sequence[Any], *, group: ProcessGroup, kind: int = REDUCE,
                     phase: int = TRAIN, timeout: float = 0.0) -> list[Any]:
     """The element-wise mean of each tensor over the members of ``group``."""

@@ -382,14 +382,10 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
     def _broadcast_from_first_replica(self, model: Any) -> None:
         """Gives every replica of this stage replica 0's initial weights."""
         group = self.layout.group(DATA)
-        first = group.rank == 0
         for i, variable in enumerate(model.weights):
-            value = transport.group_broadcast(
-                tf.convert_to_tensor(variable) if first else None, variable.shape,
-                tf.as_dtype(variable.dtype), group=group,
-                instance=transport.instance_key(transport.WEIGHTS, 0, i), timeout=self.timeout)
-            if not first:
-                variable.assign(value)
+            transport.broadcast_variable(
+                variable, group=group, instance=transport.instance_key(transport.WEIGHTS, 0, i),
+                timeout=self.timeout)
 
     def gather_weights(self, model: Any) -> list[np.ndarray] | None:
         """All stages' weights (replica 0) on the chief, in the whole model's order; None

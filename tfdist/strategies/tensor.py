@@ -37,12 +37,12 @@ from tfdist.core import traits as builtin
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.mesh import DATA, TENSOR, Mesh
 from tfdist.options import check_positive_number
-from tfdist.pipeline import keras_compat
+from tfdist.pipeline import keras_compat, transport
 from tfdist.strategies.base import TfdistStrategyMixin
 from tfdist.strategies.model_parallel import ModelParallelMixin
 from tfdist.strategies.startup import resolve_startup_timeout
 from tfdist.tensor import build as shards_of
-from tfdist.tensor.collectives import DEFAULT_TIMEOUT, broadcast
+from tfdist.tensor.collectives import DEFAULT_TIMEOUT, next_key
 from tfdist.tensor.model import TensorModel
 from tfdist.tensor.plan import TensorPlan
 from tfdist.tensor.rules import plan_model
@@ -206,9 +206,11 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
             for variable, weight in zip(model.get_layer(layer.name).weights, layer.weights,
                                         strict=True):
                 if weight.axis is None:
-                    variable.assign(broadcast(variable, self.tensor_group, self.timeout))
+                    transport.broadcast_variable(variable, group=self.tensor_group,
+                                                 instance=next_key(), timeout=self.timeout)
         for variable in model.weights:
-            variable.assign(broadcast(variable, self.data_group, self.timeout))
+            transport.broadcast_variable(variable, group=self.data_group, instance=next_key(),
+                                         timeout=self.timeout)
 
     def weight_bytes(self, model: Any) -> int:
         """Bytes of the weights this process holds."""

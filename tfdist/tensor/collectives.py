@@ -11,7 +11,7 @@ backward is the other's forward:
 and `gather_last_axis` (all-gather of shards along the last axis, for predictions and saving).
 
 Every collective takes its group as a `tfdist.mesh.ProcessGroup` (the mesh hands it out). Run
-eagerly (a broadcast at build, a gather at save) it waits at most ``timeout`` seconds; inside a
+eagerly (a gather at save) it waits at most ``timeout`` seconds; inside a
 traced step it has no timeout of its own, the step's deadline is `tfdist.tensor.watchdog`'s
 (TensorFlow's per-op timer is a thread sleeping for the whole timeout, one per op run).
 Instance keys are handed out at trace time by `next_key`, in
@@ -39,7 +39,7 @@ from tensorflow.python.ops import collective_ops
 from tfdist.mesh import ProcessGroup
 
 __all__ = ["DEFAULT_TIMEOUT", "next_key", "op_timeout", "all_reduce_sum", "all_reduce_max",
-           "copy_to_group", "reduce_from_group", "gather_last_axis", "broadcast"]
+           "copy_to_group", "reduce_from_group", "gather_last_axis"]
 
 DEFAULT_TIMEOUT = 300.0
 """Seconds a collective of the tensor layers waits for its group by default."""
@@ -128,18 +128,3 @@ def gather_axis(x: Any, axis: int, group: ProcessGroup,
         timeout=op_timeout(timeout))
     inverse = [order.index(i) for i in range(len(order))]
     return tf.transpose(gathered, inverse) if axis else gathered
-
-
-def broadcast(value: Any, group: ProcessGroup, timeout: float = DEFAULT_TIMEOUT) -> tf.Tensor:
-    """Group rank 0's ``value`` on every member (every member passes a tensor of its shape)."""
-    value = tf.convert_to_tensor(value)
-    if group.size == 1:
-        return value
-    key = next_key()
-    if group.rank == 0:
-        return collective_ops.broadcast_send_v2(
-            value, group_size=group.size, group_key=group.key, instance_key=key,
-            timeout=op_timeout(timeout))
-    return collective_ops.broadcast_recv_v2(
-        tf.shape(value), value.dtype, group_size=group.size, group_key=group.key,
-        instance_key=key, timeout=op_timeout(timeout))
