@@ -1,4 +1,4 @@
-"""The test suite's start-up knob: Keras 3 starts without scikit-learn and matplotlib.
+"""The test suite's start-up knobs: lean Keras 3, the process census, warm starts.
 
 Python imports this module at start-up in every process whose path holds this checkout (the
 tests start their children with ``PYTHONPATH=<checkout>``). It does nothing unless
@@ -15,7 +15,11 @@ load data and score with scikit-learn, the benchmark plots) works as usual.
 The suite's process census: with ``TFDIST_TEST_PROCESS_LOG=<file>`` (``tests/conftest.py`` sets
 it), each process appends one line when it starts (its command line) and one when it exits
 normally (its CPU-seconds, and whether it imported TensorFlow), so the run's summary can say how
-many processes the suite started and what they cost.
+many processes the suite started and what they cost (set it yourself to keep the file).
+
+Warm starts: with ``TFDIST_TEST_WARM_DIR`` (``tests/conftest.py`` sets it), a task process hands
+itself to a server that has already imported TensorFlow and is forked from it
+(``tests/warm_start.py`` says which processes, how, and what differs).
 """
 
 from __future__ import annotations
@@ -56,26 +60,54 @@ PROCESS_LOG_ENV = "TFDIST_TEST_PROCESS_LOG"
 def _census(path: str) -> None:
     """Appends this process's start line now and its exit line at exit (JSON lines)."""
     import atexit
+
+    census_start()
+    atexit.register(_census_exit, path)
+
+
+def _census_append(path: str, kind: str, **fields: object) -> None:
     import json
 
-    pid = os.getpid()
-
-    def append(kind: str, **fields: object) -> None:
-        try:
-            with open(path, "a") as log:
-                log.write(json.dumps({"kind": kind, "pid": pid, **fields}) + "\n")
-        except OSError:
-            pass  # a census line is never worth a failure
-
-    def at_exit() -> None:
-        times = os.times()
-        append("exit", cpu=times.user + times.system,
-               tensorflow="tensorflow" in sys.modules)
-
-    append("start", argv=[str(a) for a in getattr(sys, "orig_argv", [])[:6]])
-    atexit.register(at_exit)
+    try:
+        with open(path, "a") as log:
+            log.write(json.dumps({"kind": kind, "pid": os.getpid(), **fields}) + "\n")
+    except OSError:
+        pass  # a census line is never worth a failure
 
 
+def census_start(warm: bool = False) -> None:
+    """The start line (a warm-started task, forked by ``tests/warm_start.py``, writes its own)."""
+    path = os.environ.get(PROCESS_LOG_ENV)
+    if path:
+        _census_append(path, "start", argv=[str(a) for a in getattr(sys, "orig_argv", [])[:6]],
+                       warm=warm)
+
+
+def _census_exit(path: str) -> None:
+    times = os.times()  # a forked child's count starts at the fork
+    _census_append(os.environ.get(PROCESS_LOG_ENV) or path, "exit",
+                   cpu=times.user + times.system, tensorflow="tensorflow" in sys.modules)
+
+
+WARM_DIR_ENV = "TFDIST_TEST_WARM_DIR"
+
+
+def _warm_start_or_return() -> None:
+    """Hands this process to a warm server (``tests/warm_start.py``) if it is a task it can run."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests", "warm_start.py")
+    spec = importlib.util.spec_from_file_location("tfdist_test_warm_start", path)
+    if spec is None or spec.loader is None or not os.path.exists(path):
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.shim_or_return()
+
+
+if os.environ.get(WARM_DIR_ENV) and any(  # a cheap look before importing anything
+        arg == "-m" or arg.endswith(".py") for arg in getattr(sys, "orig_argv", [])[1:4]):
+    _warm_start_or_return()
 if os.environ.get(LEAN_KERAS_ENV) == "1":
     sys.meta_path.insert(0, _HideFromKeras())
     if os.environ.get(PROCESS_LOG_ENV):

@@ -13,6 +13,7 @@ import functools
 import importlib.util
 import os
 import re
+import shutil
 import sys
 import time
 from collections import defaultdict
@@ -39,6 +40,13 @@ if "TFDIST_TEST_PROCESS_LOG" not in os.environ:
     _census_log = Path(os.environ.get("TMPDIR", "/tmp")) / f"tfdist-census-{os.getpid()}.jsonl"
     _census_log.unlink(missing_ok=True)
     os.environ["TFDIST_TEST_PROCESS_LOG"] = str(_census_log)
+# ... and task processes start warm: forked from a server that imported TensorFlow once
+# (tests/warm_start.py; TFDIST_TEST_WARM=0 turns it off, the `cold_start` marker per test).
+if "TFDIST_TEST_WARM_DIR" not in os.environ and os.environ.get("TFDIST_TEST_WARM", "1") != "0":
+    import tempfile
+
+    os.environ["TFDIST_TEST_WARM_DIR"] = tempfile.mkdtemp(prefix="tfdist-warm-", dir="/tmp")
+    os.environ["TFDIST_TEST_WARM_OWNER"] = str(os.getpid())
 
 
 SLOWEST = 15
@@ -137,6 +145,58 @@ def pytest_configure(config: pytest.Config) -> None:
             "of each (make test collects them in one session).")
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The warm servers of this session (tests/warm_start.py) end with it: no process is left."""
+    import signal
+
+    if os.environ.get("TFDIST_TEST_WARM_OWNER") != str(os.getpid()):
+        return  # an xdist worker: the controller owns the servers
+    warm_dir = Path(os.environ["TFDIST_TEST_WARM_DIR"])
+    servers = []
+    for pidfile in warm_dir.glob("*.pid"):
+        try:
+            servers.append(int(pidfile.read_text()))
+            os.kill(servers[-1], signal.SIGTERM)  # a normal exit: the census counts its CPU
+        except (ValueError, OSError):
+            pass
+    deadline = time.monotonic() + 5
+    while any(map(_running, servers)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in servers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    shutil.rmtree(warm_dir, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cold_start_module(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A module marked ``cold_start`` starts every task process cold (it tests the processes)."""
+    yield from _cold_start_if(request.node.get_closest_marker("cold_start") is not None)
+
+
+@pytest.fixture(autouse=True)
+def _cold_start_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield from _cold_start_if(request.node.get_closest_marker("cold_start") is not None)
+
+
+def _cold_start_if(cold: bool) -> Iterator[None]:
+    saved = os.environ.pop("TFDIST_TEST_WARM_DIR", None) if cold else None
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ["TFDIST_TEST_WARM_DIR"] = saved
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     global _started, _load_at_start
     _started, _load_at_start = time.monotonic(), os.getloadavg()
@@ -183,7 +243,8 @@ def _process_census(path: str) -> str:
 
     try:
         lines = Path(path).read_text().splitlines()
-        Path(path).unlink()
+        if path.endswith(f"tfdist-census-{os.getpid()}.jsonl"):  # ours; one set by hand stays
+            Path(path).unlink()
     except OSError:
         return ""
     records = []
@@ -193,12 +254,14 @@ def _process_census(path: str) -> str:
         except ValueError:
             continue
     starts = sum(r["kind"] == "start" for r in records)
+    warm = sum(r["kind"] == "start" and bool(r.get("warm")) for r in records)
     exits = [r for r in records if r["kind"] == "exit"]
     with_tf = sorted(r["cpu"] for r in exits if r["tensorflow"])
     if not starts:
         return ""
     median = with_tf[len(with_tf) // 2] if with_tf else 0.0
-    return (f"processes the tests started: {starts}, {starts - len(exits)} of them ended by a "
+    return (f"processes the tests started: {starts} ({warm} forked warm, tests/warm_start.py), "
+            f"{starts - len(exits)} of them ended by a "
             f"signal or os._exit; of the {len(exits)} that exited normally, {len(with_tf)} had "
             f"imported TensorFlow ({sum(with_tf):.0f} CPU-s in all, median {median:.1f} each)")
 
