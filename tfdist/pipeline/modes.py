@@ -52,9 +52,11 @@ class PipelineMode(Protocol):
         """Where this process's stages are, in words (`PipelineStrategy.describe`)."""
         ...
 
-    def build(self, spec: stage.ModelSpec, bounds: tuple[int, ...], strategy: Any) -> Any:
+    def build(self, spec: stage.ModelSpec, bounds: tuple[int, ...], strategy: Any,
+              layer_maker: Any = None) -> Any:
         """The Keras model of this process's stages, its engine attached; ``strategy`` is the
-        `PipelineStrategy` the model reports to."""
+        `PipelineStrategy` the model reports to; ``layer_maker`` makes each layer
+        (`tfdist.pipeline.stage.build_stage`; a tensor-split stage's makes its shards)."""
         ...
 
     def sync_tied(self, model: Any) -> None:
@@ -96,11 +98,14 @@ class StagePerProcess:
         return (f"stage {layout.stage} of {layout.stages}, replica {layout.replica} of "
                 f"{layout.replicas}")
 
-    def build(self, spec: stage.ModelSpec, bounds: tuple[int, ...], strategy: Any) -> Any:
-        """This stage's layers, made in ``strategy.scope()``."""
+    def build(self, spec: stage.ModelSpec, bounds: tuple[int, ...], strategy: Any,
+              layer_maker: Any = None) -> Any:
+        """This stage's layers (or, split by tensor parallelism, their shards), made in
+        ``strategy.scope()``."""
         with strategy.scope(), whole_model_scope(spec):
             model = stage.build_stage(spec, bounds, self.layout.stage,
-                                      cls=stage_model_class(spec.flavour))
+                                      cls=stage_model_class(spec.flavour),
+                                      layer_maker=layer_maker)
         engine = stage_engine(self.config, spec, bounds, self.layout)
         tied_weights = tied.tied_for_stage(spec, bounds, self.layout, model,
                                            self.config.timeout or 0.0)
@@ -124,13 +129,14 @@ class StagesOnDevices:
     def where(self) -> str:
         return f"{self.layout.stages} stages on {', '.join(self.devices)}"
 
-    def build(self, spec: stage.ModelSpec, bounds: tuple[int, ...], strategy: Any) -> Any:
+    def build(self, spec: stage.ModelSpec, bounds: tuple[int, ...], strategy: Any,
+              layer_maker: Any = None) -> Any:
         """Stage ``k``'s variables on ``devices[k]``, made outside ``strategy.scope()``, whose
         one device would hold them all."""
         stages = []
         for k, device in enumerate(self.devices):
             with tf.device(device), whole_model_scope(spec):
-                stages.append(stage.build_stage(spec, bounds, k))
+                stages.append(stage.build_stage(spec, bounds, k, layer_maker=layer_maker))
         local.check_placement([s.weights for s in stages], self.devices)
         model = local_stages_model(spec.flavour, stages, self.devices, spec.name)
         count = self.layout.stages
@@ -147,9 +153,10 @@ class StagesOnDevices:
         model._pipeline_sync_tied()  # noqa: SLF001
 
 
-def choose_mode(config: PipelineConfig, processes: int, rank: int) -> PipelineMode:
+def choose_mode(config: PipelineConfig, processes: int, rank: int,
+                tensor: int = 1) -> PipelineMode:
     """`StagesOnDevices` when this single process holds the stages (``config.devices``, or
-    K > 1 in one process), else `StagePerProcess`.
+    K > 1 in one process), else `StagePerProcess` (each stage on ``tensor`` processes).
 
     Raises:
         StrategyConfigError: devices that do not fit (`local.resolve_devices`), or a process
@@ -160,4 +167,5 @@ def choose_mode(config: PipelineConfig, processes: int, rank: int) -> PipelineMo
         layout = PipelineLayout(processes, config.stages, rank,
                                 stages_per_process=config.stages)
         return StagesOnDevices(config, layout, devices)
-    return StagePerProcess(config, PipelineLayout(processes, config.stages, rank))
+    return StagePerProcess(config, PipelineLayout(processes, config.stages, rank,
+                                                  tensor=tensor))
