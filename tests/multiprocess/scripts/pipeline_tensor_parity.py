@@ -5,8 +5,8 @@ ways, with Adam and ``model.fit``, and reports what the test checks.
 Args: ``steps micro_batches [--sabotage] [--custom-loop] [--save DIR]``. Every process first
 builds its stage's shard from the build function (the bytes it holds, and a digest of the
 weights every shard of its stage holds whole), then builds the whole model once with a fixed seed
-and takes its slices of its stage's layers, fits ``steps`` global batches and reports the gathered
-weights (on the chief). The chief also trains the whole model in one process on the same global
+and takes its slices of its stage's layers, fits ``steps`` global batches, evaluates and predicts, and reports
+the gathered weights (on the chief). The chief also trains the whole model in one process on the same global
 batches (the reference). ``--sabotage`` makes the row-split layers skip their all-reduce."""
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ def main(argv):
         model.compile(optimizer=optimizer, loss=loss())
         result["loss"] = model.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False,
                                    verbose=0).history["loss"]
+        result["evaluate"] = model.evaluate(x, y, batch_size=GLOBAL, verbose=0)
+        result["predict"] = model.predict(x[:GLOBAL], batch_size=GLOBAL, verbose=0).tolist()
     result["held_bytes"] = int(sum(v.numpy().nbytes for v in model.weights))
     trained = strategy.gather_weights(model)
     save_dir = argv[argv.index("--save") + 1] if "--save" in argv else None
@@ -77,7 +79,10 @@ def main(argv):
             initial=[w.tolist() for w in initial],
             reference=[w.tolist() for name in names
                        for w in reference.get_layer(name).get_weights()],
-            reference_loss=history.history["loss"])
+            reference_loss=history.history["loss"],
+            reference_evaluate=reference.evaluate(x, y, batch_size=GLOBAL, verbose=0),
+            reference_predict=reference.predict(x[:GLOBAL], batch_size=GLOBAL,
+                                                verbose=0).tolist())
         if save_dir:
             loaded = keras.models.load_model(os.path.join(save_dir, "model.keras"))
             result["reloaded"] = [w.tolist() for name in names
