@@ -4,10 +4,11 @@ ways, with Adam and ``model.fit``, and reports what the test checks.
 
 Args: ``steps micro_batches [--sabotage] [--custom-loop] [--save DIR]``. Every process first
 builds its stage's shard from the build function (the bytes it holds, and a digest of the
-weights every shard of its stage holds whole), then builds the whole model once with a fixed seed
-and takes its slices of its stage's layers, fits ``steps`` global batches, evaluates and predicts, and reports
-the gathered weights (on the chief). The chief also trains the whole model in one process on the same global
-batches (the reference). ``--sabotage`` makes the row-split layers skip their all-reduce."""
+weights every shard of its stage holds whole), then builds the whole model once with a fixed
+seed and takes its slices of its stage's layers, fits ``steps`` global batches, evaluates and
+predicts, and reports the gathered weights (on the chief). The chief also trains the whole model
+in one process on the same global batches (the reference). ``--sabotage`` makes the row-split
+layers skip their all-reduce."""
 
 from __future__ import annotations
 
