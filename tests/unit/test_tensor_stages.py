@@ -1,6 +1,7 @@
 """Tensor-split pipeline stages in one process: the plan of a pipeline's model (the output kept
 whole), the refusals before training (a cut carrying a column-split output, a rule asking for
-the vocabulary-split output, norm clipping, tf-keras), a stage's shard built from the layers'
+the vocabulary-split output, norm clipping, tf-keras, local devices, more shards than processes),
+a stage's shard built from the layers'
 configs with only its variables, and the weights sliced and gathered back (a group of one)."""
 
 from __future__ import annotations
@@ -122,3 +123,26 @@ def test_a_group_of_one_gathers_its_stage_whole():
     for got, want in zip(one.gather(built, spec, ids), stage.layer_weights(model, spec, ids),
                          strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_split_stage_is_never_held_by_the_devices_of_one_process():
+    from tfdist.pipeline.config import PipelineConfig
+    from tfdist.pipeline.modes import choose_mode
+
+    config = PipelineConfig(stages=2, devices=("/cpu:0", "/cpu:1"))
+    with pytest.raises(StrategyConfigError) as err:
+        choose_mode(config, processes=4, rank=0, tensor=2)
+    assert "Received: devices=['/cpu:0', '/cpu:1'], tensor=2" in str(err.value)
+    mode = choose_mode(PipelineConfig(stages=2), processes=4, rank=3, tensor=2)
+    assert mode.layout.coordinates == (0, 1, 1) and mode.layout.previous == 1
+
+
+def test_one_process_cannot_hold_two_shards(monkeypatch):
+    from tfdist.strategies.pipeline import PipelineStrategy
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(StrategyConfigError, match="tensor=2"):
+        PipelineStrategy(tensor=2)
+    monkeypatch.setenv("TFDIST_TENSOR_SHARDS", "x")
+    with pytest.raises(StrategyConfigError, match="positive int.*TFDIST_TENSOR_SHARDS=T"):
+        PipelineStrategy()

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import tensorflow as tf
 
 from tfdist.core.flavour import get_keras
+from tfdist.errors import StrategyConfigError, format_error
 from tfdist.pipeline import local, stage, tied
 from tfdist.pipeline.config import PipelineConfig
 from tfdist.pipeline.engine import StageEngine
@@ -159,13 +160,21 @@ def choose_mode(config: PipelineConfig, processes: int, rank: int,
     K > 1 in one process), else `StagePerProcess` (each stage on ``tensor`` processes).
 
     Raises:
-        StrategyConfigError: devices that do not fit (`local.resolve_devices`), or a process
-            count that is not a multiple of K.
+        StrategyConfigError: devices that do not fit (`local.resolve_devices`) or given with
+            ``tensor > 1``, or a process count that is not a multiple of K x T.
     """
+    if tensor > 1:  # each stage on T processes: never all stages in one
+        if config.devices is not None:
+            raise StrategyConfigError(format_error(
+                "Stages split by tensor parallelism are each held by T processes, not by the "
+                "devices of one process.", received=f"devices={list(config.devices)}, "
+                f"tensor={tensor}", expected="devices=None",
+                fix="drop devices (one process per shard of each stage), or use tensor=1"))
+        return StagePerProcess(config, PipelineLayout(processes, config.stages, rank,
+                                                      tensor=tensor))
     devices = local.resolve_devices(config.devices, config.stages, processes)
     if devices:
         layout = PipelineLayout(processes, config.stages, rank,
                                 stages_per_process=config.stages)
         return StagesOnDevices(config, layout, devices)
-    return StagePerProcess(config, PipelineLayout(processes, config.stages, rank,
-                                                  tensor=tensor))
+    return StagePerProcess(config, PipelineLayout(processes, config.stages, rank))
