@@ -1,8 +1,8 @@
 """Tensor-split pipeline stages in one process: the plan of a pipeline's model (the output kept
 whole), the refusals before training (a cut carrying a column-split output, a rule asking for
 the vocabulary-split output, norm clipping, tf-keras, local devices, more shards than processes),
-a stage's shard built from the layers'
-configs with only its variables, and the weights sliced and gathered back (a group of one)."""
+a stage's shard built from the layers' configs with only its variables, and the weights sliced
+and gathered back (a group of one)."""
 
 from __future__ import annotations
 
