@@ -67,7 +67,8 @@ def test_two_stages_of_two_shards_match_one_process(cluster_runner, tmp_path):
     for stage in (0, 1):
         shards = [r for r in results.values() if r["stage"] == stage]
         assert shards[0]["replicated_digest"] == shards[1]["replicated_digest"]
-        assert shards[0]["fn_bytes"] == shards[1]["fn_bytes"] == shards[0]["held_bytes"]
+        assert shards[0]["fn_bytes"] == shards[1]["fn_bytes"] == shards[0]["held_bytes"] \
+            == shards[0]["report_bytes"]
     whole = results["worker:0"]["plan"]["whole_bytes"]
     assert sum(r["held_bytes"] for r in results.values()) < 0.6 * 2 * whole  # measured: 0.43
     chief = results["worker:0"]

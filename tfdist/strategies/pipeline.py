@@ -369,7 +369,8 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
             tied.check_clipping(optimizer, self.spec, self.bounds)
 
     def stage_report(self) -> dict[str, Any]:
-        """What this stage holds: layers and parameter bytes, against the whole model."""
+        """What this stage holds: layers and parameter bytes (this shard's, when split),
+        against the whole model."""
         if self.spec is None or self.bounds is None:
             raise StrategyConfigError(format_error(
                 "No model yet.", received="stage_report() before build_model()",
@@ -381,11 +382,21 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
             "stage": held.start, "stages": self.stages, "replica": self.layout.replica,
             "devices": list(self.devices),
             "layers": [self.spec.layers[lid].name for lid in layers],
-            "param_bytes": int(sum(self.spec.param_bytes[lid] for lid in layers)),
+            "param_bytes": int(sum(self._held_bytes(lid) for lid in layers)),
+            "shard": self.layout.coordinates.tensor, "shards": self.shards,
             "model_param_bytes": self.spec.total_param_bytes,
             "largest_layer_bytes": max(self.spec.param_bytes),
             "bounds": list(self.bounds),
         }
+
+    def _held_bytes(self, layer_id: int) -> int:
+        """Bytes of layer ``layer_id``'s weights this process holds (its shard's, when split)."""
+        assert self.spec is not None
+        layer = self.spec.layers[layer_id]
+        split = None if self.split is None else self.split.split_of(layer.name)
+        if split is None:
+            return layer.param_bytes
+        return sum(w.bytes_per_process(self.shards) for w in split.weights)
 
     def check_rows(self, rows: int) -> None:
         """Raises unless a batch of ``rows`` rows divides into D replicas x M micro-batches."""

@@ -46,7 +46,8 @@ def main(argv):
     result = {"strategy": strategy.name, "shards": strategy.shards, "stage": place.pipe,
               "shard": place.tensor, "replica": place.data, "plan": strategy.plan.as_dict(),
               "fn_bytes": int(sum(v.numpy().nbytes for v in from_fn.weights)),
-              "replicated_digest": replicated_digest(strategy, from_fn)}
+              "replicated_digest": replicated_digest(strategy, from_fn),
+              "report_bytes": strategy.stage_report()["param_bytes"]}
     del from_fn
     keras.utils.set_random_seed(1)
     whole = build()
