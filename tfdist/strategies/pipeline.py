@@ -12,6 +12,12 @@ collective ops (a broadcast in a group of two acts as send/recv), over the same 
 MultiWorkerMirrored; each stage's gradients are averaged over its D replicas with an all-reduce.
 A step is the same as one step of the whole model on the whole global batch.
 
+With ``tensor=T`` (``--stages K --tensor T``, Keras 3) each stage is split over T processes by
+tensor parallelism (`tfdist.tensor.stages`): rank ``r`` holds shard ``r % T`` of stage
+``(r // T) % K`` of replica ``r // (K T)``; each process allocates only its shard, the cuts carry
+whole activations between equal shards of neighbouring stages, and a stage's split layers
+all-reduce over its tensor group.
+
 Example:
     Under ``tfdist-launch --strategy pipeline --workers 2 --stages 2 train.py``::
 
