@@ -11,6 +11,8 @@ Runs unchanged on one process and under every tfdist strategy::
         keras_examples/transformer_lm.py                                  # heads split 2 ways
     tfdist-launch --strategy tensor --tensor 2 --workers 4 \\
         keras_examples/transformer_lm.py                                  # 2 replicas x 2 shards
+    tfdist-launch --strategy pipeline --stages 2 --tensor 2 --workers 4 --micro-batches 2 \\
+        keras_examples/transformer_lm.py                                  # 2 stages x 2 shards
 
 The text is generated (no download): each sequence counts up from a random token by a random
 stride (modulo the vocabulary), so the next token follows from the previous two and a model that

@@ -94,6 +94,20 @@ def test_a_pipeline_job_gets_its_mesh_and_its_pipeline_variables(capsys, script)
     assert all(MESH_ENV not in line["env"] and "mesh" not in line for line in plain)
 
 
+def test_a_pipeline_of_tensor_split_stages_links_equal_shards_of_neighbouring_stages(capsys,
+                                                                                    script):
+    lines, _ = _dry_run(capsys, ["--strategy", "pipeline", "--workers", "4", "--stages", "2",
+                                 "--tensor", "2", script])
+    assert {line["env"][MESH_ENV] for line in lines} == {"data=1,pipe=2,tensor=2"}
+    assert {line["env"]["TFDIST_TENSOR_SHARDS"] for line in lines} == {"2"}
+    assert {line["env"]["TFDIST_PIPELINE_STAGES"] for line in lines} == {"2"}
+    assert [(c["pipe"], c["tensor"]) for c in (line["mesh"]["coordinates"] for line in lines)] \
+        == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [line["mesh"]["groups"]["pipe"]["members"] for line in lines] == [[0, 2], [1, 3]] * 2
+    assert [line["mesh"]["groups"]["tensor"]["members"] for line in lines] == \
+        [[0, 1], [0, 1], [2, 3], [2, 3]]
+
+
 def test_tensor_is_not_written_as_a_pipeline_variable():
     plan = plan_job(JobOptions("t.py", strategy=SPLIT, workers=4,
                                strategy_options=StrategyOptions(tensor=2)))
@@ -110,8 +124,8 @@ def test_tensor_is_not_written_as_a_pipeline_variable():
 
 
 @pytest.mark.parametrize(("argv", "fragments"), [
-    (["--strategy", "pipeline", "--workers", "4", "--stages", "2", "--tensor", "2"],
-     ["--tensor was given with --strategy pipeline, which does not take it",
+    (["--strategy", "horovod", "--workers", "4", "--tensor", "2"],
+     ["--tensor was given with --strategy horovod, which does not take it",
       "Fix: drop --tensor, or use --strategy ", f"--strategy {SPLIT}"]),
     (["--strategy", "multi_worker", "--workers", "2", "--tensor", "2"],
      ["--tensor was given with --strategy multi_worker", "(it takes: none)"]),

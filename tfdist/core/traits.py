@@ -250,8 +250,10 @@ PIPELINE = StrategyTraits(
     roles=("chief", "worker"),
     launch_options=MappingProxyType({"stages": PIPELINE_STAGES_ENV,
                                      "micro_batches": PIPELINE_MICRO_BATCHES_ENV,
-                                     "schedule": PIPELINE_SCHEDULE_ENV}),
+                                     "schedule": PIPELINE_SCHEDULE_ENV,
+                                     "tensor": TENSOR_SHARDS_ENV}),
 )
+"""``--tensor T`` splits each stage over T processes (a ``data x pipe x tensor`` mesh)."""
 
 TENSOR = StrategyTraits(
     roles=("chief", "worker"),

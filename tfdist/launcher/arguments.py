@@ -178,7 +178,7 @@ def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
                           help="micro-batches per replica batch (default 1)")
     pipeline.add_argument("--schedule", choices=("gpipe", "1f1b"),
                           help="gpipe (default) or 1f1b (keeps fewer activations)")
-    tensor = parser.add_argument_group("tensor (--strategy tensor)")
+    tensor = parser.add_argument_group("tensor (--strategy tensor, or pipeline with --stages)")
     tensor.add_argument(
         "--tensor", type=_positive_int, metavar="T",
         help="split each layer (attention heads, feed-forward widths, vocabulary) T ways, one "

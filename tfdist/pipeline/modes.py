@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import tensorflow as tf
 
 from tfdist.core.flavour import get_keras
+from tfdist.errors import StrategyConfigError, format_error
 from tfdist.pipeline import local, stage, tied
 from tfdist.pipeline.config import PipelineConfig
 from tfdist.pipeline.engine import StageEngine
@@ -52,9 +53,11 @@ class PipelineMode(Protocol):
         """Where this process's stages are, in words (`PipelineStrategy.describe`)."""
         ...
 
-    def build(self, spec: stage.ModelSpec, bounds: tuple[int, ...], strategy: Any) -> Any:
+    def build(self, spec: stage.ModelSpec, bounds: tuple[int, ...], strategy: Any,
+              layer_maker: Any = None) -> Any:
         """The Keras model of this process's stages, its engine attached; ``strategy`` is the
-        `PipelineStrategy` the model reports to."""
+        `PipelineStrategy` the model reports to; ``layer_maker`` makes each layer
+        (`tfdist.pipeline.stage.build_stage`; a tensor-split stage's makes its shards)."""
         ...
 
     def sync_tied(self, model: Any) -> None:
@@ -96,11 +99,14 @@ class StagePerProcess:
         return (f"stage {layout.stage} of {layout.stages}, replica {layout.replica} of "
                 f"{layout.replicas}")
 
-    def build(self, spec: stage.ModelSpec, bounds: tuple[int, ...], strategy: Any) -> Any:
-        """This stage's layers, made in ``strategy.scope()``."""
+    def build(self, spec: stage.ModelSpec, bounds: tuple[int, ...], strategy: Any,
+              layer_maker: Any = None) -> Any:
+        """This stage's layers (or, split by tensor parallelism, their shards), made in
+        ``strategy.scope()``."""
         with strategy.scope(), whole_model_scope(spec):
             model = stage.build_stage(spec, bounds, self.layout.stage,
-                                      cls=stage_model_class(spec.flavour))
+                                      cls=stage_model_class(spec.flavour),
+                                      layer_maker=layer_maker)
         engine = stage_engine(self.config, spec, bounds, self.layout)
         tied_weights = tied.tied_for_stage(spec, bounds, self.layout, model,
                                            self.config.timeout or 0.0)
@@ -124,13 +130,14 @@ class StagesOnDevices:
     def where(self) -> str:
         return f"{self.layout.stages} stages on {', '.join(self.devices)}"
 
-    def build(self, spec: stage.ModelSpec, bounds: tuple[int, ...], strategy: Any) -> Any:
+    def build(self, spec: stage.ModelSpec, bounds: tuple[int, ...], strategy: Any,
+              layer_maker: Any = None) -> Any:
         """Stage ``k``'s variables on ``devices[k]``, made outside ``strategy.scope()``, whose
         one device would hold them all."""
         stages = []
         for k, device in enumerate(self.devices):
             with tf.device(device), whole_model_scope(spec):
-                stages.append(stage.build_stage(spec, bounds, k))
+                stages.append(stage.build_stage(spec, bounds, k, layer_maker=layer_maker))
         local.check_placement([s.weights for s in stages], self.devices)
         model = local_stages_model(spec.flavour, stages, self.devices, spec.name)
         count = self.layout.stages
@@ -147,14 +154,24 @@ class StagesOnDevices:
         model._pipeline_sync_tied()  # noqa: SLF001
 
 
-def choose_mode(config: PipelineConfig, processes: int, rank: int) -> PipelineMode:
+def choose_mode(config: PipelineConfig, processes: int, rank: int,
+                tensor: int = 1) -> PipelineMode:
     """`StagesOnDevices` when this single process holds the stages (``config.devices``, or
-    K > 1 in one process), else `StagePerProcess`.
+    K > 1 in one process), else `StagePerProcess` (each stage on ``tensor`` processes).
 
     Raises:
-        StrategyConfigError: devices that do not fit (`local.resolve_devices`), or a process
-            count that is not a multiple of K.
+        StrategyConfigError: devices that do not fit (`local.resolve_devices`) or given with
+            ``tensor > 1``, or a process count that is not a multiple of K x T.
     """
+    if tensor > 1:  # each stage on T processes: never all stages in one
+        if config.devices is not None:
+            raise StrategyConfigError(format_error(
+                "Stages split by tensor parallelism are each held by T processes, not by the "
+                "devices of one process.", received=f"devices={list(config.devices)}, "
+                f"tensor={tensor}", expected="devices=None",
+                fix="drop devices (one process per shard of each stage), or use tensor=1"))
+        return StagePerProcess(config, PipelineLayout(processes, config.stages, rank,
+                                                      tensor=tensor))
     devices = local.resolve_devices(config.devices, config.stages, processes)
     if devices:
         layout = PipelineLayout(processes, config.stages, rank,

@@ -398,13 +398,16 @@ def added_loss(spec: ModelSpec, i: int) -> str | None:
 
 
 def build_stage(spec: ModelSpec, bounds: Sequence[int], stage: int, cls: type | None = None,
+                layer_maker: Callable[[Any, LayerSpec], Any] | None = None,
                 **kwargs: Any) -> Any:
     """Builds the calls ``bounds[stage]:bounds[stage+1]`` of ``spec`` as a functional model (of
     class ``cls``, a functional model class, if given).
 
     Its inputs are the tensors the cut before it carries (a list; stage 0: the model's
     inputs), its outputs those the cut after it carries (a list; the last stage: the model's
-    outputs, one tensor if it has one). Only this stage's variables are created.
+    outputs, one tensor if it has one). Only this stage's variables are created. Each layer is
+    ``layer_maker(keras, layer_spec)`` (default `rebuild_layer`; a tensor-split stage makes its
+    shard, `tfdist.tensor.stages.StageSplit.layer_maker`).
     """
     keras = get_keras(spec.flavour)  # type: ignore[arg-type]
     start, stop = bounds[stage], bounds[stage + 1]
@@ -412,8 +415,8 @@ def build_stage(spec: ModelSpec, bounds: Sequence[int], stage: int, cls: type | 
     cuts = spec.cuts(bounds)
     ins = spec.inputs if stage == 0 else cuts[stage - 1]
     outs = spec.outputs if last else cuts[stage]
-    layers = {lid: rebuild_layer(keras, spec.layers[lid])
-              for lid in stage_layers(spec, bounds, stage)}
+    make = layer_maker or rebuild_layer
+    layers = {lid: make(keras, spec.layers[lid]) for lid in stage_layers(spec, bounds, stage)}
     values = {t: keras.Input(spec.shapes[t], dtype=spec.dtypes[t],
                              name=_boundary_name(spec, t, stage)) for t in ins}
     graphs.replay(spec.nodes[start:stop], layers, values)

@@ -17,11 +17,38 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfdist.core.traits import TENSOR_SHARDS_ENV
+from tfdist.errors import StrategyConfigError, format_error
 from tfdist.mesh import ProcessGroup, task_rank
 from tfdist.pipeline import transport
 from tfdist.strategies.startup import startup_deadline
 
-__all__ = ["ModelParallelMixin"]
+__all__ = ["ModelParallelMixin", "tensor_shards"]
+
+
+def tensor_shards(shards: int | None, default: int,
+                  environ: Mapping[str, str] | None = None) -> int:
+    """T: ``shards`` if given, else ``$TFDIST_TENSOR_SHARDS``, else ``default``.
+
+    Raises:
+        StrategyConfigError: a value that is not a positive int.
+
+    Example:
+        >>> tensor_shards(None, 1, {}), tensor_shards(None, 1, {"TFDIST_TENSOR_SHARDS": "2"})
+        (1, 2)
+    """
+    environ = os.environ if environ is None else environ
+    value: Any = shards if shards is not None else environ.get(TENSOR_SHARDS_ENV, str(default))
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if isinstance(value, bool) or number < 1 or str(number) != str(value).strip():
+        raise StrategyConfigError(format_error(
+            "The tensor shard count must be a positive int.",
+            received=f"shards={value!r}", expected="an int >= 1 that divides the processes",
+            fix=f"pass shards=T (pipeline: tensor=T) or set {TENSOR_SHARDS_ENV}=T"))
+    return number
 
 
 @functools.cache  # once per process, like enable_collectives: one barrier, one instance key

@@ -12,6 +12,12 @@ collective ops (a broadcast in a group of two acts as send/recv), over the same 
 MultiWorkerMirrored; each stage's gradients are averaged over its D replicas with an all-reduce.
 A step is the same as one step of the whole model on the whole global batch.
 
+With ``tensor=T`` (``--stages K --tensor T``, Keras 3) each stage is split over T processes by
+tensor parallelism (`tfdist.tensor.stages`): rank ``r`` holds shard ``r % T`` of stage
+``(r // T) % K`` of replica ``r // (K T)``; each process allocates only its shard, the cuts carry
+whole activations between equal shards of neighbouring stages, and a stage's split layers
+all-reduce over its tensor group.
+
 Example:
     Under ``tfdist-launch --strategy pipeline --workers 2 --stages 2 train.py``::
 
@@ -36,7 +42,7 @@ import tensorflow as tf
 from tfdist.core import flavour
 from tfdist.core import traits as builtin
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.mesh import DATA, PIPE
+from tfdist.mesh import DATA, PIPE, TENSOR
 from tfdist.options import check_positive_number
 from tfdist.pipeline import batch_norm, optimizers, stage, tied, transport
 from tfdist.pipeline.config import (
@@ -53,7 +59,7 @@ from tfdist.pipeline.keras_model import (
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.modes import PipelineMode, choose_mode
 from tfdist.strategies.base import TfdistStrategyMixin
-from tfdist.strategies.model_parallel import ModelParallelMixin
+from tfdist.strategies.model_parallel import ModelParallelMixin, tensor_shards
 from tfdist.strategies.startup import resolve_startup_timeout
 
 __all__ = ["PipelineStrategy", "STAGES_ENV", "MICRO_BATCHES_ENV", "SCHEDULE_ENV",
@@ -124,6 +130,10 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
             until the end of the step; see ``_keep_micro_batch_gradients_apart``).
         recompute: Keep only each micro-batch's stage input until its backward, which runs
             the stage's forward again (activation recomputation: less memory, one more forward).
+        tensor: T, the processes each stage is split over by tensor parallelism (None:
+            ``$TFDIST_TENSOR_SHARDS``, else 1; Keras 3). D = processes / (K x T).
+        rules: ``{layer-name regex: kind}`` overriding the automatic tensor splits
+            (`tfdist.tensor.rules`; with T > 1 only).
 
     Attributes:
         config: The settings above, validated (`tfdist.pipeline.config.PipelineConfig`).
@@ -158,6 +168,8 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
         batch_norm: str | None = None,
         arithmetic_optimization: bool = False,
         recompute: bool = False,
+        tensor: int | None = None,
+        rules: Mapping[str, str] | None = None,
     ) -> None:
         self.config = PipelineConfig.from_env(
             stages=stages, micro_batches=micro_batches, schedule=schedule,
@@ -168,7 +180,9 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
             "startup_timeout_seconds", resolve_startup_timeout(startup_timeout_seconds))
         self._check_keras()
         cluster, task, processes, rank = self._job_place(tf_config)
-        self.mode: PipelineMode = choose_mode(self.config, processes, rank)
+        self.rules = dict(rules or {})
+        self.mode: PipelineMode = choose_mode(self.config, processes, rank,
+                                              tensor_shards(tensor, 1))
         if processes > 1:
             _warn_if_one_inter_op_thread()
             if self.config.stages > 1 and not self.config.arithmetic_optimization:
@@ -178,6 +192,7 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
         self._init_tfdist(cluster, task)
         self.spec: stage.ModelSpec | None = None
         self.bounds: tuple[int, ...] | None = None
+        self.split: Any = None  # a `tfdist.tensor.stages.StageSplit` when T > 1
 
     # ----------------------------------------------------------------- surface
     @property
@@ -189,6 +204,17 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
     def micro_batches(self) -> int:
         """M, micro-batches per replica batch."""
         return self.config.micro_batches
+
+    @property
+    def shards(self) -> int:
+        """T, the tensor-parallel shards of each stage (1: none)."""
+        return self.layout.tensor
+
+    @property
+    def plan(self) -> Any:
+        """The whole model's tensor plan (`tfdist.tensor.plan.TensorPlan`) when T > 1, after
+        `build_model`; else None."""
+        return None if self.split is None else self.split.plan
 
     @property
     def schedule(self) -> str:
@@ -216,7 +242,7 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
 
     @property
     def num_workers(self) -> int:
-        """All processes of the job (D x K)."""
+        """All processes of the job (D x K x T)."""
         return self.layout.processes
 
     @property
@@ -231,7 +257,9 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
             'pipeline: stage 0 of 1, replica 0 of 1, 1 micro-batch(es), gpipe, chief'
         """
         chief = ", chief" if self.is_chief else ""
-        return (f"pipeline: {self.mode.where()}, {self.micro_batches} micro-batch(es), "
+        shard = (f", shard {self.layout.coordinates.tensor} of {self.shards}"
+                 if self.shards > 1 else "")
+        return (f"pipeline: {self.mode.where()}{shard}, {self.micro_batches} micro-batch(es), "
                 f"{self.schedule}{chief}")
 
     # ----------------------------------------------------------------- the model
@@ -260,17 +288,29 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
         """
         spec, bounds = self.plan_stages(model_or_fn)
         self.spec, self.bounds = spec, bounds
-        model = self.mode.build(spec, bounds, self)
+        if self.shards > 1:
+            from tfdist.tensor.stages import stage_split
+
+            self.split = stage_split(spec, bounds, self.rules, self.layout.group(TENSOR),
+                                     self.timeout or None)
+            if self.is_chief:
+                _log.info("%s\n%s", self.describe(), self.split.plan.table())
+        model = self.mode.build(spec, bounds, self,
+                                None if self.split is None else self.split.layer_maker)
         batch_norm.check_stage(model, self.micro_batches, self.config.batch_norm,
                                self.layout.group(PIPE), self.timeout)
         held = self.layout.held
         if hasattr(model_or_fn, "layers"):
+            set_weights = stage.set_layer_weights if self.split is None else \
+                self.split.set_weights
             for k in held:
-                stage.set_layer_weights(_stage_model(model, k), spec,
-                                        stage.stage_layers(spec, bounds, k),
-                                        stage.stage_weights(model_or_fn, spec, bounds, k))
+                set_weights(_stage_model(model, k), spec, stage.stage_layers(spec, bounds, k),
+                            stage.stage_weights(model_or_fn, spec, bounds, k))
         else:
             self.mode.sync_tied(model)
+            if self.split is not None:  # replicated weights from shard 0
+                self.split.share_replicated(model, stage.stage_layers(spec, bounds, held.start),
+                                            spec)
             if self.layout.replicas > 1:
                 self._broadcast_from_first_replica(model)
         size = stage.weights_nbytes(model.weights)
@@ -327,11 +367,16 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
         """Raises before training for an optimizer option the pipeline cannot apply as one
         device would (`tfdist.pipeline.optimizers`: which options are exact, which refused)."""
         optimizers.check_optimizer(optimizer, spans_processes=not self.layout.holds_all)
+        if self.split is not None:
+            from tfdist.tensor.stages import check_clipping
+
+            check_clipping(optimizer)
         if self.spec is not None and self.bounds is not None:
             tied.check_clipping(optimizer, self.spec, self.bounds)
 
     def stage_report(self) -> dict[str, Any]:
-        """What this stage holds: layers and parameter bytes, against the whole model."""
+        """What this stage holds: layers and parameter bytes (this shard's, when split),
+        against the whole model."""
         if self.spec is None or self.bounds is None:
             raise StrategyConfigError(format_error(
                 "No model yet.", received="stage_report() before build_model()",
@@ -343,11 +388,21 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
             "stage": held.start, "stages": self.stages, "replica": self.layout.replica,
             "devices": list(self.devices),
             "layers": [self.spec.layers[lid].name for lid in layers],
-            "param_bytes": int(sum(self.spec.param_bytes[lid] for lid in layers)),
+            "param_bytes": int(sum(self._held_bytes(lid) for lid in layers)),
+            "shard": self.layout.coordinates.tensor, "shards": self.shards,
             "model_param_bytes": self.spec.total_param_bytes,
             "largest_layer_bytes": max(self.spec.param_bytes),
             "bounds": list(self.bounds),
         }
+
+    def _held_bytes(self, layer_id: int) -> int:
+        """Bytes of layer ``layer_id``'s weights this process holds (its shard's, when split)."""
+        assert self.spec is not None
+        layer = self.spec.layers[layer_id]
+        split = None if self.split is None else self.split.split_of(layer.name)
+        if split is None:
+            return layer.param_bytes
+        return sum(w.bytes_per_process(self.shards) for w in split.weights)
 
     def check_rows(self, rows: int) -> None:
         """Raises unless a batch of ``rows`` rows divides into D replicas x M micro-batches."""
@@ -398,8 +453,13 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
         if layout.holds_all:
             return [np.asarray(w) for k in range(layout.stages) for w in stage.layer_weights(
                 _stage_model(model, k), spec, stage.owned_layers(spec, bounds, k))]
-        own = [np.asarray(w) for w in stage.layer_weights(
-            model, spec, stage.owned_layers(spec, bounds, layout.stage))]
+        owned = stage.owned_layers(spec, bounds, layout.stage)
+        if self.split is None:
+            own = [np.asarray(w) for w in stage.layer_weights(model, spec, owned)]
+        else:  # a collective of the stage's shards; shard 0 sends the whole weights
+            own = self.split.gather(model, spec, owned)
+            if layout.coordinates.tensor != 0:
+                return None
         if layout.stage != 0:
             link = transport.Link(layout.pair(layout.rank_of(0, 0)), self.timeout)
             for i, w in enumerate(own):

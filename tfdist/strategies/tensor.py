@@ -27,19 +27,17 @@ Example:
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from typing import Any
 
 import tensorflow as tf
 
 from tfdist.core import traits as builtin
-from tfdist.errors import StrategyConfigError, format_error
 from tfdist.mesh import DATA, TENSOR, Mesh
 from tfdist.options import check_positive_number
 from tfdist.pipeline import keras_compat, transport
 from tfdist.strategies.base import TfdistStrategyMixin
-from tfdist.strategies.model_parallel import ModelParallelMixin
+from tfdist.strategies.model_parallel import ModelParallelMixin, tensor_shards
 from tfdist.strategies.startup import resolve_startup_timeout
 from tfdist.tensor import build as shards_of
 from tfdist.tensor.collectives import DEFAULT_TIMEOUT, next_key
@@ -51,23 +49,6 @@ __all__ = ["TensorStrategy", "TENSOR_SHARDS_ENV"]
 
 TENSOR_SHARDS_ENV = builtin.TENSOR_SHARDS_ENV
 _log = logging.getLogger("tfdist")
-
-
-def _shards_from_env(shards: int | None, processes: int) -> int:
-    if shards is not None:
-        value: Any = shards
-    else:
-        value = os.environ.get(TENSOR_SHARDS_ENV, str(processes))
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        number = 0
-    if isinstance(value, bool) or number < 1 or str(number) != str(value).strip():
-        raise StrategyConfigError(format_error(
-            "The tensor shard count must be a positive int.",
-            received=f"shards={value!r}", expected="an int >= 1 that divides the processes",
-            fix=f"pass shards=T or set {TENSOR_SHARDS_ENV}=T"))
-    return number
 
 
 class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
@@ -110,7 +91,7 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
         # a function's first batch traces and compiles it too: it may take the start-up deadline
         self.first_step_timeout = max(self.timeout, float(deadline or 0.0))
         cluster, task, processes, rank = self._job_place(tf_config)
-        self.mesh = Mesh.for_processes(processes, tensor=_shards_from_env(shards, processes))
+        self.mesh = Mesh.for_processes(processes, tensor=tensor_shards(shards, processes))
         self.rules = dict(rules or {})
         self.rank = rank
         if processes > 1:

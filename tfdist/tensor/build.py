@@ -34,7 +34,8 @@ from tfdist.tensor.collectives import gather_axis
 from tfdist.tensor.initializers import HeadsInitializer, ShardInitializer
 from tfdist.tensor.plan import LayerSplit, TensorPlan
 
-__all__ = ["build_shard", "shard_weights", "gather_weights", "assemble", "vocab_start"]
+__all__ = ["build_shard", "split_layer", "piece", "shard_weights", "gather_weights", "assemble",
+           "vocab_start"]
 
 
 def vocab_start(plan: TensorPlan, group: ProcessGroup) -> int:
@@ -51,8 +52,10 @@ def _sharded_init(config: dict[str, Any], key: str, shape: Sequence[int], axis: 
     config[key] = ShardInitializer(config[key], shape, axis, group.rank, group.size)
 
 
-def _split_layer(layer: Any, plan: LayerSplit, group: ProcessGroup,
+def split_layer(layer: Any, plan: LayerSplit, group: ProcessGroup,
                  timeout: float | None) -> Any:
+    """This shard of ``layer`` (built or not) as its split class, made from its config with the
+    shard's sizes; its split weights' initializers draw the whole weight and slice it."""
     config = layer.get_config()
     shards = group.size
     weights = {w.name.split("/")[-1].split(":")[0]: w for w in plan.weights}
@@ -88,13 +91,19 @@ def build_shard(model: Any, plan: TensorPlan, group: ProcessGroup,
         found = kinds.get(layer.name)
         if found is None or not found.split or group.size == 1:
             return layer.__class__.from_config(layer.get_config())
-        return _split_layer(layer, found, group, timeout)
+        return split_layer(layer, found, group, timeout)
 
     cloned = keras.models.clone_model(model, clone_function=clone)
     return (cls or keras.Model)(inputs=cloned.inputs, outputs=cloned.outputs, name=model.name)
 
 
-def _piece(value: np.ndarray, axis: int | None, index: int, parts: int) -> np.ndarray:
+def piece(value: np.ndarray, axis: int | None, index: int, parts: int) -> np.ndarray:
+    """Part ``index`` of ``parts`` of ``value`` along ``axis`` (None: ``value`` itself).
+
+    Example:
+        >>> piece(np.arange(4), 0, 1, 2).tolist()
+        [2, 3]
+    """
     if axis is None:
         return value
     size = value.shape[axis] // parts
@@ -103,7 +112,7 @@ def _piece(value: np.ndarray, axis: int | None, index: int, parts: int) -> np.nd
 
 def shard_weights(whole: Any, plan: TensorPlan, index: int) -> dict[str, list[np.ndarray]]:
     """Shard ``index``'s weights of each layer, sliced from the built ``whole`` model."""
-    return {layer.name: [_piece(np.asarray(v), w.axis, index, plan.shards)
+    return {layer.name: [piece(np.asarray(v), w.axis, index, plan.shards)
                          for v, w in zip(whole.get_layer(layer.name).get_weights(),
                                          layer.weights, strict=True)]
             for layer in plan.layers if layer.weights}

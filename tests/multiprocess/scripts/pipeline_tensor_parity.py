@@ -1,0 +1,96 @@
+"""One process of a pipeline whose stages are split by tensor parallelism (D x K x T): trains
+`tensor_parity`'s small Transformer LM cut into 2 stages between its blocks, each stage split T
+ways, with Adam and ``model.fit``, and reports what the test checks.
+
+Args: ``steps micro_batches [--sabotage] [--custom-loop] [--save DIR]``. Every process first
+builds its stage's shard from the build function (the bytes it holds, and a digest of the
+weights every shard of its stage holds whole), then builds the whole model once with a fixed
+seed and takes its slices of its stage's layers, fits ``steps`` global batches, evaluates and
+predicts, and reports the gathered weights (on the chief). The chief also trains the whole model
+in one process on the same global batches (the reference). ``--sabotage`` makes the row-split
+layers skip their all-reduce."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import keras
+import numpy as np
+from tensor_parity import GLOBAL, LR, build, data, digest, loss, sabotage_row_reduce
+
+import tfdist
+from tfdist.testing import report
+
+SPLIT_POINTS = ["b1_ln1"]
+"""Stage 0: embeddings and block 0; stage 1: block 1 and the head."""
+
+
+def replicated_digest(strategy, model):
+    """A digest of the weights every shard of this stage holds whole."""
+    names = {layer.name for layer in model.layers}
+    values = [v.numpy() for layer in strategy.plan.layers if layer.name in names
+              for v, w in zip(model.get_layer(layer.name).weights, layer.weights, strict=True)
+              if w.axis is None]
+    return digest(values)
+
+
+def main(argv):
+    steps, micro_batches = int(argv[0]), int(argv[1])
+    if "--sabotage" in argv:
+        sabotage_row_reduce()
+    strategy = tfdist.get_strategy("auto", micro_batches=micro_batches,
+                                   split_points=SPLIT_POINTS)
+    from_fn = strategy.build_model(build)
+    place = strategy.layout.coordinates
+    result = {"strategy": strategy.name, "shards": strategy.shards, "stage": place.pipe,
+              "shard": place.tensor, "replica": place.data, "plan": strategy.plan.as_dict(),
+              "fn_bytes": int(sum(v.numpy().nbytes for v in from_fn.weights)),
+              "replicated_digest": replicated_digest(strategy, from_fn),
+              "report_bytes": strategy.stage_report()["param_bytes"]}
+    del from_fn
+    keras.utils.set_random_seed(1)
+    whole = build()
+    names = [layer.name for layer in whole.layers if layer.weights]
+    initial = [w.copy() for w in whole.get_weights()]
+    model = strategy.build_model(whole)
+    x, y = data(steps)
+    optimizer = keras.optimizers.Adam(LR)
+    if "--custom-loop" in argv:
+        step = strategy.train_step(model, loss(), optimizer)
+        losses = [float(step(x[i:i + GLOBAL], y[i:i + GLOBAL])) for i in range(0, len(x), GLOBAL)]
+        result["loss"] = [float(np.mean(losses))]
+    else:
+        model.compile(optimizer=optimizer, loss=loss())
+        result["loss"] = model.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False,
+                                   verbose=0).history["loss"]
+        result["evaluate"] = model.evaluate(x, y, batch_size=GLOBAL, verbose=0)
+        result["predict"] = model.predict(x[:GLOBAL], batch_size=GLOBAL, verbose=0).tolist()
+    result["held_bytes"] = int(sum(v.numpy().nbytes for v in model.weights))
+    trained = strategy.gather_weights(model)
+    save_dir = argv[argv.index("--save") + 1] if "--save" in argv else None
+    if save_dir:
+        result["saved"] = strategy.save_model(model, os.path.join(save_dir, "model.keras"))
+    if strategy.is_chief:
+        reference = build()
+        reference.set_weights(initial)
+        reference.compile(optimizer=keras.optimizers.Adam(LR), loss=loss())
+        history = reference.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False, verbose=0)
+        result.update(
+            trained=[np.asarray(w).tolist() for w in trained],
+            initial=[w.tolist() for w in initial],
+            reference=[w.tolist() for name in names
+                       for w in reference.get_layer(name).get_weights()],
+            reference_loss=history.history["loss"],
+            reference_evaluate=reference.evaluate(x, y, batch_size=GLOBAL, verbose=0),
+            reference_predict=reference.predict(x[:GLOBAL], batch_size=GLOBAL,
+                                                verbose=0).tolist())
+        if save_dir:
+            loaded = keras.models.load_model(os.path.join(save_dir, "model.keras"))
+            result["reloaded"] = [w.tolist() for name in names
+                                  for w in loaded.get_layer(name).get_weights()]
+    report(result)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

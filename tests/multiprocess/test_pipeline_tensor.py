@@ -1,0 +1,92 @@
+"""Pipeline stages split by tensor parallelism, with real processes (K=2 stages x T=2 shards,
+4 processes; collectives over gRPC): a small Transformer LM cut between its blocks, each stage's
+attention, feed-forward pair and embedding split over its 2 shards, trained with Adam by
+``model.fit`` (M=2 micro-batches) and by the custom loop, ends with the weights and the logged loss
+of one process training the whole model on the same global batches; skipping the row-split
+layers' all-reduce breaks it; each process holds only its shard of its stage, and the weights a
+stage's shards hold whole are the same on both; the saved model loads whole in one process. And
+D=2 replicas of that (8 processes, 2 x 2 x 2: the gradients averaged over the data axis; 54 s
+on 2 cores)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from parity_checks import max_gap
+from test_tensor import NOISE_ATOL, PARITY_ATOL, SABOTAGE_MIN_GAP
+
+from tfdist.cluster import ClusterSpec
+
+pytestmark = pytest.mark.multiprocess
+
+SCRIPT = __import__("pathlib").Path(__file__).parent / "scripts" / "pipeline_tensor_parity.py"
+
+
+def run_3d(cluster_runner, *, args, replicas=1, timeout=300):
+    env = {"TFDIST_STRATEGY": "pipeline", "TFDIST_PIPELINE_STAGES": "2",
+           "TFDIST_TENSOR_SHARDS": "2", "TFDIST_MESH": f"data={replicas},pipe=2,tensor=2"}
+    spec = ClusterSpec.local(workers=4 * replicas)
+    return cluster_runner(spec, SCRIPT, *args, env=env, strategy="pipeline", timeout=timeout)
+
+
+def parity_gap(chief):
+    """The largest gap to the reference, the attention key biases (whose exact gradient is zero:
+    float noise that Adam amplifies, see test_tensor.NOISE_ATOL) scaled to `PARITY_ATOL`."""
+    names = [w["name"] for layer in chief["plan"]["layers"] for w in layer["weights"]]
+    pairs = list(zip(names, chief["trained"], chief["reference"], strict=True))
+    weights = max(max_gap([a], [b]) for name, a, b in pairs if "key/bias" not in name)
+    keys = max(max_gap([a], [b]) for name, a, b in pairs if "key/bias" in name)
+    worst = max((max_gap([a], [b]), name) for name, a, b in pairs if "key/bias" not in name)
+    print(f"gap to the reference: weights {weights:.2e} (largest: {worst[1]}), key biases "
+          f"{keys:.2e}")
+    return max(weights, keys * PARITY_ATOL / NOISE_ATOL)
+
+
+def check_parity(results):
+    chief = results["worker:0"]
+    assert max_gap(chief["trained"], chief["initial"]) > 0.02, "training did not move weights"
+    assert parity_gap(chief) <= PARITY_ATOL
+    for rank in range(len(results)):
+        result = results[f"worker:{rank}"]
+        np.testing.assert_allclose(result["loss"], chief["reference_loss"], atol=PARITY_ATOL)
+        if "evaluate" in result:
+            np.testing.assert_allclose(result["evaluate"], chief["reference_evaluate"],
+                                       atol=PARITY_ATOL)
+            np.testing.assert_allclose(result["predict"], chief["reference_predict"], atol=1e-4)
+
+
+def test_two_stages_of_two_shards_match_one_process(cluster_runner, tmp_path):
+    results = run_3d(cluster_runner, args=["3", "2", "--save", str(tmp_path)])
+    check_parity(results)
+    places = {(r["stage"], r["shard"]) for r in results.values()}
+    assert places == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    kinds = {layer["name"]: layer["kind"] for layer in results["worker:0"]["plan"]["layers"]}
+    assert kinds["tok_emb"] == "vocab" and kinds["b1_attn"] == "heads"
+    assert (kinds["b1_ffn_in"], kinds["b1_ffn_out"]) == ("column", "row")
+    assert kinds["lm_head"] == "replicated"  # the last stage's loss reads whole logits
+    for stage in (0, 1):
+        shards = [r for r in results.values() if r["stage"] == stage]
+        assert shards[0]["replicated_digest"] == shards[1]["replicated_digest"]
+        assert shards[0]["fn_bytes"] == shards[1]["fn_bytes"] == shards[0]["held_bytes"] \
+            == shards[0]["report_bytes"]
+    whole = results["worker:0"]["plan"]["whole_bytes"]
+    assert sum(r["held_bytes"] for r in results.values()) < 0.6 * 2 * whole  # measured: 0.43
+    chief = results["worker:0"]
+    assert chief["saved"] == str(tmp_path / "model.keras")
+    assert max_gap(chief["reloaded"], chief["trained"]) == 0.0
+
+
+def test_the_custom_loop_path_matches_one_process(cluster_runner):
+    check_parity(run_3d(cluster_runner, args=["3", "1", "--custom-loop"]))
+
+
+def test_skipping_a_stage_s_row_all_reduce_breaks_parity(cluster_runner):
+    results = run_3d(cluster_runner, args=["3", "2", "--sabotage"])
+    assert parity_gap(results["worker:0"]) > SABOTAGE_MIN_GAP
+
+
+def test_two_replicas_of_two_stages_of_two_shards_match_one_process(cluster_runner):
+    results = run_3d(cluster_runner, args=["3", "2"], replicas=2, timeout=500)
+    places = {(r["replica"], r["stage"], r["shard"]) for r in results.values()}
+    assert len(places) == 8
+    check_parity(results)
