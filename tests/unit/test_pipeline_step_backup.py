@@ -7,6 +7,7 @@ from __future__ import annotations
 import doctest
 import importlib
 import shutil
+import signal
 
 import numpy as np
 import pytest
@@ -63,7 +64,16 @@ def _distance(a, b):
     return max(np.abs(g - w).max() for g, w in zip(a.get_weights(), b.get_weights(), strict=True))
 
 
-def test_a_fit_resumed_mid_epoch_ends_like_an_uninterrupted_one(tmp_path, monkeypatch):
+@pytest.fixture
+def sigterm_restored():
+    """A fit that raised never reached on_train_end, which gives SIGTERM its handler back."""
+    before = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, before)
+
+
+def test_a_fit_resumed_mid_epoch_ends_like_an_uninterrupted_one(tmp_path, monkeypatch,
+                                                                sigterm_restored):
     from tfdist.strategies import pipeline_backup
 
     plain, _ = _fit(tmp_path / "plain")
