@@ -2,10 +2,11 @@
 
 A stage that stopped alone would leave its neighbours waiting on a transfer, so no process acts
 on its own SIGTERM. It notes it (`SigtermVote`), and at the end of every step every process of
-the job (all stages of all replicas) adds its note to one sum over the job (`vote`, a collective
-with a deadline, on the same runtime as the pipeline's transfers). Every process gets the same
-sum after the same step: when it is not 0, all save their own stage (`StepCheckpoint`, one
-directory per rank) and exit with `tfdist.preemption.PREEMPTED_EXIT_STATUS`. The rerun restores
+the job (all stages of all replicas) adds its note to one sum over the job
+(`SigtermVote.agreed`, a collective with a deadline, on the same runtime as the pipeline's
+transfers). Every process gets the same sum after the same step: when it is not 0, all save
+their own stage (`StepCheckpoint`, one directory per rank) and exit with
+`tfdist.preemption.PREEMPTED_EXIT_STATUS`. The rerun restores
 each rank's checkpoint and the count of steps it holds, and goes on from the next step.
 
 Two bindings: the ``fit`` callback (`tfdist.strategies.pipeline_backup`) and, for a custom loop
@@ -31,7 +32,7 @@ from tfdist.pipeline import transport
 from tfdist.preemption import exit_preempted
 
 __all__ = ["SigtermVote", "StepCheckpoint", "PipelinePreemptionHandler", "VOTE_TIMEOUT",
-           "vote_timeout"]
+           "vote_timeout", "stop_here"]
 
 VOTE_TIMEOUT = 300.0
 """Seconds the step-end vote waits for the other processes when the pipeline has no transfer
@@ -56,10 +57,9 @@ class SigtermVote:
         self._noted = False
         self._previous: Any = None
         self._world = world
-        instance = transport.instance_key(transport.EXIT, micro_batch=1)
         # One tf.function: every call reuses the instance key, as each training step does.
         self._sum = tf.function(lambda flag: transport.all_reduce_sum(
-            flag, group=world, instance=instance, timeout=timeout))
+            flag, group=world, instance=transport.STOP_VOTE, timeout=timeout))
 
     def start(self) -> None:
         """From now on SIGTERM is noted, not fatal (Python runs the handler between steps)."""
