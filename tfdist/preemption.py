@@ -16,7 +16,9 @@ What happens, end to end:
 Two thin bindings share this module: ``strategy.backup_callback(dir)`` for ``model.fit``
 (tf-keras's ``BackupAndRestore`` with its handler switched on off Google Cloud, see
 `tfdist.strategies.backup`) and ``strategy.preemption_handler(checkpoint, dir)`` for custom
-loops. Which strategies support it is their ``preemption_saves`` attribute.
+loops. Which strategies support it is their ``preemption_saves`` attribute. The pipeline has its
+own bindings with the same names, whose stages agree on the step by a vote after each step
+(`tfdist.pipeline.preemption`).
 
 This module imports TensorFlow only inside the functions that need it, so the launcher can read
 the constants.
@@ -32,6 +34,7 @@ from typing import Any
 __all__ = [
     "PREEMPTED_EXIT_STATUS",
     "PREEMPTED_MARKER",
+    "exit_preempted",
     "marker_line",
     "preemption_handler",
     "skip_at_start",
@@ -56,7 +59,8 @@ def marker_line(where: str) -> str:
     return f"{PREEMPTED_MARKER} saved a checkpoint at {where}"
 
 
-def _exit_preempted(describe: Callable[[], str]) -> None:
+def exit_preempted(describe: Callable[[], str]) -> None:
+    """Prints `marker_line` (``describe()`` says where the checkpoint is) and exits 75 at once."""
     print(marker_line(describe()), flush=True)
     sys.stderr.flush()
     # The checkpoint is written (saves are synchronous) and a rerun is a new process, so skip
@@ -82,7 +86,7 @@ def termination_config(describe: Callable[[], str]) -> Any:
     # No watcher function: TF then installs a SIGTERM handler. Grace period 0: save at the
     # next step and leave, instead of training on through a platform's longer notice.
     return tf.distribute.experimental.TerminationConfig(
-        exit_fn=lambda: _exit_preempted(describe), grace_period=0
+        exit_fn=lambda: exit_preempted(describe), grace_period=0
     )
 
 
@@ -132,7 +136,7 @@ def preemption_handler(strategy: Any, checkpoint: Any, directory: str) -> Any:
             format_error(
                 "This strategy cannot save at the current step on SIGTERM.",
                 received=f"strategy {getattr(strategy, 'name', strategy)!r}",
-                expected="multi_worker (TF's PreemptionCheckpointHandler)",
+                expected="multi_worker (TF's PreemptionCheckpointHandler) or pipeline",
                 fix="use get_strategy('multi_worker'), or save a checkpoint every N steps with "
                 "strategy.save_checkpoint and restore it with strategy.restore_checkpoint",
             )

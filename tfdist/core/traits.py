@@ -91,6 +91,8 @@ class StrategyTraits:
             variable that carries it to the tasks.
         elastic: Whether a running job can change its number of tasks (``--min-workers``,
             ``--max-workers``: Horovod's elastic mode, `tfdist.launcher.elastic`).
+        saves_on_sigterm: Whether its training tasks can save at the step they are in on
+            SIGTERM and exit 75 (`tfdist.preemption`), which the launcher's messages say.
 
     Example:
         >>> PARAMETER_SERVER.task_kind("ps"), PARAMETER_SERVER.task_kind("chief")
@@ -112,6 +114,7 @@ class StrategyTraits:
     env: Mapping[str, str] = dataclasses.field(default_factory=_no_entries)
     launch_options: Mapping[str, str] = dataclasses.field(default_factory=_no_entries)
     elastic: bool = False
+    saves_on_sigterm: bool = False
 
     @property
     def single_process(self) -> bool:
@@ -228,7 +231,7 @@ class StrategyTraits:
 DEFAULT = StrategyTraits(launch="single_process", roles=("chief",))
 MIRRORED = DEFAULT
 
-MULTI_WORKER = StrategyTraits()
+MULTI_WORKER = StrategyTraits(saves_on_sigterm=True)
 """Both Kerases: Keras 3's ``model.fit`` with tfdist's shims (`tfdist.compat.KERAS3_SHIMS`)."""
 
 PARAMETER_SERVER = StrategyTraits(
@@ -248,6 +251,7 @@ HOROVOD = StrategyTraits(launch="ranks", roles=("worker",), elastic=True)
 
 PIPELINE = StrategyTraits(
     roles=("chief", "worker"),
+    saves_on_sigterm=True,
     launch_options=MappingProxyType({"stages": PIPELINE_STAGES_ENV,
                                      "micro_batches": PIPELINE_MICRO_BATCHES_ENV,
                                      "schedule": PIPELINE_SCHEDULE_ENV,

@@ -179,6 +179,8 @@ class Supervisor:
         timeout: Seconds the job may run.
         sidecar_grace: Seconds sidecars may run on once every main task has succeeded.
         preemption_grace: Seconds the tasks get to save and exit after SIGTERM.
+        strategy: The job's strategy, for messages.
+        saves_on_sigterm: Whether it can save at the step on SIGTERM (its traits).
         fatal: Role -> why its loss is fatal, or None (`JobPlan.loss_is_fatal`).
         restarts: Tasks restarted alone in the last `watch`, and how often.
         sidecar_failures: Sidecars that failed in the last `watch`, with their status.
@@ -188,6 +190,8 @@ class Supervisor:
     sidecar_grace: float = 0.0
     preemption_grace: float = 25.0
     fatal: Callable[[str], str | None] = lambda role: None
+    strategy: str = ""
+    saves_on_sigterm: bool = True
     restarts: dict[str, int] = dataclasses.field(default_factory=dict)
     sidecar_failures: dict[str, int] = dataclasses.field(default_factory=dict)
 
@@ -196,7 +200,8 @@ class Supervisor:
         """The policy of ``plan``: its timeout, graces and fatal roles."""
         options = plan.options
         return cls(timeout=options.timeout, sidecar_grace=options.evaluator_grace,
-                   preemption_grace=options.preemption_grace, fatal=plan.loss_is_fatal)
+                   preemption_grace=options.preemption_grace, fatal=plan.loss_is_fatal,
+                   strategy=plan.strategy, saves_on_sigterm=plan.traits.saves_on_sigterm)
 
     def run(self, group: TaskGroup) -> int:
         """Launches ``group``, supervises it to the end, stops it; the job's exit status.
@@ -366,11 +371,18 @@ class Supervisor:
             return PREEMPTED_EXIT_STATUS
         statuses = ", ".join(f"{name} (exit status {codes.get(name)})" for name in unsaved)
         log(f"job stopped by SIGTERM; every task stopped. Not saved on SIGTERM: {statuses}. A "
-            "rerun resumes from the last backup, if the script makes one. Fix: give model.fit "
-            "strategy.backup_callback(dir) (multi_worker, tf-keras), or use "
-            "strategy.preemption_handler(checkpoint, dir) in a custom loop; raise "
-            "--preemption-grace if a save was cut short (SIGKILL: exit status -9).")
+            f"rerun resumes from the last backup, if the script makes one. {self._unsaved_fix()}")
         return SIGTERM_STATUS
+
+    def _unsaved_fix(self) -> str:
+        """How to make this job's tasks save at the step next time."""
+        if not self.saves_on_sigterm:
+            return (f"The {self.strategy} strategy does not save at the step on SIGTERM "
+                    "(multi_worker and pipeline do); raise --preemption-grace if tasks were "
+                    "SIGKILLed (exit status -9) before their own handling ended.")
+        return ("Fix: give model.fit strategy.backup_callback(dir), or use "
+                "strategy.preemption_handler(checkpoint, dir) in a custom loop; raise "
+                "--preemption-grace if a save was cut short (SIGKILL: exit status -9).")
 
 
 def _saved_where(group: TaskGroup, names: list[str]) -> str:

@@ -67,6 +67,11 @@ def instance_key(kind: int, micro_batch: int = 0, index: int = 0, phase: int = T
     return phase << 27 | kind << 24 | micro_batch << 12 | index
 
 
+STOP_VOTE = instance_key(EXIT, micro_batch=1)
+"""The instance key of the vote after each step on stopping for SIGTERM, on the world group
+(`tfdist.pipeline.preemption`); `exit_barrier` uses micro-batch 0 of the same kind."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Link:
     """The channel between this rank and its peer: a group of two.

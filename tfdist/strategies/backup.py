@@ -16,7 +16,9 @@ Keras's own callback is multi-worker aware only in tf-keras, and only for the st
   epoch behind the others: ranks must be restarted together, which is what
   ``tfdist-launch --max-restarts`` does.
 * The pipeline keeps per-rank backups too (each stage holds different weights). A rank is the
-  process's ``worker_index``: with ``--chief``, chief:0 is rank 0 and worker:i rank i+1.
+  process's ``worker_index``: with ``--chief``, chief:0 is rank 0 and worker:i rank i+1. Its
+  callback, in either Keras, saves at the step on SIGTERM once every stage agreed on it
+  (`tfdist.strategies.pipeline_backup`); with ``save_before_preemption=False`` it is Keras's own.
 
 Saving on SIGTERM (`tfdist.preemption`), where the strategy's ``preemption_saves`` says so
 (MultiWorkerMirrored, tf-keras): tf-keras can save at the step a worker is in through TF's
@@ -101,6 +103,8 @@ def backup_callback(
     per_rank = bool(getattr(strategy, "per_rank_backups", False))
     if per_rank:  # worker_index: chief 0, then the workers (task_index repeats across roles)
         directory = os.path.join(directory, f"rank-{strategy.worker_index}")
+    if preempt and hasattr(strategy, "_step_backup"):  # the pipeline's, either Keras
+        return strategy._step_backup(directory, **kwargs)
     keras = flavour.get_keras()
     if flavour.keras_flavour() == "keras3":
         if preempt:
@@ -140,7 +144,7 @@ def _preemption_wanted(strategy: Any, requested: bool | None) -> bool:
                 "save_before_preemption needs a strategy that saves on SIGTERM.",
                 received=f"strategy {getattr(strategy, 'name', strategy)!r} with "
                 f"{flavour.keras_flavour()}",
-                expected="multi_worker (either Keras)",
+                expected="multi_worker or pipeline (either Keras)",
                 fix="leave save_before_preemption unset (the job then resumes from its last "
                 "backup), or pass save_freq=N to back up every N steps",
             )

@@ -153,6 +153,7 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
     name = "pipeline"
     traits = builtin.PIPELINE
     per_rank_backups = True
+    preemption_saves = True
 
     def __init__(
         self,
@@ -319,6 +320,24 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
                   spec.names[bounds[held.stop] - 1], size / 1e6, spec.total_param_bytes / 1e6,
                   100.0 * size / max(1, spec.total_param_bytes))
         return model
+
+    # ----------------------------------------------------------------- preemption
+    def _step_backup(self, directory: str, **kwargs: Any) -> Any:
+        """``backup_callback``'s callback for this rank's ``directory``: saves at the step on
+        SIGTERM (`tfdist.strategies.pipeline_backup`); ``kwargs``: ``save_freq``,
+        ``delete_checkpoint``."""
+        from tfdist.strategies.pipeline_backup import step_backup
+
+        return step_backup(self, directory, **kwargs)
+
+    def preemption_handler(self, checkpoint: Any, directory: str | os.PathLike[str]) -> Any:
+        """For a custom loop over `train_step`: run each step as ``handler.run(step, x, y)``;
+        on SIGTERM every rank saves ``checkpoint`` in ``<directory>/rank-<r>`` at the same step
+        and exits 75. Creating it restores that checkpoint; ``handler.total_run_calls`` is then
+        the steps it holds (`tfdist.pipeline.preemption.PipelinePreemptionHandler`)."""
+        from tfdist.pipeline.preemption import PipelinePreemptionHandler
+
+        return PipelinePreemptionHandler(self, checkpoint, os.fspath(directory))
 
     def train_step(self, model: Any, loss: Any, optimizer: Any) -> Any:
         """The custom-loop path: a ``tf.function`` ``step(x, y, sample_weight=None) -> loss`` of

@@ -1,0 +1,163 @@
+"""The pipeline's ``fit`` backup: per-rank, saved at the step on SIGTERM, in either Keras.
+
+`step_backup` is what ``strategy.backup_callback(dir)`` gives a pipeline stage (each rank keeps
+``<dir>/rank-<r>``, as the stages hold different weights). What it does
+(`tfdist.pipeline.preemption` for the vote and the checkpoint):
+
+* ``on_train_begin``: restores this rank's checkpoint of the model and optimizer and ``g``, the
+  steps it holds. ``fit`` then starts at epoch ``g // steps``, and the first ``g % steps`` calls
+  of that epoch's train function take their batch from the input without running it (the
+  weights already hold those steps): the rerun reads the same batches as an uninterrupted run.
+* ``on_train_batch_end``: every process votes; on an agreed SIGTERM every rank saves and exits
+  75 (`tfdist.preemption.PREEMPTED_EXIT_STATUS`). ``save_freq=N`` saves every N steps too.
+* ``on_epoch_end``: saves, so a crash (not a SIGTERM) resumes at the last epoch.
+* ``on_train_end``: SIGTERM is fatal again and, unless ``delete_checkpoint=False``, the rank's
+  backup is deleted (a finished job starts afresh, as Keras's callback does).
+
+The input is re-read from its start each epoch (arrays, or a finite dataset). One step per
+train-function call: ``steps_per_execution`` must be 1.
+"""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+from tfdist.core import flavour
+from tfdist.errors import StrategyConfigError, format_error
+
+__all__ = ["step_backup"]
+
+
+def step_backup(strategy: Any, directory: str, save_freq: int | str = "epoch",
+                delete_checkpoint: bool = True) -> Any:
+    """The callback of the module docstring for this rank (``directory``: its own).
+
+    Raises:
+        StrategyConfigError: ``save_freq`` is neither ``"epoch"`` nor a positive int.
+    """
+    _check_save_freq(save_freq)
+    keras = flavour.get_keras()
+
+    class PipelineBackupAndRestore(keras.callbacks.Callback):
+        """Per-rank backup that saves at the step on SIGTERM
+        (`tfdist.strategies.pipeline_backup`)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.backup_dir = directory
+            self._restored = 0
+            self._steps = 0
+
+        def on_train_begin(self, logs: Any = None) -> None:
+            from tfdist.pipeline.preemption import SigtermVote, StepCheckpoint, vote_timeout
+
+            _check_one_step_per_call(self.model)
+            per_epoch = _steps_per_epoch(self.params)
+            self._saver = StepCheckpoint(directory, model=self.model,
+                                         optimizer=self.model.optimizer)
+            self._restored = self._saver.restore()
+            epoch, skip = divmod(self._restored, per_epoch)
+            self._steps = epoch * per_epoch
+            self._train_function = self.model.train_function
+            self.model.train_function = _reading_only(self._train_function, skip)
+            _start_at_epoch(self.model, epoch)
+            self._vote = SigtermVote(strategy.layout.world(), vote_timeout(strategy))
+            self._vote.start()
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            from tfdist.pipeline.preemption import stop_here
+
+            self._steps += 1
+            if self._steps <= self._restored:  # a step the checkpoint holds; nothing ran
+                return
+            stop_here(self._vote, self._saver, self._steps)
+            if isinstance(save_freq, int) and self._steps % save_freq == 0:
+                self._saver.save(self._steps)
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            if self._steps > self._restored:
+                self._saver.save(self._steps)
+
+        def on_train_end(self, logs: Any = None) -> None:
+            self.model.train_function = self._train_function
+            _start_at_epoch(self.model, None)
+            self._vote.stop()
+            if delete_checkpoint:
+                shutil.rmtree(directory, ignore_errors=True)
+
+    return PipelineBackupAndRestore()
+
+
+def _check_save_freq(save_freq: Any) -> None:
+    if save_freq == "epoch" or (isinstance(save_freq, int) and not isinstance(save_freq, bool)
+                                and save_freq > 0):
+        return
+    raise StrategyConfigError(format_error(
+        "The pipeline's backup saves every epoch, or every N steps.",
+        received=f"save_freq={save_freq!r}", expected="'epoch' or a positive int",
+        fix="pass save_freq='epoch' (the default) or save_freq=N"))
+
+
+def _check_one_step_per_call(model: Any) -> None:
+    steps = _steps_per_call(model)
+    if steps != 1:
+        raise StrategyConfigError(format_error(
+            "The pipeline's backup saves at a step, so it needs one step per train-function "
+            "call.", received=f"steps_per_execution={steps}", expected="steps_per_execution=1",
+            fix="compile with steps_per_execution=1"))
+
+
+def _steps_per_call(model: Any) -> int:
+    """``steps_per_execution``: a variable in tf-keras, an int in Keras 3."""
+    value = getattr(model, "_steps_per_execution", None)
+    if value is None:
+        value = getattr(model, "steps_per_execution", 1)
+    return int(value.numpy()) if hasattr(value, "numpy") else int(value or 1)
+
+
+def _steps_per_epoch(params: Any) -> int:
+    steps = (params or {}).get("steps")
+    if not steps:
+        raise StrategyConfigError(format_error(
+            "The pipeline's backup needs to know the steps of an epoch, to resume at a step.",
+            received="a dataset of unknown length and no steps_per_epoch",
+            expected="fit(..., steps_per_epoch=N), arrays, or a dataset of known cardinality",
+            fix="pass steps_per_epoch to fit, or dataset.apply("
+                "tf.data.experimental.assert_cardinality(N))"))
+    return int(steps)
+
+
+def _reading_only(run: Any, skip: int) -> Any:
+    """``run`` (a train function) whose first ``skip`` calls take their batch from the input
+    and run nothing: those steps are in the restored weights; the input stays in step."""
+    remaining = [skip]
+
+    def train_function(iterator: Any) -> Any:
+        if remaining[0] > 0:
+            remaining[0] -= 1
+            next(iterator)
+            return {}
+        return run(iterator)
+
+    return train_function
+
+
+class _StartAtEpoch:
+    """tf-keras's hook for a restored epoch (its ``_training_state``, as BackupAndRestore's)."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def maybe_load_initial_counters_from_ckpt(self, steps: Any, initial_epoch: int,
+                                              mode: Any = None) -> tuple[int, int]:
+        return max(self.epoch, initial_epoch), 0
+
+
+def _start_at_epoch(model: Any, epoch: int | None) -> None:
+    """Makes ``fit`` start at ``epoch`` (None: as asked), in either Keras."""
+    if flavour.flavour_of(model) == "keras3":
+        model._initial_epoch = epoch or None
+    else:
+        model._training_state = None if epoch is None else _StartAtEpoch(epoch)
+
