@@ -40,6 +40,7 @@ __all__ = [
     "PIPELINE_STAGES_ENV",
     "PIPELINE_MICRO_BATCHES_ENV",
     "PIPELINE_SCHEDULE_ENV",
+    "PIPELINE_CHUNKS_ENV",
     "TENSOR",
     "TENSOR_SHARDS_ENV",
 ]
@@ -61,6 +62,7 @@ STRATEGY_ENV = "TFDIST_STRATEGY"
 PIPELINE_STAGES_ENV = "TFDIST_PIPELINE_STAGES"
 PIPELINE_MICRO_BATCHES_ENV = "TFDIST_PIPELINE_MICRO_BATCHES"
 PIPELINE_SCHEDULE_ENV = "TFDIST_PIPELINE_SCHEDULE"
+PIPELINE_CHUNKS_ENV = "TFDIST_PIPELINE_CHUNKS"
 TENSOR_SHARDS_ENV = "TFDIST_TENSOR_SHARDS"
 
 
@@ -255,6 +257,7 @@ PIPELINE = StrategyTraits(
     launch_options=MappingProxyType({"stages": PIPELINE_STAGES_ENV,
                                      "micro_batches": PIPELINE_MICRO_BATCHES_ENV,
                                      "schedule": PIPELINE_SCHEDULE_ENV,
+                                     "chunks": PIPELINE_CHUNKS_ENV,
                                      "tensor": TENSOR_SHARDS_ENV}),
 )
 """``--tensor T`` splits each stage over T processes (a ``data x pipe x tensor`` mesh)."""

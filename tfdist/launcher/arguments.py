@@ -12,8 +12,9 @@ Example:
     >>> args.script_args
     ['--stages', '2']
     >>> args = build_parser().parse_args(["--workers", "2", "--stages", "2", "train.py"])
-    >>> job_options(args).strategy_options
-    StrategyOptions(stages=2, tensor=None, micro_batches=None, schedule=None)
+    >>> options = job_options(args).strategy_options
+    >>> options.stages, options.tensor, options.micro_batches, options.schedule, options.chunks
+    (2, None, None, None, None)
 """
 
 from __future__ import annotations
@@ -176,8 +177,12 @@ def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
         "parallel replicas of the pipeline)")
     pipeline.add_argument("--micro-batches", type=_positive_int, metavar="M",
                           help="micro-batches per replica batch (default 1)")
-    pipeline.add_argument("--schedule", choices=("gpipe", "1f1b"),
-                          help="gpipe (default) or 1f1b (keeps fewer activations)")
+    pipeline.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"),
+                          help="gpipe (default), 1f1b (keeps fewer activations) or "
+                          "interleaved (1F1B over --chunks model chunks per process)")
+    pipeline.add_argument("--chunks", type=_positive_int, metavar="V",
+                          help="model chunks per process with --schedule interleaved (the "
+                          "model is cut into K x V pieces)")
     tensor = parser.add_argument_group("tensor (--strategy tensor, or pipeline with --stages)")
     tensor.add_argument(
         "--tensor", type=_positive_int, metavar="T",
@@ -326,7 +331,7 @@ def job_options(args: argparse.Namespace) -> JobOptions:
         min_workers=args.min_workers, max_workers=args.max_workers,
         strategy_options=StrategyOptions(stages=args.stages, tensor=args.tensor,
                                          micro_batches=args.micro_batches,
-                                         schedule=args.schedule),
+                                         schedule=args.schedule, chunks=args.chunks),
         export=export_options(args), ray=ray_options(args),
     )
 

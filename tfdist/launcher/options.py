@@ -37,7 +37,8 @@ class StrategyOptions:
         tensor: ``--tensor T``: tensor-parallel shards of each stage's layers, one process each;
             ``--workers`` is D x K x T (the job's mesh, `tfdist.launcher.mesh_plan`).
         micro_batches: ``--micro-batches M``: micro-batches per replica batch.
-        schedule: ``--schedule``: ``gpipe`` or ``1f1b``.
+        schedule: ``--schedule``: ``gpipe``, ``1f1b`` or ``interleaved``.
+        chunks: ``--chunks v``: model chunks per process (``--schedule interleaved``).
 
     Example:
         >>> StrategyOptions(micro_batches=4, schedule="1f1b").given()
@@ -48,6 +49,7 @@ class StrategyOptions:
     tensor: int | None = None
     micro_batches: int | None = None
     schedule: str | None = None
+    chunks: int | None = None
 
     def given(self) -> dict[str, int | str]:
         """The options that were given (not None), by name, in declaration order."""

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tfdist.core.traits import (
+    PIPELINE_CHUNKS_ENV,
     PIPELINE_MICRO_BATCHES_ENV,
     PIPELINE_SCHEDULE_ENV,
     PIPELINE_STAGES_ENV,
@@ -38,14 +39,18 @@ from tfdist.errors import StrategyConfigError, format_error
 from tfdist.options import check_positive_number
 from tfdist.pipeline.layout import check_processes
 from tfdist.pipeline.partition import check_micro_batches, check_stages, read_layer_costs
-from tfdist.pipeline.schedule import SCHEDULES
+from tfdist.pipeline.schedule import SCHEDULES, check_interleaved
+
+ENGINE_SCHEDULES = (*SCHEDULES, "interleaved")
+"""The schedules the engine runs (``interleaved``: `tfdist.pipeline.interleave`)."""
 
 __all__ = ["PipelineConfig", "STAGES_ENV", "MICRO_BATCHES_ENV", "SCHEDULE_ENV",
-           "LAYER_COSTS_ENV", "BATCH_NORM_POLICIES"]
+           "LAYER_COSTS_ENV", "CHUNKS_ENV", "BATCH_NORM_POLICIES", "ENGINE_SCHEDULES"]
 
 STAGES_ENV = PIPELINE_STAGES_ENV
 MICRO_BATCHES_ENV = PIPELINE_MICRO_BATCHES_ENV
 SCHEDULE_ENV = PIPELINE_SCHEDULE_ENV
+CHUNKS_ENV = PIPELINE_CHUNKS_ENV
 LAYER_COSTS_ENV = "TFDIST_PIPELINE_LAYER_COSTS"
 """A JSON file of measured per-layer costs (``tfdist-advise --json``) to balance stages by."""
 BATCH_NORM_POLICIES = ("refuse", "per_micro_batch")
@@ -94,7 +99,10 @@ class PipelineConfig:
         micro_batches: M, micro-batches per replica batch (the global batch is cut into
             D x M equal parts).
         schedule: ``"gpipe"`` (all forwards, then all backwards) or ``"1f1b"`` (one forward,
-            one backward: a stage keeps at most K - stage micro-batches' activations).
+            one backward: a stage keeps at most K - stage micro-batches' activations) or
+            ``"interleaved"`` (Megatron's interleaved 1F1B: each process holds ``chunks``
+            pieces of the model, the bubble shrinks v-fold; `tfdist.pipeline.interleave`).
+        chunks: v, the model chunks each process holds (``"interleaved"`` only; else 1).
         split_points: The first layer of each stage but the first (layer names), or None to
             balance the stages by ``layer_costs``, else by parameter count.
         layer_costs: Measured seconds per layer, or None. A JSON file's path (a list, or
@@ -129,6 +137,7 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
     stages: int = 1
     micro_batches: int = 1
     schedule: str = "gpipe"
+    chunks: int = 1
     split_points: tuple[str, ...] | None = None
     layer_costs: tuple[float, ...] | None = None
     timeout: float | None = None
@@ -140,11 +149,12 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
     def __post_init__(self) -> None:
         check_stages(self.stages)
         check_micro_batches(self.micro_batches)
-        if self.schedule not in SCHEDULES:
+        if self.schedule not in ENGINE_SCHEDULES:
             raise StrategyConfigError(format_error(
                 "Unknown pipeline schedule.", received=f"schedule={self.schedule!r}",
-                expected=f"one of {', '.join(SCHEDULES)}",
+                expected=f"one of {', '.join(ENGINE_SCHEDULES)}",
                 fix="use 'gpipe' (simplest) or '1f1b' (keeps fewer activations)"))
+        self._check_chunks()
         if self.batch_norm not in BATCH_NORM_POLICIES:
             raise StrategyConfigError(format_error(
                 "Unknown batch_norm policy.", received=f"batch_norm={self.batch_norm!r}",
@@ -161,6 +171,28 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
             "devices", self.devices, "device names", "['/gpu:0', '/gpu:1']",
             "pass a list of local device names, one per stage"))
 
+    def _check_chunks(self) -> None:
+        if self.schedule == "interleaved":
+            check_interleaved(self.stages, self.micro_batches, self.chunks)
+        elif self.chunks != 1:
+            raise StrategyConfigError(format_error(
+                "Model chunks per process are for the interleaved schedule.",
+                received=f"chunks={self.chunks!r}, schedule={self.schedule!r}",
+                expected="chunks=1, or schedule='interleaved'",
+                fix="pass schedule='interleaved' (tfdist-launch --schedule interleaved), or "
+                "drop chunks"))
+        if self.schedule == "interleaved" and (self.devices is not None or self.recompute):
+            raise StrategyConfigError(format_error(
+                "The interleaved schedule runs one process per stage, without recompute.",
+                received=f"devices={self.devices!r}, recompute={self.recompute}",
+                expected="devices=None, recompute=False",
+                fix="drop devices/recompute, or use schedule='1f1b'"))
+
+    @property
+    def pieces(self) -> int:
+        """The pieces the model is cut into: K x v."""
+        return self.stages * self.chunks
+
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)  # normalising a frozen instance, once
 
@@ -172,6 +204,7 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
         stages: int | None = None,
         micro_batches: int | None = None,
         schedule: str | None = None,
+        chunks: int | None = None,
         split_points: Sequence[str] | None = None,
         layer_costs: Sequence[float] | str | os.PathLike[str] | None = None,
         timeout: float | None = None,
@@ -190,10 +223,13 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
         read = {
             "stages": _from_env(environ, STAGES_ENV, _positive_int, "an int >= 1"),
             "micro_batches": _from_env(environ, MICRO_BATCHES_ENV, _positive_int, "an int >= 1"),
-            "schedule": _from_env(environ, SCHEDULE_ENV, str, f"one of {', '.join(SCHEDULES)}"),
+            "schedule": _from_env(environ, SCHEDULE_ENV, str,
+                                  f"one of {', '.join(ENGINE_SCHEDULES)}"),
+            "chunks": _from_env(environ, CHUNKS_ENV, _positive_int, "an int >= 1"),
             "layer_costs": _from_env(environ, LAYER_COSTS_ENV, str, "a JSON file's path"),
         }
         given = {"stages": stages, "micro_batches": micro_batches, "schedule": schedule,
+                 "chunks": chunks,
                  "split_points": split_points, "layer_costs": layer_costs, "timeout": timeout,
                  "devices": devices, "batch_norm": batch_norm,
                  "arithmetic_optimization": arithmetic_optimization, "recompute": recompute}
@@ -205,7 +241,8 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
         """The variables that carry K, M and the schedule to a job's tasks (the launcher's
         options; `from_env` reads them back)."""
         return {STAGES_ENV: str(self.stages), MICRO_BATCHES_ENV: str(self.micro_batches),
-                SCHEDULE_ENV: self.schedule}
+                SCHEDULE_ENV: self.schedule,
+                **({CHUNKS_ENV: str(self.chunks)} if self.chunks > 1 else {})}
 
     def replicas(self, processes: int) -> int:
         """D, the pipeline replicas of a job of ``processes`` processes with one stage each.

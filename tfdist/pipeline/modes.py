@@ -4,8 +4,10 @@
   `StageEngine` whose neighbours are other processes (collectives, `tfdist.pipeline.transport`).
 * `StagesOnDevices`: one process holds all K stages, stage ``k`` on local device ``k``; its
   engine is a `LocalPipeline` of K stage engines linked in-process.
+* `ChunksPerProcess` (``schedule="interleaved"``): each process of a job of D x K holds v of
+  the model's K x v pieces (`tfdist.pipeline.interleave`).
 
-Both answer the `PipelineMode` interface: the process's `PipelineLayout` (K stages in both; the
+Each answers the `PipelineMode` interface: the process's `PipelineLayout` (K stages in both; the
 second holds them all), its devices, a description of where its stages are, and the Keras model
 of its stages with the engine (`tfdist.pipeline.engine.PipelineEngine`) attached. The strategy
 asks its mode and never branches on which one it has.
@@ -27,13 +29,14 @@ import tensorflow as tf
 
 from tfdist.core.flavour import get_keras
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.pipeline import local, stage, tied
+from tfdist.pipeline import interleave, local, stage, tied
 from tfdist.pipeline.config import PipelineConfig
 from tfdist.pipeline.engine import StageEngine
 from tfdist.pipeline.keras_model import local_stages_model, stage_model_class
 from tfdist.pipeline.layout import PipelineLayout
 
-__all__ = ["PipelineMode", "StagePerProcess", "StagesOnDevices", "choose_mode", "stage_engine"]
+__all__ = ["PipelineMode", "StagePerProcess", "StagesOnDevices", "ChunksPerProcess", "choose_mode",
+           "stage_engine"]
 
 
 class PipelineMode(Protocol):
@@ -47,6 +50,12 @@ class PipelineMode(Protocol):
     @property
     def devices(self) -> tuple[str, ...]:
         """Stage ``k``'s device when this process holds every stage, else ``()``."""
+        ...
+
+    @property
+    def pieces(self) -> tuple[int, ...]:
+        """The pieces of the split model this process holds, in the order of its stage models
+        (its stages; with interleaving, its chunks)."""
         ...
 
     def where(self) -> str:
@@ -94,6 +103,10 @@ class StagePerProcess:
     layout: PipelineLayout
     devices: tuple[str, ...] = ()
 
+    @property
+    def pieces(self) -> tuple[int, ...]:
+        return tuple(self.layout.held)
+
     def where(self) -> str:
         layout = self.layout
         return (f"stage {layout.stage} of {layout.stages}, replica {layout.replica} of "
@@ -127,6 +140,10 @@ class StagesOnDevices:
     layout: PipelineLayout
     devices: tuple[str, ...]
 
+    @property
+    def pieces(self) -> tuple[int, ...]:
+        return tuple(self.layout.held)
+
     def where(self) -> str:
         return f"{self.layout.stages} stages on {', '.join(self.devices)}"
 
@@ -154,6 +171,65 @@ class StagesOnDevices:
         model._pipeline_sync_tied()  # noqa: SLF001
 
 
+@dataclasses.dataclass(frozen=True)
+class ChunksPerProcess:
+    """v chunks per process (interleaved 1F1B): pieces ``k, k + K, ...`` of K x v."""
+
+    config: PipelineConfig
+    layout: PipelineLayout
+    device: str = "/cpu:0"
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return ()
+
+    @property
+    def pieces(self) -> tuple[int, ...]:
+        return interleave.pieces(self.layout.stages, self.config.chunks, self.layout.stage)
+
+    def where(self) -> str:
+        layout = self.layout
+        return (f"stage {layout.stage} of {layout.stages} (pieces {list(self.pieces)} of "
+                f"{self.config.pieces}), replica {layout.replica} of {layout.replicas}")
+
+    def build(self, spec: stage.ModelSpec, bounds: tuple[int, ...], strategy: Any,
+              layer_maker: Any = None) -> Any:
+        """This process's chunks, made outside ``strategy.scope()`` on its device (a model
+        holding several stage models compiles outside it, `local_stages_model`)."""
+        _refuse_shared_layers(spec, bounds)
+        chunks = []
+        for piece in self.pieces:
+            with tf.device(self.device), whole_model_scope(spec):
+                chunks.append(stage.build_stage(spec, bounds, piece, layer_maker=layer_maker))
+        model = local_stages_model(spec.flavour, chunks, (self.device,) * len(chunks),
+                                   spec.name)
+        cuts = [spec.boundary(tensors) for tensors in spec.cuts(bounds)]
+        process = StageEngine(layout=self.layout, inputs=(), outputs=(),
+                              micro_batches=self.config.micro_batches,
+                              schedule=self.config.schedule, timeout=self.config.timeout or 0.0)
+        model._init_pipeline(  # noqa: SLF001
+            interleave.interleaved_engine(process, self.config.chunks, cuts), strategy)
+        return model
+
+    def sync_tied(self, model: Any) -> None:
+        del model  # `build` refuses weights shared between pieces
+
+
+def _refuse_shared_layers(spec: stage.ModelSpec, bounds: tuple[int, ...]) -> None:
+    """Raises if a layer is called in two pieces (tied weights): not supported interleaved."""
+    seen: dict[int, int] = {}
+    for piece in range(len(bounds) - 1):
+        for lid in stage.stage_layers(spec, bounds, piece):
+            if lid in seen:
+                raise StrategyConfigError(format_error(
+                    "The interleaved schedule cannot tie a layer's weights across pieces.",
+                    received=f"layer {spec.layers[lid].name!r} in pieces {seen[lid]} and "
+                    f"{piece}", expected="each layer called in one piece",
+                    fix="use schedule='1f1b' (ties weights across stages), or split_points "
+                    "that keep the layer's calls in one piece"))
+            seen[lid] = piece
+
+
 def choose_mode(config: PipelineConfig, processes: int, rank: int,
                 tensor: int = 1) -> PipelineMode:
     """`StagesOnDevices` when this single process holds the stages (``config.devices``, or
@@ -163,6 +239,11 @@ def choose_mode(config: PipelineConfig, processes: int, rank: int,
         StrategyConfigError: devices that do not fit (`local.resolve_devices`) or given with
             ``tensor > 1``, or a process count that is not a multiple of K x T.
     """
+    if tensor > 1 and config.schedule == "interleaved":
+        raise StrategyConfigError(format_error(
+            "The interleaved schedule does not split stages by tensor parallelism.",
+            received=f"schedule='interleaved', tensor={tensor}", expected="tensor=1",
+            fix="use tensor=1, or schedule='1f1b' with tensor parallelism"))
     if tensor > 1:  # each stage on T processes: never all stages in one
         if config.devices is not None:
             raise StrategyConfigError(format_error(
@@ -172,6 +253,8 @@ def choose_mode(config: PipelineConfig, processes: int, rank: int,
                 fix="drop devices (one process per shard of each stage), or use tensor=1"))
         return StagePerProcess(config, PipelineLayout(processes, config.stages, rank,
                                                       tensor=tensor))
+    if config.schedule == "interleaved":
+        return ChunksPerProcess(config, PipelineLayout(processes, config.stages, rank))
     devices = local.resolve_devices(config.devices, config.stages, processes)
     if devices:
         layout = PipelineLayout(processes, config.stages, rank,

@@ -48,6 +48,7 @@ __all__ = [
     "simulate",
     "interleaved",
     "interleaved_bubble_fraction",
+    "check_interleaved",
     "step_time",
 ]
 
@@ -174,6 +175,53 @@ def interleaved(stages: int, micro_batches: int, stage: int, chunks: int) -> Sch
         ops += [op(FORWARD, warmup + j), op(BACKWARD, j)]
     ops += [op(BACKWARD, j) for j in range(total - warmup, total)]
     return tuple(ops)  # type: ignore[return-value]
+
+
+MAX_TRANSFERS = 4096
+"""Micro-batch numbers an instance key holds (12 bits): the engine's ``K v M`` stays below."""
+
+
+def check_interleaved(stages: int, micro_batches: int, chunks: int,
+                      layers: int | None = None) -> None:
+    """Raises unless interleaved 1F1B can run K stages x v chunks on M micro-batches (and a
+    model of ``layers`` cuttable layers).
+
+    Example:
+        >>> check_interleaved(2, 3, 2)
+        Traceback (most recent call last):
+        ...
+        tfdist.errors.StrategyConfigError: Interleaved 1F1B sends micro-batches through the \
+chunks in groups of K. Received: micro_batches=3, stages=2. Expected: micro_batches a multiple \
+of 2. Fix: use micro_batches=2 or 4
+    """
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise StrategyConfigError(format_error(
+            "chunks must be a positive int.", received=f"chunks={chunks!r}",
+            expected="an int >= 1 (model chunks per process, v)",
+            fix="pass chunks=2 with schedule='interleaved'"))
+    if stages < 2:
+        raise StrategyConfigError(format_error(
+            "Interleaved 1F1B needs a pipeline of several processes.",
+            received=f"stages={stages}", expected="stages >= 2",
+            fix="use stages=2 or more, or schedule='1f1b'"))
+    if micro_batches % stages:
+        low = max(stages, micro_batches - micro_batches % stages)
+        raise StrategyConfigError(format_error(
+            "Interleaved 1F1B sends micro-batches through the chunks in groups of K.",
+            received=f"micro_batches={micro_batches}, stages={stages}",
+            expected=f"micro_batches a multiple of {stages}",
+            fix=f"use micro_batches={low} or {low + stages}"))
+    if stages * chunks * micro_batches >= MAX_TRANSFERS:
+        raise StrategyConfigError(format_error(
+            "Too many transfers per step for the instance keys.",
+            received=f"stages x chunks x micro_batches = {stages * chunks * micro_batches}",
+            expected=f"below {MAX_TRANSFERS}", fix="use fewer chunks or micro-batches"))
+    if layers is not None and stages * chunks > layers:
+        raise StrategyConfigError(format_error(
+            f"The model has {layers} layer(s), fewer than the {stages} x {chunks} pieces "
+            "interleaving asks for.", received=f"stages={stages}, chunks={chunks}, "
+            f"layers={layers}", expected=f"stages x chunks <= {layers}",
+            fix=f"use chunks={max(1, layers // stages)} or fewer, or a deeper model"))
 
 
 def interleaved_bubble_fraction(stages: int, micro_batches: int, chunks: int) -> float:

@@ -44,7 +44,8 @@ from tfdist.core import traits as builtin
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.mesh import DATA, PIPE, TENSOR
 from tfdist.options import check_positive_number
-from tfdist.pipeline import batch_norm, optimizers, stage, tied, transport
+from tfdist.pipeline import batch_norm, interleave, optimizers, stage, tied, transport
+from tfdist.pipeline import schedule as schedule_lib
 from tfdist.pipeline.config import (
     LAYER_COSTS_ENV,
     MICRO_BATCHES_ENV,
@@ -110,7 +111,11 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
             else 1). The global batch must be a multiple of D x M.
         schedule: ``"gpipe"`` (all forwards, then all backwards) or ``"1f1b"`` (one forward, one
             backward: a stage keeps at most K - stage micro-batches' activations). Both give
-            the same result.
+            the same result. Or ``"interleaved"`` (Megatron-LM's interleaved 1F1B): each process
+            holds ``chunks`` pieces of the model (process k: pieces k, k + K, ...), the bubble
+            shrinks to (K-1)/(v M) for v times as many transfers; M a multiple of K.
+        chunks: v, model chunks per process with ``schedule="interleaved"`` (None:
+            ``$TFDIST_PIPELINE_CHUNKS``, else 1).
         split_points: The first layer of each stage but the first (layer names); None balances
             the stages by ``layer_costs``, else by parameter count.
         layer_costs: Measured seconds per layer (a list, or a JSON file such as
@@ -160,6 +165,7 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
         stages: int | None = None,
         micro_batches: int | None = None,
         schedule: str | None = None,
+        chunks: int | None = None,
         split_points: Sequence[str] | None = None,
         layer_costs: Sequence[float] | str | os.PathLike[str] | None = None,
         timeout_seconds: float | None = None,
@@ -173,7 +179,7 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
         rules: Mapping[str, str] | None = None,
     ) -> None:
         self.config = PipelineConfig.from_env(
-            stages=stages, micro_batches=micro_batches, schedule=schedule,
+            stages=stages, micro_batches=micro_batches, schedule=schedule, chunks=chunks,
             split_points=split_points, layer_costs=layer_costs, timeout=timeout_seconds,
             devices=devices, batch_norm=batch_norm,
             arithmetic_optimization=arithmetic_optimization, recompute=recompute)
@@ -260,8 +266,9 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
         chief = ", chief" if self.is_chief else ""
         shard = (f", shard {self.layout.coordinates.tensor} of {self.shards}"
                  if self.shards > 1 else "")
+        chunks = f" x {self.config.chunks} chunks" if self.config.chunks > 1 else ""
         return (f"pipeline: {self.mode.where()}{shard}, {self.micro_batches} micro-batch(es), "
-                f"{self.schedule}{chief}")
+                f"{self.schedule}{chunks}{chief}")
 
     # ----------------------------------------------------------------- the model
     def plan_stages(self, model_or_fn: Any) -> tuple[stage.ModelSpec, tuple[int, ...]]:
@@ -271,7 +278,11 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
             StrategyConfigError: too many stages, bad split points, a layer used across stages
                 (skip connections), or a layer the pipeline cannot train exactly.
         """
-        return stage.split_model(model_or_fn, self.stages, self.micro_batches,
+        if self.config.chunks > 1:
+            layers = len(stage.describe_model(model_or_fn).nodes)
+            schedule_lib.check_interleaved(self.stages, self.micro_batches, self.config.chunks,
+                                           layers)
+        return stage.split_model(model_or_fn, self.config.pieces, self.micro_batches,
                                  self.config.split_points, self.config.layer_costs,
                                  self.config.batch_norm)
 
@@ -300,24 +311,24 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
                                 None if self.split is None else self.split.layer_maker)
         batch_norm.check_stage(model, self.micro_batches, self.config.batch_norm,
                                self.layout.group(PIPE), self.timeout)
-        held = self.layout.held
+        held = self.mode.pieces
         if hasattr(model_or_fn, "layers"):
             set_weights = stage.set_layer_weights if self.split is None else \
                 self.split.set_weights
-            for k in held:
-                set_weights(_stage_model(model, k), spec, stage.stage_layers(spec, bounds, k),
+            for i, k in enumerate(held):
+                set_weights(_stage_model(model, i), spec, stage.stage_layers(spec, bounds, k),
                             stage.stage_weights(model_or_fn, spec, bounds, k))
         else:
             self.mode.sync_tied(model)
             if self.split is not None:  # replicated weights from shard 0
-                self.split.share_replicated(model, stage.stage_layers(spec, bounds, held.start),
+                self.split.share_replicated(model, stage.stage_layers(spec, bounds, held[0]),
                                             spec)
             if self.layout.replicas > 1:
                 self._broadcast_from_first_replica(model)
         size = stage.weights_nbytes(model.weights)
         _log.info("pipeline %s: layers %s..%s, %.2f MB of %.2f MB parameters (%.0f%%)",
-                  self.describe(), spec.names[bounds[held.start]],
-                  spec.names[bounds[held.stop] - 1], size / 1e6, spec.total_param_bytes / 1e6,
+                  self.describe(), spec.names[bounds[held[0]]],
+                  spec.names[bounds[held[-1] + 1] - 1], size / 1e6, spec.total_param_bytes / 1e6,
                   100.0 * size / max(1, spec.total_param_bytes))
         return model
 
@@ -400,11 +411,12 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
             raise StrategyConfigError(format_error(
                 "No model yet.", received="stage_report() before build_model()",
                 expected="build_model() first", fix="call strategy.build_model(...)"))
-        held = self.layout.held
+        held = self.mode.pieces
         layers = [lid for k in held for lid in stage.stage_layers(self.spec, self.bounds, k)]
         layers = list(dict.fromkeys(layers))
         return {
-            "stage": held.start, "stages": self.stages, "replica": self.layout.replica,
+            "stage": self.layout.stage, "pieces": list(held), "stages": self.stages,
+            "replica": self.layout.replica,
             "devices": list(self.devices),
             "layers": [self.spec.layers[lid].name for lid in layers],
             "param_bytes": int(sum(self._held_bytes(lid) for lid in layers)),
@@ -472,6 +484,8 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
         if layout.holds_all:
             return [np.asarray(w) for k in range(layout.stages) for w in stage.layer_weights(
                 _stage_model(model, k), spec, stage.owned_layers(spec, bounds, k))]
+        if self.config.chunks > 1:
+            return self._gather_pieces(model)
         owned = stage.owned_layers(spec, bounds, layout.stage)
         if self.split is None:
             own = [np.asarray(w) for w in stage.layer_weights(model, spec, owned)]
@@ -493,6 +507,34 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
                 weights.append(link.recv(shape, tf.as_dtype(dtype), transport.WEIGHTS, 0,
                                          i).numpy())
         return weights
+
+    def _gather_pieces(self, model: Any) -> list[np.ndarray] | None:
+        """`gather_weights` when each process holds several pieces (interleaved): each
+        process sends its chunks' weights to the chief, which orders them by piece."""
+        assert self.spec is not None and self.bounds is not None
+        layout, spec, bounds = self.layout, self.spec, self.bounds
+        pieces = self.mode.pieces
+        own = [np.asarray(w) for i, k in enumerate(pieces) for w in stage.layer_weights(
+            _stage_model(model, i), spec, stage.owned_layers(spec, bounds, k))]
+        if layout.stage != 0:
+            link = transport.Link(layout.pair(layout.rank_of(0, 0)), self.timeout)
+            for i, w in enumerate(own):
+                link.send(tf.constant(w), transport.WEIGHTS, 0, i)
+            return None
+        per_piece: dict[int, list[np.ndarray]] = {}
+        for k in range(layout.stages):
+            held = interleave.pieces(layout.stages, self.config.chunks, k)
+            shapes = [(p, w) for p in held for lid in stage.owned_layers(spec, bounds, p)
+                      for w in spec.layers[lid].weights]
+            if k == 0:
+                received = own
+            else:
+                link = transport.Link(layout.pair(layout.rank_of(0, k)), self.timeout)
+                received = [link.recv(shape, tf.as_dtype(dtype), transport.WEIGHTS, 0,
+                                      i).numpy() for i, (_, (shape, dtype)) in enumerate(shapes)]
+            for (p, _), w in zip(shapes, received, strict=True):
+                per_piece.setdefault(p, []).append(w)
+        return [w for p in sorted(per_piece) for w in per_piece[p]]
 
     def assemble(self, model: Any) -> Any | None:
         """The whole model with the trained weights on the chief, None elsewhere (collective)."""

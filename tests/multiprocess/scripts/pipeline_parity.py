@@ -2,7 +2,7 @@
 ``model.fit`` and reports the reassembled weights, and the single-process reference.
 
 Args: ``steps micro_batches schedule [--sabotage] [--save DIR] [--custom-loop]
-[--sample-weight] [--regularize]``. Every process
+[--sample-weight] [--regularize] [--adam]``. Every process
 builds the whole model once with a fixed seed (so the stages start from the reference's weights),
 takes its stage with ``strategy.build_model(model)``, and fits ``steps`` global batches of
 ``GLOBAL`` rows (or runs ``strategy.train_step`` on them: ``--custom-loop``). The chief then
@@ -12,7 +12,7 @@ micro-batches or replicas would look like it). ``--sabotage`` zeroes every gradi
 between stages: the parity check must then fail. ``--sample-weight`` fits ``(x, y,
 sample_weight)`` (the reference and the control too). ``--regularize`` gives the layers L2
 kernel regularizers (every layer), an L1 bias regularizer and L2 activity regularizers (early
-and last layer), in the reference too.
+and last layer), in the reference too. ``--adam`` trains with Adam instead of SGD (everywhere).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import tfdist
 from tfdist.core import flavour
 from tfdist.testing import report
 
-GLOBAL, FEATURES, LR = 24, 5, 0.1
+GLOBAL, FEATURES, LR, ADAM_LR = 24, 5, 0.1, 0.02
 REGULARIZATION = 0.05
 
 
@@ -80,10 +80,14 @@ def sabotage_gradient_sends(link_class=None):
     return send
 
 
-def fitted(keras, initial, x, y, batch, weight=None, regularize=False):
+def optimizer(keras, adam=False):
+    return keras.optimizers.Adam(ADAM_LR) if adam else keras.optimizers.SGD(LR)
+
+
+def fitted(keras, initial, x, y, batch, weight=None, regularize=False, adam=False):
     model = build(keras, regularize)
     model.set_weights(initial)
-    model.compile(optimizer=keras.optimizers.SGD(LR), loss="mse")
+    model.compile(optimizer=optimizer(keras, adam), loss="mse")
     history = model.fit(x, y, sample_weight=weight, batch_size=batch, epochs=1, shuffle=False,
                         verbose=0)
     return model, history
@@ -95,19 +99,19 @@ def main(argv):
         sabotage_gradient_sends()
     keras = flavour.get_keras()
     strategy = tfdist.get_strategy("auto", micro_batches=micro_batches, schedule=schedule)
-    regularize = "--regularize" in argv
+    regularize, adam = "--regularize" in argv, "--adam" in argv
     keras.utils.set_random_seed(1)
     whole = build(keras, regularize)
     initial = [w.copy() for w in whole.get_weights()]
     model = strategy.build_model(whole)
     del whole
-    model.compile(optimizer=keras.optimizers.SGD(LR), loss="mse")
+    model.compile(optimizer=optimizer(keras, adam), loss="mse")
     x, y = data(steps)
     weight = None
     if "--sample-weight" in argv:
         weight = np.random.default_rng(3).uniform(0.0, 2.0, size=len(x)).astype("float32")
     if "--custom-loop" in argv:  # strategy.train_step instead of fit; the mean loss per epoch
-        step = strategy.train_step(model, "mse", keras.optimizers.SGD(LR))
+        step = strategy.train_step(model, "mse", optimizer(keras, adam))
         losses = [float(step(x[i:i + GLOBAL], y[i:i + GLOBAL])) for i in range(0, len(x), GLOBAL)]
         loss = [float(np.mean(losses))]
     else:
@@ -125,11 +129,11 @@ def main(argv):
         result["saved"] = strategy.save_model(model, os.path.join(save_dir, "model.keras"))
     trained = strategy.gather_weights(model)
     if strategy.is_chief:
-        reference, ref_history = fitted(keras, initial, x, y, GLOBAL, weight, regularize)
+        reference, ref_history = fitted(keras, initial, x, y, GLOBAL, weight, regularize, adam)
         part = GLOBAL // 2
         keep = (np.arange(len(x)) % GLOBAL) < part
         control, _ = fitted(keras, initial, x[keep], y[keep], part,
-                            None if weight is None else weight[keep], regularize)
+                            None if weight is None else weight[keep], regularize, adam)
         result.update(
             trained=[w.tolist() for w in trained], initial=[w.tolist() for w in initial],
             reference=[w.tolist() for w in reference.get_weights()],
