@@ -19,8 +19,8 @@ Both have the same bubble, ``(K-1)/(M+K-1)`` of the step (`bubble_fraction`).
   model chunks (virtual stage ``c K + k`` is chunk ``c`` of process ``k``); its ops are
   ``(op, micro_batch, chunk)``. The bubble shrinks to ``(K-1)/(v M + K - 1)`` of the step
   (`interleaved_bubble_fraction`; Megatron's ``(K-1)/(v M)`` is the same idle time relative to
-  the ideal step), for v times as many transfers. Simulated here (`simulate`, `step_time`); the
-  engine runs `gpipe` and `1f1b`.
+  the ideal step), for v times as many transfers. Simulated here (`simulate`, `step_time`) and run
+  by the engine (`tfdist.pipeline.interleave`).
 
 Example:
     >>> one_f_one_b(stages=2, micro_batches=3, stage=0)
