@@ -199,7 +199,7 @@ def test_stages_without_processes_name_the_launch_command(monkeypatch):
 def test_both_engines_and_both_modes_answer_their_written_interface():
     import dataclasses
 
-    from tfdist.pipeline import engine, local, modes
+    from tfdist.pipeline import engine, interleave, local, modes
 
     def asked(protocol):
         return {name for name in vars(protocol) if not name.startswith("_")}
@@ -209,10 +209,11 @@ def test_both_engines_and_both_modes_answer_their_written_interface():
 
     assert asked(engine.PipelineEngine) == {
         "layout", "train", "forward", "replica_rows", "average_over_replicas", "share"}
-    for cls in (engine.StageEngine, local.LocalPipeline):
+    for cls in (engine.StageEngine, local.LocalPipeline, interleave.InterleavedPipeline):
         assert asked(engine.PipelineEngine) <= offered(cls), cls
-    assert asked(modes.PipelineMode) == {"layout", "devices", "where", "build", "sync_tied"}
-    for cls in (modes.StagePerProcess, modes.StagesOnDevices):
+    assert asked(modes.PipelineMode) == {"layout", "devices", "pieces", "where", "build",
+                                         "sync_tied"}
+    for cls in (modes.StagePerProcess, modes.StagesOnDevices, modes.ChunksPerProcess):
         assert asked(modes.PipelineMode) <= offered(cls), cls
 
 
