@@ -70,12 +70,15 @@ def test_quick_run_writes_complete_results(tmp_path: Path) -> None:
 
     rows = result["pipeline"]["rows"]
     assert [(r["mode"], r["micro_batches"]) for r in rows] == [
-        ("default", "-"), ("pipeline", 1), ("pipeline", 4), ("multi_worker", "-")]
+        ("default", "-"), ("pipeline", 1), ("pipeline", 4), ("pipeline interleaved v=2", 4),
+        ("multi_worker", "-")]
     for row in rows:
         _positive_finite(row, ("fit_step_s", "speedup_vs_default"))
-    for row in rows[1:3]:
+    for row in rows[1:4]:
         _positive_finite(row, ("step_s", "ideal_s", "measured_over_ideal"))
+    for row in rows[1:3]:
         assert row["bubble"] == pytest.approx(1 / (row["micro_batches"] + 1))
+    assert rows[3]["bubble"] == pytest.approx(1 / (2 * 4 + 1))  # (K-1)/(v M + K - 1)
 
     assert Path(result["files"]["plot"]).stat().st_size > 0
     assert "| backend | size |" in (tmp_path / path.name.replace(".json", ".md")).read_text()

@@ -16,6 +16,9 @@ and M = 1, 2, 4, 8 micro-batches, under ``multi_worker`` on the same 2 processes
   measurements (steadier than ``step_s / ideal_s`` on a shared machine; 1.0: no cost beyond the
   bubble; the target is <= 1.15 at M >= 4 for a compute-bound stage, which the default batch of
   1024 rows gives);
+* the row ``pipeline interleaved v=2`` (at the ``interleaved`` M): Megatron's interleaved 1F1B,
+  each process holding 2 chunks; its bound is ``(M + (K-1)/v) * t_stage``, ``t_stage`` the
+  process's work on one micro-batch over its chunks, and ``bubble`` ``(K-1)/(v M + K - 1)``;
 * ``fit_step_s``: the same step under ``model.fit`` (adds Keras's fixed per-step cost);
 * ``speedup_vs_default``: one process's ``fit`` step time / this job's.
 
@@ -32,7 +35,7 @@ from typing import IO, Any
 
 from tfdist.bench.workers import WORKERS
 from tfdist.cluster import ClusterSpec
-from tfdist.pipeline.schedule import bubble_fraction
+from tfdist.pipeline.schedule import bubble_fraction, interleaved_bubble_fraction
 from tfdist.probe import jobs
 
 __all__ = ["PipelineConfig", "run"]
@@ -52,16 +55,19 @@ class PipelineConfig:
     depth: int = 8
     steps: int = 20
     micro_batches: tuple[int, ...] = (1, 2, 4, 8)
+    interleaved: tuple[int, ...] = (4, 8)
+    chunks: int = 2
     env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.quick:
             self.micro_batches, self.width, self.batch, self.steps = (1, 4), 256, 256, 5
+            self.interleaved = (4,)
 
-    def args(self, mode: str, micro_batches: int = 1) -> list[str]:
+    def args(self, mode: str, micro_batches: int = 1, chunks: int = 1) -> list[str]:
         return ["--mode", mode, "--micro-batches", str(micro_batches), "--batch",
                 str(self.batch), "--width", str(self.width), "--depth", str(self.depth),
-                "--steps", str(self.steps)]
+                "--steps", str(self.steps), "--chunks", str(chunks)]
 
 
 def run(config: PipelineConfig, log: IO[str]) -> dict[str, Any]:
@@ -72,22 +78,10 @@ def run(config: PipelineConfig, log: IO[str]) -> dict[str, Any]:
                                               log=log, timeout=timeout))
     rows = [{"mode": "default", "processes": 1, "micro_batches": "-",
              "fit_step_s": single["step_s"], "speedup_vs_default": 1.0}]
-    for micro in config.micro_batches:
-        spec = ClusterSpec.local(workers=config.stages)
-        results = jobs.run_tf(spec, _SCRIPT, config.args("pipeline", micro),
-                              env={**env, "TFDIST_STRATEGY": "pipeline",
-                                   "TFDIST_PIPELINE_STAGES": str(config.stages)},
-                              log=log, timeout=timeout)
-        stage_s = max(r["stage_s"] for r in results.values())
-        ideal = (micro + config.stages - 1) * stage_s
-        first = jobs.first_report(results)
-        step = max(r["loop_step_s"] for r in results.values())
-        rows.append({"mode": "pipeline", "processes": config.stages, "micro_batches": micro,
-                     "step_s": step, "ideal_s": ideal,
-                     "measured_over_ideal": max(r["over_bound"] for r in results.values()),
-                     "bubble": bubble_fraction(config.stages, micro),
-                     "fit_step_s": first["step_s"],
-                     "speedup_vs_default": single["step_s"] / first["step_s"]})
+    runs = [(micro, 1) for micro in config.micro_batches]
+    runs += [(micro, config.chunks) for micro in config.interleaved]
+    for micro, chunks in runs:
+        rows.append(_pipeline_row(config, micro, chunks, single["step_s"], env, log, timeout))
     spec = ClusterSpec.local(workers=config.stages)
     data_parallel = jobs.first_report(jobs.run_tf(
         spec, _SCRIPT, config.args("multi_worker"), env={**env, "TFDIST_STRATEGY":
@@ -98,3 +92,25 @@ def run(config: PipelineConfig, log: IO[str]) -> dict[str, Any]:
                  "speedup_vs_default": single["step_s"] / data_parallel["step_s"]})
     return {"rows": rows, "model": {"width": config.width, "depth": config.depth,
                                     "batch": config.batch}}
+
+
+def _pipeline_row(config: PipelineConfig, micro: int, chunks: int, single_s: float,
+                  env: Mapping[str, str], log: IO[str], timeout: float) -> dict[str, Any]:
+    """One pipeline job (``chunks`` > 1: interleaved 1F1B) against its bound."""
+    spec = ClusterSpec.local(workers=config.stages)
+    results = jobs.run_tf(spec, _SCRIPT, config.args("pipeline", micro, chunks),
+                          env={**env, "TFDIST_STRATEGY": "pipeline",
+                               "TFDIST_PIPELINE_STAGES": str(config.stages)},
+                          log=log, timeout=timeout)
+    stage_s = max(r["stage_s"] for r in results.values())
+    first = jobs.first_report(results)
+    k = config.stages
+    interleaved = chunks > 1
+    return {"mode": f"pipeline interleaved v={chunks}" if interleaved else "pipeline",
+            "processes": k, "micro_batches": micro,
+            "step_s": max(r["loop_step_s"] for r in results.values()),
+            "ideal_s": (micro + (k - 1) / chunks) * stage_s,
+            "measured_over_ideal": max(r["over_bound"] for r in results.values()),
+            "bubble": (interleaved_bubble_fraction(k, micro, chunks) if interleaved
+                       else bubble_fraction(k, micro)),
+            "fit_step_s": first["step_s"], "speedup_vs_default": single_s / first["step_s"]}

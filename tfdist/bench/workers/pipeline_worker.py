@@ -1,7 +1,9 @@
 """Times training steps of one deep MLP under ``--mode pipeline`` (one process per stage, from
 TF_CONFIG), ``multi_worker`` (same processes, data parallel) or ``default`` (one process).
 
-Usage: ``python -m tfdist.bench.workers.pipeline_worker --mode pipeline --micro-batches 4``.
+Usage: ``python -m tfdist.bench.workers.pipeline_worker --mode pipeline --micro-batches 4``
+(``--chunks 2``: interleaved 1F1B, two chunks per process, whose bound is ``(M + (K-1)/v)``
+times the process's work on one micro-batch over all its chunks).
 Under ``pipeline`` each process times, in alternating rounds, its own stage alone (forward and
 backward of one micro-batch, no transfers) and the pipelined step of the custom-loop path
 (``strategy.train_step``): the GPipe bound of a step is ``(M + K - 1)`` times the slowest stage's
@@ -45,7 +47,8 @@ def stage_alone(model: Any, rows: int) -> Any:
     """
     import tensorflow as tf
 
-    x = tf.random.normal([rows, *model.inputs[0].shape[1:]])
+    first = getattr(model, "pipeline_stages", [model])[0]  # chunks: the first one's input
+    x = tf.random.normal([rows, *first.inputs[0].shape[1:]])
     sums = [tf.Variable(tf.zeros_like(v), trainable=False) for v in model.trainable_variables]
 
     @tf.function
@@ -60,7 +63,7 @@ def stage_alone(model: Any, rows: int) -> Any:
     return step
 
 
-def interleaved(step: Any, alone: Any, slots: int, rounds: int = 6, per_round: int = 4
+def interleaved(step: Any, alone: Any, slots: float, rounds: int = 6, per_round: int = 4
                 ) -> dict[str, float]:
     """``step()`` and ``alone()`` timed in alternating rounds under the same machine load.
 
@@ -90,7 +93,7 @@ def pipeline_seconds(strategy: Any, model: Any, keras: Any, x: Any, y: Any,
     step = strategy.train_step(model, "mse", keras.optimizers.SGD(1e-4))
     xs, ys = tf.constant(x), tf.constant(y)
     rows = len(x) // (micro_batches * strategy.num_replicas)
-    slots = micro_batches + strategy.stages - 1
+    slots = micro_batches + (strategy.stages - 1) / strategy.config.chunks
     return interleaved(lambda: float(step(xs, ys)), stage_alone(model, rows), slots)
 
 
@@ -99,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--mode", choices=("pipeline", "multi_worker", "default"),
                         required=True)
     parser.add_argument("--micro-batches", type=int, default=1)
+    parser.add_argument("--chunks", type=int, default=1)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--depth", type=int, default=8)
@@ -109,7 +113,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     from tfdist.core import flavour
 
     keras = flavour.get_keras()
-    options = {"micro_batches": args.micro_batches} if args.mode == "pipeline" else {}
+    options: dict[str, Any] = {}
+    if args.mode == "pipeline":
+        options["micro_batches"] = args.micro_batches
+    if args.chunks > 1:
+        options.update(schedule="interleaved", chunks=args.chunks)
     strategy = tfdist.get_strategy(args.mode, **options)
     model = strategy.build_model(lambda: build(keras, args.width, args.depth))
     result: dict[str, Any] = {"mode": args.mode, "processes": strategy.num_workers}
