@@ -54,6 +54,19 @@ SLOWEST_MODULES = 30
 """Modules listed by their tests' added durations: enough to see where the suite's time goes."""
 _started = time.monotonic()
 _load_at_start = os.getloadavg()
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    """(busy, all) clock ticks of every CPU since boot (``/proc/stat``; (0, 0) elsewhere)."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields[:8]) - idle, sum(fields[:8])
+
+
+_ticks_at_start = _cpu_ticks()
 _seconds_by_test: defaultdict[str, float] = defaultdict(float)
 
 
@@ -198,8 +211,9 @@ def _cold_start_if(cold: bool) -> Iterator[None]:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    global _started, _load_at_start
+    global _started, _load_at_start, _ticks_at_start
     _started, _load_at_start = time.monotonic(), os.getloadavg()
+    _ticks_at_start = _cpu_ticks()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -220,6 +234,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     write(f"wall time: {wall / 60:.1f} min ({wall:.0f} s) for {len(_seconds_by_test)} tests, "
           f"{workers} pytest worker(s) on {os.cpu_count()} CPU cores; load average (1, 5, 15 "
           f"min) at the start {_loads(_load_at_start)}, at the end {_loads(os.getloadavg())}")
+    busy, every = (now - then for now, then in zip(_cpu_ticks(), _ticks_at_start, strict=True))
+    if every > 0:  # the machine's, this run's and anything else's: how much room -n had
+        write(f"the CPU cores were busy {100 * busy / every:.0f}% of that time")
     slowest = sorted(_seconds_by_test.items(), key=lambda item: -item[1])[:SLOWEST]
     for nodeid, seconds in slowest:
         write(f"{seconds:8.1f} s  {nodeid}")

@@ -74,6 +74,8 @@ def test_sigterm_stops_every_stage_at_one_step_and_the_rerun_ends_like_an_uninte
         tmp_path):
     plain = _finish(tmp_path, "plain", _start(tmp_path, "plain", tmp_path / "plain-backup"))
     assert len(plain["worker_0"]["ran"]) == TOTAL
+    # The vote after each step holds no thread (a per-op timeout kept one per step for 300 s).
+    assert max(plain[task]["threads_added"] for task in ("worker_0", "worker_1")) < 5, plain
 
     backup = tmp_path / "backup"
     log, status = _preempt(tmp_path, backup)

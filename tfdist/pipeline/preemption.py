@@ -30,6 +30,7 @@ import tensorflow as tf
 from tfdist.mesh import ProcessGroup
 from tfdist.pipeline import transport
 from tfdist.preemption import exit_preempted
+from tfdist.tensor.watchdog import StepWatchdog
 
 __all__ = ["SigtermVote", "StepCheckpoint", "PipelinePreemptionHandler", "VOTE_TIMEOUT",
            "vote_timeout", "stop_here"]
@@ -57,9 +58,14 @@ class SigtermVote:
         self._noted = False
         self._previous: Any = None
         self._world = world
-        # One tf.function: every call reuses the instance key, as each training step does.
+        # One tf.function: every call reuses the instance key, as each training step does. No
+        # per-op timeout: TensorFlow's timer of an op is a thread sleeping for the whole timeout,
+        # one more per step (320 steps: 198 -> 758 threads); one watchdog holds the deadline.
         self._sum = tf.function(lambda flag: transport.all_reduce_sum(
-            flag, group=world, instance=transport.STOP_VOTE, timeout=timeout))
+            flag, group=world, instance=transport.STOP_VOTE))
+        self._deadline = StepWatchdog(
+            timeout, f"pipeline stop vote of {world.size} processes",
+            fix="raise the pipeline's timeout_seconds if a step is that slow.")
 
     def start(self) -> None:
         """From now on SIGTERM is noted, not fatal (Python runs the handler between steps)."""
@@ -80,7 +86,11 @@ class SigtermVote:
         flag = tf.constant(1.0 if self._noted else 0.0)
         if self._world.size < 2:
             return bool(flag)
-        return float(self._sum(flag)) > 0
+        self._deadline.arm()
+        try:
+            return float(self._sum(flag)) > 0
+        finally:
+            self._deadline.disarm()
 
 
 class StepCheckpoint:

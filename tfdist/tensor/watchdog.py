@@ -30,8 +30,9 @@ from typing import Any
 
 import keras
 
-__all__ = ["StepDeadline", "StepWatchdog"]
+__all__ = ["StepDeadline", "StepWatchdog", "TENSOR_FIX"]
 
+TENSOR_FIX = "raise TensorStrategy(timeout_seconds=...) if a step is that slow."
 POLL_SECONDS = 0.5
 """How often the watchdog thread looks at the clock while a batch runs."""
 
@@ -44,10 +45,12 @@ class StepWatchdog:
         group: What the step waits for, for the message (e.g. ``"tensor group of 2"``).
         first_seconds: The deadline of a function's first batch, which also traces and compiles
             it (default: ``seconds``).
+        fix: The end of the message: what to do (default: the tensor strategy's option).
     """
 
-    def __init__(self, seconds: float, group: str, first_seconds: float | None = None) -> None:
-        self.seconds, self.group = float(seconds), group
+    def __init__(self, seconds: float, group: str, first_seconds: float | None = None,
+                 fix: str = TENSOR_FIX) -> None:
+        self.seconds, self.group, self.fix = float(seconds), group, fix
         self.first_seconds = max(self.seconds, float(first_seconds or 0.0))
         self._limit = self.seconds
         self._lock = threading.Lock()
@@ -98,10 +101,10 @@ class StepWatchdog:
         from tensorflow.python.framework import errors
 
         self.fired = True
-        message = (f"tfdist tensor: a batch ran past its deadline of {self._limit:g} s waiting "
-                   f"for its {self.group} (a process of the group died, stopped or is stuck); "
-                   "its collectives are aborted. Fix: look at the other processes' output, or "
-                   "raise TensorStrategy(timeout_seconds=...) if a step is that slow.")
+        message = (f"tfdist: a batch ran past its deadline of {self._limit:g} s waiting for "
+                   f"its {self.group} (a process of the group died, stopped or is stuck); its "
+                   f"collectives are aborted. Fix: look at the other processes' output, or "
+                   f"{self.fix}")
         print(message, file=sys.stderr, flush=True)
         context.context().abort_collective_ops(errors.DEADLINE_EXCEEDED, message)
 

@@ -6,7 +6,8 @@ Argument: the backup directory. ``PAUSE_AT_STEP=k``: after global step k (1-base
 stage prints ``paused after step k`` and waits 4 s (the test sends SIGTERM meanwhile) before
 its backup callback runs: the other stage is then already past step k, waiting in the vote
 (or, were there no vote, in step k + 1). Reports the (epoch, batch) of every step fit called,
-the optimizer's step count and the whole model's weights (chief).
+the optimizer's step count, the threads added after step 2 and the whole model's weights
+(chief).
 """
 
 import os
@@ -31,7 +32,7 @@ y = (np.tanh(x @ rng.normal(size=(5, 1))) + 0.3).astype("float32")
 class Steps(keras.callbacks.Callback):
     def __init__(self):
         super().__init__()
-        self.ran, self.epoch = [], 0
+        self.ran, self.epoch, self.threads_after_two = [], 0, 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
@@ -40,6 +41,8 @@ class Steps(keras.callbacks.Callback):
         self.ran.append([self.epoch, int(batch)])
 
     def on_train_batch_end(self, batch, logs=None):
+        if len(self.ran) == 2:  # traced and warm: from here on no step may leave a thread
+            self.threads_after_two = len(os.listdir("/proc/self/task"))
         pause_at = int(os.environ.get("PAUSE_AT_STEP", "0"))
         last_stage = strategy.layout.stage == strategy.stages - 1
         if last_stage and self.epoch * STEPS + batch + 1 == pause_at:
@@ -65,5 +68,6 @@ weights = strategy.gather_weights(model)
 tfdist.testing.report({
     "ran": steps.ran,
     "iterations": int(model.optimizer.iterations.numpy()),
+    "threads_added": len(os.listdir("/proc/self/task")) - steps.threads_after_two,
     "weights": None if weights is None else [w.tolist() for w in weights],
 })
