@@ -53,8 +53,9 @@ _IMPORT_TIME_PREFIXES = ("TF_", "KERAS", "XLA_", "PYTHON", "LD_", "OMP_", "MKL",
                          "TFDIST_TEST_LEAN", "TFDIST_STARTUP", "TFDIST_KERAS")
 """Variables that may change what importing TensorFlow or Keras does: they pick the server."""
 _PER_TASK = frozenset({"TF_CONFIG", "PYTHONUNBUFFERED"})
-_NOT_WARM = ("SLURM_JOB_ID", "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK")
-"""Processes started by Slurm or MPI stay cold: their launchers own them in other ways."""
+_NOT_WARM = ("SLURM_JOB_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+"""Processes started by Slurm or MPI stay cold: their launchers own them in other ways (Gloo
+ranks of `horovodrun` run warm: it starts, signals and stops them as the launcher does)."""
 WARM_MODULES = frozenset({"tfdist.server", "tfdist.probe.allreduce_worker"})
 """Modules that run warm as tasks; not the launcher's own (``tfdist.launcher.remote`` watches
 its parent, which a forked task does not share)."""
