@@ -3,7 +3,9 @@ trained with Adam by T=2 and T=4 shards, and by D=2 replicas x T=2 shards, ends 
 (and the logged loss, evaluate and predict) of one process training the whole model on the same
 global batches (T=4 with global-norm clipping computed across the shards); skipping the row-
 split layers' all-reduce breaks it; each process holds the bytes the plan predicts; the saved
-model loads whole in one process; a stuck shard fails its peers' step at the step deadline,
+model loads whole in one process; a tied
+input/output embedding (one matrix for the lookup and the logits) split once by vocabulary
+matches too; a stuck shard fails its peers' step at the step deadline,
 and training keeps no thread per collective run."""
 
 from __future__ import annotations
@@ -96,6 +98,20 @@ def test_two_shards_match_one_process(cluster_runner, tmp_path):
     chief = results["worker:0"]
     assert chief["saved"] == str(tmp_path / "model.keras")
     assert results["worker:1"]["saved"] is None
+    assert max_gap(chief["reloaded"], chief["trained"]) == 0.0
+
+
+def test_tied_embeddings_split_once_match_one_process(cluster_runner, tmp_path):
+    # tok_emb is a ReversibleEmbedding: the token lookup and the logits (reverse=True) share
+    # its matrix, split once by vocabulary rows; both uses' gradients add up in each shard
+    results = run_tensor(cluster_runner, processes=2, shards=2,
+                         args=["3", "--tied", "--save", str(tmp_path)])
+    check_parity(results, 2)
+    check_memory(results, 2, 2)
+    chief = results["worker:0"]
+    layers = {layer["name"]: layer for layer in chief["plan"]["layers"]}
+    assert "lm_head" not in layers and layers["tok_emb"]["kind"] == "tied"
+    assert [w["axis"] for w in layers["tok_emb"]["weights"]] == [0]
     assert max_gap(chief["reloaded"], chief["trained"]) == 0.0
 
 

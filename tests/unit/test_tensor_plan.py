@@ -18,7 +18,7 @@ pytestmark = pytest.mark.unit
 
 MODULES = ["tfdist.tensor.plan", "tfdist.tensor.rules", "tfdist.tensor.collectives",
            "tfdist.tensor.layers", "tfdist.tensor.initializers", "tfdist.tensor.loss",
-           "tfdist.tensor.build", "tfdist.strategies.tensor"]
+           "tfdist.tensor.build", "tfdist.tensor.tied", "tfdist.strategies.tensor"]
 
 
 @pytest.mark.parametrize("name", MODULES)

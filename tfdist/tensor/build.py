@@ -40,11 +40,8 @@ __all__ = ["build_shard", "split_layer", "piece", "shard_weights", "gather_weigh
 
 def vocab_start(plan: TensorPlan, group: ProcessGroup) -> int:
     """The first vocabulary column of this shard's output logits (0 without an output split)."""
-    name = plan.output_layer
-    if name is None:
-        return 0
-    kernel = plan.layer(name).weights[0]
-    return group.rank * kernel.shape[1] // plan.shards
+    vocabulary = plan.vocabulary
+    return 0 if vocabulary is None else group.rank * vocabulary // plan.shards
 
 
 def _sharded_init(config: dict[str, Any], key: str, shape: Sequence[int], axis: int,
@@ -69,11 +66,15 @@ def split_layer(layer: Any, plan: LayerSplit, group: ProcessGroup,
             return split.RowDense(group=group, timeout=timeout, **config)
         config["units"] //= shards
         return split.ColumnDense(group=group, timeout=timeout, **config)
-    if kind == "vocab":
+    if kind in ("vocab", "tied"):
         _sharded_init(config, "embeddings_initializer", weights["embeddings"].shape, 0, group)
         rows = config.pop("input_dim") // shards
-        return split.VocabEmbedding(rows, config.pop("output_dim"), start=group.rank * rows,
-                                    group=group, timeout=timeout, **config)
+        cls = split.VocabEmbedding
+        if kind == "tied":
+            config.pop("tie_weights", None)
+            cls = split.TiedVocabEmbedding
+        return cls(rows, config.pop("output_dim"), start=group.rank * rows, group=group,
+                   timeout=timeout, **config)
     heads, key_dim = config.pop("num_heads"), config.pop("key_dim")
     for key in ("kernel_initializer", "bias_initializer"):
         config[key] = HeadsInitializer(config[key], heads, key_dim, group.rank, group.size)

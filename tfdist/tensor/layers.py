@@ -10,6 +10,10 @@ under the same names, with the shard's shape (Megatron-LM's ``tensor_parallel/la
   (`reduce_from_group`), then the (replicated) bias and the activation.
 * `VocabEmbedding`: an ``Embedding`` split by vocabulary rows: each shard looks up the tokens
   it holds (zeros for the others) and the group sums the lookups.
+* `TiedVocabEmbedding`: a tied embedding (``ReversibleEmbedding``, `tfdist.tensor.tied`) split
+  by vocabulary rows: ``layer(ids)`` as `VocabEmbedding`, ``layer(hidden, reverse=True)`` this
+  shard's vocabulary columns of the logits (the hidden's gradient summed over the group); the
+  two uses' gradients add up in the one shard of the matrix.
 * `HeadsAttention`: a ``MultiHeadAttention`` with ``H / T`` heads and its rows of the output
   projection, summed over the group, then the (replicated) output bias.
 
@@ -34,7 +38,7 @@ import tensorflow as tf
 from tfdist.mesh import ProcessGroup
 from tfdist.tensor.collectives import DEFAULT_TIMEOUT, copy_to_group, reduce_from_group
 
-__all__ = ["ColumnDense", "RowDense", "VocabEmbedding", "HeadsAttention"]
+__all__ = ["ColumnDense", "RowDense", "VocabEmbedding", "TiedVocabEmbedding", "HeadsAttention"]
 
 
 class _Grouped:
@@ -93,6 +97,38 @@ class VocabEmbedding(_Grouped, keras.layers.Embedding):
         rows = tf.gather(self.embeddings, tf.where(held, ids, tf.zeros_like(ids)))
         rows = rows * tf.cast(held, rows.dtype)[..., None]
         return reduce_from_group(tf.cast(rows, self.compute_dtype), self.group, self.timeout)
+
+
+class TiedVocabEmbedding(VocabEmbedding):
+    """A tied embedding's rows ``[start, start + input_dim)``: the lookup of `VocabEmbedding`,
+    and with ``reverse=True`` the logits of those vocabulary columns (``hidden @ rows^T``,
+    then KerasHub's ``logit_soft_cap`` if set), for the vocab-parallel cross-entropy."""
+
+    def __init__(self, input_dim: int, output_dim: int, *, start: int, group: ProcessGroup,
+                 timeout: float | None = None, logit_soft_cap: float | None = None,
+                 reverse_dtype: Any = None, **kwargs: Any) -> None:
+        super().__init__(input_dim, output_dim, start=start, group=group, timeout=timeout,
+                         **kwargs)
+        self.logit_soft_cap, self.reverse_dtype = logit_soft_cap, reverse_dtype
+
+    def call(self, inputs: Any, reverse: bool = False) -> Any:
+        if not reverse:
+            return super().call(inputs)
+        hidden = copy_to_group(inputs, self.group, self.timeout)
+        kernel = keras.ops.transpose(self.embeddings)
+        if self.reverse_dtype is not None:
+            hidden, kernel = (keras.ops.cast(t, self.reverse_dtype) for t in (hidden, kernel))
+        logits = keras.ops.matmul(hidden, kernel)
+        if self.logit_soft_cap is not None:
+            cap = self.logit_soft_cap
+            logits = keras.ops.multiply(keras.ops.tanh(keras.ops.divide(logits, cap)), cap)
+        return logits
+
+    def compute_output_spec(self, inputs: Any, reverse: bool = False) -> Any:
+        if not reverse:
+            return super().compute_output_spec(inputs)
+        return keras.KerasTensor((*inputs.shape[:-1], self.input_dim),
+                                 dtype=self.reverse_dtype or self.compute_dtype)
 
 
 class HeadsAttention(_Grouped, keras.layers.MultiHeadAttention):

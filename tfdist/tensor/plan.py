@@ -13,6 +13,8 @@ Split kinds (Megatron-LM's names in brackets):
 * ``vocab``: an ``Embedding`` split by vocabulary rows [VocabParallelEmbedding];
 * ``output``: the model's output ``Dense`` split by vocabulary columns; its logits stay split
   and the loss is computed on the shards [vocab-parallel cross-entropy];
+* ``tied``: a tied embedding (`tfdist.tensor.tied`) split by vocabulary rows: its lookup as
+  ``vocab``, its reversed call's logits split by vocabulary as ``output``;
 * ``replicated``: whole on every shard.
 
 Example:
@@ -30,10 +32,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-__all__ = ["SplitKind", "SPLIT_KINDS", "WeightSplit", "LayerSplit", "TensorPlan"]
+__all__ = ["SplitKind", "SPLIT_KINDS", "LOGIT_KINDS", "WeightSplit", "LayerSplit", "TensorPlan"]
 
-SplitKind = Literal["column", "row", "heads", "vocab", "output", "replicated"]
-SPLIT_KINDS: tuple[str, ...] = ("column", "row", "heads", "vocab", "output", "replicated")
+SplitKind = Literal["column", "row", "heads", "vocab", "output", "tied", "replicated"]
+SPLIT_KINDS: tuple[str, ...] = ("column", "row", "heads", "vocab", "output", "tied",
+                                "replicated")
+LOGIT_KINDS: tuple[str, ...] = ("output", "tied")
+"""Kinds whose layer gives the model's logits split by vocabulary."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,8 +109,17 @@ class TensorPlan:
 
     @property
     def output_layer(self) -> str | None:
-        """The layer whose logits stay split by vocabulary (kind ``output``), if any."""
-        return next((layer.name for layer in self.layers if layer.kind == "output"), None)
+        """The layer whose logits stay split by vocabulary (kind ``output`` or ``tied``)."""
+        return next((layer.name for layer in self.layers if layer.kind in LOGIT_KINDS), None)
+
+    @property
+    def vocabulary(self) -> int | None:
+        """The whole vocabulary of the split logits (None without them)."""
+        name = self.output_layer
+        if name is None:
+            return None
+        layer = self.layer(name)
+        return layer.weights[0].shape[0 if layer.kind == "tied" else 1]
 
     @property
     def whole_bytes(self) -> int:

@@ -5,6 +5,8 @@ without weights) and split only what they recognise exactly:
 
 * a ``MultiHeadAttention`` (the Keras class itself) by heads;
 * an ``Embedding`` by vocabulary rows;
+* a tied embedding (a ``ReversibleEmbedding``, `tfdist.tensor.tied`: ``layer(ids)`` and
+  ``layer(hidden, reverse=True)`` giving the logits) by vocabulary rows, once for both uses;
 * the model's output ``Dense`` (linear, as wide as an ``Embedding``'s vocabulary: a language
   model's logits) by vocabulary columns, its loss on the shards;
 * a ``Dense`` whose only consumer is another ``Dense`` (a feed-forward pair): the first by
@@ -12,8 +14,9 @@ without weights) and split only what they recognise exactly:
 
 Everything else is replicated, and so is a layer that cannot be split safely (called more than
 once, with a regularizer, a subclass, an option the split layers do not implement); the plan
-says why. User rules (like ``keras.distribution.LayoutMap``) map a regular expression, matched
-in full against layer names, to a kind (`tfdist.tensor.plan.SPLIT_KINDS`), and override the
+says why. A weight held by two layers is refused (`tfdist.tensor.tied.check_shared_weights`).
+User rules (like ``keras.distribution.LayoutMap``) map a regular expression, matched in full
+against layer names, to a kind (`tfdist.tensor.plan.SPLIT_KINDS`), and override the
 automatic ones; a rule that matches no layer, a kind the layer cannot take, a column layer not
 followed by row layers, or a size ``T`` does not divide is refused with the fix.
 
@@ -38,12 +41,13 @@ from typing import Any
 
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.tensor.plan import SPLIT_KINDS, LayerSplit, TensorPlan, WeightSplit
+from tfdist.tensor.tied import TIED_CLASS, check_shared_weights, is_tied_class, why_not_tied
 
 __all__ = ["plan_model", "auto_kinds", "CLASSES_OF_KIND"]
 
 CLASSES_OF_KIND: Mapping[str, tuple[str, ...]] = {
     "column": ("Dense",), "row": ("Dense",), "output": ("Dense",),
-    "heads": ("MultiHeadAttention",), "vocab": ("Embedding",),
+    "heads": ("MultiHeadAttention",), "vocab": ("Embedding",), "tied": (TIED_CLASS,),
 }
 _MHA_OPTIONS = {"output_shape": None, "use_gate": False, "sliding_window": None}
 _FIX_REPLICATE = "or replicate it: rules={{{name!r}: 'replicated'}}"
@@ -95,6 +99,11 @@ def auto_kinds(model: Any) -> dict[str, tuple[str, str]]:
                     if _is_keras(layer, "Embedding")}
     kinds: dict[str, tuple[str, str]] = {}
     for layer in layers:
+        if is_tied_class(layer):
+            blocker = why_not_tied(layer, model)
+            kinds[layer.name] = ("tied", "auto: tied embedding rows, logits by vocabulary") \
+                if blocker is None else ("replicated", blocker)
+            continue
         blocker = _why_not_split(layer)
         kinds[layer.name] = ("replicated", blocker or "not a layer the rules split")
         if blocker is not None:
@@ -135,7 +144,8 @@ def _apply_rules(model: Any, kinds: dict[str, tuple[str, str]],
                 f"Tensor rule {pattern!r} names an unknown split.",
                 received=f"{pattern!r}: {kind!r}", expected=f"one of {SPLIT_KINDS}",
                 fix="use 'column'/'row' for Dense pairs, 'heads' for MultiHeadAttention, "
-                "'vocab' for Embedding, 'output' for the logits, or 'replicated'"))
+                "'vocab' for Embedding, 'output' for the logits, 'tied' for a "
+                f"{TIED_CLASS}, or 'replicated'"))
         matched = [name for name in names if re.fullmatch(pattern, name)]
         if not matched:
             raise StrategyConfigError(format_error(
@@ -147,8 +157,29 @@ def _apply_rules(model: Any, kinds: dict[str, tuple[str, str]],
             kinds[name] = (kind, f"rule {pattern!r}")
 
 
+def _check_tied(model: Any, layer: Any, kind: str, reason: str) -> None:
+    """Refuses a tied embedding split as anything but ``tied``, or one ``tied`` cannot split."""
+    if kind == "tied":
+        blocker = why_not_tied(layer, model)
+        if blocker is not None:
+            raise StrategyConfigError(format_error(
+                f"Layer {layer.name!r} cannot be split as a tied embedding ({reason}): "
+                f"{blocker}.", received=f"{layer.name}: tied ({_class(layer)})",
+                expected=f"a {TIED_CLASS} (tie_weights) called once as layer(ids) and once as "
+                "layer(hidden, reverse=True), that call the model's only output",
+                fix=f"replicate it: rules={{{layer.name!r}: 'replicated'}}"))
+    elif kind != "replicated" and is_tied_class(layer):
+        raise StrategyConfigError(format_error(
+            f"Layer {layer.name!r} ({TIED_CLASS}) ties its embedding to the logits: split as "
+            f"{kind!r} ({reason}), one of its uses would read the matrix split the wrong way.",
+            received=f"{layer.name}: {kind}", expected="'tied' or 'replicated'",
+            fix=f"rules={{{layer.name!r}: 'tied'}} or {{{layer.name!r}: 'replicated'}}"))
+
+
 def _check_kind(layer: Any, kind: str, reason: str) -> None:
     allowed = CLASSES_OF_KIND.get(kind)
+    if kind == "tied" or is_tied_class(layer):
+        return  # `_check_tied`
     if allowed is not None and not any(_is_keras(layer, c) for c in allowed):
         raise StrategyConfigError(format_error(
             f"Layer {layer.name!r} ({_class(layer)}) cannot be split as {kind!r} ({reason}).",
@@ -214,7 +245,7 @@ def _weight_axis(kind: str, path: str) -> int | None:
         return 1 if leaf == "kernel" else 0
     if kind == "row":
         return 0 if leaf == "kernel" else None
-    if kind == "vocab":
+    if kind in ("vocab", "tied"):
         return 0
     if kind == "heads":
         if owner == "attention_output":
@@ -242,15 +273,18 @@ def plan_model(model: Any, shards: int, rules: Mapping[str, str] | None = None) 
         rules: ``{layer-name regex: kind}``, overriding the automatic kinds.
 
     Raises:
-        StrategyConfigError: a rule that matches nothing or names a kind the layer cannot
-            take, a column layer whose consumers are not row layers (or the reverse), or a
-            split size that ``shards`` does not divide.
+        StrategyConfigError: a weight held by two layers, a rule that matches nothing or
+            names a kind the layer cannot take (a tied embedding: ``tied`` or nothing), a
+            column layer whose consumers are not row layers (or the reverse), or a split
+            size that ``shards`` does not divide.
     """
+    layers = _layers(model)
+    check_shared_weights(layers)
     kinds = auto_kinds(model)
     _apply_rules(model, kinds, rules or {})
-    layers = _layers(model)
     for layer in layers:
         kind, reason = kinds[layer.name]
+        _check_tied(model, layer, kind, reason)
         _check_kind(layer, kind, reason)
         if kind != "replicated" and shards > 1:
             _check_divisible(layer, kind, shards)

@@ -45,7 +45,7 @@ from tfdist.mesh import ProcessGroup
 from tfdist.pipeline import transport
 from tfdist.tensor import build as shards_of
 from tfdist.tensor.collectives import DEFAULT_TIMEOUT, next_key
-from tfdist.tensor.plan import LayerSplit, TensorPlan
+from tfdist.tensor.plan import LOGIT_KINDS, LayerSplit, TensorPlan
 from tfdist.tensor.rules import plan_model
 
 __all__ = ["plan_stages", "check_cuts", "StageSplit", "stage_split", "check_clipping"]
@@ -70,14 +70,14 @@ def plan_stages(model: Any, shards: int, rules: Mapping[str, str] | None = None)
     plan = plan_model(model, shards, rules)
     layers = []
     for layer in plan.layers:
-        if layer.kind == "output" and layer.reason.startswith("rule"):
+        if layer.kind in LOGIT_KINDS and layer.reason.startswith("rule"):
             raise StrategyConfigError(format_error(
                 f"Layer {layer.name!r} cannot be split by vocabulary in a pipeline: the last "
                 "stage computes the loss on whole logits.",
-                received=f"rules: {layer.name!r} -> 'output' ({layer.reason})",
+                received=f"rules: {layer.name!r} -> {layer.kind!r} ({layer.reason})",
                 expected="'replicated' (or 'column' followed by a 'row' layer)",
                 fix=f"drop that rule, or use rules={{{layer.name!r}: 'replicated'}}"))
-        layers.append(_replicated(layer, _OUTPUT_WHOLE) if layer.kind == "output" else layer)
+        layers.append(_replicated(layer, _OUTPUT_WHOLE) if layer.kind in LOGIT_KINDS else layer)
     return TensorPlan(plan.shards, tuple(layers))
 
 

@@ -2,7 +2,10 @@
 (token + position embedding, 2 blocks of causal attention + feed-forward with LayerNorm and
 residuals, vocabulary projection) with Adam and ``model.fit``, and reports what the test checks.
 
-Args: ``steps [--sabotage] [--custom-loop] [--clip] [--save DIR] [--stall RANK --deadline S]``.
+Args: ``steps [--tied] [--sabotage] [--custom-loop] [--clip] [--save DIR] [--stall RANK
+--deadline S]``. ``--tied`` ties the output projection to the token embedding (one
+``ReversibleEmbedding``, KerasHub's call convention: ``layer(ids)``, ``layer(hidden,
+reverse=True)``) instead of a separate ``lm_head``.
 Every process first builds the model from its build function (each allocating only its shards: the
 bytes are reported against the plan), then builds the whole model once with a fixed seed and takes
 its shards from it, fits ``steps`` global batches of ``GLOBAL`` sequences, and reports the gathered
@@ -49,10 +52,35 @@ class PositionEmbedding(keras.layers.Layer):
         return {**super().get_config(), "length": self.length, "width": self.width}
 
 
-def build():
+@keras.saving.register_keras_serializable("tfdist_tests")
+class ReversibleEmbedding(keras.layers.Embedding):
+    """KerasHub's tied embedding, in small: ``layer(ids)`` looks up rows of ``embeddings``,
+    ``layer(hidden, reverse=True)`` gives the logits ``hidden @ embeddings^T``."""
+
+    def __init__(self, input_dim, output_dim, tie_weights=True, **kwargs):
+        super().__init__(input_dim, output_dim, **kwargs)
+        self.tie_weights = tie_weights
+
+    def call(self, inputs, reverse=False):
+        if reverse:
+            return keras.ops.matmul(inputs, keras.ops.transpose(self.embeddings))
+        return super().call(inputs)
+
+    def compute_output_spec(self, inputs, reverse=False):
+        if reverse:
+            return keras.KerasTensor((*inputs.shape[:-1], self.input_dim),
+                                     dtype=self.compute_dtype)
+        return super().compute_output_spec(inputs)
+
+    def get_config(self):
+        return {**super().get_config(), "tie_weights": self.tie_weights}
+
+
+def build(tied=False):
     layers = keras.layers
     tokens = keras.Input((SEQ,), dtype="int32", name="tokens")
-    x = layers.Embedding(VOCAB, WIDTH, name="tok_emb")(tokens)
+    embedding = (ReversibleEmbedding if tied else layers.Embedding)(VOCAB, WIDTH, name="tok_emb")
+    x = embedding(tokens)
     x = PositionEmbedding(SEQ, WIDTH, name="pos_emb")(x)
     for b in range(2):
         h = layers.LayerNormalization(name=f"b{b}_ln1")(x)
@@ -64,7 +92,8 @@ def build():
         h = layers.Dense(WIDTH, name=f"b{b}_ffn_out")(h)
         x = layers.Add(name=f"b{b}_add2")([x, h])
     x = layers.LayerNormalization(name="ln_f")(x)
-    return keras.Model(tokens, layers.Dense(VOCAB, name="lm_head")(x), name="tiny_lm")
+    logits = embedding(x, reverse=True) if tied else layers.Dense(VOCAB, name="lm_head")(x)
+    return keras.Model(tokens, logits, name="tiny_lm")
 
 
 def data(steps):
@@ -129,8 +158,9 @@ def main(argv):
     if "--deadline" in argv:
         options["timeout_seconds"] = float(argv[argv.index("--deadline") + 1])
     strategy = tfdist.get_strategy("auto", **options)
+    tied = "--tied" in argv
     # 1. From the build function: only the shards are allocated.
-    from_fn = strategy.build_model(build)
+    from_fn = strategy.build_model(lambda: build(tied))
     plan = strategy.plan
     replicated = [v.numpy() for layer in plan.layers
                   for v, w in zip(from_fn.get_layer(layer.name).weights, layer.weights, strict=True)
@@ -142,7 +172,7 @@ def main(argv):
     del from_fn
     # 2. From a whole model built with a fixed seed: the shards are its slices.
     keras.utils.set_random_seed(1)
-    whole = build()
+    whole = build(tied)
     names = [layer.name for layer in whole.layers if layer.weights]
     initial = [w.copy() for w in whole.get_weights()]
     model = strategy.build_model(whole)
@@ -165,7 +195,7 @@ def main(argv):
         result["saved"] = strategy.save_model(model, os.path.join(save_dir, "model.keras"))
     if strategy.is_chief:
         keras.utils.set_random_seed(1)
-        reference = build()
+        reference = build(tied)
         reference.set_weights(initial)
         result["first_gradient_norm"] = first_gradient_norm(reference, x, y)
         reference.compile(optimizer=optimizer(argv), loss=loss())
