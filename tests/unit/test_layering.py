@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tfdist.errors", "tfdist.options", "tfdist.paths", "tfdist.core", "tfdist.mesh"),  # TF-free
     ("tfdist.cluster", "tfdist.preemption"),  # cluster specs and TF_CONFIG: pure data
     ("tfdist.compat", "tfdist.startup_hook"),  # the Keras 3 shim table, and its start-up hook
-    ("tfdist.pipeline", "tfdist.tensor", "tfdist.horovod", "tfdist.training",
+    ("tfdist.pipeline", "tfdist.tensor", "tfdist.horovod", "tfdist.training", "tfdist.watchdog",
      "tfdist.coordinator_fit"),  # what strategies are built from
     ("tfdist.strategies", "tfdist.evaluator", "tfdist.server"),  # what a training process runs
     ("tfdist.launcher", "tfdist.testing"),  # starting jobs

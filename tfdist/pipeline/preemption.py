@@ -30,7 +30,7 @@ import tensorflow as tf
 from tfdist.mesh import ProcessGroup
 from tfdist.pipeline import transport
 from tfdist.preemption import exit_preempted
-from tfdist.tensor.watchdog import StepWatchdog
+from tfdist.watchdog import StepWatchdog
 
 __all__ = ["SigtermVote", "StepCheckpoint", "PipelinePreemptionHandler", "VOTE_TIMEOUT",
            "vote_timeout", "stop_here"]

@@ -236,7 +236,7 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
         def step(x: Any, y: Any, sample_weight: Any = None) -> Any:
             if not tf.executing_eagerly():  # inside the caller's own tf.function
                 return traced(x, y, sample_weight)
-            model.step_watchdog.arm(first=not traced_once)  # `tfdist.tensor.watchdog`
+            model.step_watchdog.arm(first=not traced_once)  # `tfdist.watchdog`
             try:
                 return traced(x, y, sample_weight)
             finally:

@@ -12,7 +12,7 @@ and `gather_last_axis` (all-gather of shards along the last axis, for prediction
 
 Every collective takes its group as a `tfdist.mesh.ProcessGroup` (the mesh hands it out). Run
 eagerly (a gather at save) it waits at most ``timeout`` seconds; inside a
-traced step it has no timeout of its own, the step's deadline is `tfdist.tensor.watchdog`'s
+traced step it has no timeout of its own, the step's deadline is `tfdist.watchdog`'s
 (TensorFlow's per-op timer is a thread sleeping for the whole timeout, one per op run).
 Instance keys are handed out at trace time by `next_key`, in
 the order the program traces its collectives: every process of a tensor group runs the same
@@ -56,7 +56,7 @@ def next_key() -> int:
 
 def op_timeout(timeout: float) -> float:
     """``timeout`` for an op run eagerly; 0 (none) inside a traced step, whose deadline is the
-    step watchdog's (`tfdist.tensor.watchdog`).
+    step watchdog's (`tfdist.watchdog`).
 
     Example:
         >>> op_timeout(30.0), float(tf.function(lambda: tf.constant(op_timeout(30.0)))())

@@ -33,7 +33,7 @@ from tfdist.tensor.clipping import clip_each, clip_global
 from tfdist.tensor.collectives import all_reduce_sum, gather_axis, gather_last_axis
 from tfdist.tensor.loss import VocabParallelCrossEntropy
 from tfdist.tensor.plan import TensorPlan
-from tfdist.tensor.watchdog import StepDeadline, StepWatchdog
+from tfdist.watchdog import StepDeadline, StepWatchdog
 
 __all__ = ["TensorModel", "clipping_off", "split_loss"]
 

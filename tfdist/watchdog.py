@@ -1,4 +1,4 @@
-"""The deadline of a tensor-parallel step: one watchdog thread per process, not one per collective.
+"""The deadline of a step's collectives: one watchdog thread per process, not one per collective.
 
 A collective op given a ``timeout`` starts a timer, and TensorFlow's timer is a thread that sleeps
 for the whole timeout (``Env::SchedClosureAfter``), whether the op takes a microsecond or not. A
@@ -11,7 +11,8 @@ inside a traced step therefore run without a timeout (`tfdist.tensor.collectives
 ends (a function's first batch, which traces it, gets the start-up deadline if longer). A batch
 that runs past the deadline (a peer died or stopped) has its collectives aborted
 (``abort_collective_ops``): the step fails with an error naming the deadline, instead of waiting
-forever.
+forever. The pipeline's stop vote after each step (`tfdist.pipeline.preemption`) holds its
+deadline the same way.
 
 Example:
     >>> watchdog = StepWatchdog(30.0, "tensor group of 2", first_seconds=600.0)
