@@ -182,11 +182,21 @@ def _start_server(warm_dir: str, key: str, path: str, environ: dict[str, str],
                   deadline: float) -> socket.socket | None:
     env = {name: value for name, value in environ.items()  # the server itself starts cold
            if name not in _PER_TASK and name != WARM_DIR_ENV}
-    with open(os.path.join(warm_dir, f"{key}.log"), "ab") as log:
-        server = subprocess.Popen(
-            [sys.executable, "-u", os.path.abspath(__file__), "serve", path], env=env,
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, cwd=warm_dir)
+    owner = int(environ.get(OWNER_ENV, "0"))
+    if owner <= 0:
+        return None
+    try:
+        with open(os.path.join(warm_dir, f"{key}.log"), "ab") as log:
+            server = subprocess.Popen(
+                [sys.executable, "-u", os.path.abspath(__file__), "serve", path], env=env,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, cwd=warm_dir,
+                # Not in this job's network (a private one, a fake host's): the server would
+                # outlive the job there, a process left behind. It lives in the owner's.
+                preexec_fn=lambda: _join_network_of(owner, ctypes.CDLL("libc.so.6",
+                                                                       use_errno=True)))
+    except (OSError, subprocess.SubprocessError):
+        return None
     while time.monotonic() < deadline:
         conn = _try_connect(path)
         if conn is not None:
