@@ -38,7 +38,6 @@ import os
 import select
 import signal
 import socket
-import subprocess
 import sys
 import time
 from typing import Any, NoReturn
@@ -185,27 +184,55 @@ def _start_server(warm_dir: str, key: str, path: str, environ: dict[str, str],
     owner = int(environ.get(OWNER_ENV, "0"))
     if owner <= 0:
         return None
-    try:
-        with open(os.path.join(warm_dir, f"{key}.log"), "ab") as log:
-            server = subprocess.Popen(
-                [sys.executable, "-u", os.path.abspath(__file__), "serve", path], env=env,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, cwd=warm_dir,
-                # Not in this job's network (a private one, a fake host's): the server would
-                # outlive the job there, a process left behind. It lives in the owner's.
-                preexec_fn=lambda: _join_network_of(owner, ctypes.CDLL("libc.so.6",
-                                                                       use_errno=True)))
-    except (OSError, subprocess.SubprocessError):
+    server = _spawn_detached(
+        [sys.executable, "-u", os.path.abspath(__file__), "serve", path], env, warm_dir,
+        os.path.join(warm_dir, f"{key}.log"), owner)
+    if server is None:
         return None
     while time.monotonic() < deadline:
         conn = _try_connect(path)
         if conn is not None:
             return conn
-        if server.poll() is not None:
+        if not _alive(server):
             return None
         time.sleep(0.1)
-    server.kill()
+    _kill(server, signal.SIGKILL)
     return None
+
+
+def _spawn_detached(argv: list[str], env: dict[str, str], cwd: str, log: str,
+                    owner: int) -> int | None:
+    """Starts ``argv`` as nobody's descendant, in ``owner``'s network namespace; its pid.
+
+    Not a child of this task (a test that lists the job's process tree would find the server
+    left behind), and not in this job's network (a private one, a fake host's: the server
+    would keep it, and be counted in it, after the job). A double fork; the middle process
+    reports the server's pid through a pipe.
+    """
+    read_end, write_end = os.pipe()
+    middle = os.fork()
+    if middle == 0:  # pragma: no cover - the middle process: setsid, setns, fork, report, exit
+        try:
+            os.close(read_end)
+            os.setsid()
+            _join_network_of(owner, ctypes.CDLL("libc.so.6", use_errno=True))
+            server = os.fork()
+            if server == 0:
+                os.close(write_end)
+                os.chdir(cwd)
+                out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+                os.dup2(out, 1)
+                os.dup2(out, 2)
+                os.execve(argv[0], argv, env)
+            os.write(write_end, str(server).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    os.waitpid(middle, 0)
+    with os.fdopen(read_end, "rb") as reported:
+        pid = reported.read().decode()
+    return int(pid) if pid.isdigit() else None
 
 
 def _relay(conn: socket.socket) -> NoReturn:

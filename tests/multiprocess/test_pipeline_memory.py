@@ -12,7 +12,7 @@ import pytest
 
 from tfdist.cluster import ClusterSpec
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.cold_start]  # peak RSS: not from a fork
 
 SCRIPT = Path(__file__).parent / "scripts" / "pipeline_peak.py"
 ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}  # resident memory follows what is allocated
