@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from parity_checks import max_gap
-from test_tensor import NOISE_ATOL, PARITY_ATOL, SABOTAGE_MIN_GAP
+from test_tensor import NOISE_ATOL, PARITY_ATOL, SABOTAGE_MIN_GAP, phase
 
 from tfdist.cluster import ClusterSpec
 
@@ -22,9 +22,12 @@ pytestmark = pytest.mark.multiprocess
 SCRIPT = __import__("pathlib").Path(__file__).parent / "scripts" / "pipeline_tensor_parity.py"
 
 
+MESH_ENV = {"TFDIST_STRATEGY": "pipeline", "TFDIST_PIPELINE_STAGES": "2",
+            "TFDIST_TENSOR_SHARDS": "2", "TFDIST_MESH": "data=1,pipe=2,tensor=2"}
+
+
 def run_3d(cluster_runner, *, args, replicas=1, timeout=300):
-    env = {"TFDIST_STRATEGY": "pipeline", "TFDIST_PIPELINE_STAGES": "2",
-           "TFDIST_TENSOR_SHARDS": "2", "TFDIST_MESH": f"data={replicas},pipe=2,tensor=2"}
+    env = {**MESH_ENV, "TFDIST_MESH": f"data={replicas},pipe=2,tensor=2"}
     spec = ClusterSpec.local(workers=4 * replicas)
     return cluster_runner(spec, SCRIPT, *args, env=env, strategy="pipeline", timeout=timeout)
 
@@ -55,8 +58,28 @@ def check_parity(results):
             np.testing.assert_allclose(result["predict"], chief["reference_predict"], atol=1e-4)
 
 
-def test_two_stages_of_two_shards_match_one_process(cluster_runner, tmp_path):
-    results = run_3d(cluster_runner, args=["3", "2", "--save", str(tmp_path)])
+@pytest.fixture(scope="module")
+def two_stages(tmp_path_factory):
+    """One K=2 x T=2 job (M=2) checked three ways: ``fit`` (+ save), then the custom loop, then
+    ``fit`` with a stage's row all-reduce skipped, each phase from the same initial weights
+    (`pipeline_tensor_parity.py`'s ``--then-*``): one launch instead of three."""
+    from tfdist.cluster import release_ports
+    from tfdist.testing import run_cluster
+
+    saved = tmp_path_factory.mktemp("saved")
+    spec = ClusterSpec.local(workers=4)
+    env = {"PYTHONPATH": str(SCRIPT.parents[3]), **MESH_ENV}
+    try:
+        results = run_cluster(spec, SCRIPT, ["3", "2", "--save", str(saved), "--then-custom-loop",
+                                             "--then-sabotage"],
+                              env=env, strategy="pipeline", timeout=400)
+    finally:
+        release_ports(spec.ports())
+    return saved, results
+
+
+def test_two_stages_of_two_shards_match_one_process(two_stages):
+    tmp_path, results = two_stages
     check_parity(results)
     places = {(r["stage"], r["shard"]) for r in results.values()}
     assert places == {(0, 0), (0, 1), (1, 0), (1, 1)}
@@ -76,13 +99,14 @@ def test_two_stages_of_two_shards_match_one_process(cluster_runner, tmp_path):
     assert max_gap(chief["reloaded"], chief["trained"]) == 0.0
 
 
-def test_the_custom_loop_path_matches_one_process(cluster_runner):
-    check_parity(run_3d(cluster_runner, args=["3", "1", "--custom-loop"]))
+def test_the_custom_loop_path_matches_one_process(two_stages):
+    results = phase(two_stages[1], "custom-loop")
+    assert "evaluate" not in results["worker:0"]  # the custom loop's own numbers, not fit's
+    check_parity(results)
 
 
-def test_skipping_a_stage_s_row_all_reduce_breaks_parity(cluster_runner):
-    results = run_3d(cluster_runner, args=["3", "2", "--sabotage"])
-    assert parity_gap(results["worker:0"]) > SABOTAGE_MIN_GAP
+def test_skipping_a_stage_s_row_all_reduce_breaks_parity(two_stages):
+    assert parity_gap(phase(two_stages[1], "sabotage")["worker:0"]) > SABOTAGE_MIN_GAP
 
 
 def test_two_replicas_of_two_stages_of_two_shards_match_one_process(cluster_runner):

@@ -2,13 +2,16 @@
 `tensor_parity`'s small Transformer LM cut into 2 stages between its blocks, each stage split T
 ways, with Adam and ``model.fit``, and reports what the test checks.
 
-Args: ``steps micro_batches [--sabotage] [--custom-loop] [--save DIR]``. Every process first
+Args: ``steps micro_batches [--sabotage] [--custom-loop] [--save DIR] [--then-custom-loop]
+[--then-sabotage]``. Every process first
 builds its stage's shard from the build function (the bytes it holds, and a digest of the
 weights every shard of its stage holds whole), then builds the whole model once with a fixed
 seed and takes its slices of its stage's layers, fits ``steps`` global batches, evaluates and
 predicts, and reports the gathered weights (on the chief). The chief also trains the whole model
 in one process on the same global batches (the reference). ``--sabotage`` makes the row-split
-layers skip their all-reduce."""
+layers skip their all-reduce. ``--then-custom-loop`` and ``--then-sabotage`` run more phases in
+the same job, each on a fresh stage shard from the same initial weights, reported under
+``phases`` (one launch checked three ways; the reference is the same)."""
 
 from __future__ import annotations
 
@@ -35,6 +38,38 @@ def replicated_digest(strategy, model):
     return digest(values)
 
 
+def train(strategy, model, x, y, custom_loop):
+    """Trains ``model`` one epoch on the global batches with Adam; its logged loss (and under
+    ``fit``, evaluate and predict)."""
+    optimizer = keras.optimizers.Adam(LR)
+    if custom_loop:
+        step = strategy.train_step(model, loss(), optimizer)
+        losses = [float(step(x[i:i + GLOBAL], y[i:i + GLOBAL])) for i in range(0, len(x), GLOBAL)]
+        return {"loss": [float(np.mean(losses))]}
+    model.compile(optimizer=optimizer, loss=loss())
+    history = model.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False, verbose=0)
+    return {"loss": history.history["loss"],
+            "evaluate": model.evaluate(x, y, batch_size=GLOBAL, verbose=0),
+            "predict": model.predict(x[:GLOBAL], batch_size=GLOBAL, verbose=0).tolist()}
+
+
+def later_phases(strategy, whole, x, y, argv):
+    """``--then-custom-loop``, ``--then-sabotage``: each trains a fresh stage shard made from
+    ``whole`` (still holding the initial weights); its result and, on the chief, its weights."""
+    phases = {}
+    for phase in ("custom-loop", "sabotage"):
+        if f"--then-{phase}" not in argv:
+            continue
+        if phase == "sabotage":
+            sabotage_row_reduce()
+        model = strategy.build_model(whole)
+        phases[phase] = train(strategy, model, x, y, custom_loop=phase == "custom-loop")
+        trained = strategy.gather_weights(model)
+        if strategy.is_chief:
+            phases[phase]["trained"] = [np.asarray(w).tolist() for w in trained]
+    return phases
+
+
 def main(argv):
     steps, micro_batches = int(argv[0]), int(argv[1])
     if "--sabotage" in argv:
@@ -55,19 +90,10 @@ def main(argv):
     initial = [w.copy() for w in whole.get_weights()]
     model = strategy.build_model(whole)
     x, y = data(steps)
-    optimizer = keras.optimizers.Adam(LR)
-    if "--custom-loop" in argv:
-        step = strategy.train_step(model, loss(), optimizer)
-        losses = [float(step(x[i:i + GLOBAL], y[i:i + GLOBAL])) for i in range(0, len(x), GLOBAL)]
-        result["loss"] = [float(np.mean(losses))]
-    else:
-        model.compile(optimizer=optimizer, loss=loss())
-        result["loss"] = model.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False,
-                                   verbose=0).history["loss"]
-        result["evaluate"] = model.evaluate(x, y, batch_size=GLOBAL, verbose=0)
-        result["predict"] = model.predict(x[:GLOBAL], batch_size=GLOBAL, verbose=0).tolist()
+    result.update(train(strategy, model, x, y, custom_loop="--custom-loop" in argv))
     result["held_bytes"] = int(sum(v.numpy().nbytes for v in model.weights))
     trained = strategy.gather_weights(model)
+    result["phases"] = later_phases(strategy, whole, x, y, argv)
     save_dir = argv[argv.index("--save") + 1] if "--save" in argv else None
     if save_dir:
         result["saved"] = strategy.save_model(model, os.path.join(save_dir, "model.keras"))
