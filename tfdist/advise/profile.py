@@ -217,19 +217,42 @@ def _layer_inputs(layer: Any, batch: int) -> Any:
     return made if isinstance(symbolic, (list, tuple)) else made[0]
 
 
+def _layer_call(layer: Any, batch: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments of ``layer``'s first call in the model, its symbolic tensors replaced by
+    random ones of ``batch`` rows (one per symbolic tensor: ``attention(h, h)`` gets the same
+    tensor twice), keyword options kept (``use_causal_mask=True``); else ``(layer.input,)``."""
+    import tensorflow as tf
+
+    nodes = getattr(layer, "_inbound_nodes", None) or [None]
+    arguments = getattr(nodes[0], "arguments", None)  # Keras 3; tf-keras: call_args/kwargs
+    args = getattr(arguments, "args", getattr(nodes[0], "call_args", None))
+    kwargs = getattr(arguments, "kwargs", getattr(nodes[0], "call_kwargs", None))
+    symbolic = _as_list(getattr(nodes[0], "input_tensors", getattr(nodes[0], "keras_inputs",
+                                                                   None)) or [])
+    if args is None or not symbolic:
+        return (_layer_inputs(layer, batch),), {}
+    high = int(getattr(layer, "input_dim", 2))
+    made = {id(t): _random_input(t, batch, high) for t in symbolic}
+    swap = lambda v: made.get(id(v), v)  # noqa: E731
+    return (tuple(tf.nest.map_structure(swap, list(args))),
+            dict(tf.nest.map_structure(swap, dict(kwargs or {}))))
+
+
 def _time_layer(layer: Any, batch: int, repeats: int) -> tuple[float, float]:
     """(forward seconds, forward + backward seconds) of ``layer`` alone at ``batch``."""
     import tensorflow as tf
 
-    x = _layer_inputs(layer, batch)
-    sources = [t for t in _as_list(x) if t.dtype.is_floating]
-    forward = tf.function(lambda: layer(x, training=True))
+    args, kwargs = _layer_call(layer, batch)
+    sources = list({id(t): t for t in tf.nest.flatten((args, kwargs))
+                    if tf.is_tensor(t) and t.dtype.is_floating}.values())
+    kwargs.setdefault("training", True)
+    forward = tf.function(lambda: layer(*args, **kwargs))
 
     @tf.function
     def both() -> Any:
         with tf.GradientTape() as tape:
             tape.watch(sources)
-            y = layer(x, training=True)
+            y = layer(*args, **kwargs)
         return tape.gradient(y, [*layer.trainable_weights, *sources])
 
     return _median_seconds(forward, repeats), _median_seconds(both, repeats)
@@ -293,7 +316,7 @@ def _fit_step_s(model: Any, x: Any, y: Any, batch: int, steps: int) -> float:
         batch, drop_remainder=True)
     ends: list[float] = []
     clock = flavour.get_keras().callbacks.LambdaCallback(
-        on_train_batch_end=lambda *_: ends.append(time.perf_counter()))
+        on_train_batch_end=lambda *_, **__: ends.append(time.perf_counter()))
     model.fit(data, epochs=1, steps_per_epoch=3, verbose=0)
     model.fit(data, epochs=1, steps_per_epoch=steps + 1, verbose=0, callbacks=[clock])
     return statistics.median(b - a for a, b in zip(ends, ends[1:], strict=False))
