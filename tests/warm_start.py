@@ -58,6 +58,8 @@ ranks of `horovodrun` run warm: it starts, signals and stops them as the launche
 WARM_MODULES = frozenset({"tfdist.server", "tfdist.probe.allreduce_worker"})
 """Modules that run warm as tasks; not the launcher's own (``tfdist.launcher.remote`` watches
 its parent, which a forked task does not share)."""
+BENCH_WORKERS = "tfdist.bench.workers."
+"""The benchmark's worker modules run warm as tasks, one-process jobs and Horovod ranks too."""
 _CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PR_SET_PDEATHSIG = 1
 _CLONE_NEWNET = 0x40000000
@@ -97,17 +99,22 @@ def server_key(environ: dict[str, str]) -> str:
 
 def is_warm_task(command: dict[str, Any] | None, environ: dict[str, str]) -> bool:
     """Whether a process runs warm: a task (``TF_CONFIG``) running a script or `WARM_MODULES`,
-    or any script of this checkout's tests and examples (their one-process reference runs).
+    any script of this checkout's tests and examples (their one-process reference runs), or a
+    benchmark worker (`BENCH_WORKERS`).
 
     Example:
         >>> is_warm_task(parse_command(["py", "-m", "tfdist.server"]), {"TF_CONFIG": "{}"})
         True
         >>> is_warm_task(parse_command(["py", "-m", "tfdist.launcher.remote"]), {"TF_CONFIG": "{}"})
         False
+        >>> is_warm_task(parse_command(["py", "-m", "tfdist.bench.workers.train_worker"]), {})
+        True
     """
     if command is None or any(name in environ for name in _NOT_WARM):
         return False
     if "module" in command:
+        if command["module"].startswith(BENCH_WORKERS):
+            return True
         return command["module"] in WARM_MODULES and "TF_CONFIG" in environ
     if "TF_CONFIG" in environ:
         return True

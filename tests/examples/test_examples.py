@@ -315,8 +315,8 @@ def test_deep_mlp_runs_unchanged_under_pipeline_and_data_parallel(tmp_path, topo
 
 
 # ----------------------------------------------------------------------- transformer_lm
-@pytest.mark.parametrize("topology", ["tensor"])
-def test_transformer_lm_runs_unchanged_split_by_heads(tmp_path, topology):
+@pytest.mark.parametrize("topology", ["tensor", "pipeline"])
+def test_transformer_lm_runs_unchanged_split_by_heads_or_between_blocks(tmp_path, topology):
     summary = check_run(tmp_path, "transformer_lm.py", topology, "--epochs", "2")
     # One process, 2 epochs of the same data: loss 2.16 -> 0.34, next-token accuracy ~0.9;
     # chance is 1/32. The chief scores the saved whole model loaded alone.
