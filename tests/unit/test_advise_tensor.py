@@ -137,6 +137,19 @@ def test_tensor_parts_of_a_transformer_block():
         (out, 8 * 16 * 4),) + ((out, 8 * 4),) * 3 and heads == 4
 
 
+def test_profile_times_attention_with_the_arguments_of_its_call():
+    from tfdist.advise.profile import profile_model
+    from tfdist.core import flavour
+
+    keras = flavour.get_keras()
+    x = keras.Input((4, 8))
+    att = keras.layers.MultiHeadAttention(2, 4, name="att")(x, x, use_causal_mask=True)
+    prof = profile_model(keras.Model(x, keras.layers.Dense(3, name="out")(att)), 4, repeats=1)
+    assert prof.names == ("att", "out") and prof.heads == 2
+    assert prof.reductions == ((0, 4 * 8 * 4),) * 4  # as layer(h, h), not layer(h)
+    assert prof.forward[0].at(4) > 0
+
+
 @pytest.fixture
 def tensor_strategy():
     register("mesh_test_tensor", "tfdist.strategies.multi_worker:MultiWorkerMirroredStrategy",

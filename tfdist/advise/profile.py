@@ -227,8 +227,8 @@ def _layer_call(layer: Any, batch: int) -> tuple[tuple[Any, ...], dict[str, Any]
     arguments = getattr(nodes[0], "arguments", None)  # Keras 3; tf-keras: call_args/kwargs
     args = getattr(arguments, "args", getattr(nodes[0], "call_args", None))
     kwargs = getattr(arguments, "kwargs", getattr(nodes[0], "call_kwargs", None))
-    symbolic = _as_list(getattr(nodes[0], "input_tensors", getattr(nodes[0], "keras_inputs",
-                                                                   None)) or [])
+    inputs = getattr(nodes[0], "input_tensors", getattr(nodes[0], "keras_inputs", None))
+    symbolic = [] if inputs is None else tf.nest.flatten(inputs)
     if args is None or not symbolic:
         return (_layer_inputs(layer, batch),), {}
     high = int(getattr(layer, "input_dim", 2))
