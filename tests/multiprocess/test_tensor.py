@@ -22,6 +22,7 @@ from tfdist.errors import TaskFailedError
 pytestmark = pytest.mark.multiprocess
 
 SCRIPT = __import__("pathlib").Path(__file__).parent / "scripts" / "tensor_parity.py"
+REPO = SCRIPT.parents[3]
 PARITY_ATOL = 1e-5
 """float32 tolerance against the whole model in one process."""
 NOISE_ATOL = 1e-3
@@ -86,9 +87,35 @@ def check_memory(results, processes, shards):
     assert len(digests) == 1, "replicated weights differ across processes after build"
 
 
-def test_two_shards_match_one_process(cluster_runner, tmp_path):
-    results = run_tensor(cluster_runner, processes=2, shards=2,
-                         args=["3", "--save", str(tmp_path)])
+@pytest.fixture(scope="module")
+def two_shards(tmp_path_factory):
+    """One T=2 job checked three ways: ``fit`` (+ save), then the custom loop, then ``fit`` with
+    the row all-reduce skipped, each phase from the same initial weights (`tensor_parity.py`'s
+    ``--then-*``): one launch instead of three."""
+    from tfdist.cluster import release_ports
+    from tfdist.testing import run_cluster
+
+    saved = tmp_path_factory.mktemp("saved")
+    spec = ClusterSpec.local(workers=2)
+    env = {"PYTHONPATH": str(REPO), "TFDIST_STRATEGY": "tensor", "TFDIST_TENSOR_SHARDS": "2"}
+    try:
+        results = run_cluster(spec, SCRIPT, ["3", "--save", str(saved), "--then-custom-loop",
+                                             "--then-sabotage"],
+                              env=env, strategy="tensor", timeout=300)
+    finally:
+        release_ports(spec.ports())
+    return saved, results
+
+
+def phase(results, name):
+    """Each task's results with those of a later phase of the job in place of the first's."""
+    first = ("loss", "evaluate", "predict", "trained")
+    return {task: {key: value for key, value in result.items() if key not in first}
+            | result["phases"][name] for task, result in results.items()}
+
+
+def test_two_shards_match_one_process(two_shards):
+    tmp_path, results = two_shards
     check_parity(results, 2)
     check_memory(results, 2, 2)
     kinds = {layer["name"]: layer["kind"] for layer in results["worker:0"]["plan"]["layers"]}
@@ -131,14 +158,14 @@ def test_four_shards_with_global_norm_clipping_match_one_process(cluster_runner)
     check_memory(results, 4, 4)
 
 
-def test_the_custom_loop_path_matches_one_process(cluster_runner):
-    results = run_tensor(cluster_runner, processes=2, shards=2, args=["3", "--custom-loop"])
+def test_the_custom_loop_path_matches_one_process(two_shards):
+    results = phase(two_shards[1], "custom-loop")
+    assert "evaluate" not in results["worker:0"]  # the custom loop's own numbers, not fit's
     check_parity(results, 2)
 
 
-def test_skipping_the_row_all_reduce_breaks_parity(cluster_runner):
-    results = run_tensor(cluster_runner, processes=2, shards=2, args=["3", "--sabotage"])
-    assert parity_gap(results["worker:0"]) > SABOTAGE_MIN_GAP
+def test_skipping_the_row_all_reduce_breaks_parity(two_shards):
+    assert parity_gap(phase(two_shards[1], "sabotage")["worker:0"]) > SABOTAGE_MIN_GAP
 
 
 def test_a_stuck_shard_fails_its_peer_at_the_step_deadline(cluster_runner):

@@ -110,9 +110,8 @@ def test_the_process_runs_the_interleaved_schedule_and_the_schedules_do_not_dead
     ({"stages": 1, "micro_batches": 4, "schedule": "interleaved", "chunks": 2},
      "needs a pipeline of several processes. Received: stages=1"),
     ({"stages": 2, "micro_batches": 4, "schedule": "interleaved", "chunks": 2,
-      "recompute": True}, "without recompute. Received: devices=None, recompute=True"),
-    ({"stages": 2, "micro_batches": 4, "schedule": "interleaved", "chunks": 2,
-      "devices": ["/cpu:0", "/cpu:1"]}, "one process per stage"),
+      "devices": ["/cpu:0", "/cpu:1"]},
+     "one process per stage. Received: devices=['/cpu:0', '/cpu:1']"),
 ])
 def test_bad_interleaved_settings_are_refused_with_the_fix(kwargs, message):
     with pytest.raises(StrategyConfigError, match="Fix:") as err:
@@ -125,6 +124,26 @@ def test_more_pieces_than_layers_are_refused():
         schedule.check_interleaved(2, 4, 4, layers=6)
     assert ("fewer than the 2 x 4 pieces" in str(err.value)
             and "Fix: use chunks=3 or fewer" in str(err.value))
+
+
+def test_every_chunk_recomputes_when_asked():
+    from tfdist.core.flavour import get_keras
+    from tfdist.pipeline import stage
+
+    keras = get_keras()
+
+    def build():
+        layers = [keras.layers.Dense(4, name=f"d{i}") for i in range(4)]
+        return keras.Sequential([keras.Input((3,)), *layers])
+
+    spec, bounds = stage.split_model(build, 4, 4)
+    for recompute in (False, True):
+        config = PipelineConfig(stages=2, micro_batches=4, schedule="interleaved", chunks=2,
+                                recompute=recompute)
+        model = choose_mode(config, processes=2, rank=1).build(spec, bounds, strategy=None)
+        engine = model._engine  # noqa: SLF001
+        assert [e.recompute for e in engine.engines] == [recompute] * 2
+        assert [e.layout.stage for e in engine.engines] == [1, 3]
 
 
 def test_tensor_parallel_stages_are_refused_interleaved():

@@ -181,12 +181,11 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
                 expected="chunks=1, or schedule='interleaved'",
                 fix="pass schedule='interleaved' (tfdist-launch --schedule interleaved), or "
                 "drop chunks"))
-        if self.schedule == "interleaved" and (self.devices is not None or self.recompute):
+        if self.schedule == "interleaved" and self.devices is not None:
             raise StrategyConfigError(format_error(
-                "The interleaved schedule runs one process per stage, without recompute.",
-                received=f"devices={self.devices!r}, recompute={self.recompute}",
-                expected="devices=None, recompute=False",
-                fix="drop devices/recompute, or use schedule='1f1b'"))
+                "The interleaved schedule runs one process per stage.",
+                received=f"devices={self.devices!r}", expected="devices=None",
+                fix="drop devices, or use schedule='1f1b'"))
 
     @property
     def pieces(self) -> int:

@@ -206,7 +206,8 @@ class ChunksPerProcess:
         cuts = [spec.boundary(tensors) for tensors in spec.cuts(bounds)]
         process = StageEngine(layout=self.layout, inputs=(), outputs=(),
                               micro_batches=self.config.micro_batches,
-                              schedule=self.config.schedule, timeout=self.config.timeout or 0.0)
+                              schedule=self.config.schedule, timeout=self.config.timeout or 0.0,
+                              recompute=self.config.recompute)
         model._init_pipeline(  # noqa: SLF001
             interleave.interleaved_engine(process, self.config.chunks, cuts), strategy)
         return model

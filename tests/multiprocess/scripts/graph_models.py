@@ -152,6 +152,7 @@ def transformer_data(steps):
 
 MODELS = {
     "residual": (residual, residual_data, "mse", "sgd"),
+    "residual_adam": (residual, residual_data, "mse", "adam"),
     "nested": (lambda: residual(nested=True), residual_data, "mse", "sgd"),
     "two_inputs": (two_inputs, two_input_data, "mse", "sgd"),
     "transformer": (transformer, transformer_data, "sparse_ce_logits", "adam"),

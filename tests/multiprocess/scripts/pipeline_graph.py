@@ -2,10 +2,11 @@
 all stages in this process on logical CPUs: trains with ``model.fit`` and reports the gathered
 weights, the logged loss, and the same model trained in one process.
 
-Args: cases ``model:stages:micro_batches:schedule[:sabotage]`` (3 steps each), reported as
-one JSON object by case. ``sabotage`` zeroes the gradient of tensor 1 of each cut on its way
-back (in the residual model, split inside a block, the block's input: the skip): the parity
-check must then fail.
+Args: cases ``model:stages:micro_batches:schedule[:flags]`` (3 steps each), reported as one
+JSON object by case; ``interleaved`` takes its chunks from ``$TFDIST_PIPELINE_CHUNKS``. Flag
+``sabotage`` zeroes the gradient of tensor 1 of each cut on its way back (in the residual model,
+split inside a block, the block's input: the skip): the parity check must then fail; flag
+``recompute`` runs each stage's forward again in its backward (``recompute=True``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from graph_models import GLOBAL, MODELS, compile_args, keras, layer_weights  # n
 import tfdist  # noqa: E402
 from tfdist.core import flavour  # noqa: E402
 from tfdist.pipeline import local, transport  # noqa: E402
-from tfdist.testing import report  # noqa: E402
+from tfdist.testing import report, task_name  # noqa: E402
+
+CHIEFS = ("chief:0", "worker:0")
 
 
 def sabotage_first_gradient(link_class):
@@ -46,16 +49,27 @@ def fitted(model, x, y, loss, optimizer):
     return history.history["loss"]
 
 
+def reference(name, steps=3):
+    """Model ``name`` trained whole in this process: its initial and trained weights, its logged
+    loss."""
+    build, data, loss, optimizer = MODELS[name]
+    keras.utils.set_random_seed(1)
+    whole = build()
+    initial = [w.tolist() for w in layer_weights(whole)]
+    ref_loss = fitted(whole, *data(steps), loss, optimizer)
+    return {"initial": initial, "reference": [w.tolist() for w in layer_weights(whole)],
+            "reference_loss": ref_loss}
+
+
 def run_case(case, steps=3):
-    """Trains case ``model:stages:micro_batches:schedule[:sabotage]``; returns its report."""
+    """Trains case ``model:stages:micro_batches:schedule[:flags]`` (flags: ``sabotage``,
+    ``recompute``); returns its report."""
     name, stages, micro, schedule, *flags = case.split(":")
     build, data, loss, optimizer = MODELS[name]
     strategy = tfdist.get_strategy("pipeline", stages=int(stages), micro_batches=int(micro),
-                                   schedule=schedule)
+                                   schedule=schedule, recompute="recompute" in flags or None)
     keras.utils.set_random_seed(1)
-    whole = build()
-    initial = [w.copy() for w in layer_weights(whole)]
-    model = strategy.build_model(whole)
+    model = strategy.build_model(build())
     link_class = local.LocalLink if strategy.devices else transport.Link
     real_send = link_class.send
     if "sabotage" in flags:
@@ -68,13 +82,7 @@ def run_case(case, steps=3):
               "cuts": [list(c) for c in strategy.spec.cuts(strategy.bounds)],
               "flavour": flavour.flavour_of(model)}
     if strategy.is_chief:
-        keras.utils.set_random_seed(1)
-        reference = build()
-        ref_loss = fitted(reference, x, y, loss, optimizer)
-        result.update(
-            trained=[np.asarray(w).tolist() for w in trained],
-            initial=[w.tolist() for w in initial],
-            reference=[w.tolist() for w in layer_weights(reference)], reference_loss=ref_loss)
+        result["trained"] = [np.asarray(w).tolist() for w in trained]
     return result
 
 
@@ -103,8 +111,17 @@ def split_only(name):
 
 
 def main(cases):
-    report({case: split_only(case.split(":")[0]) if case.endswith(":split") else run_case(case)
-            for case in cases})
+    """Each case's report. The chief trains the references after every case: a process that
+    starts its next case's collectives while a peer trains a reference can find its transfer
+    dropped (TensorFlow aborts it: "Delete called on non-empty BufRendezvous")."""
+    results = {case: split_only(case.split(":")[0]) if case.endswith(":split")
+               else run_case(case) for case in cases}
+    if task_name() in CHIEFS:
+        names = {case.split(":")[0] for case in cases if not case.endswith(":split")}
+        references = {name: reference(name) for name in names}
+        for case, result in results.items():
+            result.update(references.get(case.split(":")[0], {}))
+    report(results)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,9 @@
 residuals, vocabulary projection) with Adam and ``model.fit``, and reports what the test checks.
 
 Args: ``steps [--tied] [--sabotage] [--custom-loop] [--clip] [--save DIR] [--stall RANK
---deadline S]``. ``--tied`` ties the output projection to the token embedding (one
-``ReversibleEmbedding``, KerasHub's call convention: ``layer(ids)``, ``layer(hidden,
-reverse=True)``) instead of a separate ``lm_head``.
+--deadline S] [--then-custom-loop] [--then-sabotage]``. ``--tied`` ties the output
+projection to the token embedding (one ``ReversibleEmbedding``, KerasHub's call convention:
+``layer(ids)``, ``layer(hidden, reverse=True)``) instead of a separate ``lm_head``.
 Every process first builds the model from its build function (each allocating only its shards: the
 bytes are reported against the plan), then builds the whole model once with a fixed seed and takes
 its shards from it, fits ``steps`` global batches of ``GLOBAL`` sequences, and reports the gathered
@@ -14,7 +14,11 @@ reference). ``--clip`` clips the global gradient norm (below the first step's). 
 makes the row-split layers skip their all-reduce (the parity must then fail). ``--stall RANK`` gets
 that process stuck (alive, heartbeats going) as its second training batch starts; the others, whose
 steps have a deadline of ``--deadline`` seconds, must fail at it. Each process reports its OS
-threads after training (a thread per collective op run was the leak of per-op timeouts)."""
+threads after training (a thread per collective op run was the leak of per-op timeouts).
+``--then-custom-loop`` and ``--then-sabotage`` run more phases in the same job, each on a fresh
+shard model from the same initial weights, reported under ``phases``: the custom-loop step, then
+``fit`` with the row all-reduce skipped (one launch checked three ways; the reference is the
+same)."""
 
 from __future__ import annotations
 
@@ -150,6 +154,38 @@ def stall_callbacks(argv, strategy):
     return [stuck]
 
 
+def train(strategy, model, x, y, argv, custom_loop):
+    """Trains ``model`` one epoch on the global batches; its logged loss (and under ``fit``,
+    evaluate and predict)."""
+    if custom_loop:
+        step = strategy.train_step(model, loss(), optimizer(argv))
+        losses = [float(step(x[i:i + GLOBAL], y[i:i + GLOBAL])) for i in range(0, len(x), GLOBAL)]
+        return {"loss": [float(np.mean(losses))]}
+    model.compile(optimizer=optimizer(argv), loss=loss())
+    history = model.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False, verbose=0,
+                        callbacks=stall_callbacks(argv, strategy))
+    return {"loss": history.history["loss"],
+            "evaluate": model.evaluate(x, y, batch_size=GLOBAL, verbose=0),
+            "predict": model.predict(x[:GLOBAL], batch_size=GLOBAL, verbose=0).tolist()}
+
+
+def later_phases(strategy, whole, names, x, y, argv):
+    """``--then-custom-loop``, ``--then-sabotage``: each trains a fresh shard model made from
+    ``whole`` (still holding the initial weights); its result and, on the chief, its weights."""
+    phases = {}
+    for phase in ("custom-loop", "sabotage"):
+        if f"--then-{phase}" not in argv:
+            continue
+        if phase == "sabotage":
+            sabotage_row_reduce()
+        model = strategy.build_model(whole)
+        phases[phase] = train(strategy, model, x, y, argv, custom_loop=phase == "custom-loop")
+        trained = flat(strategy.gather_weights(model), names)
+        if strategy.is_chief:
+            phases[phase]["trained"] = [w.tolist() for w in trained]
+    return phases
+
+
 def main(argv):
     steps = int(argv[0])
     if "--sabotage" in argv:
@@ -177,19 +213,11 @@ def main(argv):
     initial = [w.copy() for w in whole.get_weights()]
     model = strategy.build_model(whole)
     x, y = data(steps)
-    if "--custom-loop" in argv:
-        step = strategy.train_step(model, loss(), optimizer(argv))
-        losses = [float(step(x[i:i + GLOBAL], y[i:i + GLOBAL])) for i in range(0, len(x), GLOBAL)]
-        result["loss"] = [float(np.mean(losses))]
-    else:
-        model.compile(optimizer=optimizer(argv), loss=loss())
-        result["loss"] = model.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False, verbose=0,
-                                   callbacks=stall_callbacks(argv, strategy)).history["loss"]
-        result["evaluate"] = model.evaluate(x, y, batch_size=GLOBAL, verbose=0)
-        result["predict"] = model.predict(x[:GLOBAL], batch_size=GLOBAL, verbose=0).tolist()
+    result.update(train(strategy, model, x, y, argv, custom_loop="--custom-loop" in argv))
     result["threads"] = len(os.listdir("/proc/self/task"))
     result["held_bytes"] = strategy.weight_bytes(model)
     trained = flat(strategy.gather_weights(model), names)
+    result["phases"] = later_phases(strategy, whole, names, x, y, argv)
     save_dir = argv[argv.index("--save") + 1] if "--save" in argv else None
     if save_dir:
         result["saved"] = strategy.save_model(model, os.path.join(save_dir, "model.keras"))
