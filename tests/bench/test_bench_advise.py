@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tfdist.advise import Candidate
@@ -35,3 +36,75 @@ def test_summary_median_error_and_first_choice_within_ten_percent():
     assert not verdict["b"]["ok"] and verdict["b"]["fastest"] == "y"
     assert [r["measured_rank"] for r in rows] == [2, 1, 2, 1]
     assert "b: first choice x, measured fastest y (MISSED, 2.00x)" in advise.note(summary)
+
+
+LM = next(e for e in advise.AdviseBenchConfig().examples if e.name == "lm")
+
+
+def test_the_examples_include_the_transformer_lm_under_keras3_with_its_tensor_layout():
+    config = advise.AdviseBenchConfig(quick=True, env={"EXTRA": "1"})
+    assert [e.name for e in config.examples] == ["image", "ctr", "deep", "lm"]
+    assert LM.headline == "tensor" and LM.batch == 32
+    assert config.child_env(LM) == {"TFDIST_BENCH_THREADS": "1,1", "TF_USE_LEGACY_KERAS": "0",
+                                    "EXTRA": "1"}
+    assert "TF_USE_LEGACY_KERAS" not in config.child_env(config.examples[0])  # tf-keras: jobs'
+
+
+def test_a_tensor_job_gets_the_mesh_and_t_as_tfdist_launch_gives_them(monkeypatch, tmp_path):
+    from tfdist.mesh import MESH_ENV, Mesh
+
+    seen = {}
+    monkeypatch.setattr(advise.jobs, "run_tf", lambda spec, script, args, **kw: seen.update(
+        spec=spec, script=script, args=args, **kw) or {})
+    with open(tmp_path / "log", "w") as log:
+        advise._tf(Candidate("tensor", 2, tensor=2), LM, advise.AdviseBenchConfig(), log)
+    env = seen["env"]
+    assert env["TFDIST_STRATEGY"] == "tensor" and env["TFDIST_TENSOR_SHARDS"] == "2"
+    assert env[MESH_ENV] == Mesh(1, 1, 2).to_env() and env["TF_USE_LEGACY_KERAS"] == "0"
+    assert seen["spec"].num_workers == 2 and not seen["spec"].ps and not seen["spec"].chief
+    args = seen["args"]
+    assert args[args.index("--example") + 1] == "lm"
+    assert args[args.index("--batch") + 1] == "32"  # every shard reads the global batch
+
+
+def test_the_advisor_offers_a_tensor_layout_for_the_lm_and_prices_all_its_all_reduces():
+    import sys
+
+    from tfdist.advise import Cluster, network
+    from tfdist.advise.advisor import advise as ask
+    from tfdist.advise.model import Link
+    from tfdist.advise.profile import Line, ModelProfile, tensor_parts
+    from tfdist.bench.workers import advise_worker
+    from tfdist.core import flavour
+
+    keras = flavour.get_keras()
+    sys.path.insert(0, str(advise_worker._EXAMPLES_DIR))
+    import transformer_lm
+
+    sizes = advise_worker.LM_SIZES
+    lm = transformer_lm.build_model(keras, **sizes)
+    layers = [layer for layer in lm.layers if type(layer).__name__ != "InputLayer"]
+    acts = [int(np.prod(layer.output.shape[1:])) * 4 for layer in layers]
+    split, reductions, heads = tensor_parts(layers, acts)
+    hidden = sizes["seq"] * sizes["width"] * 4
+    # 4 per block, the embedding's sum, the logits' input gradient and the loss's three sums.
+    assert heads == sizes["heads"] and len(reductions) == 4 * sizes["blocks"] + 1 + 1 + 3
+    assert sorted({n for _, n in reductions}) == [sizes["seq"] * 4, hidden]
+    assert split[[x.name for x in layers].index("block0_attention_norm")] == 0
+    n = len(layers)
+    prof = ModelProfile(names=tuple(x.name for x in layers), params=(1,) * n,
+                        param_bytes=(4,) * n, activation_bytes=tuple(acts),
+                        forward=(Line(0, 1e-5),) * n, backward=(Line(0, 2e-5),) * n,
+                        step=Line(0, 3e-5 * n), optimizer_slots=2, embeddings=(), threads=1,
+                        batch=32, split_bytes=split, reductions=reductions, heads=heads)
+    link = Link(alpha=1e-4, beta=1e-9, gamma=0.0)
+    net = network.Constants(link, {"tf": link}, 0.0, 2, {}, {})
+    advice = ask(None, Cluster(2, cores=2), batch=32, constants=net, profile=prof,
+                 backends=("tf",), micro_batches=(4,), max_ps=1)
+    [tensor] = [p for p in advice.predictions if p.candidate.label == "tensor T=2"]
+    terms = {t.kind: t.seconds for t in tensor.terms}
+    assert terms["tensor"] == pytest.approx(sum(2 * link.alpha + 32 * b * link.beta
+                                                for _, b in reductions))
+    whole = sum(prof.layer_costs(32))
+    replicated = sum(c for c, s in zip(prof.layer_costs(32), split, strict=True) if not s)
+    assert terms["compute"] == pytest.approx((whole + replicated) / 2)  # replicated: not halved

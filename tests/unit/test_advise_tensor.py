@@ -19,9 +19,10 @@ pytestmark = pytest.mark.unit
 LINK = Link(alpha=1e-4, beta=1e-9, gamma=0.0)
 SEQ_HIDDEN = 16 * 128 * 4  # one sample's block activation: seq 16 x hidden 128 x float32
 
-# The stated model: embedding, one attention block (its all-reduces counted at "att"), a
-# feed-forward, a vocabulary projection. Each layer: 1e-5 s forward, 2e-5 s backward per
-# sample; the step 1.5e-4 s per sample (so 3e-5 s per sample beyond the layers).
+# The stated model: embedding, one attention block (its four all-reduces, two forward and two
+# backward, counted at "att"), a feed-forward, a vocabulary projection. Each layer: 1e-5 s
+# forward, 2e-5 s backward per sample; the step 1.5e-4 s per sample (so 3e-5 s per sample
+# beyond the layers).
 PROFILE = ModelProfile(
     names=("emb", "att", "ffn", "out"), params=(100_000, 250_000, 500_000, 100_000),
     param_bytes=(400_000, 1_000_000, 2_000_000, 400_000),
@@ -29,7 +30,7 @@ PROFILE = ModelProfile(
     forward=(Line(0, 1e-5),) * 4, backward=(Line(0, 2e-5),) * 4, step=Line(0, 1.5e-4),
     optimizer_slots=2, embeddings=(), threads=1, batch=32,
     split_bytes=(400_000, 960_000, 1_990_000, 400_000),
-    reductions=((1, SEQ_HIDDEN), (1, SEQ_HIDDEN)), heads=4)
+    reductions=((1, SEQ_HIDDEN),) * 4, heads=4)
 # Per shard at T=2: 200_000 + (480_000 + 40_000) + (995_000 + 10_000) + 200_000 bytes.
 SHARD_BYTES = 1_925_000
 
@@ -123,13 +124,30 @@ def test_tensor_parts_of_a_transformer_block():
     mdl = keras.Model(tokens, keras.layers.Dense(64, name="out")(ffn))
     layers = [layer for layer in mdl.layers if type(layer).__name__ != "InputLayer"]
     names = [layer.name for layer in layers]
-    acts = [8 * 16 * 4] * len(layers)
+    acts = [8 * 16 * 4] * (len(layers) - 1) + [8 * 64 * 4]  # seq 8 x width 16; x vocab 64
     split, reductions, heads = tensor_parts(layers, acts)
     by_name = dict(zip(names, split, strict=True))
     assert by_name["emb"] == 64 * 16 * 4 and by_name["ln"] == 0
     assert by_name["att"] == (3 * (16 * 4 * 4 + 4 * 4) + 4 * 4 * 16) * 4  # q,k,v + output kernel
     assert by_name["up"] == 16 * 32 * 4 and by_name["out"] == 16 * 64 * 4
-    assert reductions == ((names.index("att"), 8 * 16 * 4),) * 2 and heads == 4
+    att, out, emb = names.index("att"), names.index("out"), names.index("emb")
+    # Megatron's f and g around the attention and the feed-forward, forward and backward; the
+    # vocabulary-split embedding's sum; the split logits' input gradient and the loss's 3 sums.
+    assert reductions == ((emb, 8 * 16 * 4),) + ((att, 8 * 16 * 4),) * 4 + (
+        (out, 8 * 16 * 4),) + ((out, 8 * 4),) * 3 and heads == 4
+
+
+def test_profile_times_attention_with_the_arguments_of_its_call():
+    from tfdist.advise.profile import profile_model
+    from tfdist.core import flavour
+
+    keras = flavour.get_keras()
+    x = keras.Input((4, 8))
+    att = keras.layers.MultiHeadAttention(2, 4, name="att")(x, x, use_causal_mask=True)
+    prof = profile_model(keras.Model(x, keras.layers.Dense(3, name="out")(att)), 4, repeats=1)
+    assert prof.names == ("att", "out") and prof.heads == 2
+    assert prof.reductions == ((0, 4 * 8 * 4),) * 4  # as layer(h, h), not layer(h)
+    assert prof.forward[0].at(4) > 0
 
 
 @pytest.fixture

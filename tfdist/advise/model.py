@@ -188,20 +188,20 @@ def contention(busy_processes: int, threads_each: int, cores: float) -> float:
 def tensor_activations_s(tensor: int, activation_bytes: Sequence[float], link: Link,
                          allreduce: Callable[[int, float, Link], float] | None = None) -> float:
     """The activation all-reduces of one forward and backward under tensor parallelism:
-    each of ``activation_bytes`` (one forward all-reduce each, two per Transformer block) is
-    all-reduced over the ``tensor`` processes once forward and once backward (``allreduce``:
-    default `ring_allreduce_s`).
+    each of ``activation_bytes`` (every all-reduce of the step: four per Transformer block,
+    two forward and two backward) is all-reduced over the ``tensor`` processes
+    (``allreduce``: default `ring_allreduce_s`).
 
     Example:
         >>> link = Link(alpha=1e-4, beta=1e-9)
-        >>> blocks = [2e6, 2e6]                      # one block: after attention, after FFN
-        >>> round(tensor_activations_s(2, blocks, link) * 1e3, 3)   # 4 x (2 a + n b)
+        >>> block = [2e6] * 4                       # one block: 2 forward, 2 backward
+        >>> round(tensor_activations_s(2, block, link) * 1e3, 3)   # 4 x (2 a + n b)
         8.8
-        >>> tensor_activations_s(1, blocks, link)
+        >>> tensor_activations_s(1, block, link)
         0.0
     """
     reduce = allreduce or ring_allreduce_s
-    return 2 * sum(reduce(tensor, n, link) for n in activation_bytes)
+    return sum(reduce(tensor, n, link) for n in activation_bytes)
 
 
 def tensor_weight_bytes(split_bytes: float, whole_bytes: float, tensor: int) -> float:

@@ -176,10 +176,10 @@ def _pipeline(c: Candidate, prof: ModelProfile, links: Mapping[str, Link], clust
     D = P / (K T) replicas: a pipeline, a tensor layout (K = M = 1), or both."""
     link, k, m, t, d = links["tf"], c.stages, c.micro_batches, c.tensor, c.replicas
     micro = batch / (d * m)
-    costs = prof.layer_costs(micro)
+    costs = prof.layer_costs(micro, t)  # one shard's: split layers / T, replicated ones whole
     bounds = balanced_bounds(costs, k)
     slow = model.contention(cluster.per_host, prof.threads or cluster.cores, cluster.cores)
-    compute = [cost * slow / t for cost in stage_costs(costs, bounds)]
+    compute = [cost * slow for cost in stage_costs(costs, bounds)]
     tensor = _stage_tensor_s(prof, bounds, micro, t, link)
     slots = [a + b for a, b in zip(compute, tensor, strict=True)]
     worst = max(range(k), key=slots.__getitem__)
@@ -226,8 +226,8 @@ def _communication_detail(k: int, m: int, d: int, boundary: float, params: float
 
 def _tensor_detail(prof: ModelProfile, t: int, micro: float, link: Link) -> str:
     largest = max((n for _, n in prof.reductions), default=0) * micro
-    return (f"{2 * len(prof.reductions)} all-reduces of activations per step and micro-batch "
-            f"(2 forward, 2 backward per block) of up to {_mb(largest)} over T={t}, "
+    return (f"{len(prof.reductions)} all-reduces of activations per step and micro-batch "
+            f"(4 per block, the embedding's, the logits') of up to {_mb(largest)} over T={t}, "
             f"{link.bandwidth_gbps:.2f} GB/s")
 
 

@@ -107,9 +107,10 @@ class ModelProfile:
         batch: The largest batch measured.
         split_bytes: Per layer, the weight bytes a tensor split divides by T (`tensor_parts`);
             empty: none known.
-        reductions: The activation all-reduces of one forward under tensor parallelism, each
-            as (layer index, bytes per sample): two per Transformer block (after its attention,
-            after its feed-forward); the backward has as many. Empty: no Transformer block.
+        reductions: The activation all-reduces of one training step (forward and backward)
+            under tensor parallelism, each as (layer index, bytes per sample): four per
+            Transformer block, one for a vocabulary-split embedding, four for vocabulary-split
+            logits and their loss (`tensor_parts`). Empty: no Transformer block.
         heads: The attention heads T must divide (their gcd over the model; 0: no attention).
     """
 
@@ -151,10 +152,21 @@ class ModelProfile:
         """Bytes of every embedding table (the sparse part)."""
         return sum(e.rows * e.row_bytes for e in self.embeddings)
 
-    def layer_costs(self, batch: float) -> list[float]:
-        """Forward + backward seconds of each layer at ``batch`` (the pipeline's split costs)."""
-        return [f.at(batch) + b.at(batch) for f, b in zip(self.forward, self.backward,
-                                                           strict=True)]
+    def layer_costs(self, batch: float, tensor: int = 1) -> list[float]:
+        """Forward + backward seconds of each layer at ``batch`` (the pipeline's split costs);
+        with ``tensor`` T, on one of T shards: a split layer's (``split_bytes`` > 0) divided
+        by T, a replicated one's (a LayerNorm, a residual Add) whole.
+
+        Example:
+            >>> prof = ModelProfile(("a", "b"), (0, 0), (400, 100), (4, 4), (Line(0, 1),) * 2,
+            ...                     (Line(0, 2),) * 2, Line(0, 0), 0, (), 1, 8,
+            ...                     split_bytes=(300, 0))
+            >>> prof.layer_costs(2), prof.layer_costs(2, tensor=2)
+            ([6.0, 6.0], [3.0, 6.0])
+        """
+        split = self.split_bytes or (1,) * len(self.names)  # unknown: every layer split
+        return [(f.at(batch) + b.at(batch)) / (tensor if s else 1)
+                for f, b, s in zip(self.forward, self.backward, split, strict=True)]
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -205,19 +217,42 @@ def _layer_inputs(layer: Any, batch: int) -> Any:
     return made if isinstance(symbolic, (list, tuple)) else made[0]
 
 
+def _layer_call(layer: Any, batch: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments of ``layer``'s first call in the model, its symbolic tensors replaced by
+    random ones of ``batch`` rows (one per symbolic tensor: ``attention(h, h)`` gets the same
+    tensor twice), keyword options kept (``use_causal_mask=True``); else ``(layer.input,)``."""
+    import tensorflow as tf
+
+    nodes = getattr(layer, "_inbound_nodes", None) or [None]
+    arguments = getattr(nodes[0], "arguments", None)  # Keras 3; tf-keras: call_args/kwargs
+    args = getattr(arguments, "args", getattr(nodes[0], "call_args", None))
+    kwargs = getattr(arguments, "kwargs", getattr(nodes[0], "call_kwargs", None))
+    inputs = getattr(nodes[0], "input_tensors", getattr(nodes[0], "keras_inputs", None))
+    symbolic = [] if inputs is None else tf.nest.flatten(inputs)
+    if args is None or not symbolic:
+        return (_layer_inputs(layer, batch),), {}
+    high = int(getattr(layer, "input_dim", 2))
+    made = {id(t): _random_input(t, batch, high) for t in symbolic}
+    swap = lambda v: made.get(id(v), v)  # noqa: E731
+    return (tuple(tf.nest.map_structure(swap, list(args))),
+            dict(tf.nest.map_structure(swap, dict(kwargs or {}))))
+
+
 def _time_layer(layer: Any, batch: int, repeats: int) -> tuple[float, float]:
     """(forward seconds, forward + backward seconds) of ``layer`` alone at ``batch``."""
     import tensorflow as tf
 
-    x = _layer_inputs(layer, batch)
-    sources = [t for t in _as_list(x) if t.dtype.is_floating]
-    forward = tf.function(lambda: layer(x, training=True))
+    args, kwargs = _layer_call(layer, batch)
+    sources = list({id(t): t for t in tf.nest.flatten((args, kwargs))
+                    if tf.is_tensor(t) and t.dtype.is_floating}.values())
+    kwargs.setdefault("training", True)
+    forward = tf.function(lambda: layer(*args, **kwargs))
 
     @tf.function
     def both() -> Any:
         with tf.GradientTape() as tape:
             tape.watch(sources)
-            y = layer(x, training=True)
+            y = layer(*args, **kwargs)
         return tape.gradient(y, [*layer.trainable_weights, *sources])
 
     return _median_seconds(forward, repeats), _median_seconds(both, repeats)
@@ -281,7 +316,7 @@ def _fit_step_s(model: Any, x: Any, y: Any, batch: int, steps: int) -> float:
         batch, drop_remainder=True)
     ends: list[float] = []
     clock = flavour.get_keras().callbacks.LambdaCallback(
-        on_train_batch_end=lambda *_: ends.append(time.perf_counter()))
+        on_train_batch_end=lambda *_, **__: ends.append(time.perf_counter()))
     model.fit(data, epochs=1, steps_per_epoch=3, verbose=0)
     model.fit(data, epochs=1, steps_per_epoch=steps + 1, verbose=0, callbacks=[clock])
     return statistics.median(b - a for a, b in zip(ends, ends[1:], strict=False))
@@ -326,11 +361,20 @@ def _sublayers(layer: Any) -> list[Any]:
 def tensor_parts(layers: Sequence[Any], activation_bytes: Sequence[int]) -> tuple[
         tuple[int, ...], tuple[tuple[int, int], ...], int]:
     """What tensor parallelism would split in ``layers`` (the model's, in order), by class:
-    (split bytes per layer, forward all-reduces as (layer, bytes per sample), heads' gcd).
+    (split bytes per layer, a step's all-reduces as (layer, bytes per sample), heads' gcd).
 
-    Each ``MultiHeadAttention`` is taken for one Transformer block: two all-reduces of its
-    output (seq x hidden per sample) in the forward, after the attention and after the
-    feed-forward. An estimate by class: the tensor strategy's own plan is exact.
+    The all-reduces are Megatron's, as the ``tensor`` strategy runs them:
+
+    * each ``MultiHeadAttention``, taken for one Transformer block: four of its output (seq x
+      hidden per sample): the sums after the attention and after the feed-forward pair in the
+      forward, and the sums of their inputs' gradients in the backward;
+    * an ``Embedding`` (split by vocabulary rows): its lookups' sum, in the forward;
+    * the last layer when it is a linear ``Dense`` as wide as an ``Embedding``'s vocabulary
+      (logits split by vocabulary): its input's gradient summed in the backward, and the
+      vocab-parallel loss's three sums of one number per token (the largest logit, the sum of
+      exponentials, the target's logit).
+
+    An estimate by class: the tensor strategy's own plan is exact.
 
     Example:
         >>> from tfdist.core import flavour
@@ -339,7 +383,7 @@ def tensor_parts(layers: Sequence[Any], activation_bytes: Sequence[int]) -> tupl
         >>> y = keras.layers.MultiHeadAttention(2, 4, name="att")(x, x)
         >>> model = keras.Model(x, keras.layers.Dense(8, name="ffn")(y))
         >>> tensor_parts(model.layers[1:], (128, 128))
-        ((1120, 256), ((0, 128), (0, 128)), 2)
+        ((1120, 256), ((0, 128), (0, 128), (0, 128), (0, 128)), 2)
     """
     split, reductions, heads = [], [], 0
     for index, layer in enumerate(layers):
@@ -347,14 +391,31 @@ def tensor_parts(layers: Sequence[Any], activation_bytes: Sequence[int]) -> tupl
         for sub in _sublayers(layer):
             kind = type(sub).__name__
             if kind == "MultiHeadAttention":
-                reductions += [(index, int(activation_bytes[index]))] * 2
+                reductions += [(index, int(activation_bytes[index]))] * 4
                 heads = math.gcd(heads, int(getattr(sub, "num_heads", 0)
                                             or getattr(sub, "_num_heads", 0)))
             if kind in SPLIT_CLASSES:
                 kernels.update({id(w): int(np.prod(w.shape)) * 4 for w in sub.weights
                                 if len(w.shape) >= 2})
+        if type(layer).__name__ == "Embedding":
+            reductions.append((index, int(activation_bytes[index])))
         split.append(sum(kernels.values()))
-    return tuple(split), tuple(reductions), heads
+    return tuple(split), (*reductions, *_logit_reductions(layers, activation_bytes)), heads
+
+
+def _logit_reductions(layers: Sequence[Any], activation_bytes: Sequence[int]) -> list[
+        tuple[int, int]]:
+    """The all-reduces of logits split by vocabulary (as `tfdist.tensor.rules` splits them):
+    the input's gradient, and three numbers per token for the loss; none for other outputs."""
+    vocabularies = {int(layer.input_dim) for layer in layers
+                    if type(layer).__name__ == "Embedding"}
+    last, index = layers[-1], len(layers) - 1
+    units = getattr(last, "units", None)
+    linear = getattr(getattr(last, "activation", None), "__name__", "linear") == "linear"
+    if type(last).__name__ != "Dense" or units not in vocabularies or not linear or index < 1:
+        return []
+    per_token = activation_bytes[index] // units
+    return [(index, int(activation_bytes[index - 1])), *[(index, int(per_token))] * 3]
 
 
 def profile_model(model: Any, batch: int, data: Any = None, repeats: int = 5,

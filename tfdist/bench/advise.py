@@ -1,13 +1,16 @@
-"""``advise``: the advisor's predictions against measured step times, for the three examples.
+"""``advise``: the advisor's predictions against measured step times, for the four examples.
 
 For each example (``image``: the dense CNN on digits; ``ctr``: the sparse CTR model; ``deep``:
-the deep MLP made for pipelines) on ``np`` processes of this machine, one TF thread each:
+the deep MLP made for pipelines; ``lm``: the Transformer LM made for tensor parallelism, under
+Keras 3 as the ``tensor`` strategy needs) on ``np`` processes of this machine, one TF thread
+each:
 
 1. the network probe (`tfdist.advise.network.probe`), once;
 2. the model's profile, in a child process with the jobs' Keras and threads, then the cores
    ``np`` processes really get on this shared machine (`tfdist.advise.cores.usable_cores`);
 3. the advisor's ranking; its top ``top`` candidates, plus the example's own layout when it is
-   not among them (``ctr``: parameter servers, ``deep``: the pipeline), are run for real
+   not among them (``ctr``: parameter servers, ``deep``: the pipeline, ``lm``: the tensor
+   split ``T = np``), are run for real
    (`workers/advise_worker.py`), and each step is timed.
 
 Per row: predicted and measured seconds per global batch (for asynchronous parameter servers,
@@ -17,7 +20,7 @@ median absolute error (target <= 25%).
 
 Example:
     >>> [e.name for e in AdviseBenchConfig(quick=True).examples]
-    ['image', 'ctr', 'deep']
+    ['image', 'ctr', 'deep', 'lm']
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from tfdist.advise import Candidate, Cluster, ModelProfile, advise, network
 from tfdist.advise.cores import usable_cores
 from tfdist.bench.workers import WORKERS
 from tfdist.cluster import ClusterSpec
+from tfdist.core.flavour import LEGACY_KERAS_ENV
 from tfdist.core.registry import strategy_traits
 from tfdist.mesh import MESH_ENV, Mesh
 from tfdist.probe import jobs
@@ -39,17 +43,23 @@ from tfdist.probe.common import THREADS_ENV
 
 __all__ = ["Example", "AdviseBenchConfig", "run", "summarize"]
 
+KERAS3 = {LEGACY_KERAS_ENV: "0"}
+"""The LM's jobs: the ``tensor`` strategy's split layers are Keras 3's (its traits), so every
+layout of that example runs under Keras 3, the others under the benchmark's tf-keras."""
+
 _MODULE = "tfdist.bench.workers.advise_worker"
 _SCRIPT = WORKERS / "advise_worker.py"
 
 
 @dataclasses.dataclass(frozen=True)
 class Example:
-    """An example model: its name in the worker, global batch, and the layout it was made for."""
+    """An example model: its name in the worker, global batch, the layout it was made for, and
+    the environment its jobs need beyond the benchmark's (``env``: Keras 3 for the LM)."""
 
     name: str
     batch: int
     headline: str
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -64,7 +74,8 @@ class AdviseBenchConfig:
     constants: str | None = None
     examples: tuple[Example, ...] = (Example("image", 64, "multi_worker"),
                                      Example("ctr", 256, "parameter_server"),
-                                     Example("deep", 256, "pipeline"))
+                                     Example("deep", 256, "pipeline"),
+                                     Example("lm", 32, "tensor", KERAS3))
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     timeout: float = 600.0
 
@@ -72,8 +83,9 @@ class AdviseBenchConfig:
         if self.quick:
             self.steps, self.repeats = min(self.steps, 20), min(self.repeats, 3)
 
-    def child_env(self) -> dict[str, str]:
-        return {THREADS_ENV: "1,1", **self.env}
+    def child_env(self, example: Example) -> dict[str, str]:
+        """What a job of ``example`` gets: one TF thread each, its own variables, ``env``."""
+        return {THREADS_ENV: "1,1", **example.env, **self.env}
 
 
 def _args(example: Example, batch: int, config: AdviseBenchConfig, c: Candidate) -> list[str]:
@@ -85,12 +97,12 @@ def _args(example: Example, batch: int, config: AdviseBenchConfig, c: Candidate)
 
 
 def _local(c: Candidate, ex: Example, config: AdviseBenchConfig, log: IO[str]) -> Any:
-    return jobs.run_local(_MODULE, _args(ex, ex.batch, config, c), env=config.child_env(),
+    return jobs.run_local(_MODULE, _args(ex, ex.batch, config, c), env=config.child_env(ex),
                           log=log, timeout=config.timeout)
 
 
 def _tf(c: Candidate, ex: Example, config: AdviseBenchConfig, log: IO[str]) -> Any:
-    env = {**config.child_env(), "TFDIST_STRATEGY": c.strategy}
+    env = {**config.child_env(ex), "TFDIST_STRATEGY": c.strategy}
     batch = ex.batch // c.processes
     if c.stages > 1:
         env |= {"TFDIST_PIPELINE_STAGES": str(c.stages),
@@ -107,17 +119,15 @@ def _tf(c: Candidate, ex: Example, config: AdviseBenchConfig, log: IO[str]) -> A
 
 def _horovod(c: Candidate, ex: Example, config: AdviseBenchConfig, log: IO[str]) -> Any:
     return jobs.run_horovod(c.processes, _MODULE, _args(ex, ex.batch // c.processes, config, c),
-                            env=config.child_env(), log=log, timeout=config.timeout)
+                            env=config.child_env(ex), log=log, timeout=config.timeout)
 
 
 RUNNERS: Mapping[str, Callable[[Candidate, Example, AdviseBenchConfig, IO[str]], Any]] = {
     "default": _local, "multi_worker": _tf, "parameter_server": _tf, "pipeline": _tf,
     "horovod": _horovod, "tensor": _tf}
 """Strategy -> how the benchmark starts a job of it. Tensor layouts (``tensor``, D x T) are
-run once the advisor offers them: a registered strategy takes ``--tensor`` and an example has
-attention heads (the three examples here have none; a Transformer example added to
-``EXAMPLES`` of `workers/advise_worker.py` and to `AdviseBenchConfig.examples` with headline
-``tensor`` brings them into the comparison)."""
+offered for the example with attention heads (``lm``), since the ``tensor`` strategy takes
+``--tensor``."""
 
 
 def _measured_step(c: Candidate, ex: Example, result: Mapping[str, Any]) -> float:
@@ -130,7 +140,7 @@ def _measured_step(c: Candidate, ex: Example, result: Mapping[str, Any]) -> floa
 def _profile(ex: Example, config: AdviseBenchConfig, log: IO[str]) -> ModelProfile:
     args = ["--example", ex.name, "--profile", "--batch", str(ex.batch), "--repeats",
             str(max(5, config.repeats))]
-    got = jobs.first_report(jobs.run_local(_MODULE, args, env=config.child_env(), log=log,
+    got = jobs.first_report(jobs.run_local(_MODULE, args, env=config.child_env(ex), log=log,
                                            timeout=config.timeout))
     return ModelProfile.from_json(got)
 

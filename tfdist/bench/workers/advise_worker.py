@@ -1,6 +1,6 @@
 """Profiles one example model for the advisor, or times its training under the job's strategy.
 
-Usage: ``python -m tfdist.bench.workers.advise_worker --example image|ctr|deep --profile``
+Usage: ``python -m tfdist.bench.workers.advise_worker --example image|ctr|deep|lm --profile``
 (one process: `tfdist.advise.profile_model` on the example's model and data), or ``--train``
 under any launcher (``TFDIST_STRATEGY`` and the pipeline variables say the layout): the model is
 built with ``strategy.build_model``, compiled with the example's optimizer and loss, trained for
@@ -9,7 +9,8 @@ share, a worker's batch, or the global batch of a pipeline). Reports seconds per
 interval between step ends over ``--repeats`` fits of ``--steps`` (``--timing intervals``), or
 for asynchronous workers the median of ``(t(2S) - t(S)) / S`` (``--timing difference``).
 
-The examples are the repository's ``keras_examples`` (dense CNN on digits, sparse CTR, deep MLP).
+The examples are the repository's ``keras_examples`` (dense CNN on digits, sparse CTR, deep MLP,
+the Transformer LM at `LM_SIZES`, Keras 3 only under ``tensor``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from tfdist.testing import report
 
 _EXAMPLES_DIR = Path(__file__).resolve().parents[3] / "keras_examples"
 DEEP_WIDTH, DEEP_DEPTH = 256, 8
+LM_SIZES = {"vocab": 256, "seq": 32, "width": 64, "heads": 4, "blocks": 2}
+"""The LM's sizes: a step of ~10-50 ms on one core at the benchmark's batch."""
 
 
 def _image(keras: Any) -> tuple[Callable[[], Any], Any, Any, Callable[[], Any], Any]:
@@ -58,8 +61,17 @@ def _deep(keras: Any) -> tuple[Callable[[], Any], Any, Any, Callable[[], Any], A
             keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
 
+def _lm(keras: Any) -> tuple[Callable[[], Any], Any, Any, Callable[[], Any], Any]:
+    import transformer_lm
+
+    x, y = transformer_lm.counting_text(2048, LM_SIZES["seq"], LM_SIZES["vocab"], seed=1)
+    return (lambda: transformer_lm.build_model(keras, **LM_SIZES), x, y,
+            lambda: keras.optimizers.Adam(3e-3),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
 EXAMPLES: dict[str, Callable[[Any], tuple[Callable[[], Any], Any, Any, Callable[[], Any], Any]]] = {
-    "image": _image, "ctr": _ctr, "deep": _deep}
+    "image": _image, "ctr": _ctr, "deep": _deep, "lm": _lm}
 
 
 def _rows(data: Any, count: int) -> Any:
@@ -111,7 +123,7 @@ def _intervals(model: Any, data: Any, args: argparse.Namespace, keras: Any) -> t
     import tfdist
 
     ends: list[float] = []
-    clock = keras.callbacks.LambdaCallback(on_train_batch_end=lambda *_: ends.append(
+    clock = keras.callbacks.LambdaCallback(on_train_batch_end=lambda *_, **__: ends.append(
         time.perf_counter()))
     tfdist.fit(model, data, epochs=1, steps_per_epoch=args.warmup_steps, verbose=0)
     gaps: list[float] = []
