@@ -49,8 +49,9 @@ IDLE_SECONDS = 120.0
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
                      signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT, signal.SIGTSTP)
 _IMPORT_TIME_PREFIXES = ("TF_", "KERAS", "XLA_", "PYTHON", "LD_", "OMP_", "MKL", "CUDA", "HOME",
-                         "TFDIST_TEST_LEAN", "TFDIST_STARTUP", "TFDIST_KERAS")
-"""Variables that may change what importing TensorFlow or Keras does: they pick the server."""
+                         "MALLOC_", "TFDIST_TEST_LEAN", "TFDIST_STARTUP", "TFDIST_KERAS")
+"""Variables that may change what importing TensorFlow or Keras does (or, ``MALLOC_``, how
+glibc's allocator, set up as a process starts, behaves): they pick the server."""
 _PER_TASK = frozenset({"TF_CONFIG", "PYTHONUNBUFFERED"})
 _NOT_WARM = ("SLURM_JOB_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 """Processes started by Slurm or MPI stay cold: their launchers own them in other ways (Gloo

@@ -79,6 +79,11 @@ def test_quick_run_writes_complete_results(tmp_path: Path) -> None:
     for row in rows[1:3]:
         assert row["bubble"] == pytest.approx(1 / (row["micro_batches"] + 1))
     assert rows[3]["bubble"] == pytest.approx(1 / (2 * 4 + 1))  # (K-1)/(v M + K - 1)
+    memory = result["pipeline"]["memory"]
+    assert [(r["mode"], len(r["growth_mb"])) for r in memory] == [
+        ("one process, whole model", 1), ("pipeline GPipe", 2), ("pipeline GPipe, recompute", 2)]
+    for row in memory:
+        assert all(math.isfinite(mb) and mb > 0 for mb in row["growth_mb"]), row
 
     assert Path(result["files"]["plot"]).stat().st_size > 0
     assert "| backend | size |" in (tmp_path / path.name.replace(".json", ".md")).read_text()

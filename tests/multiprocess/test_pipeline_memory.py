@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from tfdist.bench.memory import MALLOC_ENV
 from tfdist.cluster import ClusterSpec
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.cold_start]  # peak RSS: not from a fork
 
 SCRIPT = Path(__file__).parent / "scripts" / "pipeline_peak.py"
-ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}  # resident memory follows what is allocated
+ENV = MALLOC_ENV  # resident memory follows what is allocated
 SLACK = 48e6
 """Activations (tens of kB here), the step's small tensors and the traced step (measured: 30-35
 MB above gradients + slots + one micro-batch's gradients, at M=1 as at M=8)."""

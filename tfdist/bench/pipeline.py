@@ -26,6 +26,11 @@ and M = 1, 2, 4, 8 micro-batches, under ``multi_worker`` on the same 2 processes
   distributed dataset and iterator, callbacks): a fixed cost per call, apart from the steps;
 * ``speedup_vs_default``: one process's ``fit`` step time / this job's.
 
+And ``memory`` rows (`workers/peak_worker.py`, an MLP whose activations outweigh its weights:
+width 256, 8 layers, ``memory_rows`` rows per batch, Adam, 3 steps): the peak resident memory
+``fit`` adds, per stage of a K-stage GPipe pipeline at ``memory_micro_batches`` micro-batches
+with and without activation recomputation, and for one process training the whole model.
+
 Example:
     >>> PipelineConfig(quick=True).micro_batches
     (1, 4)
@@ -37,6 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from tfdist.bench.memory import MALLOC_ENV
 from tfdist.bench.workers import WORKERS
 from tfdist.cluster import ClusterSpec
 from tfdist.pipeline.schedule import bubble_fraction, interleaved_bubble_fraction
@@ -46,6 +52,8 @@ __all__ = ["PipelineConfig", "run"]
 
 _MODULE = "tfdist.bench.workers.pipeline_worker"
 _SCRIPT = WORKERS / "pipeline_worker.py"
+_PEAK_MODULE = "tfdist.bench.workers.peak_worker"
+_PEAK_SCRIPT = WORKERS / "peak_worker.py"
 
 
 @dataclass
@@ -61,12 +69,14 @@ class PipelineConfig:
     micro_batches: tuple[int, ...] = (1, 2, 4, 8)
     interleaved: tuple[int, ...] = (4, 8)
     chunks: int = 2
+    memory_rows: int = 8192
+    memory_micro_batches: int = 4
     env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.quick:
             self.micro_batches, self.width, self.batch, self.steps = (1, 4), 256, 256, 5
-            self.interleaved = (4,)
+            self.interleaved, self.memory_rows = (4,), 1024
 
     def args(self, mode: str, micro_batches: int = 1, chunks: int = 1) -> list[str]:
         return ["--mode", mode, "--micro-batches", str(micro_batches), "--batch",
@@ -96,7 +106,36 @@ def run(config: PipelineConfig, log: IO[str]) -> dict[str, Any]:
                  "fit_step_s": data_parallel["step_s"], "fit_call_s": data_parallel["fit_call_s"],
                  "speedup_vs_default": single["step_s"] / data_parallel["step_s"]})
     return {"rows": rows, "model": {"width": config.width, "depth": config.depth,
-                                    "batch": config.batch}}
+                                    "batch": config.batch},
+            "memory": _memory_rows(config, env, log, timeout)}
+
+
+def _memory_rows(config: PipelineConfig, env: Mapping[str, str], log: IO[str],
+                 timeout: float) -> list[dict[str, Any]]:
+    """Peak memory ``fit`` adds: one process, then each stage without and with recomputation."""
+    env = {**env, **MALLOC_ENV}
+    args = ["--rows", str(config.memory_rows), "--micro-batches",
+            str(config.memory_micro_batches)]
+    whole = jobs.first_report(jobs.run_local(_PEAK_MODULE, [*args, "--mode", "default"],
+                                             env=env, log=log, timeout=timeout))
+    rows = [_memory_row("one process, whole model", "-", [whole])]
+    spec = ClusterSpec.local(workers=config.stages)
+    for recompute in (False, True):
+        results = jobs.run_tf(spec, _PEAK_SCRIPT, [*args, *(["--recompute"] * recompute)],
+                              env={**env, "TFDIST_STRATEGY": "pipeline",
+                                   "TFDIST_PIPELINE_STAGES": str(config.stages)},
+                              log=log, timeout=timeout)
+        rows.append(_memory_row("pipeline GPipe" + (", recompute" if recompute else ""),
+                                config.memory_micro_batches,
+                                sorted(results.values(), key=lambda r: r["stage"])))
+    return rows
+
+
+def _memory_row(mode: str, micro_batches: int | str,
+                reports: list[dict[str, Any]]) -> dict[str, Any]:
+    growth = [r["growth_bytes"] / 2**20 for r in reports]
+    return {"mode": mode, "micro_batches": micro_batches, "growth_mb": growth,
+            "per_stage": " / ".join(f"{mb:.0f}" for mb in growth)}
 
 
 def _pipeline_row(config: PipelineConfig, micro: int, chunks: int, single_s: float,

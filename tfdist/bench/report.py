@@ -71,6 +71,11 @@ TABLES: dict[str, list[Column]] = {
                ("predicted_ms", "predicted ms", "{:.1f}"), ("measured_ms", "measured ms", "{:.1f}"),
                ("error", "error", "{:+.0%}"), ("why", "dominating term (predicted)", "{}")],
 }
+SUBTABLES: dict[tuple[str, str], list[Column]] = {
+    ("pipeline", "memory"): [("mode", "peak memory fit adds", "{}"), ("micro_batches", "M", "{}"),
+                             ("per_stage", "MB (per stage)", "{}")],
+}
+"""Further tables of a section: ``(section, key) -> columns`` of ``result[section][key]``."""
 
 
 def tables(result: Mapping[str, Any]) -> str:
@@ -81,6 +86,9 @@ def tables(result: Mapping[str, Any]) -> str:
             parts.append(f"\n### {section}\n\n{markdown_table(result[section]['rows'], columns)}")
             if result[section].get("note"):
                 parts.append(f"\n{result[section]['note']}")
+            for (owner, key), more in SUBTABLES.items():
+                if owner == section and result[section].get(key):
+                    parts.append(f"\n{markdown_table(result[section][key], more)}")
     return "\n".join(parts)
 
 

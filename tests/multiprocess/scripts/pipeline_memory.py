@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import sys
 
 import numpy as np
 
 import tfdist
+from tfdist.bench import memory
 from tfdist.core import flavour
 from tfdist.pipeline.stage import weights_nbytes
 from tfdist.testing import report
@@ -35,8 +35,7 @@ def build(keras):
 def rss_bytes() -> int:
     """This process's resident memory now (not its peak: initialisers briefly hold copies)."""
     gc.collect()
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return memory.rss_bytes()
 
 
 @contextlib.contextmanager

@@ -10,20 +10,17 @@ A thread samples this process's resident memory every millisecond during ``fit``
 gives the peak's growth above the memory before ``fit`` (what training adds: gradients,
 optimizer slots, activations, and whatever the schedule keeps), with the weights' bytes.
 
-Run it with ``MALLOC_MMAP_THRESHOLD_`` set low: glibc then returns every large freed block at
-once, so resident memory follows what is allocated (its default raises the threshold to 32 MB
-after the first large free, and then keeps freed blocks resident).
+Run it under `tfdist.bench.memory.MALLOC_ENV` (resident memory then follows allocation).
 """
 
 from __future__ import annotations
 
-import os
 import sys
-import threading
 import time
 
 import numpy as np
 
+from tfdist.bench.memory import PeakSampler, rss_bytes
 from tfdist.core import flavour
 from tfdist.testing import report
 
@@ -38,30 +35,6 @@ def build(keras, width=WIDTH):
         layers.append(keras.layers.Dense(width, activation="relu", name=f"h{i}"))
     layers.append(keras.layers.Dense(1, name="out"))
     return keras.Sequential(layers, name="wide_mlp")
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-class PeakSampler:
-    """The highest resident memory seen while inside (sampled every millisecond)."""
-
-    def __enter__(self):
-        self.peak, self.done = rss_bytes(), threading.Event()
-        self.thread = threading.Thread(target=self._sample, daemon=True)
-        self.thread.start()
-        return self
-
-    def _sample(self):
-        while not self.done.is_set():
-            self.peak = max(self.peak, rss_bytes())
-            time.sleep(0.001)
-
-    def __exit__(self, *exc):
-        self.done.set()
-        self.thread.join()
 
 
 def main(argv):
