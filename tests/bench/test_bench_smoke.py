@@ -73,9 +73,9 @@ def test_quick_run_writes_complete_results(tmp_path: Path) -> None:
         ("default", "-"), ("pipeline", 1), ("pipeline", 4), ("pipeline interleaved v=2", 4),
         ("multi_worker", "-")]
     for row in rows:
-        _positive_finite(row, ("fit_step_s", "speedup_vs_default"))
+        _positive_finite(row, ("fit_step_s", "fit_call_s", "speedup_vs_default"))
     for row in rows[1:4]:
-        _positive_finite(row, ("step_s", "ideal_s", "measured_over_ideal"))
+        _positive_finite(row, ("step_s", "ideal_s", "measured_over_ideal", "fit_over_loop"))
     for row in rows[1:3]:
         assert row["bubble"] == pytest.approx(1 / (row["micro_batches"] + 1))
     assert rows[3]["bubble"] == pytest.approx(1 / (2 * 4 + 1))  # (K-1)/(v M + K - 1)

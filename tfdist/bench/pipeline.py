@@ -19,7 +19,11 @@ and M = 1, 2, 4, 8 micro-batches, under ``multi_worker`` on the same 2 processes
 * the row ``pipeline interleaved v=2`` (at the ``interleaved`` M): Megatron's interleaved 1F1B,
   each process holding 2 chunks; its bound is ``(M + (K-1)/v) * t_stage``, ``t_stage`` the
   process's work on one micro-batch over its chunks, and ``bubble`` ``(K-1)/(v M + K - 1)``;
-* ``fit_step_s``: the same step under ``model.fit`` (adds Keras's fixed per-step cost);
+* ``fit_step_s``: the same step under ``model.fit``, steady (timed step to step by a callback,
+  the first step of the call left out; every row);
+* ``fit_over_loop``: ``fit_step_s / step_s``, a ``fit`` step against the custom-loop step;
+* ``fit_call_s``: what one ``fit`` call spends outside its steps (tf-keras's data adapter,
+  distributed dataset and iterator, callbacks): a fixed cost per call, apart from the steps;
 * ``speedup_vs_default``: one process's ``fit`` step time / this job's.
 
 And ``memory`` rows (`workers/peak_worker.py`, an MLP whose activations outweigh its weights:
@@ -87,7 +91,8 @@ def run(config: PipelineConfig, log: IO[str]) -> dict[str, Any]:
     single = jobs.first_report(jobs.run_local(_MODULE, config.args("default"), env=env,
                                               log=log, timeout=timeout))
     rows = [{"mode": "default", "processes": 1, "micro_batches": "-",
-             "fit_step_s": single["step_s"], "speedup_vs_default": 1.0}]
+             "fit_step_s": single["step_s"], "fit_call_s": single["fit_call_s"],
+             "speedup_vs_default": 1.0}]
     runs = [(micro, 1) for micro in config.micro_batches]
     runs += [(micro, config.chunks) for micro in config.interleaved]
     for micro, chunks in runs:
@@ -98,7 +103,7 @@ def run(config: PipelineConfig, log: IO[str]) -> dict[str, Any]:
                                                          "multi_worker"}, log=log,
         timeout=timeout))
     rows.append({"mode": "multi_worker", "processes": config.stages, "micro_batches": "-",
-                 "fit_step_s": data_parallel["step_s"],
+                 "fit_step_s": data_parallel["step_s"], "fit_call_s": data_parallel["fit_call_s"],
                  "speedup_vs_default": single["step_s"] / data_parallel["step_s"]})
     return {"rows": rows, "model": {"width": config.width, "depth": config.depth,
                                     "batch": config.batch},
@@ -142,14 +147,16 @@ def _pipeline_row(config: PipelineConfig, micro: int, chunks: int, single_s: flo
                                "TFDIST_PIPELINE_STAGES": str(config.stages)},
                           log=log, timeout=timeout)
     stage_s = max(r["stage_s"] for r in results.values())
+    loop_s = max(r["loop_step_s"] for r in results.values())
     first = jobs.first_report(results)
     k = config.stages
     interleaved = chunks > 1
     return {"mode": f"pipeline interleaved v={chunks}" if interleaved else "pipeline",
             "processes": k, "micro_batches": micro,
-            "step_s": max(r["loop_step_s"] for r in results.values()),
+            "step_s": loop_s,
             "ideal_s": (micro + (k - 1) / chunks) * stage_s,
             "measured_over_ideal": max(r["over_bound"] for r in results.values()),
             "bubble": (interleaved_bubble_fraction(k, micro, chunks) if interleaved
                        else bubble_fraction(k, micro)),
-            "fit_step_s": first["step_s"], "speedup_vs_default": single_s / first["step_s"]}
+            "fit_step_s": first["step_s"], "fit_over_loop": first["step_s"] / loop_s,
+            "fit_call_s": first["fit_call_s"], "speedup_vs_default": single_s / first["step_s"]}

@@ -55,6 +55,8 @@ TABLES: dict[str, list[Column]] = {
                  ("ideal_s", "GPipe bound s", "{:.3f}"), ("bubble", "bubble", "{:.2f}"),
                  ("measured_over_ideal", "measured/bound", "{:.2f}"),
                  ("fit_step_s", "fit step s", "{:.3f}"),
+                 ("fit_over_loop", "fit/loop", "{:.2f}"),
+                 ("fit_call_s", "fit call s (outside steps)", "{:.2f}"),
                  ("speedup_vs_default", "speed-up vs 1 process", "{:.2f}")],
     "tensor": [("mode", "mode", "{}"), ("processes", "processes", "{}"),
                ("step_s", "fit step s", "{:.3f}"), ("allreduce_s", "all-reduce s", "{:.4f}"),
