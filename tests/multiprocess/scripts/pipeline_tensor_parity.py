@@ -20,7 +20,7 @@ import sys
 
 import keras
 import numpy as np
-from tensor_parity import GLOBAL, LR, build, data, digest, loss, sabotage_row_reduce
+from tensor_parity import GLOBAL, LR, build, data, digest, later_phases, loss, sabotage_row_reduce
 
 import tfdist
 from tfdist.testing import report
@@ -53,23 +53,6 @@ def train(strategy, model, x, y, custom_loop):
             "predict": model.predict(x[:GLOBAL], batch_size=GLOBAL, verbose=0).tolist()}
 
 
-def later_phases(strategy, whole, x, y, argv):
-    """``--then-custom-loop``, ``--then-sabotage``: each trains a fresh stage shard made from
-    ``whole`` (still holding the initial weights); its result and, on the chief, its weights."""
-    phases = {}
-    for phase in ("custom-loop", "sabotage"):
-        if f"--then-{phase}" not in argv:
-            continue
-        if phase == "sabotage":
-            sabotage_row_reduce()
-        model = strategy.build_model(whole)
-        phases[phase] = train(strategy, model, x, y, custom_loop=phase == "custom-loop")
-        trained = strategy.gather_weights(model)
-        if strategy.is_chief:
-            phases[phase]["trained"] = [np.asarray(w).tolist() for w in trained]
-    return phases
-
-
 def main(argv):
     steps, micro_batches = int(argv[0]), int(argv[1])
     if "--sabotage" in argv:
@@ -93,7 +76,10 @@ def main(argv):
     result.update(train(strategy, model, x, y, custom_loop="--custom-loop" in argv))
     result["held_bytes"] = int(sum(v.numpy().nbytes for v in model.weights))
     trained = strategy.gather_weights(model)
-    result["phases"] = later_phases(strategy, whole, x, y, argv)
+    result["phases"] = later_phases(
+        strategy, whole, argv,
+        lambda shard, custom_loop: train(strategy, shard, x, y, custom_loop),
+        strategy.gather_weights)
     save_dir = argv[argv.index("--save") + 1] if "--save" in argv else None
     if save_dir:
         result["saved"] = strategy.save_model(model, os.path.join(save_dir, "model.keras"))

@@ -169,9 +169,11 @@ def train(strategy, model, x, y, argv, custom_loop):
             "predict": model.predict(x[:GLOBAL], batch_size=GLOBAL, verbose=0).tolist()}
 
 
-def later_phases(strategy, whole, names, x, y, argv):
+def later_phases(strategy, whole, argv, train_phase, gather):
     """``--then-custom-loop``, ``--then-sabotage``: each trains a fresh shard model made from
-    ``whole`` (still holding the initial weights); its result and, on the chief, its weights."""
+    ``whole`` (still holding the initial weights) with ``train_phase(model, custom_loop)``; its
+    result and, on the chief, its weights (``gather(model)``, a collective). Shared with
+    `pipeline_tensor_parity`."""
     phases = {}
     for phase in ("custom-loop", "sabotage"):
         if f"--then-{phase}" not in argv:
@@ -179,10 +181,10 @@ def later_phases(strategy, whole, names, x, y, argv):
         if phase == "sabotage":
             sabotage_row_reduce()
         model = strategy.build_model(whole)
-        phases[phase] = train(strategy, model, x, y, argv, custom_loop=phase == "custom-loop")
-        trained = flat(strategy.gather_weights(model), names)
+        phases[phase] = train_phase(model, custom_loop=phase == "custom-loop")
+        trained = gather(model)
         if strategy.is_chief:
-            phases[phase]["trained"] = [w.tolist() for w in trained]
+            phases[phase]["trained"] = [np.asarray(w).tolist() for w in trained]
     return phases
 
 
@@ -217,7 +219,10 @@ def main(argv):
     result["threads"] = len(os.listdir("/proc/self/task"))
     result["held_bytes"] = strategy.weight_bytes(model)
     trained = flat(strategy.gather_weights(model), names)
-    result["phases"] = later_phases(strategy, whole, names, x, y, argv)
+    result["phases"] = later_phases(
+        strategy, whole, argv,
+        lambda shard, custom_loop: train(strategy, shard, x, y, argv, custom_loop),
+        lambda shard: flat(strategy.gather_weights(shard), names))
     save_dir = argv[argv.index("--save") + 1] if "--save" in argv else None
     if save_dir:
         result["saved"] = strategy.save_model(model, os.path.join(save_dir, "model.keras"))
