@@ -108,3 +108,45 @@ def test_the_advisor_offers_a_tensor_layout_for_the_lm_and_prices_all_its_all_re
     whole = sum(prof.layer_costs(32))
     replicated = sum(c for c, s in zip(prof.layer_costs(32), split, strict=True) if not s)
     assert terms["compute"] == pytest.approx((whole + replicated) / 2)  # replicated: not halved
+
+
+def test_each_row_is_predicted_again_under_the_load_its_run_met(monkeypatch, tmp_path):
+    from tfdist.advise import Cluster, network
+    from tfdist.advise.model import Link
+    from tfdist.advise.profile import Line, ModelProfile
+
+    prof = ModelProfile(names=("d",), params=(1,), param_bytes=(4,), activation_bytes=(4,),
+                        forward=(Line(0, 1e-5),), backward=(Line(0, 2e-5),),
+                        step=Line(0, 1e-4), optimizer_slots=0, embeddings=(), threads=1,
+                        batch=64)
+    link = Link(alpha=0.0, beta=1e-15)
+    net = network.Constants(link, {"tf": link, "horovod": link}, 0.0, 2, {}, {})
+    loads = iter([{"cores": 2.0, "speed": 0.6, "load": 2.0}, {"cores": 1.0, "speed": 0.4,
+                                                              "load": 4.0}] * 10)
+    monkeypatch.setattr(advise, "_profile", lambda *a: (prof, 1e6))
+    monkeypatch.setattr(advise, "usable_cores", lambda n: 2.0)
+    monkeypatch.setattr(advise, "_load", lambda n, reference: next(loads))
+    monkeypatch.setattr(advise, "_measured_step", lambda c, ex, result: 0.02)
+    monkeypatch.setattr(advise, "RUNNERS", {k: (lambda *a: {}) for k in advise.RUNNERS})
+    config = advise.AdviseBenchConfig(top=1, only=("image",))
+    [image] = config.examples
+    with open(tmp_path / "log", "w") as log:
+        rows, _ = advise.run_example(image, net, config, log)
+    first = rows[0]   # the fastest at profile time: 2 replicas, free communication
+    assert first["candidate"] == "multi_worker x2" and first["speed"] == pytest.approx(0.5)
+    assert (first["usable_cores"], first["load"]) == (1.5, 3.0)   # the readings' means
+    assert first["at_profile_ms"] == pytest.approx(32 * 1e-4 * 1e3)
+    # Now: 2 processes on 1.5 cores, each half as fast as at profile time.
+    assert first["predicted_ms"] == pytest.approx(32 * 1e-4 * 1e3 * (2 / 1.5) / 0.5)
+    assert first["error"] == pytest.approx(first["predicted_ms"] / 20.0 - 1)
+    assert Cluster(2).speed == 1.0
+
+
+def test_examples_can_be_picked_by_name():
+    assert [e.name for e in advise.AdviseBenchConfig(only=("lm",)).examples] == ["lm"]
+    from tfdist.bench import cli
+
+    assert cli.configs(cli.parse_args(["advise", "--examples", "deep,lm"]))["advise"].only == (
+        "deep", "lm")
+    with pytest.raises(SystemExit):
+        cli.parse_args(["advise", "--examples", "nope"])

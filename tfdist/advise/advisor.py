@@ -25,12 +25,13 @@ from typing import Any
 
 from tfdist.advise import network
 from tfdist.advise.candidates import Candidate, Cluster, as_cluster, candidates
+from tfdist.advise.model import Link
 from tfdist.advise.network import Constants
-from tfdist.advise.predict import Prediction, predict, rank
+from tfdist.advise.predict import IN_GRAPH, Prediction, predict, rank
 from tfdist.advise.profile import ModelProfile, profile_model
 from tfdist.errors import AdviseError, format_error
 
-__all__ = ["Advice", "advise", "build", "get_constants"]
+__all__ = ["Advice", "advise", "build", "get_constants", "links_of"]
 
 _LOCAL = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
 
@@ -128,10 +129,28 @@ def get_constants(cluster: Cluster, constants: Constants | str | os.PathLike[str
             "the same network), copy net.json here and pass --constants net.json"))
     cached = network.default_path()
     if cached.exists():
-        return network.load(cached)
+        known = network.load(cached)
+        if known.in_graph_link("tf") is not None:
+            return known  # else measured before the in-graph probe: probe again, below
     measured = network.probe(backends=backends, log=log)
     network.save(measured, cached)
     return measured
+
+
+def links_of(net: Constants) -> dict[str, Link]:
+    """The links `predict` prices with: each backend's (else the raw link as ``"tf"``), and
+    TF's in-graph link (`predict.IN_GRAPH`) where the constants have one.
+
+    Example:
+        >>> link = Link(alpha=1e-3, beta=1e-9)
+        >>> sorted(links_of(Constants(link, {"tf": link}, 0.0, 2, {}, {}, {"tf": link})))
+        ['tf', 'tf in-graph']
+    """
+    links = dict(net.backends) or {"tf": net.p2p}
+    in_graph = net.in_graph_link("tf")
+    if in_graph is not None:
+        links[IN_GRAPH] = in_graph
+    return links
 
 
 def advise(model: Any, cluster: Any, *, batch: int, data: Any = None,
@@ -166,7 +185,7 @@ def advise(model: Any, cluster: Any, *, batch: int, data: Any = None,
     shape = as_cluster(cluster, device_memory)
     net = get_constants(shape, constants, backends)
     prof = profile or profile_model(build(model), batch, data=data, repeats=repeats)
-    links = dict(net.backends) or {"tf": net.p2p}
+    links = links_of(net)
     offered = [c for c in candidates(shape, batch, micro_batches, max_ps, tuple(links),
                                      layers=len(prof.names), heads=prof.heads)
                if keep is None or keep(c)]

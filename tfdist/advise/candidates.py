@@ -39,6 +39,9 @@ class Cluster:
         cores: CPU cores per host (a fraction when measured: `cores.usable_cores`).
         device_memory: Bytes one process (device) may hold; None: no limit.
         host_names: The hosts, when known (a probe can only run on this one).
+        speed: How fast one process computes now against when the model was profiled
+            (1.0: as fast; 0.5: half as fast, the machine's other load having grown; measured
+            with `cores.relative_speed`). Compute terms are divided by it.
 
     Example:
         >>> Cluster(processes=4, hosts=2).per_host
@@ -50,8 +53,15 @@ class Cluster:
     cores: float = dataclasses.field(default_factory=lambda: os.cpu_count() or 1)
     device_memory: float | None = None
     host_names: tuple[str, ...] = ()
+    speed: float = 1.0
 
     def __post_init__(self) -> None:
+        if isinstance(self.speed, bool) or not isinstance(self.speed, (int, float)) or not (
+                self.speed > 0):
+            raise AdviseError(format_error(
+                "Cluster speed must be a positive number.", received=f"speed={self.speed!r}",
+                expected="a number > 0 (1.0: the profile's speed)",
+                fix="leave it out, or pass a measured cores.relative_speed(...)"))
         for name in ("processes", "hosts", "cores"):
             value = getattr(self, name)
             kinds = (int, float) if name == "cores" else int

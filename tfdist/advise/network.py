@@ -8,7 +8,12 @@ processes, a point-to-point TCP exchange of ``n`` bytes each way. Then:
 * the TCP exchange gives the raw link: ``t = alpha + n beta`` by least squares;
 * each all-reduce backend gives ``t = A + B n``; the ring formula at ``p`` processes,
   ``2(p-1) alpha + n (2(p-1)/p beta + (p-1)/p gamma)``, turns ``A`` and ``B`` into that
-  backend's own ``alpha`` and ``beta`` (what its transport achieves, copies included).
+  backend's own ``alpha`` and ``beta`` (what its transport achieves, copies included);
+* in-graph all-reduces (`tfdist.probe.ingraph`: chains of collectives inside one
+  ``tf.function``, on the ``tensor`` strategy's runtime and group) give, per size, one
+  collective's seconds without the call's dispatch; the same ring fit turns them into the
+  ``in_graph`` link, which prices the collectives a traced step runs back to back (a tensor
+  split's activation all-reduces).
 
 `Constants` are cached as JSON beside the machine they were measured on (cores, CPU, versions).
 
@@ -36,10 +41,13 @@ from tfdist.advise.profile import fit_line
 from tfdist.errors import AdviseError, TfdistError, format_error
 
 __all__ = ["Constants", "fit_ring", "measure_gamma", "probe", "load", "save", "default_path",
-           "PROBE_SIZES"]
+           "PROBE_SIZES", "fit_in_graph", "IN_GRAPH_SAMPLES"]
 
 PROBE_SIZES = (16 << 10, 256 << 10, 1 << 20, 4 << 20)
 """Message sizes of the probe (bytes): small enough for seconds, wide enough for a slope."""
+
+IN_GRAPH_SAMPLES = "tf in-graph"
+"""The samples' key of the in-graph probe: ``[[bytes, seconds of one collective], ...]``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +60,10 @@ class Constants:
         gamma: Seconds per byte reduced.
         processes: Processes the probe ran on.
         machine: Where and when it was measured (`tfdist.probe.machine.machine`).
-        samples: The raw probe: ``{"tcp"|backend: [[bytes, seconds], ...]}``.
+        samples: The raw probe: ``{"tcp"|backend|"tf in-graph": [[bytes, seconds], ...]}``.
+        in_graph: Backend -> its link for collectives inside a traced step (``"tf"``: the
+            collective runtime the ``tensor`` strategy uses). Empty in constants measured
+            before that probe existed (`in_graph_link` is then None).
     """
 
     p2p: Link
@@ -61,6 +72,11 @@ class Constants:
     processes: int
     machine: Mapping[str, Any]
     samples: Mapping[str, Sequence[Sequence[float]]]
+    in_graph: Mapping[str, Link] = dataclasses.field(default_factory=dict)
+
+    def in_graph_link(self, backend: str = "tf") -> Link | None:
+        """The in-graph link of ``backend``; None where the constants have none (older files)."""
+        return self.in_graph.get(backend)
 
     def link(self, backend: str) -> Link:
         """The link of ``backend``, else the raw link (a backend the probe did not run)."""
@@ -74,7 +90,8 @@ class Constants:
         return cls(p2p=Link(**data["p2p"]),
                    backends={k: Link(**v) for k, v in data["backends"].items()},
                    gamma=float(data["gamma"]), processes=int(data["processes"]),
-                   machine=dict(data["machine"]), samples=dict(data["samples"]))
+                   machine=dict(data["machine"]), samples=dict(data["samples"]),
+                   in_graph={k: Link(**v) for k, v in data.get("in_graph", {}).items()})
 
 
 def fit_ring(sizes: Sequence[float], seconds: Sequence[float], p: int, gamma: float) -> Link:
@@ -138,10 +155,36 @@ def _run_allreduce(backends: Sequence[str], p: int, sizes: Sequence[int], repeat
     return rows
 
 
+def _run_in_graph(p: int, repeats: int, timeout: float, env: Mapping[str, str] | None,
+                  log: Any) -> list[tuple[int, float]]:
+    from tfdist.probe import ingraph
+
+    try:
+        return ingraph.run(p, repeats=repeats, env=env, log=log, timeout=timeout)
+    except (TfdistError, RuntimeError, OSError) as err:
+        raise AdviseError(format_error(
+            f"The in-graph collective probe (chains of all-reduces on {p} local processes) "
+            f"failed: {err}", received=f"sizes={list(ingraph.SIZES)}",
+            expected="a 2-process job that finishes within the timeout",
+            fix="check that loopback ports are free, or raise --probe-timeout "
+            f"(now {timeout:g} s)")) from err
+
+
+def fit_in_graph(slopes: Sequence[Sequence[float]], p: int, gamma: float) -> Link:
+    """The in-graph link from one collective's seconds by size (`tfdist.probe.ingraph`).
+
+    Example:
+        >>> link = fit_in_graph([(4096, 1.6e-3), (1 << 20, 3.3e-3)], p=2, gamma=0.0)
+        >>> round(link.alpha * 1e3, 2), round(link.bandwidth_gbps, 2)   # 2 alpha + n beta
+        (0.8, 0.61)
+    """
+    return fit_ring(*zip(*slopes, strict=True), p=p, gamma=gamma)
+
+
 def probe(backends: Sequence[str] = ("tf", "horovod"), p: int = 2,
           sizes: Sequence[int] = PROBE_SIZES, repeats: int = 3, timeout: float = 300.0,
-          log: Any = None) -> Constants:
-    """Runs the all-reduce probe on ``p`` local processes and fits the constants.
+          log: Any = None, env: Mapping[str, str] | None = None) -> Constants:
+    """Runs the all-reduce probes on ``p`` local processes and fits the constants.
 
     A backend that is not installed (Horovod) is left out and the others are kept.
 
@@ -151,8 +194,11 @@ def probe(backends: Sequence[str] = ("tf", "horovod"), p: int = 2,
     from tfdist.probe.machine import machine
 
     usable = [b for b in backends if b != "horovod" or _horovod_available()]
-    rows = _run_allreduce(usable, p, sizes, repeats, timeout, log or io.StringIO())
+    log = log or io.StringIO()
+    rows = _run_allreduce(usable, p, sizes, repeats, timeout, log)
     samples = _samples(rows)
+    slopes = _run_in_graph(p, max(repeats, 5), timeout, env, log)
+    samples[IN_GRAPH_SAMPLES] = [list(s) for s in slopes]
     gamma = measure_gamma()
     tcp = fit_line(*zip(*samples["tcp"], strict=True))
     if tcp.c1 <= 0:
@@ -166,9 +212,10 @@ def probe(backends: Sequence[str] = ("tf", "horovod"), p: int = 2,
     # The TCP exchange of n bytes is one step of a 2-rank ring: n each way at once.
     p2p = Link(alpha=max(0.0, tcp.c0), beta=max(1e-15, tcp.c1), gamma=gamma)
     fitted = {b: fit_ring(*zip(*pts, strict=True), p=p, gamma=gamma)
-              for b, pts in samples.items() if b != "tcp"}
+              for b, pts in samples.items() if b not in ("tcp", IN_GRAPH_SAMPLES)}
     return Constants(p2p=p2p, backends=fitted, gamma=gamma, processes=p,
-                     machine=machine(), samples=samples)
+                     machine=machine(), samples=samples,
+                     in_graph={"tf": fit_in_graph(slopes, p, gamma)})
 
 
 def _horovod_available() -> bool:

@@ -6,7 +6,8 @@ which one dominates and why. A step is one global batch of ``B`` samples: for as
 parameter servers, the time in which the workers together train ``B`` samples.
 
 Compute is the profiled training step at the per-process batch, times the contention when a
-host's busy processes want more cores than it has (`model.contention`).
+host's busy processes want more cores than it has (`model.contention`), over the cluster's
+``speed`` (a process's speed now against the profile's, on a machine others share).
 
 Example:
     >>> from tfdist.advise.model import Link
@@ -31,7 +32,12 @@ from tfdist.advise.model import Link
 from tfdist.advise.profile import ModelProfile
 from tfdist.pipeline.partition import balanced_bounds, stage_costs
 
-__all__ = ["Term", "Prediction", "predict", "rank", "COSTS", "BACKEND_OF"]
+__all__ = ["Term", "Prediction", "predict", "rank", "COSTS", "BACKEND_OF", "IN_GRAPH"]
+
+IN_GRAPH = "tf in-graph"
+"""The links' key of TF's collectives inside a traced step (`network.Constants.in_graph`):
+the tensor split's activation all-reduces, back to back in one graph. Missing (constants from
+before that probe): they are priced with the per-call ``"tf"`` link, dispatch included."""
 
 BACKEND_OF: Mapping[str, str] = {"multi_worker": "tf", "horovod": "horovod",
                                  "parameter_server": "tf", "pipeline": "tf", "default": "tf",
@@ -94,10 +100,20 @@ def _mb(nbytes: float) -> str:
 
 
 def _compute(prof: ModelProfile, batch: float, busy: int, cluster: Cluster) -> Term:
-    slow = model.contention(busy, prof.threads or cluster.cores, cluster.cores)
-    note = f", {busy} processes on {cluster.cores:.3g} cores (x{slow:.1f})" if slow > 1 else ""
+    slow = _slowdown(busy, prof, cluster)
+    note = (f", {busy} processes on {cluster.cores:.3g} cores (x{slow:.1f}{_speed_note(cluster)})"
+            if slow != 1 else "")
     return Term("compute", prof.step.at(batch) * slow,
                 f"forward+backward+update of {batch:g} samples{note}")
+
+
+def _slowdown(busy: int, prof: ModelProfile, cluster: Cluster) -> float:
+    """Compute time over the profile's: contention for the cores, over the speed now."""
+    return model.contention(busy, prof.threads or cluster.cores, cluster.cores) / cluster.speed
+
+
+def _speed_note(cluster: Cluster) -> str:
+    return f", speed {cluster.speed:.2f} of the profile's" if cluster.speed != 1 else ""
 
 
 def _allreduce_s(p: int, nbytes: float, link: Link, backend: str) -> float:
@@ -175,12 +191,13 @@ def _pipeline(c: Candidate, prof: ModelProfile, links: Mapping[str, Link], clust
     """K stages (K >= 1) of M micro-batches, each stage's layers split T ways (T >= 1), on
     D = P / (K T) replicas: a pipeline, a tensor layout (K = M = 1), or both."""
     link, k, m, t, d = links["tf"], c.stages, c.micro_batches, c.tensor, c.replicas
+    in_graph = links.get(IN_GRAPH, link)
     micro = batch / (d * m)
     costs = prof.layer_costs(micro, t)  # one shard's: split layers / T, replicated ones whole
     bounds = balanced_bounds(costs, k)
-    slow = model.contention(cluster.per_host, prof.threads or cluster.cores, cluster.cores)
+    slow = _slowdown(cluster.per_host, prof, cluster)
     compute = [cost * slow for cost in stage_costs(costs, bounds)]
-    tensor = _stage_tensor_s(prof, bounds, micro, t, link)
+    tensor = _stage_tensor_s(prof, bounds, micro, t, in_graph)
     slots = [a + b for a, b in zip(compute, tensor, strict=True)]
     worst = max(range(k), key=slots.__getitem__)
     slowest = slots[worst]
@@ -198,7 +215,8 @@ def _pipeline(c: Candidate, prof: ModelProfile, links: Mapping[str, Link], clust
     terms.append(Term("communication", transfer + sync,
                       _communication_detail(k, m, d, boundary, max(params), link)))
     if t > 1:
-        terms.append(Term("tensor", m * tensor[worst], _tensor_detail(prof, t, micro, link)))
+        terms.append(Term("tensor", m * tensor[worst],
+                          _tensor_detail(prof, t, micro, in_graph, IN_GRAPH in links)))
     acts = [sum(prof.activation_bytes[a:b]) * micro for a, b in zip(bounds, bounds[1:],
                                                                      strict=False)]
     memory = max(model.pipeline_memory(pb, prof.optimizer_slots, act, m)
@@ -224,11 +242,13 @@ def _communication_detail(k: int, m: int, d: int, boundary: float, params: float
             f"{link.bandwidth_gbps:.2f} GB/s" + (f", {sync}" if sync else ""))
 
 
-def _tensor_detail(prof: ModelProfile, t: int, micro: float, link: Link) -> str:
+def _tensor_detail(prof: ModelProfile, t: int, micro: float, link: Link,
+                   in_graph: bool) -> str:
     largest = max((n for _, n in prof.reductions), default=0) * micro
+    how = "in-graph" if in_graph else "per call (constants without the in-graph probe)"
     return (f"{len(prof.reductions)} all-reduces of activations per step and micro-batch "
             f"(4 per block, the embedding's, the logits') of up to {_mb(largest)} over T={t}, "
-            f"{link.bandwidth_gbps:.2f} GB/s")
+            f"{link.bandwidth_gbps:.2f} GB/s, alpha {link.alpha * 1e3:.2f} ms, {how}")
 
 
 COSTS: Mapping[str, Callable[..., tuple[list[Term], float]]] = {

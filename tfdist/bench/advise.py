@@ -6,16 +6,25 @@ Keras 3 as the ``tensor`` strategy needs) on ``np`` processes of this machine, o
 each:
 
 1. the network probe (`tfdist.advise.network.probe`), once;
-2. the model's profile, in a child process with the jobs' Keras and threads, then the cores
-   ``np`` processes really get on this shared machine (`tfdist.advise.cores.usable_cores`);
+2. the model's profile, in a child process with the jobs' Keras and threads, between two
+   readings of one process's speed here (`tfdist.advise.cores.spin_rate`: the reference),
+   then the cores ``np`` processes really get on this shared machine
+   (`tfdist.advise.cores.usable_cores`);
 3. the advisor's ranking; its top ``top`` candidates, plus the example's own layout when it is
    not among them (``ctr``: parameter servers, ``deep``: the pipeline, ``lm``: the tensor
    split ``T = np``), are run for real
-   (`workers/advise_worker.py`), and each step is timed.
+   (`workers/advise_worker.py`), and each step is timed;
+4. around each run, the load it meets is measured (the cores its processes get and one
+   process's speed against the reference, before and after the run, averaged), and the
+   candidate is predicted again under that load (`Cluster.cores`, `Cluster.speed`): the
+   prediction compared is made for the machine the run had, not the one the profile had (a
+   shared machine's load moves by 2-3x within minutes). The advisor's prediction at profile
+   time is kept beside it.
 
 Per row: predicted and measured seconds per global batch (for asynchronous parameter servers,
-the time in which the workers together train one global batch) and the error. Per example:
-whether the advisor's first choice is the measured fastest, or within 10% of it. Overall: the
+the time in which the workers together train one global batch), the error, the load (the
+1-minute load average, the speed and cores measured). Per example: whether the advisor's first
+choice (ranked at profile time) is the measured fastest, or within 10% of it. Overall: the
 median absolute error (target <= 25%).
 
 Example:
@@ -31,8 +40,9 @@ import statistics
 from collections.abc import Callable, Mapping
 from typing import IO, Any
 
-from tfdist.advise import Candidate, Cluster, ModelProfile, advise, network
-from tfdist.advise.cores import usable_cores
+from tfdist.advise import Candidate, Cluster, ModelProfile, advise, network, predict
+from tfdist.advise.advisor import links_of
+from tfdist.advise.cores import cores_and_rate, relative_speed, spin_rate, usable_cores
 from tfdist.bench.workers import WORKERS
 from tfdist.cluster import ClusterSpec
 from tfdist.core.flavour import LEGACY_KERAS_ENV
@@ -41,7 +51,7 @@ from tfdist.mesh import MESH_ENV, Mesh
 from tfdist.probe import jobs
 from tfdist.probe.common import THREADS_ENV
 
-__all__ = ["Example", "AdviseBenchConfig", "run", "summarize"]
+__all__ = ["Example", "EXAMPLES", "EXAMPLE_NAMES", "AdviseBenchConfig", "run", "summarize"]
 
 KERAS3 = {LEGACY_KERAS_ENV: "0"}
 """The LM's jobs: the ``tensor`` strategy's split layers are Keras 3's (its traits), so every
@@ -62,9 +72,14 @@ class Example:
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
+EXAMPLES = (Example("image", 64, "multi_worker"), Example("ctr", 256, "parameter_server"),
+            Example("deep", 256, "pipeline"), Example("lm", 32, "tensor", KERAS3))
+EXAMPLE_NAMES = tuple(e.name for e in EXAMPLES)
+
+
 @dataclasses.dataclass
 class AdviseBenchConfig:
-    """What to run. ``env`` goes to every child."""
+    """What to run. ``env`` goes to every child; ``only``: the examples to run (all: empty)."""
 
     np: int = 2
     quick: bool = False
@@ -72,16 +87,16 @@ class AdviseBenchConfig:
     steps: int = 20
     repeats: int = 3
     constants: str | None = None
-    examples: tuple[Example, ...] = (Example("image", 64, "multi_worker"),
-                                     Example("ctr", 256, "parameter_server"),
-                                     Example("deep", 256, "pipeline"),
-                                     Example("lm", 32, "tensor", KERAS3))
+    examples: tuple[Example, ...] = EXAMPLES
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     timeout: float = 600.0
+    only: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.quick:
             self.steps, self.repeats = min(self.steps, 20), min(self.repeats, 3)
+        if self.only:  # a subset, to iterate on one example
+            self.examples = tuple(e for e in self.examples if e.name in self.only)
 
     def child_env(self, example: Example) -> dict[str, str]:
         """What a job of ``example`` gets: one TF thread each, its own variables, ``env``."""
@@ -137,12 +152,44 @@ def _measured_step(c: Candidate, ex: Example, result: Mapping[str, Any]) -> floa
     return got["step_s"] * (ex.batch / got["samples_per_step"] if c.ps else 1.0)
 
 
-def _profile(ex: Example, config: AdviseBenchConfig, log: IO[str]) -> ModelProfile:
+def _profile(ex: Example, config: AdviseBenchConfig, log: IO[str]) -> tuple[ModelProfile,
+                                                                            float]:
+    """The profile, and one process's speed here around it (the mean of a reading before and
+    one after: the reference `_load` compares with)."""
     args = ["--example", ex.name, "--profile", "--batch", str(ex.batch), "--repeats",
             str(max(5, config.repeats))]
+    before = spin_rate(1)
     got = jobs.first_report(jobs.run_local(_MODULE, args, env=config.child_env(ex), log=log,
                                            timeout=config.timeout))
-    return ModelProfile.from_json(got)
+    return ModelProfile.from_json(got), (before + spin_rate(1)) / 2
+
+
+def _load(processes: int, reference: float) -> dict[str, float]:
+    """The load now: cores ``processes`` busy processes get, one process's speed against
+    ``reference``, and the 1-minute load average."""
+    cores, alone = cores_and_rate(processes)
+    return {"cores": cores, "speed": relative_speed(reference, alone),
+            "load": os.getloadavg()[0]}
+
+
+def _mean_load(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    """The load a run met: the mean of the readings before and after it.
+
+    Example:
+        >>> _mean_load({"cores": 2.0, "speed": 1.0, "load": 1.0},
+        ...            {"cores": 1.0, "speed": 0.5, "load": 3.0})
+        {'cores': 1.5, 'speed': 0.75, 'load': 2.0}
+    """
+    return {k: (before[k] + after[k]) / 2 for k in before}
+
+
+def _measure(c: Candidate, ex: Example, config: AdviseBenchConfig, reference: float,
+             log: IO[str]) -> tuple[float, dict[str, float]]:
+    """Seconds per global batch of ``c``, and the load its run met."""
+    processes = min(config.np, os.cpu_count() or 1)
+    before = _load(processes, reference)
+    measured = _measured_step(c, ex, RUNNERS[c.strategy](c, ex, config, log))
+    return measured, _mean_load(before, _load(processes, reference))
 
 
 def _chosen(advice: Any, ex: Example, top: int) -> list[Any]:
@@ -156,8 +203,8 @@ def run_example(ex: Example, net: network.Constants, config: AdviseBenchConfig,
                 log: IO[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Profiles, advises and measures one example: one row per measured candidate, and the
     profile (as JSON)."""
-    prof = _profile(ex, config, log)
-    # What the processes really get on this (shared) machine, measured just before the jobs.
+    prof, reference = _profile(ex, config, log)
+    # What the processes really get on this (shared) machine, measured just after the profile.
     cores = usable_cores(min(config.np, os.cpu_count() or 1))
     cluster = Cluster(processes=config.np, cores=cores)
     advice = advise(None, cluster, batch=ex.batch, constants=net, profile=prof,
@@ -166,12 +213,15 @@ def run_example(ex: Example, net: network.Constants, config: AdviseBenchConfig,
     for p in _chosen(advice, ex, config.top):
         c = p.candidate
         print(f"[tfdist-bench] advise {ex.name}: {c.label} ...", flush=True)
-        measured = _measured_step(c, ex, RUNNERS[c.strategy](c, ex, config, log))
+        measured, load = _measure(c, ex, config, reference, log)
+        met = dataclasses.replace(cluster, cores=load["cores"], speed=load["speed"])
+        now = predict(c, prof, links_of(net), met, ex.batch)
         rows.append({"example": ex.name, "candidate": c.label,
                      "predicted_rank": advice.predictions.index(p) + 1,
-                     "predicted_ms": p.step_s * 1e3, "measured_ms": measured * 1e3,
-                     "error": p.step_s / measured - 1, "why": p.why(),
-                     "usable_cores": cores})
+                     "predicted_ms": now.step_s * 1e3, "measured_ms": measured * 1e3,
+                     "error": now.step_s / measured - 1, "why": now.why(),
+                     "at_profile_ms": p.step_s * 1e3, "usable_cores": load["cores"],
+                     "speed": load["speed"], "load": load["load"]})
     return rows, prof.to_json()
 
 

@@ -71,7 +71,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     training.add_argument("--num-ps", default="1,2", help="ps section: ps counts")
     training.add_argument("--constants", help="advise section: network constants JSON to reuse "
                           "(tfdist-advise --probe-only) instead of probing")
+    training.add_argument("--examples", default=",".join(advise.EXAMPLE_NAMES),
+                          help="advise section: which examples (default: "
+                          f"{','.join(advise.EXAMPLE_NAMES)})")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.examples.split(",")) - set(advise.EXAMPLE_NAMES))
+    if unknown:
+        parser.error(f"--examples: unknown {unknown}; expected some of {advise.EXAMPLE_NAMES}")
     args.sections = ([s for s in SECTIONS if s not in STANDALONE] if args.section == "all"
                      else [args.section])
     return args
@@ -109,7 +115,8 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
                                            steps=pick(args.steps, 10, 3), env=env),
         "advise": advise.AdviseBenchConfig(np=args.np, quick=quick, steps=pick(args.steps, 40, 20),
                                            repeats=pick(args.repeats, 5, 3),
-                                           constants=args.constants, env=env),
+                                           constants=args.constants, env=env,
+                                           only=tuple(args.examples.split(","))),
     }
 
 

@@ -69,7 +69,10 @@ TABLES: dict[str, list[Column]] = {
     "advise": [("example", "example", "{}"), ("candidate", "candidate", "{}"),
                ("predicted_rank", "predicted rank", "{}"), ("measured_rank", "measured rank", "{}"),
                ("predicted_ms", "predicted ms", "{:.1f}"), ("measured_ms", "measured ms", "{:.1f}"),
-               ("error", "error", "{:+.0%}"), ("why", "dominating term (predicted)", "{}")],
+               ("error", "error", "{:+.0%}"),
+               ("at_profile_ms", "predicted at profile ms", "{:.1f}"),
+               ("load", "load", "{:.1f}"), ("speed", "speed", "{:.2f}"),
+               ("usable_cores", "cores", "{:.2f}"), ("why", "dominating term (predicted)", "{}")],
 }
 SUBTABLES: dict[tuple[str, str], list[Column]] = {
     ("pipeline", "memory"): [("mode", "peak memory fit adds", "{}"), ("micro_batches", "M", "{}"),
