@@ -96,7 +96,7 @@ def test_ps_counts_only_the_embedding_rows_a_batch_touches():
 
 
 def test_pipeline_prediction_uses_the_balanced_split_of_measured_costs():
-    prof = _profile(param_bytes=4000, step=Line(0.0, 1.5e-4))
+    prof = _profile(param_bytes=4000, step=Line(0.0, 1.8e-4))   # the layers' sum: no rest
     link = Link(alpha=0.0, beta=0.0)
     pred = predict(Candidate("pipeline", 2, stages=2, micro_batches=4), prof, {"tf": link},
                    Cluster(2, cores=2), 64)
@@ -104,6 +104,12 @@ def test_pipeline_prediction_uses_the_balanced_split_of_measured_costs():
     slowest = micro_costs[0] + micro_costs[1]
     assert pred.terms[0].seconds == pytest.approx(4 * slowest)   # the layers account for all
     assert pred.terms[1].seconds == pytest.approx(slowest)       # (K-1) idle slots
+    # A whole step faster than its layers timed alone: they give its shares, scaled to it.
+    fast = _profile(param_bytes=4000, step=Line(0.0, 0.9e-4))
+    pred = predict(Candidate("pipeline", 2, stages=2, micro_batches=4), fast, {"tf": link},
+                   Cluster(2, cores=2), 64)
+    assert pred.terms[0].seconds == pytest.approx(4 * slowest / 2)
+    assert pred.terms[1].seconds == pytest.approx(slowest / 2)
 
 
 def test_memory_limit_reorders_and_then_refuses():

@@ -193,7 +193,9 @@ def _pipeline(c: Candidate, prof: ModelProfile, links: Mapping[str, Link], clust
     link, k, m, t, d = links["tf"], c.stages, c.micro_batches, c.tensor, c.replicas
     in_graph = links.get(IN_GRAPH, link)
     micro = batch / (d * m)
-    costs = prof.layer_costs(micro, t)  # one shard's: split layers / T, replicated ones whole
+    scale, rest = _layer_scale(prof, batch / d)
+    # one shard's: split layers / T, replicated ones whole
+    costs = [cost * scale for cost in prof.layer_costs(micro, t)]
     bounds = balanced_bounds(costs, k)
     slow = _slowdown(cluster.per_host, prof, cluster)
     compute = [cost * slow for cost in stage_costs(costs, bounds)]
@@ -203,8 +205,7 @@ def _pipeline(c: Candidate, prof: ModelProfile, links: Mapping[str, Link], clust
     slowest = slots[worst]
     boundary = max(prof.activation_bytes[b - 1] for b in bounds[1:-1]) * micro if k > 1 else 0.0
     _, transfer = model.pipeline_step_s(slowest, k, m, boundary, link)
-    # What the layers alone miss (loss, optimizer update, dispatch), shared by the K T processes.
-    rest = max(0.0, prof.step.at(batch / d) - sum(prof.layer_costs(batch / d))) * slow / (k * t)
+    rest *= slow / (k * t)  # what the layers alone miss, shared by the K T processes
     params = stage_costs(prof.bytes_per_shard(t), bounds)
     sync = model.ring_allreduce_s(d, max(params), link)
     terms = [Term("compute", m * compute[worst] + rest, _compute_detail(c, micro))]
@@ -222,6 +223,26 @@ def _pipeline(c: Candidate, prof: ModelProfile, links: Mapping[str, Link], clust
     memory = max(model.pipeline_memory(pb, prof.optimizer_slots, act, m)
                  for pb, act in zip(params, acts, strict=True))
     return terms, memory
+
+
+def _layer_scale(prof: ModelProfile, batch: float) -> tuple[float, float]:
+    """(scale of each layer's cost, seconds the layers miss) of a step of ``batch``: the
+    whole step is measured as one (the model's own ``fit``), the layers each alone, with
+    their calls' overheads and their own moments of load, so they can add up to more than
+    the step. Then they give only the shares of the step (scale < 1, nothing missed); else
+    the rest (loss, optimizer update, dispatch) is what the step has beyond them.
+
+    Example:
+        >>> from tfdist.advise.profile import Line
+        >>> prof = ModelProfile(("a", "b"), (0, 0), (4, 4), (4, 4), (Line(0, 1e-3),) * 2,
+        ...                     (Line(0, 2e-3),) * 2, Line(0, 3e-3), 0, (), 1, 8)
+        >>> _layer_scale(prof, 10)                   # layers 60 ms, the step 30 ms
+        (0.5, 0.0)
+    """
+    whole, step = sum(prof.layer_costs(batch)), prof.step.at(batch)
+    if whole <= step or whole <= 0:
+        return 1.0, step - whole
+    return step / whole, 0.0
 
 
 def _compute_detail(c: Candidate, micro: float) -> str:

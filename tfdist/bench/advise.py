@@ -37,13 +37,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any
 
 from tfdist.advise import Candidate, Cluster, ModelProfile, advise, network, predict
 from tfdist.advise.advisor import links_of
 from tfdist.advise.cores import cores_and_rate, relative_speed, spin_rate, usable_cores
 from tfdist.bench.workers import WORKERS
+from tfdist.bench.workers.advise_worker import RUN_QUEUE
 from tfdist.cluster import ClusterSpec
 from tfdist.core.flavour import LEGACY_KERAS_ENV
 from tfdist.core.registry import strategy_traits
@@ -152,16 +153,40 @@ def _measured_step(c: Candidate, ex: Example, result: Mapping[str, Any]) -> floa
     return got["step_s"] * (ex.batch / got["samples_per_step"] if c.ps else 1.0)
 
 
-def _profile(ex: Example, config: AdviseBenchConfig, log: IO[str]) -> tuple[ModelProfile,
-                                                                            float]:
-    """The profile, and one process's speed here around it (the mean of a reading before and
-    one after: the reference `_load` compares with)."""
+def run_queue_slowdown(reports: Iterable[Mapping[str, Any]]) -> float | None:
+    """Wall seconds per CPU second the reporting processes' work took, their mean: ``(cpu +
+    wait) / cpu`` of each `RUN_QUEUE` reading (None: none reported one).
+
+    Example:
+        >>> run_queue_slowdown([{"run_queue": {"cpu_s": 2.0, "wait_s": 1.0}},
+        ...                     {"run_queue": {"cpu_s": 1.0, "wait_s": 1.0}}, {"other": 1}])
+        1.75
+    """
+    ratios = [(r[RUN_QUEUE]["cpu_s"] + r[RUN_QUEUE]["wait_s"]) / r[RUN_QUEUE]["cpu_s"]
+              for r in reports if isinstance(r, Mapping) and r.get(RUN_QUEUE, {}).get("cpu_s")]
+    return statistics.mean(ratios) if ratios else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Profiled:
+    """An example's profile and the load it was measured under: one process's speed around it
+    (`spin_rate`, the mean of a reading before and one after) and the profile process's
+    `run_queue_slowdown` (1.0: never waited for a CPU)."""
+
+    profile: ModelProfile
+    spin: float
+    slowdown: float
+
+
+def _profile(ex: Example, config: AdviseBenchConfig, log: IO[str]) -> Profiled:
     args = ["--example", ex.name, "--profile", "--batch", str(ex.batch), "--repeats",
             str(max(5, config.repeats))]
     before = spin_rate(1)
-    got = jobs.first_report(jobs.run_local(_MODULE, args, env=config.child_env(ex), log=log,
-                                           timeout=config.timeout))
-    return ModelProfile.from_json(got), (before + spin_rate(1)) / 2
+    got = dict(jobs.first_report(jobs.run_local(_MODULE, args, env=config.child_env(ex),
+                                                log=log, timeout=config.timeout)))
+    slowdown = run_queue_slowdown([got]) or 1.0
+    got.pop(RUN_QUEUE, None)
+    return Profiled(ModelProfile.from_json(got), (before + spin_rate(1)) / 2, slowdown)
 
 
 def _load(processes: int, reference: float) -> dict[str, float]:
@@ -183,13 +208,17 @@ def _mean_load(before: Mapping[str, float], after: Mapping[str, float]) -> dict[
     return {k: (before[k] + after[k]) / 2 for k in before}
 
 
-def _measure(c: Candidate, ex: Example, config: AdviseBenchConfig, reference: float,
+def _measure(c: Candidate, ex: Example, config: AdviseBenchConfig, profiled: Profiled,
              log: IO[str]) -> tuple[float, dict[str, float]]:
-    """Seconds per global batch of ``c``, and the load its run met."""
+    """Seconds per global batch of ``c``, and the load its run met: the spin readings around
+    it, and its processes' run-queue slowdown over the profile's (``run_queue``)."""
     processes = min(config.np, os.cpu_count() or 1)
-    before = _load(processes, reference)
-    measured = _measured_step(c, ex, RUNNERS[c.strategy](c, ex, config, log))
-    return measured, _mean_load(before, _load(processes, reference))
+    before = _load(processes, profiled.spin)
+    result = RUNNERS[c.strategy](c, ex, config, log)
+    load = _mean_load(before, _load(processes, profiled.spin))
+    slowdown = run_queue_slowdown(result.values()) if isinstance(result, Mapping) else None
+    load["run_queue"] = slowdown / profiled.slowdown if slowdown else None
+    return _measured_step(c, ex, result), load
 
 
 def _chosen(advice: Any, ex: Example, top: int) -> list[Any]:
@@ -203,7 +232,8 @@ def run_example(ex: Example, net: network.Constants, config: AdviseBenchConfig,
                 log: IO[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Profiles, advises and measures one example: one row per measured candidate, and the
     profile (as JSON)."""
-    prof, reference = _profile(ex, config, log)
+    profiled = _profile(ex, config, log)
+    prof = profiled.profile
     # What the processes really get on this (shared) machine, measured just after the profile.
     cores = usable_cores(min(config.np, os.cpu_count() or 1))
     cluster = Cluster(processes=config.np, cores=cores)
@@ -213,16 +243,29 @@ def run_example(ex: Example, net: network.Constants, config: AdviseBenchConfig,
     for p in _chosen(advice, ex, config.top):
         c = p.candidate
         print(f"[tfdist-bench] advise {ex.name}: {c.label} ...", flush=True)
-        measured, load = _measure(c, ex, config, reference, log)
-        met = dataclasses.replace(cluster, cores=load["cores"], speed=load["speed"])
-        now = predict(c, prof, links_of(net), met, ex.batch)
+        measured, load = _measure(c, ex, config, profiled, log)
+        now = _predict_under(c, prof, net, cluster, load, ex.batch)
+        spin = _predict_under(c, prof, net, cluster, {**load, "run_queue": None}, ex.batch)
         rows.append({"example": ex.name, "candidate": c.label,
                      "predicted_rank": advice.predictions.index(p) + 1,
                      "predicted_ms": now.step_s * 1e3, "measured_ms": measured * 1e3,
                      "error": now.step_s / measured - 1, "why": now.why(),
-                     "at_profile_ms": p.step_s * 1e3, "usable_cores": load["cores"],
-                     "speed": load["speed"], "load": load["load"]})
-    return rows, prof.to_json()
+                     "at_profile_ms": p.step_s * 1e3, "spin_ms": spin.step_s * 1e3,
+                     "spin_error": spin.step_s / measured - 1, **load})
+    return rows, {**prof.to_json(), "spin": profiled.spin, "run_queue": profiled.slowdown}
+
+
+def _predict_under(c: Candidate, prof: ModelProfile, net: network.Constants, cluster: Cluster,
+                   load: Mapping[str, Any], batch: int) -> Any:
+    """``c`` predicted under the load a run met: its run-queue slowdown over the profile's
+    (every process's wait for a CPU, ours and others', counted: no separate contention), or
+    without one, the spin readings (cores its processes get, one process's speed)."""
+    if load.get("run_queue"):
+        met = dataclasses.replace(cluster, cores=float(cluster.processes),
+                                  speed=1 / load["run_queue"])
+    else:
+        met = dataclasses.replace(cluster, cores=load["cores"], speed=load["speed"])
+    return predict(c, prof, links_of(net), met, batch)
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:

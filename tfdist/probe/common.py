@@ -14,8 +14,10 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
-__all__ = ["RING_PORTS_ENV", "THREADS_ENV", "TcpRing", "apply_threads", "time_call", "median"]
+__all__ = ["RING_PORTS_ENV", "THREADS_ENV", "TcpRing", "apply_threads", "time_call", "median",
+           "cpu_and_wait"]
 
 RING_PORTS_ENV = "TFDIST_BENCH_RING_PORTS"
 """Comma-separated loopback ports of the TCP ring, one per rank."""
@@ -44,6 +46,33 @@ def time_call(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+def cpu_and_wait() -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one) of this process's threads so
+    far, from the kernel's ``/proc/self/task/*/schedstat`` ((0, 0) where there is none).
+
+    The difference of two readings around some work says how much the machine's other load
+    (and this job's other processes) delayed it: ``(cpu + wait) / cpu`` wall seconds per CPU
+    second the work needed. A thread blocked on a socket or a collective is not waiting.
+
+    Example:
+        >>> cpu, wait = cpu_and_wait()
+        >>> cpu >= 0 and wait >= 0
+        True
+    """
+    cpu = wait = 0
+    try:
+        threads = os.listdir("/proc/self/task")
+    except OSError:
+        return 0.0, 0.0
+    for tid in threads:
+        try:
+            fields = Path(f"/proc/self/task/{tid}/schedstat").read_text().split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        cpu, wait = cpu + int(fields[0]), wait + int(fields[1])
+    return cpu / 1e9, wait / 1e9
 
 
 def median(values: Sequence[float]) -> float:

@@ -8,6 +8,8 @@ built with ``strategy.build_model``, compiled with the example's optimizer and l
 share, a worker's batch, or the global batch of a pipeline). Reports seconds per step: the median
 interval between step ends over ``--repeats`` fits of ``--steps`` (``--timing intervals``), or
 for asynchronous workers the median of ``(t(2S) - t(S)) / S`` (``--timing difference``).
+Both reports carry the seconds this process spent on a CPU and waiting for one meanwhile
+(`RUN_QUEUE`): how much the machine's load delayed it.
 
 The examples are the repository's ``keras_examples`` (dense CNN on digits, sparse CTR, deep MLP,
 the Transformer LM at `LM_SIZES`, Keras 3 only under ``tensor``).
@@ -25,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from tfdist.probe.common import apply_threads, median, time_call
+from tfdist.probe.common import apply_threads, cpu_and_wait, median, time_call
 from tfdist.testing import report
 
 _EXAMPLES_DIR = Path(__file__).resolve().parents[3] / "keras_examples"
@@ -74,6 +76,16 @@ EXAMPLES: dict[str, Callable[[Any], tuple[Callable[[], Any], Any, Any, Callable[
     "image": _image, "ctr": _ctr, "deep": _deep, "lm": _lm}
 
 
+RUN_QUEUE = "run_queue"
+"""The report's key of ``{"cpu_s", "wait_s"}``: this process's seconds on a CPU and waiting for
+one while it measured (`tfdist.probe.common.cpu_and_wait`), the load it met."""
+
+
+def _since(start: tuple[float, float]) -> dict[str, float]:
+    cpu, wait = cpu_and_wait()
+    return {"cpu_s": cpu - start[0], "wait_s": wait - start[1]}
+
+
 def _rows(data: Any, count: int) -> Any:
     if isinstance(data, dict):
         return {k: np.resize(v, (count, *np.shape(v)[1:])) for k, v in data.items()}
@@ -96,8 +108,10 @@ def profile(args: argparse.Namespace, keras: Any) -> dict[str, Any]:
     build, x, y, optimizer, loss = EXAMPLES[args.example](keras)
     model = build()
     model.compile(optimizer=optimizer(), loss=loss)
-    return profile_model(model, args.batch, data=_rows(x, args.batch * 4),
-                         labels=_rows(y, args.batch * 4), repeats=args.repeats).to_json()
+    start = cpu_and_wait()
+    measured = profile_model(model, args.batch, data=_rows(x, args.batch * 4),
+                             labels=_rows(y, args.batch * 4), repeats=args.repeats).to_json()
+    return {**measured, RUN_QUEUE: _since(start)}
 
 
 def train(args: argparse.Namespace, keras: Any) -> dict[str, Any]:
@@ -109,12 +123,13 @@ def train(args: argparse.Namespace, keras: Any) -> dict[str, Any]:
     with strategy.scope():  # the optimizer's variables belong to the strategy too
         model.compile(optimizer=optimizer(), loss=loss)
     data = strategy.distribute_dataset(lambda _ctx: _dataset(x, y, args.batch))
+    start = cpu_and_wait()
     if args.timing == "difference":
         step_s, raw = _difference(model, data, args)
     else:
         step_s, raw = _intervals(model, data, args, keras)
     return {"strategy": strategy.name, "raw": raw, "step_s": step_s,
-            "samples_per_step": args.batch, "steps": args.steps}
+            "samples_per_step": args.batch, "steps": args.steps, RUN_QUEUE: _since(start)}
 
 
 def _intervals(model: Any, data: Any, args: argparse.Namespace, keras: Any) -> tuple[float, Any]:
