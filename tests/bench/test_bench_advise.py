@@ -110,7 +110,7 @@ def test_the_advisor_offers_a_tensor_layout_for_the_lm_and_prices_all_its_all_re
     assert terms["compute"] == pytest.approx((whole + replicated) / 2)  # replicated: not halved
 
 
-def _run_image(monkeypatch, tmp_path, runner, profile_slowdown=1.0):
+def _run_image(monkeypatch, tmp_path, runner, references):
     from tfdist.advise import network
     from tfdist.advise.model import Link
     from tfdist.advise.profile import Line, ModelProfile
@@ -121,45 +121,40 @@ def _run_image(monkeypatch, tmp_path, runner, profile_slowdown=1.0):
                         batch=64)
     link = Link(alpha=0.0, beta=1e-15)
     net = network.Constants(link, {"tf": link, "horovod": link}, 0.0, 2, {}, {})
-    loads = iter([{"cores": 2.0, "speed": 0.6, "load": 2.0}, {"cores": 1.0, "speed": 0.4,
-                                                              "load": 4.0}] * 10)
+    cores = iter([2.0, 1.0] * 10)
+    steps = iter(references)
     monkeypatch.setattr(advise, "_profile",
-                        lambda *a: advise.Profiled(prof, 1e6, profile_slowdown))
-    monkeypatch.setattr(advise, "usable_cores", lambda n: 2.0)
-    monkeypatch.setattr(advise, "_load", lambda n, reference: next(loads))
+                        lambda *a: advise.Profiled(prof, next(steps)))
+    monkeypatch.setattr(advise, "_reference", lambda *a: next(steps))
+    monkeypatch.setattr(advise, "usable_cores", lambda n: next(cores))
+    monkeypatch.setattr(advise.os, "getloadavg", lambda: (3.0, 0, 0))
     monkeypatch.setattr(advise, "_measured_step", lambda c, ex, result: 0.02)
     monkeypatch.setattr(advise, "RUNNERS", {k: runner for k in advise.RUNNERS})
-    config = advise.AdviseBenchConfig(top=1, only=("image",))
+    config = advise.AdviseBenchConfig(top=2, only=("image",))
     [image] = config.examples
     with open(tmp_path / "log", "w") as log:
         rows, _ = advise.run_example(image, net, config, log)
-    return rows[0]   # the fastest at profile time: 2 replicas, free communication
+    return rows
 
 
 AT_PROFILE_MS = 32 * 1e-4 * 1e3   # multi_worker x2: 32 samples a replica, on 2 free cores
 
 
-def test_without_run_queue_readings_a_row_is_predicted_under_the_spin_readings(monkeypatch,
-                                                                                 tmp_path):
-    first = _run_image(monkeypatch, tmp_path, lambda *a: {})
+def test_each_row_is_predicted_again_under_the_load_its_run_met(monkeypatch, tmp_path):
+    waited = {"worker:0": {"run_queue": {"cpu_s": 1.0, "wait_s": 1.0}},     # 2 s per CPU s
+              "worker:1": {"run_queue": {"cpu_s": 2.0, "wait_s": 1.0}}}     # 1.5
+    # Reference steps: 10 ms after the profile (then 2.0 cores), 30 ms after the first run,
+    # 20 ms after the second.
+    first, second = _run_image(monkeypatch, tmp_path, lambda *a: waited, [0.01, 0.03, 0.02])
     assert first["candidate"] == "multi_worker x2" and first["speed"] == pytest.approx(0.5)
+    assert first["reference_ms"] == pytest.approx(20.0)   # (10 + 30) / 2
     assert (first["cores"], first["load"]) == (1.5, 3.0)   # the readings' means
     assert first["at_profile_ms"] == pytest.approx(AT_PROFILE_MS)
     # Now: 2 processes on 1.5 cores, each half as fast as at profile time.
-    assert first["run_queue"] is None
-    assert first["spin_ms"] == pytest.approx(AT_PROFILE_MS * (2 / 1.5) / 0.5)
-    assert first["predicted_ms"] == first["spin_ms"]
+    assert first["predicted_ms"] == pytest.approx(AT_PROFILE_MS * (2 / 1.5) / 0.5)
     assert first["error"] == pytest.approx(first["predicted_ms"] / 20.0 - 1)
-
-
-def test_a_row_is_predicted_under_its_processes_run_queue_slowdown_over_the_profiles(
-        monkeypatch, tmp_path):
-    waited = {"worker:0": {"run_queue": {"cpu_s": 1.0, "wait_s": 1.0}},     # 2 s per CPU s
-              "worker:1": {"run_queue": {"cpu_s": 2.0, "wait_s": 1.0}}}     # 1.5
-    first = _run_image(monkeypatch, tmp_path, lambda *a: waited, profile_slowdown=1.25)
-    assert first["run_queue"] == pytest.approx(1.75 / 1.25)
-    assert first["predicted_ms"] == pytest.approx(AT_PROFILE_MS * 1.75 / 1.25)
-    assert first["spin_ms"] == pytest.approx(AT_PROFILE_MS * (2 / 1.5) / 0.5)
+    assert first["run_queue"] == pytest.approx(1.75)
+    assert second["reference_ms"] == pytest.approx(25.0) and second["speed"] == pytest.approx(0.4)
 
 
 def test_examples_can_be_picked_by_name():

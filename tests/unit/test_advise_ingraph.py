@@ -117,7 +117,7 @@ def test_a_speed_that_is_not_a_positive_number_is_refused(speed):
         Cluster(2, speed=speed)
 
 
-def test_the_in_graph_probe_and_cores_examples_run():
-    for name in ("tfdist.probe.ingraph", "tfdist.advise.cores"):
+def test_the_in_graph_probe_and_run_queue_examples_run():
+    for name in ("tfdist.probe.ingraph", "tfdist.probe.common"):
         result = doctest.testmod(importlib.import_module(name))
         assert result.failed == 0 and result.attempted > 0

@@ -40,8 +40,9 @@ class Cluster:
         device_memory: Bytes one process (device) may hold; None: no limit.
         host_names: The hosts, when known (a probe can only run on this one).
         speed: How fast one process computes now against when the model was profiled
-            (1.0: as fast; 0.5: half as fast, the machine's other load having grown; measured
-            with `cores.relative_speed`). Compute terms are divided by it.
+            (1.0: as fast; 0.5: half as fast, the machine's other load having grown; the advise
+            benchmark measures it as a reference step's time then over now). Compute terms
+            are divided by it.
 
     Example:
         >>> Cluster(processes=4, hosts=2).per_host
@@ -61,7 +62,7 @@ class Cluster:
             raise AdviseError(format_error(
                 "Cluster speed must be a positive number.", received=f"speed={self.speed!r}",
                 expected="a number > 0 (1.0: the profile's speed)",
-                fix="leave it out, or pass a measured cores.relative_speed(...)"))
+                fix="leave it out (1.0), or pass a measured ratio of step times"))
         for name in ("processes", "hosts", "cores"):
             value = getattr(self, name)
             kinds = (int, float) if name == "cores" else int

@@ -6,24 +6,25 @@ Keras 3 as the ``tensor`` strategy needs) on ``np`` processes of this machine, o
 each:
 
 1. the network probe (`tfdist.advise.network.probe`), once;
-2. the model's profile, in a child process with the jobs' Keras and threads, between two
-   readings of one process's speed here (`tfdist.advise.cores.spin_rate`: the reference),
-   then the cores ``np`` processes really get on this shared machine
+2. the model's profile, in a child process with the jobs' Keras and threads, then a reference
+   step (`_reference`: one process trains the example for a few steps, the ``default x1``
+   job made short), then the cores ``np`` processes really get on this shared machine
    (`tfdist.advise.cores.usable_cores`);
 3. the advisor's ranking; its top ``top`` candidates, plus the example's own layout when it is
    not among them (``ctr``: parameter servers, ``deep``: the pipeline, ``lm``: the tensor
    split ``T = np``), are run for real
    (`workers/advise_worker.py`), and each step is timed;
-4. around each run, the load it meets is measured (the cores its processes get and one
-   process's speed against the reference, before and after the run, averaged), and the
-   candidate is predicted again under that load (`Cluster.cores`, `Cluster.speed`): the
+4. around each run, the load it meets is measured: the reference step again after it (the
+   one before it being the previous run's after), and the cores before and after, each
+   averaged; the candidate is predicted again under that load (`Cluster.speed`: the
+   reference step at profile time over the one around the run; `Cluster.cores`). So the
    prediction compared is made for the machine the run had, not the one the profile had (a
    shared machine's load moves by 2-3x within minutes). The advisor's prediction at profile
    time is kept beside it.
 
 Per row: predicted and measured seconds per global batch (for asynchronous parameter servers,
 the time in which the workers together train one global batch), the error, the load (the
-1-minute load average, the speed and cores measured). Per example: whether the advisor's first
+1-minute load average, the reference step, the speed and cores measured). Per example: whether the advisor's first
 choice (ranked at profile time) is the measured fastest, or within 10% of it. Overall: the
 median absolute error (target <= 25%).
 
@@ -42,7 +43,7 @@ from typing import IO, Any
 
 from tfdist.advise import Candidate, Cluster, ModelProfile, advise, network, predict
 from tfdist.advise.advisor import links_of
-from tfdist.advise.cores import cores_and_rate, relative_speed, spin_rate, usable_cores
+from tfdist.advise.cores import usable_cores
 from tfdist.bench.workers import WORKERS
 from tfdist.bench.workers.advise_worker import RUN_QUEUE
 from tfdist.cluster import ClusterSpec
@@ -169,55 +170,64 @@ def run_queue_slowdown(reports: Iterable[Mapping[str, Any]]) -> float | None:
 
 @dataclasses.dataclass(frozen=True)
 class Profiled:
-    """An example's profile and the load it was measured under: one process's speed around it
-    (`spin_rate`, the mean of a reading before and one after) and the profile process's
-    `run_queue_slowdown` (1.0: never waited for a CPU)."""
+    """An example's profile, and its reference step right after it (`_reference`)."""
 
     profile: ModelProfile
-    spin: float
-    slowdown: float
+    reference: float
+
+
+REFERENCE_STEPS = ("--steps", "10", "--repeats", "2", "--warmup-steps", "3")
+"""A reference job: 10-step fits, twice, after 3 warm-up steps (about 15 s with start-up)."""
+
+
+def _reference(ex: Example, config: AdviseBenchConfig, log: IO[str]) -> float:
+    """Seconds of one process's training step of ``ex`` now: the ``default x1`` job, short.
+    Against the same reading right after the profile, it says how fast a process of this
+    model trains now (`Cluster.speed`), under the machine's load of this moment."""
+    args = ["--example", ex.name, "--train", "--batch", str(ex.batch), *REFERENCE_STEPS]
+    got = jobs.first_report(jobs.run_local(_MODULE, args, env=config.child_env(ex), log=log,
+                                           timeout=config.timeout))
+    return float(got["step_s"])
 
 
 def _profile(ex: Example, config: AdviseBenchConfig, log: IO[str]) -> Profiled:
     args = ["--example", ex.name, "--profile", "--batch", str(ex.batch), "--repeats",
             str(max(5, config.repeats))]
-    before = spin_rate(1)
     got = dict(jobs.first_report(jobs.run_local(_MODULE, args, env=config.child_env(ex),
                                                 log=log, timeout=config.timeout)))
-    slowdown = run_queue_slowdown([got]) or 1.0
     got.pop(RUN_QUEUE, None)
-    return Profiled(ModelProfile.from_json(got), (before + spin_rate(1)) / 2, slowdown)
+    return Profiled(ModelProfile.from_json(got), _reference(ex, config, log))
 
 
-def _load(processes: int, reference: float) -> dict[str, float]:
-    """The load now: cores ``processes`` busy processes get, one process's speed against
-    ``reference``, and the 1-minute load average."""
-    cores, alone = cores_and_rate(processes)
-    return {"cores": cores, "speed": relative_speed(reference, alone),
-            "load": os.getloadavg()[0]}
+def _cores(processes: int) -> dict[str, float]:
+    """The cores ``processes`` busy processes get now, and the 1-minute load average."""
+    return {"cores": usable_cores(processes), "load": os.getloadavg()[0]}
 
 
-def _mean_load(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+def _mean(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
     """The load a run met: the mean of the readings before and after it.
 
     Example:
-        >>> _mean_load({"cores": 2.0, "speed": 1.0, "load": 1.0},
-        ...            {"cores": 1.0, "speed": 0.5, "load": 3.0})
-        {'cores': 1.5, 'speed': 0.75, 'load': 2.0}
+        >>> _mean({"cores": 2.0, "load": 1.0}, {"cores": 1.0, "load": 3.0})
+        {'cores': 1.5, 'load': 2.0}
     """
     return {k: (before[k] + after[k]) / 2 for k in before}
 
 
 def _measure(c: Candidate, ex: Example, config: AdviseBenchConfig, profiled: Profiled,
-             log: IO[str]) -> tuple[float, dict[str, float]]:
-    """Seconds per global batch of ``c``, and the load its run met: the spin readings around
-    it, and its processes' run-queue slowdown over the profile's (``run_queue``)."""
+             previous: float, log: IO[str]) -> tuple[float, dict[str, Any]]:
+    """Seconds per global batch of ``c``, and the load its run met: the cores its processes
+    got and the reference step (``previous``: the one before it; then one after it), each the
+    mean of a reading before and after; ``speed``: the profile's reference over that."""
     processes = min(config.np, os.cpu_count() or 1)
-    before = _load(processes, profiled.spin)
+    before = _cores(processes)
     result = RUNNERS[c.strategy](c, ex, config, log)
-    load = _mean_load(before, _load(processes, profiled.spin))
-    slowdown = run_queue_slowdown(result.values()) if isinstance(result, Mapping) else None
-    load["run_queue"] = slowdown / profiled.slowdown if slowdown else None
+    load = _mean(before, _cores(processes))
+    after = _reference(ex, config, log)
+    reports = result.values() if isinstance(result, Mapping) else ()
+    load |= {"reference_ms": 1e3 * (previous + after) / 2, "reference_after": after,
+             "speed": profiled.reference / ((previous + after) / 2),
+             "run_queue": run_queue_slowdown(reports)}
     return _measured_step(c, ex, result), load
 
 
@@ -239,33 +249,20 @@ def run_example(ex: Example, net: network.Constants, config: AdviseBenchConfig,
     cluster = Cluster(processes=config.np, cores=cores)
     advice = advise(None, cluster, batch=ex.batch, constants=net, profile=prof,
                     micro_batches=(4,), max_ps=1, script=f"keras_examples/{ex.name}.py")
-    rows = []
+    rows, previous = [], profiled.reference
     for p in _chosen(advice, ex, config.top):
         c = p.candidate
         print(f"[tfdist-bench] advise {ex.name}: {c.label} ...", flush=True)
-        measured, load = _measure(c, ex, config, profiled, log)
-        now = _predict_under(c, prof, net, cluster, load, ex.batch)
-        spin = _predict_under(c, prof, net, cluster, {**load, "run_queue": None}, ex.batch)
+        measured, load = _measure(c, ex, config, profiled, previous, log)
+        previous = load.pop("reference_after")
+        met = dataclasses.replace(cluster, cores=load["cores"], speed=load["speed"])
+        now = predict(c, prof, links_of(net), met, ex.batch)
         rows.append({"example": ex.name, "candidate": c.label,
                      "predicted_rank": advice.predictions.index(p) + 1,
                      "predicted_ms": now.step_s * 1e3, "measured_ms": measured * 1e3,
                      "error": now.step_s / measured - 1, "why": now.why(),
-                     "at_profile_ms": p.step_s * 1e3, "spin_ms": spin.step_s * 1e3,
-                     "spin_error": spin.step_s / measured - 1, **load})
-    return rows, {**prof.to_json(), "spin": profiled.spin, "run_queue": profiled.slowdown}
-
-
-def _predict_under(c: Candidate, prof: ModelProfile, net: network.Constants, cluster: Cluster,
-                   load: Mapping[str, Any], batch: int) -> Any:
-    """``c`` predicted under the load a run met: its run-queue slowdown over the profile's
-    (every process's wait for a CPU, ours and others', counted: no separate contention), or
-    without one, the spin readings (cores its processes get, one process's speed)."""
-    if load.get("run_queue"):
-        met = dataclasses.replace(cluster, cores=float(cluster.processes),
-                                  speed=1 / load["run_queue"])
-    else:
-        met = dataclasses.replace(cluster, cores=load["cores"], speed=load["speed"])
-    return predict(c, prof, links_of(net), met, batch)
+                     "at_profile_ms": p.step_s * 1e3, **load})
+    return rows, {**prof.to_json(), "reference_ms": profiled.reference * 1e3}
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -69,11 +69,10 @@ TABLES: dict[str, list[Column]] = {
     "advise": [("example", "example", "{}"), ("candidate", "candidate", "{}"),
                ("predicted_rank", "predicted rank", "{}"), ("measured_rank", "measured rank", "{}"),
                ("predicted_ms", "predicted ms", "{:.1f}"), ("measured_ms", "measured ms", "{:.1f}"),
-               ("error", "error", "{:+.0%}"), ("run_queue", "run-queue slow-down", "{:.2f}"),
+               ("error", "error", "{:+.0%}"),
                ("at_profile_ms", "predicted at profile ms", "{:.1f}"),
-               ("spin_ms", "predicted (spin) ms", "{:.1f}"), ("spin_error", "error (spin)",
-                                                             "{:+.0%}"),
-               ("load", "load", "{:.1f}"), ("speed", "speed", "{:.2f}"),
+               ("load", "load", "{:.1f}"), ("reference_ms", "reference step ms", "{:.1f}"),
+               ("speed", "speed", "{:.2f}"),
                ("cores", "cores", "{:.2f}"), ("why", "dominating term (predicted)", "{}")],
 }
 SUBTABLES: dict[tuple[str, str], list[Column]] = {
