@@ -24,9 +24,9 @@ each:
 
 Per row: predicted and measured seconds per global batch (for asynchronous parameter servers,
 the time in which the workers together train one global batch), the error, the load (the
-1-minute load average, the reference step, the speed and cores measured). Per example: whether the advisor's first
-choice (ranked at profile time) is the measured fastest, or within 10% of it. Overall: the
-median absolute error (target <= 25%).
+1-minute load average, the reference step, the speed and cores measured). Per example:
+whether the advisor's first choice (ranked at profile time) is the measured fastest, or within
+10% of it. Overall: the median absolute error (target <= 25%).
 
 Example:
     >>> [e.name for e in AdviseBenchConfig(quick=True).examples]
