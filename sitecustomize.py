@@ -80,7 +80,7 @@ def census_start(warm: bool = False) -> None:
     path = os.environ.get(PROCESS_LOG_ENV)
     if path:
         _census_append(path, "start", argv=[str(a) for a in getattr(sys, "orig_argv", [])[:6]],
-                       warm=warm)
+                       warm=warm, test=os.environ.get("PYTEST_CURRENT_TEST", ""))
 
 
 def _census_exit(path: str) -> None:
