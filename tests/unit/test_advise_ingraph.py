@@ -121,3 +121,19 @@ def test_the_in_graph_probe_and_run_queue_examples_run():
     for name in ("tfdist.probe.ingraph", "tfdist.probe.common"):
         result = doctest.testmod(importlib.import_module(name))
         assert result.failed == 0 and result.attempted > 0
+
+
+def test_fits_loop_is_paid_whole_by_every_process_of_a_split_layout():
+    import dataclasses
+
+    from tfdist.advise.profile import Line
+
+    # Layers: 3 x 3e-5 s per sample (all split); the step adds fit's 2 ms loop and nothing else.
+    prof = dataclasses.replace(_lm_profile(), step=Line(2e-3, 9e-5), loop_s=2e-3)
+    links = {"tf": Link(0.0, 1e-15), IN_GRAPH: Link(0.0, 1e-15)}
+    tensor = predict(Candidate("tensor", 2, tensor=2), prof, links, Cluster(2, cores=2), 32)
+    compute = next(t for t in tensor.terms if t.kind == "compute")
+    assert compute.seconds == pytest.approx(9e-5 * 32 / 2 + 2e-3)   # not (...+ 2e-3) / 2
+    unmeasured = dataclasses.replace(prof, loop_s=0.0)                # the old rule: shared
+    tensor = predict(Candidate("tensor", 2, tensor=2), unmeasured, links, Cluster(2, cores=2), 32)
+    assert tensor.terms[0].seconds == pytest.approx((9e-5 * 32 + 2e-3) / 2)

@@ -205,7 +205,8 @@ def _pipeline(c: Candidate, prof: ModelProfile, links: Mapping[str, Link], clust
     slowest = slots[worst]
     boundary = max(prof.activation_bytes[b - 1] for b in bounds[1:-1]) * micro if k > 1 else 0.0
     _, transfer = model.pipeline_step_s(slowest, k, m, boundary, link)
-    rest *= slow / (k * t)  # what the layers alone miss, shared by the K T processes
+    # What the layers alone miss, shared by the K T processes; fit's loop, each runs whole.
+    rest = (rest / (k * t) + prof.loop_s) * slow
     params = stage_costs(prof.bytes_per_shard(t), bounds)
     sync = model.ring_allreduce_s(d, max(params), link)
     terms = [Term("compute", m * compute[worst] + rest, _compute_detail(c, micro))]
@@ -226,11 +227,12 @@ def _pipeline(c: Candidate, prof: ModelProfile, links: Mapping[str, Link], clust
 
 
 def _layer_scale(prof: ModelProfile, batch: float) -> tuple[float, float]:
-    """(scale of each layer's cost, seconds the layers miss) of a step of ``batch``: the
-    whole step is measured as one (the model's own ``fit``), the layers each alone, with
-    their calls' overheads and their own moments of load, so they can add up to more than
-    the step. Then they give only the shares of the step (scale < 1, nothing missed); else
-    the rest (loss, optimizer update, dispatch) is what the step has beyond them.
+    """(scale of each layer's cost, seconds the layers miss) of a step of ``batch``, fit's
+    loop (``loop_s``) left out: the whole step is measured as one (the model's own ``fit``),
+    the layers each alone, with their calls' overheads and their own moments of load, so
+    they can add up to more than the step. Then they give only the shares of the step
+    (scale < 1, nothing missed); else the rest (loss, optimizer update) is what the step has
+    beyond them.
 
     Example:
         >>> from tfdist.advise.profile import Line
@@ -239,10 +241,10 @@ def _layer_scale(prof: ModelProfile, batch: float) -> tuple[float, float]:
         >>> _layer_scale(prof, 10)                   # layers 60 ms, the step 30 ms
         (0.5, 0.0)
     """
-    whole, step = sum(prof.layer_costs(batch)), prof.step.at(batch)
+    whole, step = sum(prof.layer_costs(batch)), prof.step.at(batch) - prof.loop_s
     if whole <= step or whole <= 0:
-        return 1.0, step - whole
-    return step / whole, 0.0
+        return 1.0, max(0.0, step - whole)
+    return max(0.0, step) / whole, 0.0
 
 
 def _compute_detail(c: Candidate, micro: float) -> str:

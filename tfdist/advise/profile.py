@@ -112,6 +112,9 @@ class ModelProfile:
             Transformer block, one for a vocabulary-split embedding, four for vocabulary-split
             logits and their loss (`tensor_parts`). Empty: no Transformer block.
         heads: The attention heads T must divide (their gcd over the model; 0: no attention).
+        loop_s: Seconds per step of Keras's ``fit`` loop itself (a one-weight model's step:
+            the callbacks, the iterator, the call), part of ``step``; every process of a split
+            layout pays it whole (0: not measured).
     """
 
     names: tuple[str, ...]
@@ -128,6 +131,7 @@ class ModelProfile:
     split_bytes: tuple[int, ...] = ()
     reductions: tuple[tuple[int, int], ...] = ()
     heads: int = 0
+    loop_s: float = 0.0
 
     @property
     def total_param_bytes(self) -> int:
@@ -322,6 +326,15 @@ def _fit_step_s(model: Any, x: Any, y: Any, batch: int, steps: int) -> float:
     return statistics.median(b - a for a, b in zip(ends, ends[1:], strict=False))
 
 
+def _loop_s(steps: int) -> float:
+    """Seconds per step of ``fit``'s loop: a compiled one-weight model's step on one sample."""
+    keras = flavour.get_keras()
+    tiny = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, use_bias=False)])
+    tiny.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    one = np.ones((1, 1), np.float32)
+    return _fit_step_s(tiny, one, one, 1, steps)
+
+
 def _slots(optimizer: Any, weights: int) -> int:
     """Optimizer variables per weight (its step counter and learning rate left out)."""
     made = optimizer.variables() if callable(optimizer.variables) else optimizer.variables
@@ -456,8 +469,10 @@ def profile_model(model: Any, batch: int, data: Any = None, repeats: int = 5,
             fwd[b].append(max(f - overhead, 0.0))
             both[b].append(max(fb - f, 0.0))
     step, optimizer = _step_fn(model)
+    loop_s = 0.0
     if labels is not None and data is not None and getattr(model, "optimizer", None) is not None:
         step_s = [_fit_step_s(model, data, labels, b, 4 * repeats) for b in sizes]
+        loop_s = _loop_s(4 * repeats)
     else:
         step_s = [_median_seconds(lambda b=b: step(_inputs_for(model, b, data)), repeats)
                   for b in sizes]
@@ -477,4 +492,4 @@ def profile_model(model: Any, batch: int, data: Any = None, repeats: int = 5,
         optimizer_slots=_slots(optimizer, len(model.trainable_weights)),
         embeddings=_embeddings(model, data, batch),
         threads=tf.config.threading.get_intra_op_parallelism_threads(), batch=batch,
-        split_bytes=split_bytes, reductions=reductions, heads=heads)
+        split_bytes=split_bytes, reductions=reductions, heads=heads, loop_s=loop_s)
