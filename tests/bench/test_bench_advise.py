@@ -154,6 +154,10 @@ def test_each_row_is_predicted_again_under_the_load_its_run_met(monkeypatch, tmp
     assert first["predicted_ms"] == pytest.approx(AT_PROFILE_MS * (2 / 1.5) / 0.5)
     assert first["error"] == pytest.approx(first["predicted_ms"] / 20.0 - 1)
     assert first["run_queue"] == pytest.approx(1.75)
+    assert first["at_profile_error"] == pytest.approx(AT_PROFILE_MS / 20.0 - 1)
+    summary = advise.summarize([first, second])
+    assert summary["median_abs_error_at_profile"] == pytest.approx(1 - AT_PROFILE_MS / 20.0)
+    assert "predicted at profile time" in advise.note(summary)
     assert second["reference_ms"] == pytest.approx(25.0) and second["speed"] == pytest.approx(0.4)
 
 

@@ -176,8 +176,8 @@ class Profiled:
     reference: float
 
 
-REFERENCE_STEPS = ("--steps", "10", "--repeats", "2", "--warmup-steps", "3")
-"""A reference job: 10-step fits, twice, after 3 warm-up steps (about 15 s with start-up)."""
+REFERENCE_STEPS = ("--steps", "20", "--repeats", "2", "--warmup-steps", "5")
+"""A reference job: 20-step fits, twice, after 5 warm-up steps (15-25 s with start-up)."""
 
 
 def _reference(ex: Example, config: AdviseBenchConfig, log: IO[str]) -> float:
@@ -261,7 +261,8 @@ def run_example(ex: Example, net: network.Constants, config: AdviseBenchConfig,
                      "predicted_rank": advice.predictions.index(p) + 1,
                      "predicted_ms": now.step_s * 1e3, "measured_ms": measured * 1e3,
                      "error": now.step_s / measured - 1, "why": now.why(),
-                     "at_profile_ms": p.step_s * 1e3, **load})
+                     "at_profile_ms": p.step_s * 1e3,
+                     "at_profile_error": p.step_s / measured - 1, **load})
     return rows, {**prof.to_json(), "reference_ms": profiled.reference * 1e3}
 
 
@@ -278,7 +279,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         for r in mine:
             r["measured_rank"] = sorted(m["measured_ms"] for m in mine).index(r["measured_ms"]) + 1
     errors = [abs(r["error"]) for r in rows]
+    at_profile = [abs(r["at_profile_error"]) for r in rows if "at_profile_error" in r]
     return {"median_abs_error": statistics.median(errors) if errors else None,
+            "median_abs_error_at_profile": statistics.median(at_profile) if at_profile else None,
             "first_choice": verdicts}
 
 
@@ -308,5 +311,7 @@ def note(summary: Mapping[str, Any]) -> str:
         f"{name}: first choice {v['first_choice']}, measured fastest {v['fastest']} "
         f"({'ok' if v['ok'] else 'MISSED'}, {v['first_over_fastest']:.2f}x)"
         for name, v in summary["first_choice"].items())
-    return (f"Median absolute error {error:.0%} (target <= 25%). {picks}."
+    at_profile = summary.get("median_abs_error_at_profile")
+    before = f" ({at_profile:.0%} predicted at profile time)" if at_profile is not None else ""
+    return (f"Median absolute error {error:.0%}{before} (target <= 25%). {picks}."
             if error is not None else "No rows.")

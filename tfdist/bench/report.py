@@ -71,6 +71,7 @@ TABLES: dict[str, list[Column]] = {
                ("predicted_ms", "predicted ms", "{:.1f}"), ("measured_ms", "measured ms", "{:.1f}"),
                ("error", "error", "{:+.0%}"),
                ("at_profile_ms", "predicted at profile ms", "{:.1f}"),
+               ("at_profile_error", "error at profile", "{:+.0%}"),
                ("load", "load", "{:.1f}"), ("reference_ms", "reference step ms", "{:.1f}"),
                ("speed", "speed", "{:.2f}"),
                ("cores", "cores", "{:.2f}"), ("why", "dominating term (predicted)", "{}")],
