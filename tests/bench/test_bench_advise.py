@@ -144,21 +144,25 @@ def test_each_row_is_predicted_again_under_the_load_its_run_met(monkeypatch, tmp
     waited = {"worker:0": {"run_queue": {"cpu_s": 1.0, "wait_s": 1.0}},     # 2 s per CPU s
               "worker:1": {"run_queue": {"cpu_s": 2.0, "wait_s": 1.0}}}     # 1.5
     # Reference steps: 10 ms after the profile (then 2.0 cores), 30 ms after the first run,
-    # 20 ms after the second.
+    # 20 ms after the second; the profile's whole step of the global batch: 6.4 ms.
     first, second = _run_image(monkeypatch, tmp_path, lambda *a: waited, [0.01, 0.03, 0.02])
-    assert first["candidate"] == "multi_worker x2" and first["speed"] == pytest.approx(0.5)
+    assert first["candidate"] == "multi_worker x2"
     assert first["reference_ms"] == pytest.approx(20.0)   # (10 + 30) / 2
+    assert first["speed"] == pytest.approx(6.4 / 20.0)
     assert (first["cores"], first["load"]) == (1.5, 3.0)   # the readings' means
     assert first["at_profile_ms"] == pytest.approx(AT_PROFILE_MS)
-    # Now: 2 processes on 1.5 cores, each half as fast as at profile time.
-    assert first["predicted_ms"] == pytest.approx(AT_PROFILE_MS * (2 / 1.5) / 0.5)
+    # Now: 2 processes on 1.5 cores, each at 6.4 / 20 of the profile's speed.
+    assert first["predicted_ms"] == pytest.approx(AT_PROFILE_MS * (2 / 1.5) / (6.4 / 20.0))
     assert first["error"] == pytest.approx(first["predicted_ms"] / 20.0 - 1)
     assert first["run_queue"] == pytest.approx(1.75)
     assert first["at_profile_error"] == pytest.approx(AT_PROFILE_MS / 20.0 - 1)
     summary = advise.summarize([first, second])
     assert summary["median_abs_error_at_profile"] == pytest.approx(1 - AT_PROFILE_MS / 20.0)
+    assert summary["median_abs_error_without_default"] == pytest.approx(
+        abs(second["error"]) / 2 + abs(first["error"]) / 2)   # neither row is default x1
     assert "predicted at profile time" in advise.note(summary)
-    assert second["reference_ms"] == pytest.approx(25.0) and second["speed"] == pytest.approx(0.4)
+    assert second["reference_ms"] == pytest.approx(25.0)
+    assert second["speed"] == pytest.approx(6.4 / 25.0)
 
 
 def test_examples_can_be_picked_by_name():
