@@ -277,10 +277,30 @@ def _process_census(path: str) -> str:
     if not starts:
         return ""
     median = with_tf[len(with_tf) // 2] if with_tf else 0.0
-    return (f"processes the tests started: {starts} ({warm} forked warm, tests/warm_start.py), "
-            f"{starts - len(exits)} of them ended by a "
-            f"signal or os._exit; of the {len(exits)} that exited normally, {len(with_tf)} had "
-            f"imported TensorFlow ({sum(with_tf):.0f} CPU-s in all, median {median:.1f} each)")
+    lines = [f"processes the tests started: {starts} ({warm} forked warm, tests/warm_start.py), "
+             f"{starts - len(exits)} of them ended by a "
+             f"signal or os._exit; of the {len(exits)} that exited normally, {len(with_tf)} had "
+             f"imported TensorFlow ({sum(with_tf):.0f} CPU-s in all, median {median:.1f} each)"]
+    by_test = _cpu_by_test(records)
+    if by_test:
+        lines.append(f"the {SLOWEST} tests whose processes used the most CPU (by the test that "
+                     "started them; warm tasks however they ended, others at a normal exit):")
+        lines += [f"{cpu:8.1f} CPU-s  {test}" for test, cpu in by_test[:SLOWEST]]
+    return "\n".join(lines)
+
+
+def _cpu_by_test(records: list[dict[str, Any]]) -> list[tuple[str, float]]:
+    """(test, CPU-s of its processes), most first; a process counts for the test running when
+    it started (``PYTEST_CURRENT_TEST``; a warm server for the test that first needed it)."""
+    test_of = {r["pid"]: r.get("test", "").rsplit(" (", 1)[0]
+               for r in records if r["kind"] == "start"}
+    by_pid = {r["pid"]: r["cpu"] for r in records if r["kind"] == "reaped"}  # warm tasks
+    by_pid |= {r["pid"]: r["cpu"] for r in records if r["kind"] == "exit"}  # ... or their own
+    cpu: defaultdict[str, float] = defaultdict(float)
+    for pid, seconds in by_pid.items():
+        if test_of.get(pid):
+            cpu[test_of[pid]] += seconds
+    return sorted(cpu.items(), key=lambda item: -item[1])
 
 
 @pytest.fixture

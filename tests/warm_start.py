@@ -450,7 +450,7 @@ def _kill(pid: int, sig: int) -> None:
 def _reap(children: dict[int, _Child]) -> None:
     while children:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
@@ -458,11 +458,24 @@ def _reap(children: dict[int, _Child]) -> None:
         child = children.pop(pid, None)
         if child is None:
             continue
+        _log_census_reaped(pid, usage.ru_utime + usage.ru_stime)
         try:
             child.conn.sendall(json.dumps({"status": status}).encode() + b"\n")
         except OSError:
             pass
         child.conn.close()
+
+
+def _log_census_reaped(pid: int, cpu: float) -> None:
+    """A census line for a task this server reaped, however it ended (one killed with its job
+    or ended by ``os._exit`` writes no exit line of its own)."""
+    path = os.environ.get("TFDIST_TEST_PROCESS_LOG")
+    if path:
+        try:
+            with open(path, "a") as log:
+                log.write(json.dumps({"kind": "reaped", "pid": pid, "cpu": round(cpu, 2)}) + "\n")
+        except OSError:
+            pass
 
 
 # -- the forked child -------------------------------------------------------------------------
