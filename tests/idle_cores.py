@@ -81,4 +81,4 @@ class IdleCores:
             running = {test for test, start, stop in self.intervals if start < t1 and stop > t0}
             for test in running:
                 shares[test] += idle / len(running)
-        return sorted(shares.items(), key=lambda item: -item[1])
+        return sorted(shares.items(), key=lambda item: (-item[1], item[0]))
