@@ -13,9 +13,11 @@ does without them (unusable, and no test uses them), and any other import of the
 load data and score with scikit-learn, the benchmark plots) works as usual.
 
 The suite's process census: with ``TFDIST_TEST_PROCESS_LOG=<file>`` (``tests/conftest.py`` sets
-it), each process appends one line when it starts (its command line) and one when it exits
-normally (its CPU-seconds, and whether it imported TensorFlow), so the run's summary can say how
-many processes the suite started and what they cost (set it yourself to keep the file).
+it), each process appends one line when it starts (its command line and the test running,
+``PYTEST_CURRENT_TEST``) and one when it exits normally (its CPU-seconds, and whether it imported
+TensorFlow; a warm server adds a ``reaped`` line with the CPU of each task it forked, however it
+ended), so the run's summary can say how many processes the suite started and which tests' cost
+most (set it yourself to keep the file).
 
 Warm starts: with ``TFDIST_TEST_WARM_DIR`` (``tests/conftest.py`` sets it), a task process hands
 itself to a server that has already imported TensorFlow and is forked from it

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from idle_cores import IdleCores, cpu_ticks
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,18 +57,9 @@ _started = time.monotonic()
 _load_at_start = os.getloadavg()
 
 
-def _cpu_ticks() -> tuple[int, int]:
-    """(busy, all) clock ticks of every CPU since boot (``/proc/stat``; (0, 0) elsewhere)."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return 0, 0
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return sum(fields[:8]) - idle, sum(fields[:8])
-
-
-_ticks_at_start = _cpu_ticks()
+_ticks_at_start = cpu_ticks()
 _seconds_by_test: defaultdict[str, float] = defaultdict(float)
+_idle = IdleCores(os.cpu_count() or 1)
 
 
 def _horovod_available() -> bool:
@@ -213,11 +205,14 @@ def _cold_start_if(cold: bool) -> Iterator[None]:
 def pytest_sessionstart(session: pytest.Session) -> None:
     global _started, _load_at_start, _ticks_at_start
     _started, _load_at_start = time.monotonic(), os.getloadavg()
-    _ticks_at_start = _cpu_ticks()
+    _ticks_at_start = cpu_ticks()
+    if not hasattr(session.config, "workerinput"):  # the controller sees every worker's tests
+        _idle.start()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _seconds_by_test[report.nodeid] += report.duration
+    _idle.ran(report.nodeid, report.start, report.stop)
 
 
 def _loads(averages: tuple[float, float, float]) -> str:
@@ -234,7 +229,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     write(f"wall time: {wall / 60:.1f} min ({wall:.0f} s) for {len(_seconds_by_test)} tests, "
           f"{workers} pytest worker(s) on {os.cpu_count()} CPU cores; load average (1, 5, 15 "
           f"min) at the start {_loads(_load_at_start)}, at the end {_loads(os.getloadavg())}")
-    busy, every = (now - then for now, then in zip(_cpu_ticks(), _ticks_at_start, strict=True))
+    busy, every = (now - then for now, then in zip(cpu_ticks(), _ticks_at_start, strict=True))
     if every > 0:  # the machine's, this run's and anything else's: how much room -n had
         write(f"the CPU cores were busy {100 * busy / every:.0f}% of that time")
     slowest = sorted(_seconds_by_test.items(), key=lambda item: -item[1])[:SLOWEST]
@@ -252,6 +247,12 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
           f"modules: {total:.0f} s, {total / max(wall, 1e-9):.2f} x the wall time):")
     for module, seconds in sorted(by_module.items(), key=lambda item: -item[1])[:SLOWEST_MODULES]:
         write(f"{seconds:8.1f} s  {module}")
+    if not is_xdist_worker:
+        _idle.stop()
+        write(f"idle cores: {_idle.total():.0f} core-s in all; the {SLOWEST} tests that ran "
+              "while cores sat idle most (each interval's idle shared among the tests in it):")
+        for nodeid, seconds in _idle.by_test()[:SLOWEST]:
+            write(f"{seconds:8.1f} core-s  {nodeid}")
 
 
 def _process_census(path: str) -> str:
@@ -277,10 +278,30 @@ def _process_census(path: str) -> str:
     if not starts:
         return ""
     median = with_tf[len(with_tf) // 2] if with_tf else 0.0
-    return (f"processes the tests started: {starts} ({warm} forked warm, tests/warm_start.py), "
-            f"{starts - len(exits)} of them ended by a "
-            f"signal or os._exit; of the {len(exits)} that exited normally, {len(with_tf)} had "
-            f"imported TensorFlow ({sum(with_tf):.0f} CPU-s in all, median {median:.1f} each)")
+    lines = [f"processes the tests started: {starts} ({warm} forked warm, tests/warm_start.py), "
+             f"{starts - len(exits)} of them ended by a "
+             f"signal or os._exit; of the {len(exits)} that exited normally, {len(with_tf)} had "
+             f"imported TensorFlow ({sum(with_tf):.0f} CPU-s in all, median {median:.1f} each)"]
+    by_test = _cpu_by_test(records)
+    if by_test:
+        lines.append(f"the {SLOWEST} tests whose processes used the most CPU (by the test that "
+                     "started them; warm tasks however they ended, others at a normal exit):")
+        lines += [f"{cpu:8.1f} CPU-s  {test}" for test, cpu in by_test[:SLOWEST]]
+    return "\n".join(lines)
+
+
+def _cpu_by_test(records: list[dict[str, Any]]) -> list[tuple[str, float]]:
+    """(test, CPU-s of its processes), most first; a process counts for the test running when
+    it started (``PYTEST_CURRENT_TEST``; a warm server for the test that first needed it)."""
+    test_of = {r["pid"]: r.get("test", "").rsplit(" (", 1)[0]
+               for r in records if r["kind"] == "start"}
+    by_pid = {r["pid"]: r["cpu"] for r in records if r["kind"] == "reaped"}  # warm tasks
+    by_pid |= {r["pid"]: r["cpu"] for r in records if r["kind"] == "exit"}  # ... or their own
+    cpu: defaultdict[str, float] = defaultdict(float)
+    for pid, seconds in by_pid.items():
+        if test_of.get(pid):
+            cpu[test_of[pid]] += seconds
+    return sorted(cpu.items(), key=lambda item: -item[1])
 
 
 @pytest.fixture

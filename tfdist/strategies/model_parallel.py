@@ -102,6 +102,15 @@ class ModelParallelMixin:
     def _distribute_dataset_fn(self, dataset_fn: Any, options: Any) -> Any:
         return dataset_fn(self.input_context())
 
+    def experimental_distribute_dataset(self, dataset: tf.data.Dataset,
+                                        options: Any = None) -> tf.data.Dataset:
+        """The dataset itself: one replica on this process's one device, which ``fit`` (both
+        Kerases) iterates as it is. ``OneDeviceStrategy``'s distributed dataset would prefetch
+        to that device through a ``MultiDeviceIterator`` built and torn down in every ``fit``
+        call (tf-keras, 2 stages, 4 steps a call: 0.31 s a call against 0.15 s without)."""
+        del options  # nothing to place: no device to fetch to but the one the data is on
+        return dataset
+
     def save_model(self, model: Any, filepath: str | os.PathLike[str], **kwargs: Any) -> str | None:
         """Saves the whole model: every process calls it, the chief writes ``filepath``, a
         ``.keras`` file that ``keras.models.load_model`` opens in one process.

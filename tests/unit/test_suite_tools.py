@@ -1,0 +1,20 @@
+"""The suite's own measuring tools (tests/idle_cores.py) do what their examples say."""
+
+from __future__ import annotations
+
+import doctest
+
+import idle_cores
+
+
+def test_idle_cores_examples_run():
+    assert doctest.testmod(idle_cores).failed == 0
+
+
+def test_idle_time_goes_to_the_tests_that_ran_in_it():
+    idle = idle_cores.IdleCores(cores=2)
+    idle.samples = [(0.0, 0, 0), (1.0, 100, 100), (2.0, 100, 200)]  # busy, then all idle
+    idle.ran("busy", 0.0, 1.0)
+    idle.ran("waiting", 1.0, 2.0)
+    assert idle.total() == 2.0
+    assert idle.by_test() == [("waiting", 2.0)]
