@@ -142,12 +142,12 @@ def test_profile_times_attention_with_the_arguments_of_its_call():
     from tfdist.core import flavour
 
     keras = flavour.get_keras()
-    x = keras.Input((4, 8))
-    att = keras.layers.MultiHeadAttention(2, 4, name="att")(x, x, use_causal_mask=True)
-    prof = profile_model(keras.Model(x, keras.layers.Dense(3, name="out")(att)), 4, repeats=1)
+    x = keras.Input((32, 64))  # large enough that its forward stands out of the call overhead
+    att = keras.layers.MultiHeadAttention(2, 32, name="att")(x, x, use_causal_mask=True)
+    prof = profile_model(keras.Model(x, keras.layers.Dense(3, name="out")(att)), 16, repeats=1)
     assert prof.names == ("att", "out") and prof.heads == 2
-    assert prof.reductions == ((0, 4 * 8 * 4),) * 4  # as layer(h, h), not layer(h)
-    assert prof.forward[0].at(4) > 0
+    assert prof.reductions == ((0, 32 * 64 * 4),) * 4  # as layer(h, h), not layer(h)
+    assert prof.forward[0].at(16) > 0
 
 
 @pytest.fixture
