@@ -1,10 +1,10 @@
 """A task for launcher tests (no TensorFlow): behaves as LAUNCHER_TEST_MODE says.
 
 Modes: ``ok`` (print the task and exit 0), ``fail_worker1`` (worker:1 exits 3, the rest sleep),
-``sleep`` (everyone sleeps), ``fail_once`` (the first attempt of worker:1 fails, later ones pass;
-attempts are counted in the MARKER_DIR directory), ``fail_evaluator`` (the evaluator exits 4 at
-once, the others finish after 2 s), ``save_on_sigterm`` (everyone sleeps; on SIGTERM a task
-prints tfdist's preemption line and exits 75, as a training task that saved would),
+``sleep`` (everyone sleeps), ``fail_once`` (the first attempt of worker:1 fails once worker:0 has
+started, later ones pass; attempts are counted in the MARKER_DIR directory), ``fail_evaluator`` (the
+evaluator exits 4 at once, the others finish after 2 s), ``save_on_sigterm`` (everyone sleeps; on
+SIGTERM a task prints tfdist's preemption line and exits 75, as a training task that saved would),
 ``worker1_ignores_sigterm`` (as ``save_on_sigterm``, but worker:1 ignores SIGTERM),
 ``finish_on_sigterm`` (on SIGTERM a task finishes its work and exits 0).
 """
@@ -33,6 +33,12 @@ if mode == "fail_worker1" and task == "worker:1":
 if mode == "fail_once" and task == "worker:1":
     attempts = len([f for f in os.listdir(marker_dir) if f.startswith("worker:1.pid.")])
     if attempts == 1:
+        # fail once worker:0 runs too (a warm start can fork worker:1 first): the test counts
+        # worker:0's starts to see that the whole gang was restarted
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(
+                f.startswith("worker:0.pid.") for f in os.listdir(marker_dir)):
+            time.sleep(0.05)
         sys.exit(5)
 if mode == "fail_evaluator":
     if task == "evaluator:0":
