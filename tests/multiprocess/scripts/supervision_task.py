@@ -7,7 +7,8 @@ It names itself from TF_CONFIG, records each start as ``MARKER_DIR/<task>.start.
 * ``restart_worker1``: worker:1's first run exits 9, its later runs serve (sleep); the chief
   exits 0 after 4 s; the other servers sleep.
 * ``kill_ps``: ps:0 exits 9 after 1 s; the rest sleep.
-* ``fail_once``: worker:1's first run exits 5; every later run of every task exits 0.
+* ``fail_once``: worker:1's first run exits 5 once worker:0 has started; every later run of
+  every task exits 0.
 * ``sleep``: every task sleeps.
 * ``save_on_sigterm``, ``worker1_ignores_sigterm``: every task writes ``<task>.ready`` and sleeps;
   on SIGTERM it prints tfdist's preemption line and exits 75 (worker:1 of the second mode
@@ -57,8 +58,11 @@ if mode == "kill_ps" and task == "ps:0":
     print("ps 0 dies", flush=True)
     sys.exit(9)
 if mode == "fail_once":
-    if task == "worker:1" and runs == 0:
-        time.sleep(0.5)
+    if task == "worker:1" and runs == 0:  # once worker:0 runs too: its starts are counted
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(
+                f.startswith("worker:0.start.") for f in os.listdir(marker_dir)):
+            time.sleep(0.05)
         sys.exit(5)
     if runs > 0 or task != "worker:1":
         time.sleep(1)
