@@ -312,8 +312,7 @@ def serve(path: str) -> dict[str, Any]:
     owner = int(os.environ.get(OWNER_ENV, "0"))
     children: dict[int, _Child] = {}
     idle_note = path[:-len(".sock")] + ".idle"
-    checked = _note_idle(idle_note)
-    idle_since: float | None = checked
+    idle_since = _note_idle(idle_note)
     while True:
         readable, _, _ = select.select([listener, *(c.conn for c in children.values())], [], [],
                                        0.1)
@@ -330,13 +329,11 @@ def serve(path: str) -> dict[str, Any]:
                 _unlink_quietly(idle_note)
             idle_since = None
         elif idle_since is None:
-            idle_since = checked = _note_idle(idle_note)
-        elif time.monotonic() - checked >= 1.0:  # reading the other servers' notes: once a second
-            checked = time.monotonic()
-            if _should_retire(checked - idle_since, idle_note) or not _alive(owner):
-                os.unlink(path)
-                _unlink_quietly(idle_note)
-                return {}
+            idle_since = _note_idle(idle_note)
+        elif _should_retire(time.monotonic() - idle_since, idle_note) or not _alive(owner):
+            os.unlink(path)
+            _unlink_quietly(idle_note)
+            return {}
 
 
 def _note_idle(note: str) -> float:
