@@ -49,9 +49,8 @@ WARM_DIR_ENV = "TFDIST_TEST_WARM_DIR"
 OWNER_ENV = "TFDIST_TEST_WARM_OWNER"
 START_TIMEOUT = 90.0
 IDLE_SECONDS = 120.0
-KEEP_IDLE = 12
-"""Idle servers kept past `IDLE_SECONDS` (~0.4 GB resident each; with 6 a suite run still
-restarted 24 of its 27 sets of settings' servers)."""
+KEEP_IDLE = 6
+"""Idle servers kept past `IDLE_SECONDS` (~0.4 GB resident each)."""
 IDLE_MAX_SECONDS = 1200.0
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
                      signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT, signal.SIGTSTP)
