@@ -21,14 +21,11 @@ warm server, and its ``/proc/PID/cmdline`` is the server's; its peak RSS starts 
 
 One server per set of start-up settings (`server_key`: the interpreter, ``PYTHONPATH``, the
 ``TF_*``/``KERAS_*`` variables read at import, ...); the first shim that needs one starts it and
-waits for it (under a lock, so two shims do not start two). A server exits when the process that set
-up the directory (``TFDIST_TEST_WARM_OWNER``, the pytest controller) has gone, or when it has had no
-child for `IDLE_SECONDS` while more than `KEEP_IDLE` servers are idle and it is among the longest
-idle (each notes when it went idle in ``<key>.idle``), or for `IDLE_MAX_SECONDS` in any case: a
-server a later test needs again is usually still there (a suite run has ~27 sets of settings; with a
-plain 120 s limit 22 of 49 starts were restarts, each ~3.4 CPU-s of imports); ``tests/conftest.py``
-also kills every server at the session's end. Anything unexpected on the shim's side (no server
-within `START_TIMEOUT`, a refused connection) makes the process start cold, as without this module.
+waits for it (under a lock, so two shims do not start two). A server exits when the process
+that set up the directory (``TFDIST_TEST_WARM_OWNER``, the pytest controller) has gone, or after
+`IDLE_SECONDS` without a child; ``tests/conftest.py`` also kills every server at the session's
+end. Anything unexpected on the shim's side (no server within `START_TIMEOUT`, a refused
+connection) makes the process start cold, as without this module.
 """
 
 from __future__ import annotations
@@ -49,9 +46,6 @@ WARM_DIR_ENV = "TFDIST_TEST_WARM_DIR"
 OWNER_ENV = "TFDIST_TEST_WARM_OWNER"
 START_TIMEOUT = 90.0
 IDLE_SECONDS = 120.0
-KEEP_IDLE = 6
-"""Idle servers kept past `IDLE_SECONDS` (~0.4 GB resident each)."""
-IDLE_MAX_SECONDS = 1200.0
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
                      signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT, signal.SIGTSTP)
 _IMPORT_TIME_PREFIXES = ("TF_", "KERAS", "XLA_", "PYTHON", "LD_", "OMP_", "MKL", "CUDA", "HOME",
@@ -310,8 +304,7 @@ def serve(path: str) -> dict[str, Any]:
         pidfile.write(str(os.getpid()))
     owner = int(os.environ.get(OWNER_ENV, "0"))
     children: dict[int, _Child] = {}
-    idle_note = path[:-len(".sock")] + ".idle"
-    idle_since = _note_idle(idle_note)
+    idle_since = time.monotonic()
     while True:
         readable, _, _ = select.select([listener, *(c.conn for c in children.values())], [], [],
                                        0.1)
@@ -324,49 +317,10 @@ def serve(path: str) -> dict[str, Any]:
                 _handle(child)
         _reap(children)
         if children:
-            if idle_since is not None:
-                _unlink_quietly(idle_note)
-            idle_since = None
-        elif idle_since is None:
-            idle_since = _note_idle(idle_note)
-        elif _should_retire(time.monotonic() - idle_since, idle_note) or not _alive(owner):
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since > IDLE_SECONDS or not _alive(owner):
             os.unlink(path)
-            _unlink_quietly(idle_note)
             return {}
-
-
-def _note_idle(note: str) -> float:
-    """Writes when this server went idle (wall clock, for the other servers); monotonic now."""
-    with open(note, "w") as out:
-        out.write(repr(time.time()))
-    return time.monotonic()
-
-
-def _should_retire(idle: float, note: str) -> bool:
-    """Past `IDLE_MAX_SECONDS`, or past `IDLE_SECONDS` as one of the idle servers beyond the
-    `KEEP_IDLE` most recently busy (a server that is busy again has a newer note or none)."""
-    if idle > IDLE_MAX_SECONDS:
-        return True
-    if idle <= IDLE_SECONDS:
-        return False
-    notes = []
-    for name in os.listdir(os.path.dirname(note)):
-        if name.endswith(".idle"):
-            try:
-                with open(os.path.join(os.path.dirname(note), name)) as other:
-                    notes.append((float(other.read()), name))
-            except (OSError, ValueError):
-                continue
-    oldest_first = [name for _, name in sorted(notes)]
-    name = os.path.basename(note)
-    return name in oldest_first and oldest_first.index(name) < len(oldest_first) - KEEP_IDLE
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def _preimport() -> None:

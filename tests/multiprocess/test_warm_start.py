@@ -112,19 +112,3 @@ def test_which_processes_start_warm():
     keras3, legacy = {"PYTHONPATH": "/x"}, {"PYTHONPATH": "/x", "TF_USE_LEGACY_KERAS": "1"}
     assert warm_start.server_key(keras3) != warm_start.server_key(legacy)
     assert warm_start.server_key(keras3) == warm_start.server_key({**keras3, **task, "Y": "1"})
-
-
-def test_idle_servers_beyond_the_most_recently_busy_retire(tmp_path):
-    keep, short, longest = (warm_start.KEEP_IDLE, warm_start.IDLE_SECONDS,
-                            warm_start.IDLE_MAX_SECONDS)
-    now = time.time()
-    notes = [tmp_path / f"{i}.idle" for i in range(keep + 2)]  # 0 idle longest, then 1, ...
-    for age, note in enumerate(reversed(notes)):
-        note.write_text(repr(now - 10 * age))
-    retire = [warm_start._should_retire(short + 1, str(note)) for note in notes]
-    assert retire == [True, True] + [False] * keep
-    assert not warm_start._should_retire(short - 1, str(notes[0]))  # not idle long enough
-    notes[0].unlink()  # one fewer idle server: only the next longest idle goes
-    assert [warm_start._should_retire(short + 1, str(n)) for n in notes[1:]] == [True] + [
-        False] * keep
-    assert warm_start._should_retire(longest + 1, str(notes[-1]))  # the cap on any idle server
