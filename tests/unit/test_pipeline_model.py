@@ -351,3 +351,21 @@ def test_a_finite_dataset_that_may_end_short_is_refused_before_the_first_step(mo
     assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), before, strict=True))
     model.fit(rows.batch(16, drop_remainder=True), epochs=1, verbose=0)  # 2 full batches
     model.fit(rows.repeat().batch(16), steps_per_epoch=3, epochs=1, verbose=0)  # never ends
+
+
+def test_the_custom_loop_step_is_traced_once(monkeypatch):
+    # Adam's slots made in the step's first trace would make tf.function trace it twice
+    from tfdist.strategies import pipeline
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    traces = []
+    apply_step = pipeline.apply_step
+    monkeypatch.setattr(pipeline, "apply_step",
+                        lambda *args: traces.append(1) or apply_step(*args))
+    strategy = pipeline.PipelineStrategy(micro_batches=2)
+    model = strategy.build_model(chain())
+    step = strategy.train_step(model, "mse", keras.optimizers.Adam(0.01))
+    x, y = np.ones((8, 3), "float32"), np.zeros((8, 1), "float32")
+    for i in (0, 4):
+        step(x[i:i + 4], y[i:i + 4])
+    assert len(traces) == 1

@@ -13,7 +13,7 @@ from typing import Any
 
 from tfdist.core.flavour import KerasFlavour, flavour_of, get_keras, keras_flavour  # noqa: F401 - get_keras: the examples
 
-__all__ = ["abstract_build", "bind_unbuilt_optimizer", "call_losses", "functional_class",
+__all__ = ["abstract_build", "bind_unbuilt_optimizer", "build_optimizer", "call_losses", "functional_class",
            "metrics_scope", "weight_losses"]
 
 
@@ -39,6 +39,25 @@ def bind_unbuilt_optimizer(optimizer: Any, strategy: Any) -> bool:
         return False
     optimizer._distribution_strategy = strategy
     return True
+
+
+def build_optimizer(optimizer: Any, variables: list[Any], strategy: Any) -> None:
+    """Creates a Keras 3 optimizer's slots for ``variables`` now, under ``strategy``, if it has
+    not yet: a ``tf.function`` whose first trace creates variables traces again (the second
+    time without), so a step that builds the optimizer as it first runs is traced twice.
+
+    Example:
+        >>> import keras
+        >>> import tensorflow as tf
+        >>> adam, weight = keras.optimizers.Adam(), keras.Variable([1.0])
+        >>> build_optimizer(adam, [weight], tf.distribute.get_strategy())
+        >>> adam.built
+        True
+    """
+    if optimizer is None or getattr(optimizer, "built", True):
+        return
+    with strategy.scope():
+        optimizer.build(variables)
 
 
 def _built(optimizer: Any) -> bool:

@@ -44,7 +44,7 @@ from tfdist.core import traits as builtin
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.mesh import DATA, PIPE, TENSOR
 from tfdist.options import check_positive_number
-from tfdist.pipeline import batch_norm, interleave, optimizers, stage, tied, transport
+from tfdist.pipeline import batch_norm, interleave, keras_compat, optimizers, stage, tied, transport
 from tfdist.pipeline import schedule as schedule_lib
 from tfdist.pipeline.config import (
     LAYER_COSTS_ENV,
@@ -378,6 +378,8 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
         loss_fn = mean_loss(keras.losses.get(loss))
         engine = model._engine  # noqa: SLF001
         self.check_optimizer(optimizer)
+        keras_compat.build_optimizer(optimizer, list(model.trainable_variables),
+                                     tf.distribute.get_strategy())
 
         @tf.function
         def step(x: Any, y: Any, sample_weight: Any = None) -> Any:

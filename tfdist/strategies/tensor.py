@@ -212,6 +212,7 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
         """
         import keras
 
+        from tfdist.pipeline.keras_compat import build_optimizer
         from tfdist.tensor.model import split_loss
 
         if model.tensor_plan.output_layer is not None:
@@ -226,6 +227,8 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
 
         def compute_loss(x: Any, y: Any, y_pred: Any, sample_weight: Any) -> Any:
             return loss_fn(y, y_pred, sample_weight=sample_weight)
+
+        build_optimizer(optimizer, model.trainable_variables, model._home_strategy)
 
         @tf.function
         def traced(x: Any, y: Any, sample_weight: Any = None) -> Any:

@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.mesh import ProcessGroup
-from tfdist.pipeline.keras_compat import bind_unbuilt_optimizer
+from tfdist.pipeline.keras_compat import bind_unbuilt_optimizer, build_optimizer
 from tfdist.tensor.clipping import clip_each, clip_global
 from tfdist.tensor.collectives import all_reduce_sum, gather_axis, gather_last_axis
 from tfdist.tensor.loss import VocabParallelCrossEntropy
@@ -119,6 +119,7 @@ class TensorModel(keras.Model):
 
     def fit(self, *args: Any, **kwargs: Any) -> Any:
         args, kwargs = self._with_deadline(args, kwargs, 5)
+        build_optimizer(self.optimizer, self.trainable_variables, self._home_strategy)
         return super().fit(*args, **kwargs)
 
     def evaluate(self, *args: Any, **kwargs: Any) -> Any:
