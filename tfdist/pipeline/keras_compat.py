@@ -13,8 +13,8 @@ from typing import Any
 
 from tfdist.core.flavour import KerasFlavour, flavour_of, get_keras, keras_flavour  # noqa: F401 - get_keras: the examples
 
-__all__ = ["abstract_build", "bind_unbuilt_optimizer", "build_optimizer", "call_losses", "functional_class",
-           "metrics_scope", "weight_losses"]
+__all__ = ["abstract_build", "bind_unbuilt_optimizer", "build_optimizer", "call_losses",
+           "functional_class", "metrics_scope", "weight_losses"]
 
 
 def bind_unbuilt_optimizer(optimizer: Any, strategy: Any) -> bool:
