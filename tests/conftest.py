@@ -16,7 +16,7 @@ import re
 import shutil
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -282,12 +282,29 @@ def _process_census(path: str) -> str:
              f"{starts - len(exits)} of them ended by a "
              f"signal or os._exit; of the {len(exits)} that exited normally, {len(with_tf)} had "
              f"imported TensorFlow ({sum(with_tf):.0f} CPU-s in all, median {median:.1f} each)"]
+    servers = _warm_servers(records)
+    if servers:
+        lines.append(servers)
     by_test = _cpu_by_test(records)
     if by_test:
         lines.append(f"the {SLOWEST} tests whose processes used the most CPU (by the test that "
                      "started them; warm tasks however they ended, others at a normal exit):")
         lines += [f"{cpu:8.1f} CPU-s  {test}" for test, cpu in by_test[:SLOWEST]]
     return "\n".join(lines)
+
+
+def _warm_servers(records: list[dict[str, Any]]) -> str:
+    """One line on the warm servers (tests/warm_start.py): how many started for how many sets
+    of settings, and how they ended (a server that logged no end was killed)."""
+    sockets = [r["argv"][-1] for r in records if r["kind"] == "start"
+               and r["argv"][-2:-1] == ["serve"] and r["argv"][-1].endswith(".sock")]
+    if not sockets:
+        return ""
+    ends = Counter(r["why"] for r in records if r["kind"] == "server_end")
+    ends["killed or still running"] = len(sockets) - sum(ends.values())
+    how = ", ".join(f"{why} {count}" for why, count in ends.most_common() if count)
+    return (f"warm servers: {len(sockets)} started for {len(set(sockets))} sets of settings; "
+            f"ended: {how}")
 
 
 def _cpu_by_test(records: list[dict[str, Any]]) -> list[tuple[str, float]]:

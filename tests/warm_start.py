@@ -293,7 +293,17 @@ class _Child:
 
 def serve(path: str) -> dict[str, Any]:
     """Imports TensorFlow, then forks a task per connection; returns only in a forked child."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # tests/conftest.py ends the session
+    started = time.monotonic()
+
+    def end(why: str) -> None:
+        _census({"kind": "server_end", "pid": os.getpid(), "why": why,
+                 "age_s": round(time.monotonic() - started, 1)})
+
+    def terminated(*_: object) -> NoReturn:  # tests/conftest.py ends the session
+        end("SIGTERM")
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, terminated)
     _preimport()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     staging = f"{path}.{os.getpid()}"
@@ -320,6 +330,7 @@ def serve(path: str) -> dict[str, Any]:
             idle_since = time.monotonic()
         elif time.monotonic() - idle_since > IDLE_SECONDS or not _alive(owner):
             os.unlink(path)
+            end("idle" if _alive(owner) else "owner gone")
             return {}
 
 
@@ -412,7 +423,7 @@ def _reap(children: dict[int, _Child]) -> None:
         child = children.pop(pid, None)
         if child is None:
             continue
-        _log_census_reaped(pid, usage.ru_utime + usage.ru_stime)
+        _census({"kind": "reaped", "pid": pid, "cpu": round(usage.ru_utime + usage.ru_stime, 2)})
         try:
             child.conn.sendall(json.dumps({"status": status}).encode() + b"\n")
         except OSError:
@@ -420,14 +431,15 @@ def _reap(children: dict[int, _Child]) -> None:
         child.conn.close()
 
 
-def _log_census_reaped(pid: int, cpu: float) -> None:
-    """A census line for a task this server reaped, however it ended (one killed with its job
-    or ended by ``os._exit`` writes no exit line of its own)."""
+def _census(record: dict[str, Any]) -> None:
+    """A line of the census (``sitecustomize.py``) from the server: a task it reaped, however
+    it ended (one killed with its job or ended by ``os._exit`` writes no exit line of its own),
+    or its own end and why (a server that logs none was killed)."""
     path = os.environ.get("TFDIST_TEST_PROCESS_LOG")
     if path:
         try:
             with open(path, "a") as log:
-                log.write(json.dumps({"kind": "reaped", "pid": pid, "cpu": round(cpu, 2)}) + "\n")
+                log.write(json.dumps(record) + "\n")
         except OSError:
             pass
 

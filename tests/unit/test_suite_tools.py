@@ -18,3 +18,17 @@ def test_idle_time_goes_to_the_tests_that_ran_in_it():
     idle.ran("waiting", 1.0, 2.0)
     assert idle.total() == 2.0
     assert idle.by_test() == [("waiting", 2.0)]
+
+
+def test_the_census_counts_warm_servers_and_how_they_ended():
+    import conftest
+
+    def server(sock):
+        return {"kind": "start", "argv": ["python", "-u", "warm_start.py", "serve", sock]}
+
+    records = [server("/w/a.sock"), server("/w/b.sock"), server("/w/a.sock"),
+               {"kind": "server_end", "why": "idle"}, {"kind": "start", "argv": ["python"]}]
+    assert conftest._warm_servers(records) == (
+        "warm servers: 3 started for 2 sets of settings; ended: killed or still running 2, "
+        "idle 1")
+    assert conftest._warm_servers(records[-1:]) == ""
