@@ -92,10 +92,13 @@ def parse_command(orig_argv: list[str]) -> dict[str, Any] | None:
 
 def server_key(environ: dict[str, str]) -> str:
     """Which warm server can run a process with this environment (same start-up settings)."""
-    settings = sorted((name, value) for name, value in environ.items()
-                      if name.startswith(_IMPORT_TIME_PREFIXES) and name not in _PER_TASK)
-    digest = hashlib.sha256(json.dumps([sys.executable, settings]).encode()).hexdigest()
-    return digest[:16]
+    digest = hashlib.sha256(json.dumps([sys.executable, _settings(environ)]).encode())
+    return digest.hexdigest()[:16]
+
+
+def _settings(environ: dict[str, str]) -> list[tuple[str, str]]:
+    return sorted((name, value) for name, value in environ.items()
+                  if name.startswith(_IMPORT_TIME_PREFIXES) and name not in _PER_TASK)
 
 
 def is_warm_task(command: dict[str, Any] | None, environ: dict[str, str]) -> bool:
@@ -192,6 +195,7 @@ def _start_server(warm_dir: str, key: str, path: str, environ: dict[str, str],
     owner = int(environ.get(OWNER_ENV, "0"))
     if owner <= 0:
         return None
+    _census({"kind": "server_settings", "key": key, "settings": _settings(environ)})
     server = _spawn_detached(
         [sys.executable, "-u", os.path.abspath(__file__), "serve", path], env, warm_dir,
         os.path.join(warm_dir, f"{key}.log"), owner)
