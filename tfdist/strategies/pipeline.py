@@ -44,7 +44,15 @@ from tfdist.core import traits as builtin
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.mesh import DATA, PIPE, TENSOR
 from tfdist.options import check_positive_number
-from tfdist.pipeline import batch_norm, interleave, keras_compat, optimizers, stage, tied, transport
+from tfdist.pipeline import (
+    batch_norm,
+    gather,
+    keras_compat,
+    optimizers,
+    stage,
+    tied,
+    transport,
+)
 from tfdist.pipeline import schedule as schedule_lib
 from tfdist.pipeline.config import (
     LAYER_COSTS_ENV,
@@ -487,7 +495,11 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
             return [np.asarray(w) for k in range(layout.stages) for w in stage.layer_weights(
                 _stage_model(model, k), spec, stage.owned_layers(spec, bounds, k))]
         if self.config.chunks > 1:
-            return self._gather_pieces(model)
+            own = [np.asarray(w) for i, k in enumerate(self.mode.pieces) for w in
+                   stage.layer_weights(_stage_model(model, i), spec,
+                                       stage.owned_layers(spec, bounds, k))]
+            return gather.gather_pieces(own, spec, bounds, layout, self.config.chunks,
+                                        self.timeout)
         owned = stage.owned_layers(spec, bounds, layout.stage)
         if self.split is None:
             own = [np.asarray(w) for w in stage.layer_weights(model, spec, owned)]
@@ -495,48 +507,7 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
             own = self.split.gather(model, spec, owned)
             if layout.coordinates.tensor != 0:
                 return None
-        if layout.stage != 0:
-            link = transport.Link(layout.pair(layout.rank_of(0, 0)), self.timeout)
-            for i, w in enumerate(own):
-                link.send(tf.constant(w), transport.WEIGHTS, 0, i)
-            return None
-        weights = own
-        for k in range(1, layout.stages):
-            link = transport.Link(layout.pair(layout.rank_of(0, k)), self.timeout)
-            shapes = [w for lid in stage.owned_layers(spec, bounds, k)
-                      for w in spec.layers[lid].weights]
-            for i, (shape, dtype) in enumerate(shapes):
-                weights.append(link.recv(shape, tf.as_dtype(dtype), transport.WEIGHTS, 0,
-                                         i).numpy())
-        return weights
-
-    def _gather_pieces(self, model: Any) -> list[np.ndarray] | None:
-        """`gather_weights` when each process holds several pieces (interleaved): each
-        process sends its chunks' weights to the chief, which orders them by piece."""
-        assert self.spec is not None and self.bounds is not None
-        layout, spec, bounds = self.layout, self.spec, self.bounds
-        pieces = self.mode.pieces
-        own = [np.asarray(w) for i, k in enumerate(pieces) for w in stage.layer_weights(
-            _stage_model(model, i), spec, stage.owned_layers(spec, bounds, k))]
-        if layout.stage != 0:
-            link = transport.Link(layout.pair(layout.rank_of(0, 0)), self.timeout)
-            for i, w in enumerate(own):
-                link.send(tf.constant(w), transport.WEIGHTS, 0, i)
-            return None
-        per_piece: dict[int, list[np.ndarray]] = {}
-        for k in range(layout.stages):
-            held = interleave.pieces(layout.stages, self.config.chunks, k)
-            shapes = [(p, w) for p in held for lid in stage.owned_layers(spec, bounds, p)
-                      for w in spec.layers[lid].weights]
-            if k == 0:
-                received = own
-            else:
-                link = transport.Link(layout.pair(layout.rank_of(0, k)), self.timeout)
-                received = [link.recv(shape, tf.as_dtype(dtype), transport.WEIGHTS, 0,
-                                      i).numpy() for i, (_, (shape, dtype)) in enumerate(shapes)]
-            for (p, _), w in zip(shapes, received, strict=True):
-                per_piece.setdefault(p, []).append(w)
-        return [w for p in sorted(per_piece) for w in per_piece[p]]
+        return gather.gather_stages(own, spec, bounds, layout, self.timeout)
 
     def assemble(self, model: Any) -> Any | None:
         """The whole model with the trained weights on the chief, None elsewhere (collective)."""
