@@ -15,6 +15,8 @@ import signal
 import sys
 import time
 
+from markers import wait_for_marker
+
 from tfdist.preemption import PREEMPTED_EXIT_STATUS, marker_line
 
 tf_config = json.loads(os.environ.get("TF_CONFIG", '{"task": {"type": "chief", "index": 0}}'))
@@ -33,12 +35,7 @@ if mode == "fail_worker1" and task == "worker:1":
 if mode == "fail_once" and task == "worker:1":
     attempts = len([f for f in os.listdir(marker_dir) if f.startswith("worker:1.pid.")])
     if attempts == 1:
-        # fail once worker:0 runs too (a warm start can fork worker:1 first): the test counts
-        # worker:0's starts to see that the whole gang was restarted
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not any(
-                f.startswith("worker:0.pid.") for f in os.listdir(marker_dir)):
-            time.sleep(0.05)
+        wait_for_marker(marker_dir, "worker:0.pid.")  # the test counts its starts
         sys.exit(5)
 if mode == "fail_evaluator":
     if task == "evaluator:0":

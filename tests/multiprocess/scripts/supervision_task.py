@@ -21,6 +21,8 @@ import signal
 import sys
 import time
 
+from markers import wait_for_marker
+
 from tfdist.preemption import PREEMPTED_EXIT_STATUS, marker_line
 
 mode, marker_dir = sys.argv[1], sys.argv[2]
@@ -58,11 +60,8 @@ if mode == "kill_ps" and task == "ps:0":
     print("ps 0 dies", flush=True)
     sys.exit(9)
 if mode == "fail_once":
-    if task == "worker:1" and runs == 0:  # once worker:0 runs too: its starts are counted
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not any(
-                f.startswith("worker:0.start.") for f in os.listdir(marker_dir)):
-            time.sleep(0.05)
+    if task == "worker:1" and runs == 0:
+        wait_for_marker(marker_dir, "worker:0.start.")  # the test counts its starts
         sys.exit(5)
     if runs > 0 or task != "worker:1":
         time.sleep(1)
