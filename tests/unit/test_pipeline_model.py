@@ -369,3 +369,20 @@ def test_the_custom_loop_step_is_traced_once(monkeypatch):
     for i in (0, 4):
         step(x[i:i + 4], y[i:i + 4])
     assert len(traces) == 1
+
+
+def test_a_tf_keras_fit_traces_the_step_once(monkeypatch):
+    # tf-keras builds the optimizer in the first trace of fit's step, which tf.function then
+    # traces again (Keras 3 builds it before fit under a strategy)
+    from tfdist.strategies.pipeline import PipelineStrategy
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    k = flavour.get_keras("tf_keras")
+    whole = k.Sequential([k.Input((3,)), k.layers.Dense(4, name="a"), k.layers.Dense(1, name="b")])
+    model = PipelineStrategy(micro_batches=2).build_model(whole)
+    traces = []
+    train_step = model.train_step
+    model.train_step = lambda data: traces.append(1) or train_step(data)
+    model.compile(k.optimizers.Adam(0.01), "mse")
+    model.fit(np.ones((8, 3), "float32"), np.zeros((8, 1), "float32"), batch_size=4, verbose=0)
+    assert len(traces) == 1

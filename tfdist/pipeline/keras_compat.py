@@ -42,9 +42,10 @@ def bind_unbuilt_optimizer(optimizer: Any, strategy: Any) -> bool:
 
 
 def build_optimizer(optimizer: Any, variables: list[Any], strategy: Any) -> None:
-    """Creates a Keras 3 optimizer's slots for ``variables`` now, under ``strategy``, if it has
-    not yet: a ``tf.function`` whose first trace creates variables traces again (the second
-    time without), so a step that builds the optimizer as it first runs is traced twice.
+    """Creates an optimizer's slots for ``variables`` now, under ``strategy``, if it has not
+    yet (Keras 3, and tf-keras's optimizers but the legacy ones): a ``tf.function`` whose first
+    trace creates variables traces again (the second time without), so a step that builds the
+    optimizer as it first runs is traced twice.
 
     Example:
         >>> import keras
@@ -54,7 +55,7 @@ def build_optimizer(optimizer: Any, variables: list[Any], strategy: Any) -> None
         >>> adam.built
         True
     """
-    if optimizer is None or getattr(optimizer, "built", True):
+    if optimizer is None or not hasattr(optimizer, "build") or _built(optimizer):
         return
     with strategy.scope():
         optimizer.build(variables)

@@ -274,6 +274,8 @@ class _StageModelMixin:
     def fit(self, x: Any = None, y: Any = None, batch_size: Any = None, *args: Any,
             **kwargs: Any) -> Any:
         self._check_inputs(x, batch_size)
+        keras_compat.build_optimizer(self.optimizer, self.trainable_variables,  # type: ignore[attr-defined]
+                                     self.distribute_strategy)  # type: ignore[attr-defined]
         return super().fit(x, y, batch_size, *args, **kwargs)  # type: ignore[misc]
 
     def evaluate(self, x: Any = None, y: Any = None, batch_size: Any = None, *args: Any,
