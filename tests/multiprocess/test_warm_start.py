@@ -4,6 +4,7 @@ with the task's status or signal, forwards SIGTERM, and takes its task with it w
 
 from __future__ import annotations
 
+import doctest
 import json
 import os
 import signal
@@ -112,3 +113,8 @@ def test_which_processes_start_warm():
     keras3, legacy = {"PYTHONPATH": "/x"}, {"PYTHONPATH": "/x", "TF_USE_LEGACY_KERAS": "1"}
     assert warm_start.server_key(keras3) != warm_start.server_key(legacy)
     assert warm_start.server_key(keras3) == warm_start.server_key({**keras3, **task, "Y": "1"})
+    same = {**keras3, "TF_USE_LEGACY_KERAS": "0", "TF_CLI_CONFIG_FILE": "/r/.terraformrc",
+            "PYTHONDONTWRITEBYTECODE": "1"}  # what a test's whole environment adds
+    assert warm_start.server_key(keras3) == warm_start.server_key(same)
+    assert warm_start.server_key(keras3) != warm_start.server_key({**keras3, "HOME": "/h"})
+    assert doctest.testmod(warm_start).failed == 0
