@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+from pathlib import Path
 
 import idle_cores
 
@@ -20,8 +21,11 @@ def test_idle_time_goes_to_the_tests_that_ran_in_it():
     assert idle.by_test() == [("waiting", 2.0)]
 
 
-def test_the_census_counts_warm_servers_and_how_they_ended():
-    import conftest
+def test_the_census_counts_warm_servers_and_how_they_ended(pytestconfig):
+    # tests/conftest.py as pytest loaded it: `import conftest` finds whichever conftest.py was
+    # imported last (tests/horovod's, in a run that collects it)
+    conftest = pytestconfig.pluginmanager.get_plugin(
+        str(Path(__file__).resolve().parents[1] / "conftest.py"))
 
     def server(sock):
         return {"kind": "start", "argv": ["python", "-u", "warm_start.py", "serve", sock]}
