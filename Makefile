@@ -16,8 +16,11 @@ main: setup  ## a real 2-worker training on this machine
 test: slurm  ## the whole test suite (what CI runs) on 2 pytest-xdist workers, Slurm jobs included; ends with its wall time and 15 slowest tests
 	PATH="$(CURDIR)/$(VENV_BIN):$$PATH" $(VENV_BIN)/python -m pytest -n 2 --dist loadgroup
 
+# PYTHONPATH: the checkout's sitecustomize.py then runs in pytest's own processes too, whose Keras 3
+# import leaves out scikit-learn, SciPy and matplotlib (TFDIST_TEST_LEAN_KERAS, which
+# tests/conftest.py sets): about 1.5 CPU-s less in each xdist worker.
 test-fast: setup  ## unit tests only (2 pytest-xdist workers): no cluster, under a minute
-	$(VENV_BIN)/python -m pytest -m unit -n 2
+	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(VENV_BIN)/python -m pytest -m unit -n 2
 
 lint: setup
 	$(VENV_BIN)/ruff check .
