@@ -66,11 +66,23 @@ def test_every_horovod_patch_says_what_it_fixes():
         assert len(comment) >= 2, f"{patch.name} needs a comment saying what it fixes and why"
 
 
+# Header-only libraries that no patch touches and no file the header check reads includes:
+# 2,949 of the sdist's 3,726 files (a patch to one would not apply, and the check names them
+# on IWYU's include path: IWYU would fail to parse, not pass, if a header included one).
+UNTOUCHED = ("horovod-0.28.1/third_party/boost/", "horovod-0.28.1/third_party/eigen/")
+
+
+def _extract_sdist(tmp_path: Path) -> None:
+    """The cached sdist under ``tmp_path``, less `UNTOUCHED` (0.6 CPU-s; all of it, 1.4)."""
+    with tarfile.open(SDIST) as sdist:
+        kept = [member for member in sdist.getmembers() if not member.name.startswith(UNTOUCHED)]
+        sdist.extractall(tmp_path, members=kept, filter="data")
+
+
 def test_the_patches_apply_to_horovods_sdist(tmp_path):
     if not SDIST.exists():
         pytest.skip(f"{SDIST} is not cached (launch/setup.sh keeps it when it builds Horovod)")
-    with tarfile.open(SDIST) as sdist:
-        sdist.extractall(tmp_path, filter="data")
+    _extract_sdist(tmp_path)
     src = tmp_path / "horovod-0.28.1"
     result = _bash(f"source {SETUP} && patch_horovod_source {src}")
     assert result.returncode == 0, result.stderr
@@ -223,8 +235,7 @@ def _running(pid: int) -> bool:
 def _patched_sdist(tmp_path: Path, patches: list[Path]) -> Path:
     if not SDIST.exists():
         pytest.skip(f"{SDIST} is not cached (launch/setup.sh keeps it when it builds Horovod)")
-    with tarfile.open(SDIST) as sdist:
-        sdist.extractall(tmp_path, filter="data")
+    _extract_sdist(tmp_path)
     chosen = tmp_path / "patches"
     chosen.mkdir()
     for patch in patches:
