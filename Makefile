@@ -18,9 +18,11 @@ test: slurm  ## the whole test suite (what CI runs) on 2 pytest-xdist workers, S
 
 # PYTHONPATH: the checkout's sitecustomize.py then runs in pytest's own processes too, whose Keras 3
 # import leaves out scikit-learn, SciPy and matplotlib (TFDIST_TEST_LEAN_KERAS, which
-# tests/conftest.py sets): about 1.5 CPU-s less in each xdist worker.
+# tests/conftest.py sets): about 1.5 CPU-s less in each xdist worker. --dist worksteal: a worker
+# that runs out of tests takes half of the other's queue, so both end together (with the default
+# --dist load, the heavy tensor and pipeline modules, last in the order, left one worker 20 s alone).
 test-fast: setup  ## unit tests only (2 pytest-xdist workers): no cluster, under a minute
-	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(VENV_BIN)/python -m pytest -m unit -n 2
+	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(VENV_BIN)/python -m pytest -m unit -n 2 --dist worksteal
 
 lint: setup
 	$(VENV_BIN)/ruff check .
