@@ -211,7 +211,8 @@ def _start_server(warm_dir: str, key: str, path: str, environ: dict[str, str],
     owner = int(environ.get(OWNER_ENV, "0"))
     if owner <= 0:
         return None
-    _census({"kind": "server_settings", "key": key, "settings": _settings(environ)})
+    _census({"kind": "server_settings", "key": key, "settings": _settings(environ),
+             "time": round(time.time(), 1)})
     server = _spawn_detached(
         [sys.executable, "-u", os.path.abspath(__file__), "serve", path], env, warm_dir,
         os.path.join(warm_dir, f"{key}.log"), owner)
@@ -313,11 +314,11 @@ class _Child:
 
 def serve(path: str) -> dict[str, Any]:
     """Imports TensorFlow, then forks a task per connection; returns only in a forked child."""
-    started = time.monotonic()
+    started, key = time.monotonic(), os.path.basename(path)[:-len(".sock")]
 
     def end(why: str) -> None:
-        _census({"kind": "server_end", "pid": os.getpid(), "why": why,
-                 "age_s": round(time.monotonic() - started, 1)})
+        _census({"kind": "server_end", "pid": os.getpid(), "why": why, "key": key,
+                 "age_s": round(time.monotonic() - started, 1), "time": round(time.time(), 1)})
 
     def terminated(*_: object) -> NoReturn:  # tests/conftest.py ends the session
         end("SIGTERM")
