@@ -1,9 +1,10 @@
-"""The suite's own measuring tools (tests/idle_cores.py) do what their examples say."""
+"""The suite's own measuring tools (tests/idle_cores.py, tests/census.py) do what they say."""
 
 from __future__ import annotations
 
 import doctest
 
+import census
 import idle_cores
 
 
@@ -21,14 +22,12 @@ def test_idle_time_goes_to_the_tests_that_ran_in_it():
 
 
 def test_the_census_counts_warm_servers_and_how_they_ended():
-    import conftest
-
     def server(sock):
         return {"kind": "start", "argv": ["python", "-u", "warm_start.py", "serve", sock]}
 
     records = [server("/w/a.sock"), server("/w/b.sock"), server("/w/a.sock"),
                {"kind": "server_end", "why": "idle"}, {"kind": "start", "argv": ["python"]}]
-    assert conftest._warm_servers(records) == (
+    assert census.warm_servers(records) == (
         "warm servers: 3 started for 2 sets of settings; ended: killed or still running 2, "
         "idle 1")
-    assert conftest._warm_servers(records[-1:]) == ""
+    assert census.warm_servers(records[-1:]) == ""
