@@ -45,7 +45,11 @@ from typing import Any, NoReturn
 WARM_DIR_ENV = "TFDIST_TEST_WARM_DIR"
 OWNER_ENV = "TFDIST_TEST_WARM_OWNER"
 START_TIMEOUT = 90.0
-IDLE_SECONDS = 120.0
+IDLE_SECONDS = 900.0
+"""With 120 s, 54 of a CI run's 55 server starts ended idle, and the two most used sets of
+settings were started 13 and 12 times (4 CPU-s each): tests that need the same server are often
+minutes apart. An idle server holds ~0.4 GB resident (shared libraries mostly); a run has ~15
+sets of settings."""
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
                      signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT, signal.SIGTSTP)
 _IMPORT_TIME_PREFIXES = ("TF_", "KERAS", "XLA_", "PYTHON", "LD_", "OMP_", "MKL", "CUDA", "HOME",
@@ -58,7 +62,7 @@ _NO_IMPORT_EFFECT = ("TF_CLI_", "TF_VAR_", "TF_PLUGIN_", "PYTHONBREAKPOINT",
 """Variables under those prefixes that change nothing a server imports: Terraform's ``TF_*``,
 ``breakpoint()``'s hook (read when called), ``.pyc`` writing. Some tests pass the environment
 whole and others a minimal one: counted, they split one set of settings into several servers
-(22 sets became 13 without them, in a CI run's census)."""
+(28 sets became 15 without them, in a CI run's census)."""
 _DEFAULTS = {"TF_USE_LEGACY_KERAS": "0"}
 """Values that mean the variable's absence."""
 _NOT_WARM = ("SLURM_JOB_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -211,7 +215,8 @@ def _start_server(warm_dir: str, key: str, path: str, environ: dict[str, str],
     owner = int(environ.get(OWNER_ENV, "0"))
     if owner <= 0:
         return None
-    _census({"kind": "server_settings", "key": key, "settings": _settings(environ)})
+    _census({"kind": "server_settings", "key": key, "settings": _settings(environ),
+             "time": round(time.time(), 1)})
     server = _spawn_detached(
         [sys.executable, "-u", os.path.abspath(__file__), "serve", path], env, warm_dir,
         os.path.join(warm_dir, f"{key}.log"), owner)
@@ -313,11 +318,11 @@ class _Child:
 
 def serve(path: str) -> dict[str, Any]:
     """Imports TensorFlow, then forks a task per connection; returns only in a forked child."""
-    started = time.monotonic()
+    started, key = time.monotonic(), os.path.basename(path)[:-len(".sock")]
 
     def end(why: str) -> None:
-        _census({"kind": "server_end", "pid": os.getpid(), "why": why,
-                 "age_s": round(time.monotonic() - started, 1)})
+        _census({"kind": "server_end", "pid": os.getpid(), "why": why, "key": key,
+                 "age_s": round(time.monotonic() - started, 1), "time": round(time.time(), 1)})
 
     def terminated(*_: object) -> NoReturn:  # tests/conftest.py ends the session
         end("SIGTERM")

@@ -1,10 +1,10 @@
-"""The suite's own measuring tools (tests/idle_cores.py) do what their examples say."""
+"""The suite's own measuring tools (tests/idle_cores.py, tests/census.py) do what they say."""
 
 from __future__ import annotations
 
 import doctest
-from pathlib import Path
 
+import census
 import idle_cores
 
 
@@ -21,18 +21,13 @@ def test_idle_time_goes_to_the_tests_that_ran_in_it():
     assert idle.by_test() == [("waiting", 2.0)]
 
 
-def test_the_census_counts_warm_servers_and_how_they_ended(pytestconfig):
-    # tests/conftest.py as pytest loaded it: `import conftest` finds whichever conftest.py was
-    # imported last (tests/horovod's, in a run that collects it)
-    conftest = pytestconfig.pluginmanager.get_plugin(
-        str(Path(__file__).resolve().parents[1] / "conftest.py"))
-
+def test_the_census_counts_warm_servers_and_how_they_ended():
     def server(sock):
         return {"kind": "start", "argv": ["python", "-u", "warm_start.py", "serve", sock]}
 
     records = [server("/w/a.sock"), server("/w/b.sock"), server("/w/a.sock"),
                {"kind": "server_end", "why": "idle"}, {"kind": "start", "argv": ["python"]}]
-    assert conftest._warm_servers(records) == (
+    assert census.warm_servers(records) == (
         "warm servers: 3 started for 2 sets of settings; ended: killed or still running 2, "
         "idle 1")
-    assert conftest._warm_servers(records[-1:]) == ""
+    assert census.warm_servers(records[-1:]) == ""
