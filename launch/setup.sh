@@ -161,9 +161,16 @@ install_python_deps() {
   echo "$want" > "$stamp"
 }
 
+# The import check loads TensorFlow (~9 s): a re-run skips it while the build key and the
+# installed TensorFlow and Horovod versions are those it last passed with.
 horovod_installed() {
-  [[ "$(cat "$VENV/.tfdist-horovod-build" 2>/dev/null)" == "$(horovod_build_key)" ]] || return 1
-  "$VENV/bin/python" - "$HOROVOD_VERSION" "$(horovod_controllers)" <<'PY' >/dev/null 2>&1
+  local key state verified="$VENV/.tfdist-horovod-verified"
+  key="$(horovod_build_key)"
+  [[ "$(cat "$VENV/.tfdist-horovod-build" 2>/dev/null)" == "$key" ]] || return 1
+  state="$key $("$VENV/bin/python" -c 'from importlib.metadata import version as v
+print(v("tensorflow"), v("horovod"))' 2>/dev/null)"
+  [[ "$(cat "$verified" 2>/dev/null)" == "$state" ]] && return 0
+  "$VENV/bin/python" - "$HOROVOD_VERSION" "$(horovod_controllers)" <<'PY' >/dev/null 2>&1 || return 1
 import sys
 import horovod
 import horovod.tensorflow  # loads the compiled op library
@@ -171,6 +178,7 @@ from horovod.common.util import gloo_built, mpi_built
 want_mpi = sys.argv[2].endswith("-mpi")
 sys.exit(0 if horovod.__version__ == sys.argv[1] and gloo_built() and mpi_built() == want_mpi else 1)
 PY
+  echo "$state" > "$verified"
 }
 
 # Applies launch/horovod-patches/*.patch (each says what it fixes) to the unpacked sdist.
@@ -276,7 +284,8 @@ main() {
   install_horovod
   ensure_test_tools
   if [[ "$with_slurm" == "1" ]]; then ensure_slurm_tools; fi
-  log "ready: $VENV ($("$VENV/bin/python" -c 'import tensorflow as tf; print("tensorflow", tf.__version__)' 2>/dev/null))"
+  log "ready: $VENV ($("$VENV/bin/python" -c 'from importlib.metadata import version
+print("tensorflow", version("tensorflow"))' 2>/dev/null))"
 }
 
 # Sourcing the file (tests do) defines the functions without running anything.
