@@ -32,6 +32,9 @@ EXAMPLES = REPO / "keras_examples"
 CRASH_ENV = "TFDIST_EXAMPLE_CRASH_AFTER_EPOCH"
 CRASH_EXIT_STATUS = 42  # keras_examples/common.py
 CHIEF_TASKS = ("chief:0", "worker:0", "rank:0")
+WARM_PREIMPORT = "sklearn.datasets,sklearn.metrics"
+"""What the examples import besides TensorFlow: their tasks' warm server imports it once
+(tests/warm_start.py)."""
 
 # Launcher arguments and expected num_replicas_in_sync of each topology (CPU: one replica per
 # worker; ParameterServer steps run on one worker at a time: 1).
@@ -61,7 +64,8 @@ def launch(tmp_path: Path, script: str, topology: str, *script_args: str,
     results = tmp_path / "results"
     results.mkdir(exist_ok=True)
     child_env = {**os.environ, "PYTHONPATH": str(REPO), "TFDIST_RESULT_DIR": str(results),
-                 "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
+                 "TF_CPP_MIN_LOG_LEVEL": "3", "TFDIST_TEST_WARM_PREIMPORT": WARM_PREIMPORT,
+                 **(env or {})}
     child_env.pop("TF_USE_LEGACY_KERAS", None)
     if topology.endswith(TF_KERAS):
         child_env["TF_USE_LEGACY_KERAS"] = "1"
