@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.examples.test_examples import assert_one_model, chief_summary, launch
+from tests.examples.example_jobs import assert_one_model, chief_summary, launch
 from tfdist.evaluator import EvaluatorTimeoutError, is_evaluator, run_sidecar_evaluator
 
 pytestmark = pytest.mark.multiprocess
