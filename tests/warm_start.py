@@ -120,8 +120,9 @@ def _settings(environ: dict[str, str]) -> list[tuple[str, str]]:
 
     Example:
         >>> _settings({"TF_CPP_MIN_LOG_LEVEL": "2", "TF_USE_LEGACY_KERAS": "0", "TF_CONFIG": "{}",
-        ...            "TF_CLI_CONFIG_FILE": "/root/.terraformrc", "USER": "root"})
-        [('TF_CPP_MIN_LOG_LEVEL', '2')]
+        ...            "TF_CLI_CONFIG_FILE": "/root/.terraformrc", "USER": "root",
+        ...            "TFDIST_TEST_WARM_PREIMPORT": "sklearn.datasets"})
+        [('TFDIST_TEST_WARM_PREIMPORT', 'sklearn.datasets'), ('TF_CPP_MIN_LOG_LEVEL', '2')]
     """
     return sorted((name, value) for name, value in environ.items()
                   if name.startswith(_IMPORT_TIME_PREFIXES) and name not in _PER_TASK

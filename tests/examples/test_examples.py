@@ -80,7 +80,9 @@ def test_image_classifier_rejects_an_incomplete_npz(tmp_path):
 
 
 # ----------------------------------------------------------------------------- sparse_ctr
-CTR_ARGS = ("--train-samples", "20000", "--test-samples", "5000", "--epochs", "2")
+# 10,000 rows: held-out AUC 0.69-0.70 after 2 epochs under every strategy (0.67 with 20,000:
+# the second epoch over-fits the 75,000 embedding rows), at half the steps.
+CTR_ARGS = ("--train-samples", "10000", "--test-samples", "5000", "--epochs", "2")
 
 
 def test_sparse_ctr_shards_embeddings_over_two_ps(tmp_path):
