@@ -85,7 +85,7 @@ def test_the_hook_installs_the_shims_when_keras_is_imported():
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == (
         "False ['multi_worker_reduce_mean', 'multi_worker_symbolic_build', "
-        "'parameter_server_fit', 'tf_keras_only_names']")
+        "'optimizer_built_before_fit', 'parameter_server_fit', 'tf_keras_only_names']")
 
 
 # ------------------------------------------------ TensorFlow's parameter-server guide, model.fit

@@ -5,6 +5,7 @@ TF_CONFIG is checked before TensorFlow could wait for a peer."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 
 import pytest
@@ -163,6 +164,52 @@ def test_keras3_names_the_fix_for_tf_keras_only_names(keras3):
     assert "Fix: set TF_USE_LEGACY_KERAS=1" in str(info.value)
     with pytest.raises(AttributeError, match="has no attribute 'nothing_here'"):
         tf.keras.utils.nothing_here  # noqa: B018
+
+
+def _fit_traces(install: bool) -> tuple[int, list[float], list[str]]:
+    """(train-step traces, losses, optimizer variable paths) of a fresh Adam ``fit``, no
+    strategy, with or without the ``optimizer_built_before_fit`` shim."""
+    import keras
+    import numpy as np
+    from tensorflow.python.framework import func_graph
+
+    shim = next(s for s in compat.KERAS3_SHIMS if s.name == "optimizer_built_before_fit")
+    trainer = importlib.import_module(compat._TRAINER).TensorFlowTrainer
+    before, traced = trainer.fit, []
+    original_trace = func_graph.func_graph_from_py_func
+
+    def counting(name, *args, **kwargs):
+        traced.append(str(name))
+        return original_trace(name, *args, **kwargs)
+
+    try:
+        if install and "optimizer_built_before_fit" not in compat._installed:
+            shim.install()
+        elif not install:
+            trainer.fit = getattr(trainer.fit, "__wrapped_by_tfdist__", trainer.fit)
+        func_graph.func_graph_from_py_func = counting
+        keras.backend.clear_session()  # the same layer and optimizer names in both runs
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(8, activation="tanh"),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+        x = np.random.default_rng(0).normal(size=(32, 5)).astype("float32")
+        losses = model.fit(x, 2 * x[:, :1], batch_size=16, epochs=2, verbose=0).history["loss"]
+    finally:
+        func_graph.func_graph_from_py_func = original_trace
+        trainer.fit = before
+    return (traced.count("one_step_on_data"), losses,
+            [v.path for v in model.optimizer.variables])
+
+
+def test_a_fit_without_strategy_traces_its_step_once_with_the_same_numbers(keras3):
+    """Keras 3 builds the optimizer inside the first trace when no strategy is set, and a
+    tf.function whose first trace creates variables traces twice; the shim builds it first."""
+    plain_traces, plain_losses, plain_paths = _fit_traces(install=False)
+    traces, losses, paths = _fit_traces(install=True)
+    assert (plain_traces, traces) == (2, 1)
+    assert losses == plain_losses and paths == plain_paths
+    assert paths[2] == "adam/sequential_dense_kernel_momentum"
 
 
 @pytest.mark.parametrize("inside_scope", [True, False])
