@@ -58,7 +58,8 @@ _PEAK_SCRIPT = WORKERS / "peak_worker.py"
 
 @dataclass
 class PipelineConfig:
-    """The model, batch and micro-batch counts. ``env`` goes to every child."""
+    """The model, batch, micro-batch counts and timing rounds (each: the stage alone, then the
+    pipelined step, 4 times). ``env`` goes to every child."""
 
     quick: bool = False
     stages: int = 2
