@@ -89,7 +89,10 @@ def mean_loss(loss_fn: Any) -> Any:
         else loss_fn
 
     def reduced(y: Any, y_pred: Any, sample_weight: Any = None) -> Any:
-        values = per_sample(y, y_pred)
+        # tfdist's code is not AutoGraph's (`tfdist.strategies.autograph`); a user's loss
+        # function is converted where AutoGraph is on, as if the step had called it itself.
+        autograph = tf.__internal__.autograph
+        values = autograph.tf_convert(per_sample, autograph.control_status_ctx())(y, y_pred)
         if sample_weight is None:
             return tf.reduce_mean(values)
         values = values * _same_rank(tf.cast(sample_weight, values.dtype), values)

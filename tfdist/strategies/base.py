@@ -39,6 +39,7 @@ import tensorflow as tf
 from tfdist.cluster import ClusterSpec, Task, read_tf_config
 from tfdist.core.traits import StrategyTraits
 from tfdist.errors import StrategyConfigError, format_error
+from tfdist.strategies.autograph import exclude_tfdist
 from tfdist.strategies.input import InputMixin
 from tfdist.strategies.saving import SavingMixin
 
@@ -140,6 +141,7 @@ class TfdistStrategyMixin(InputMixin, SavingMixin):
 
     def _init_tfdist(self, cluster: ClusterSpec | None = None, task: Task | None = None) -> None:
         """Records where this process sits; ``cluster=None`` means `SINGLE_HOST_CLUSTER`."""
+        exclude_tfdist()  # tfdist's step code inside tf.function: as written, not AutoGraph's
         if cluster is None:
             cluster, task = SINGLE_HOST_CLUSTER, SINGLE_HOST_TASK
         self._tfdist_cluster = cluster
