@@ -81,8 +81,9 @@ ranks of `horovodrun` run warm: it starts, signals and stops them as the launche
 WARM_MODULES = frozenset({"tfdist.server", "tfdist.probe.allreduce_worker"})
 """Modules that run warm as tasks; not the launcher's own (``tfdist.launcher.remote`` watches
 its parent, which a forked task does not share)."""
-BENCH_WORKERS = "tfdist.bench.workers."
-"""The benchmark's worker modules run warm as tasks, one-process jobs and Horovod ranks too."""
+BENCH_WORKERS = ("tfdist.bench.workers.", "tfdist.probe.allreduce_worker")
+"""The benchmark's worker modules run warm as tasks, one-process jobs and Horovod ranks too
+(the allreduce probe's Gloo ranks: 4 of the quick benchmark's cold starts, 5 CPU-s each)."""
 _CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PR_SET_PDEATHSIG = 1
 _CLONE_NEWNET = 0x40000000

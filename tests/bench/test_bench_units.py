@@ -50,7 +50,7 @@ def test_ps_speedup_is_relative_to_first_spe() -> None:
 def test_quick_flags_shrink_every_section_and_explicit_flags_win() -> None:
     quick = cli.configs(cli.parse_args(["--quick", "--repeats", "3", "--threads", "1,1"]))
     assert quick["allreduce"].sizes == allreduce.default_sizes(quick=True)
-    assert quick["allreduce"].repeats == 3 and quick["train"].steps == 20
+    assert quick["allreduce"].repeats == 3 and quick["train"].steps == 10
     assert quick["train"].env == {"TFDIST_BENCH_THREADS": "1,1"}
     full = cli.configs(cli.parse_args(["train", "--env", "HOROVOD_CYCLE_TIME=0.1"]))
     assert full["allreduce"].sizes[0] == 4 << 10 and full["allreduce"].sizes[-1] == 64 << 20

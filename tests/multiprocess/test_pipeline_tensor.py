@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from parity_checks import max_gap
-from test_tensor import NOISE_ATOL, PARITY_ATOL, SABOTAGE_MIN_GAP, phase
+from test_tensor import NOISE_ATOL, PARITY_ATOL, SABOTAGE_MIN_GAP, phase, with_reference_of
 
 from tfdist.cluster import ClusterSpec
 
@@ -109,8 +109,9 @@ def test_skipping_a_stage_s_row_all_reduce_breaks_parity(two_stages):
     assert parity_gap(phase(two_stages[1], "sabotage")["worker:0"]) > SABOTAGE_MIN_GAP
 
 
-def test_two_replicas_of_two_stages_of_two_shards_match_one_process(cluster_runner):
-    results = run_3d(cluster_runner, args=["3", "2"], replicas=2, timeout=500)
+def test_two_replicas_of_two_stages_of_two_shards_match_one_process(cluster_runner, two_stages):
+    results = run_3d(cluster_runner, args=["3", "2", "--no-reference"], replicas=2, timeout=500)
+    with_reference_of(results, two_stages[1])  # the same model, weights and batches
     places = {(r["replica"], r["stage"], r["shard"]) for r in results.values()}
     assert len(places) == 8
     check_parity(results)

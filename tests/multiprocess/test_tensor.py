@@ -142,8 +142,22 @@ def test_tied_embeddings_split_once_match_one_process(cluster_runner, tmp_path):
     assert max_gap(chief["reloaded"], chief["trained"]) == 0.0
 
 
-def test_two_replicas_of_two_shards_match_one_process(cluster_runner):
-    results = run_tensor(cluster_runner, processes=4, shards=2, args=["3"], timeout=300)
+REFERENCE_KEYS = ("reference", "reference_loss", "reference_evaluate", "reference_predict")
+
+
+def with_reference_of(results, other):
+    """``results`` (a ``--no-reference`` job) with the reference of ``other``, a job of the same
+    model from the same initial weights on the same batches: one reference run for both."""
+    chief, theirs = results["worker:0"], other["worker:0"]
+    assert chief["initial"] == theirs["initial"]
+    chief.update({key: theirs[key] for key in REFERENCE_KEYS})
+    return results
+
+
+def test_two_replicas_of_two_shards_match_one_process(cluster_runner, two_shards):
+    results = run_tensor(cluster_runner, processes=4, shards=2, args=["3", "--no-reference"],
+                         timeout=300)
+    with_reference_of(results, two_shards[1])
     assert results["worker:0"]["replicas"] == 2
     check_parity(results, 4)
     check_memory(results, 4, 2)

@@ -3,7 +3,7 @@
 Example:
     >>> args = parse_args(["allreduce", "--quick", "--np", "2"])
     >>> args.sections, configs(args)["allreduce"].repeats
-    (['allreduce'], 2)
+    (['allreduce'], 1)
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="what to run (default: all)")
     run = parser.add_argument_group("run")
     run.add_argument("--quick", action="store_true",
-                     help="few sizes, 1-2 repeats, tiny training: a smoke run, not a measurement")
+                     help="3 sizes, 1 repeat, tiny training: every code path once, a smoke run, "
+                     "not a measurement")
     run.add_argument("--out", type=Path, default=Path("bench_results"),
                      help="output folder (default: bench_results/)")
     run.add_argument("--np", type=int, default=2, help="processes / replicas (default 2)")
@@ -97,20 +98,20 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "allreduce": allreduce.AllreduceConfig(
             np=args.np, sizes=args.sizes or allreduce.default_sizes(quick),
-            warmup=1 if quick else 2, repeats=pick(args.repeats, 7, 2),
+            warmup=1 if quick else 2, repeats=pick(args.repeats, 7, 1),
             backends=tuple(args.backends.split(",")), implementation=args.implementation,
             bytes_per_pack=args.bytes_per_pack, compression=args.compression, env=env),
         "train": train.TrainConfig(
-            np=args.np, quick=quick, steps=pick(args.steps, 400, 20),
-            warmup_steps=5 if quick else 20, repeats=pick(args.repeats, 7, 2),
+            np=args.np, quick=quick, steps=pick(args.steps, 400, 10),
+            warmup_steps=2 if quick else 20, repeats=pick(args.repeats, 7, 1),
             implementation=args.implementation, bytes_per_pack=args.bytes_per_pack,
             strategies=tuple(args.strategies.split(",")), env=env,
             mw_job_pairs=1 if quick else 2),
         "ps": ps.PsConfig(
             workers=args.np, quick=quick, num_ps=tuple(int(p) for p in args.num_ps.split(",")),
-            steps=pick(args.steps, 100, 20), warmup_steps=10 if quick else 20,
+            steps=pick(args.steps, 100, 10), warmup_steps=10 if quick else 20,
             repeats=pick(args.repeats, 3, 1), env=env),
-        "pipeline": pipeline.PipelineConfig(quick=quick, steps=pick(args.steps, 20, 5), env=env),
+        "pipeline": pipeline.PipelineConfig(quick=quick, steps=pick(args.steps, 20, 3), env=env),
         "tensor": tensor.TensorBenchConfig(quick=quick, shards=args.np,
                                            steps=pick(args.steps, 10, 3), env=env),
         "advise": advise.AdviseBenchConfig(np=args.np, quick=quick, steps=pick(args.steps, 40, 20),

@@ -58,7 +58,8 @@ _PEAK_SCRIPT = WORKERS / "peak_worker.py"
 
 @dataclass
 class PipelineConfig:
-    """The model, batch and micro-batch counts. ``env`` goes to every child."""
+    """The model, batch, micro-batch counts and timing rounds (each: the stage alone, then the
+    pipelined step, 4 times). ``env`` goes to every child."""
 
     quick: bool = False
     stages: int = 2
@@ -69,19 +70,21 @@ class PipelineConfig:
     micro_batches: tuple[int, ...] = (1, 2, 4, 8)
     interleaved: tuple[int, ...] = (4, 8)
     chunks: int = 2
+    rounds: int = 6
     memory_rows: int = 8192
     memory_micro_batches: int = 4
     env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.quick:
-            self.micro_batches, self.width, self.batch, self.steps = (1, 4), 256, 256, 5
-            self.interleaved, self.memory_rows = (4,), 1024
+        if self.quick:  # every job once, each as small as its row allows
+            self.micro_batches, self.interleaved, self.rounds = (1, 4), (4,), 2
+            self.width, self.batch, self.depth, self.memory_rows = 128, 128, 4, 1024
 
     def args(self, mode: str, micro_batches: int = 1, chunks: int = 1) -> list[str]:
         return ["--mode", mode, "--micro-batches", str(micro_batches), "--batch",
                 str(self.batch), "--width", str(self.width), "--depth", str(self.depth),
-                "--steps", str(self.steps), "--chunks", str(chunks)]
+                "--steps", str(self.steps), "--chunks", str(chunks), "--rounds",
+                str(self.rounds)]
 
 
 def run(config: PipelineConfig, log: IO[str]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tfdist.probe.common import TcpRing, apply_threads, time_call
-from tfdist.testing import report
+from tfdist.testing import exit_after_report, report
 
 Setup = tuple[int, int, Callable[[Any], Any], Callable[[], None]]
 
@@ -105,3 +105,4 @@ if __name__ == "__main__":
     arguments = parse_args()
     apply_threads()
     report(measure(arguments))
+    exit_after_report()

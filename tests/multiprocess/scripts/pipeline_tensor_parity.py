@@ -3,7 +3,7 @@
 ways, with Adam and ``model.fit``, and reports what the test checks.
 
 Args: ``steps micro_batches [--sabotage] [--custom-loop] [--save DIR] [--then-custom-loop]
-[--then-sabotage]``. Every process first
+[--then-sabotage] [--no-reference]``. Every process first
 builds its stage's shard from the build function (the bytes it holds, and a digest of the
 weights every shard of its stage holds whole), then builds the whole model once with a fixed
 seed and takes its slices of its stage's layers, fits ``steps`` global batches, evaluates and
@@ -11,7 +11,9 @@ predicts, and reports the gathered weights (on the chief). The chief also trains
 in one process on the same global batches (the reference). ``--sabotage`` makes the row-split
 layers skip their all-reduce. ``--then-custom-loop`` and ``--then-sabotage`` run more phases in
 the same job, each on a fresh stage shard from the same initial weights, reported under
-``phases`` (one launch checked three ways; the reference is the same)."""
+``phases`` (one launch checked three ways; the reference is the same). ``--no-reference``: the
+chief leaves the reference out (the test takes it from another job that trained the same model on
+the same batches)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import numpy as np
 from tensor_parity import GLOBAL, LR, build, data, digest, later_phases, loss, sabotage_row_reduce
 
 import tfdist
-from tfdist.testing import report
+from tfdist.testing import exit_after_report, report
 
 SPLIT_POINTS = ["b1_ln1"]
 """Stage 0: embeddings and block 0; stage 1: block 1 and the head."""
@@ -38,9 +40,9 @@ def replicated_digest(strategy, model):
     return digest(values)
 
 
-def train(strategy, model, x, y, custom_loop):
+def train(strategy, model, x, y, custom_loop, evaluate=True):
     """Trains ``model`` one epoch on the global batches with Adam; its logged loss (and under
-    ``fit``, evaluate and predict)."""
+    ``fit``, with ``evaluate``, evaluate and predict)."""
     optimizer = keras.optimizers.Adam(LR)
     if custom_loop:
         step = strategy.train_step(model, loss(), optimizer)
@@ -48,9 +50,27 @@ def train(strategy, model, x, y, custom_loop):
         return {"loss": [float(np.mean(losses))]}
     model.compile(optimizer=optimizer, loss=loss())
     history = model.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False, verbose=0)
+    if not evaluate:
+        return {"loss": history.history["loss"]}
     return {"loss": history.history["loss"],
             "evaluate": model.evaluate(x, y, batch_size=GLOBAL, verbose=0),
             "predict": model.predict(x[:GLOBAL], batch_size=GLOBAL, verbose=0).tolist()}
+
+
+def reference_results(initial, names, x, y):
+    """The whole model trained in one process from ``initial`` on the same global batches."""
+    reference = build()
+    reference.set_weights(initial)
+    reference.compile(optimizer=keras.optimizers.Adam(LR), loss=loss())
+    # Adam's slots made now, not in the first traced step, which tf.function would then
+    # trace twice (2.3 of this fit's 4.3 CPU-s): the same numbers
+    reference.optimizer.build(reference.trainable_variables)
+    history = reference.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False, verbose=0)
+    return dict(
+        reference=[w.tolist() for name in names for w in reference.get_layer(name).get_weights()],
+        reference_loss=history.history["loss"],
+        reference_evaluate=reference.evaluate(x, y, batch_size=GLOBAL, verbose=0),
+        reference_predict=reference.predict(x[:GLOBAL], batch_size=GLOBAL, verbose=0).tolist())
 
 
 def main(argv):
@@ -78,28 +98,16 @@ def main(argv):
     trained = strategy.gather_weights(model)
     result["phases"] = later_phases(
         strategy, whole, argv,
-        lambda shard, custom_loop: train(strategy, shard, x, y, custom_loop),
+        lambda shard, **how: train(strategy, shard, x, y, **how),
         strategy.gather_weights)
     save_dir = argv[argv.index("--save") + 1] if "--save" in argv else None
     if save_dir:
         result["saved"] = strategy.save_model(model, os.path.join(save_dir, "model.keras"))
     if strategy.is_chief:
-        reference = build()
-        reference.set_weights(initial)
-        reference.compile(optimizer=keras.optimizers.Adam(LR), loss=loss())
-        # Adam's slots made now, not in the first traced step, which tf.function would then
-        # trace twice (2.3 of this fit's 4.3 CPU-s): the same numbers
-        reference.optimizer.build(reference.trainable_variables)
-        history = reference.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False, verbose=0)
-        result.update(
-            trained=[np.asarray(w).tolist() for w in trained],
-            initial=[w.tolist() for w in initial],
-            reference=[w.tolist() for name in names
-                       for w in reference.get_layer(name).get_weights()],
-            reference_loss=history.history["loss"],
-            reference_evaluate=reference.evaluate(x, y, batch_size=GLOBAL, verbose=0),
-            reference_predict=reference.predict(x[:GLOBAL], batch_size=GLOBAL,
-                                                verbose=0).tolist())
+        result.update(trained=[np.asarray(w).tolist() for w in trained],
+                      initial=[w.tolist() for w in initial])
+        if "--no-reference" not in argv:
+            result.update(reference_results(initial, names, x, y))
         if save_dir:
             loaded = keras.models.load_model(os.path.join(save_dir, "model.keras"))
             result["reloaded"] = [w.tolist() for name in names
@@ -109,3 +117,4 @@ def main(argv):
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    exit_after_report()

@@ -3,7 +3,7 @@
 residuals, vocabulary projection) with Adam and ``model.fit``, and reports what the test checks.
 
 Args: ``steps [--tied] [--sabotage] [--custom-loop] [--clip] [--save DIR] [--stall RANK
---deadline S] [--then-custom-loop] [--then-sabotage]``. ``--tied`` ties the output
+--deadline S] [--then-custom-loop] [--then-sabotage] [--no-reference]``. ``--tied`` ties the output
 projection to the token embedding (one ``ReversibleEmbedding``, KerasHub's call convention:
 ``layer(ids)``, ``layer(hidden, reverse=True)``) instead of a separate ``lm_head``.
 Every process first builds the model from its build function (each allocating only its shards: the
@@ -18,7 +18,8 @@ threads after training (a thread per collective op run was the leak of per-op ti
 ``--then-custom-loop`` and ``--then-sabotage`` run more phases in the same job, each on a fresh
 shard model from the same initial weights, reported under ``phases``: the custom-loop step, then
 ``fit`` with the row all-reduce skipped (one launch checked three ways; the reference is the
-same)."""
+same). ``--no-reference``: the chief leaves the reference out (the test takes it from another
+job that trained the same model on the same batches)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ import keras
 import numpy as np
 
 import tfdist
-from tfdist.testing import report
+from tfdist.testing import exit_after_report, report
 
 GLOBAL, VOCAB, SEQ, WIDTH, HEADS, HIDDEN, LR = 8, 16, 8, 16, 4, 32, 0.01
 CLIP = 0.5
@@ -154,9 +155,9 @@ def stall_callbacks(argv, strategy):
     return [stuck]
 
 
-def train(strategy, model, x, y, argv, custom_loop):
+def train(strategy, model, x, y, argv, custom_loop, evaluate=True):
     """Trains ``model`` one epoch on the global batches; its logged loss (and under ``fit``,
-    evaluate and predict)."""
+    with ``evaluate``, evaluate and predict)."""
     if custom_loop:
         step = strategy.train_step(model, loss(), optimizer(argv))
         losses = [float(step(x[i:i + GLOBAL], y[i:i + GLOBAL])) for i in range(0, len(x), GLOBAL)]
@@ -164,6 +165,8 @@ def train(strategy, model, x, y, argv, custom_loop):
     model.compile(optimizer=optimizer(argv), loss=loss())
     history = model.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False, verbose=0,
                         callbacks=stall_callbacks(argv, strategy))
+    if not evaluate:
+        return {"loss": history.history["loss"]}
     return {"loss": history.history["loss"],
             "evaluate": model.evaluate(x, y, batch_size=GLOBAL, verbose=0),
             "predict": model.predict(x[:GLOBAL], batch_size=GLOBAL, verbose=0).tolist()}
@@ -171,9 +174,10 @@ def train(strategy, model, x, y, argv, custom_loop):
 
 def later_phases(strategy, whole, argv, train_phase, gather):
     """``--then-custom-loop``, ``--then-sabotage``: each trains a fresh shard model made from
-    ``whole`` (still holding the initial weights) with ``train_phase(model, custom_loop)``; its
-    result and, on the chief, its weights (``gather(model)``, a collective). Shared with
-    `pipeline_tensor_parity`."""
+    ``whole`` (still holding the initial weights) with ``train_phase(model, custom_loop,
+    evaluate)``; its result and, on the chief, its weights (``gather(model)``, a collective).
+    The sabotaged phase is checked on its weights alone: no evaluate and predict (2 of its 3
+    traced functions). Shared with `pipeline_tensor_parity`."""
     phases = {}
     for phase in ("custom-loop", "sabotage"):
         if f"--then-{phase}" not in argv:
@@ -181,11 +185,30 @@ def later_phases(strategy, whole, argv, train_phase, gather):
         if phase == "sabotage":
             sabotage_row_reduce()
         model = strategy.build_model(whole)
-        phases[phase] = train_phase(model, custom_loop=phase == "custom-loop")
+        phases[phase] = train_phase(model, custom_loop=phase == "custom-loop",
+                                    evaluate=phase != "sabotage")
         trained = gather(model)
         if strategy.is_chief:
             phases[phase]["trained"] = [np.asarray(w).tolist() for w in trained]
     return phases
+
+
+def reference_results(tied, initial, names, x, y, argv):
+    """The whole model trained in one process from ``initial`` on the same global batches."""
+    keras.utils.set_random_seed(1)
+    reference = build(tied)
+    reference.set_weights(initial)
+    result = {"first_gradient_norm": first_gradient_norm(reference, x, y)}
+    reference.compile(optimizer=optimizer(argv), loss=loss())
+    # Adam's slots made now, not in the first traced step, which tf.function would then
+    # trace twice (2.3 of this fit's 4.3 CPU-s): the same numbers
+    reference.optimizer.build(reference.trainable_variables)
+    history = reference.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False, verbose=0)
+    return dict(
+        result, reference=[w.tolist() for w in flat(reference, names)],
+        reference_loss=history.history["loss"],
+        reference_evaluate=reference.evaluate(x, y, batch_size=GLOBAL, verbose=0),
+        reference_predict=reference.predict(x[:GLOBAL], batch_size=GLOBAL, verbose=0).tolist())
 
 
 def main(argv):
@@ -221,28 +244,16 @@ def main(argv):
     trained = flat(strategy.gather_weights(model), names)
     result["phases"] = later_phases(
         strategy, whole, argv,
-        lambda shard, custom_loop: train(strategy, shard, x, y, argv, custom_loop),
+        lambda shard, **how: train(strategy, shard, x, y, argv, **how),
         lambda shard: flat(strategy.gather_weights(shard), names))
     save_dir = argv[argv.index("--save") + 1] if "--save" in argv else None
     if save_dir:
         result["saved"] = strategy.save_model(model, os.path.join(save_dir, "model.keras"))
     if strategy.is_chief:
-        keras.utils.set_random_seed(1)
-        reference = build(tied)
-        reference.set_weights(initial)
-        result["first_gradient_norm"] = first_gradient_norm(reference, x, y)
-        reference.compile(optimizer=optimizer(argv), loss=loss())
-        # Adam's slots made now, not in the first traced step, which tf.function would then
-        # trace twice (2.3 of this fit's 4.3 CPU-s): the same numbers
-        reference.optimizer.build(reference.trainable_variables)
-        history = reference.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False, verbose=0)
-        result.update(
-            trained=[w.tolist() for w in trained], initial=[w.tolist() for w in initial],
-            reference=[w.tolist() for w in flat(reference, names)],
-            reference_loss=history.history["loss"],
-            reference_evaluate=reference.evaluate(x, y, batch_size=GLOBAL, verbose=0),
-            reference_predict=reference.predict(x[:GLOBAL], batch_size=GLOBAL,
-                                                verbose=0).tolist())
+        result.update(trained=[w.tolist() for w in trained],
+                      initial=[w.tolist() for w in initial])
+        if "--no-reference" not in argv:
+            result.update(reference_results(tied, initial, names, x, y, argv))
         if save_dir:
             loaded = keras.models.load_model(os.path.join(save_dir, "model.keras"))
             result["reloaded"] = [w.tolist() for w in flat(loaded, names)]
@@ -251,3 +262,4 @@ def main(argv):
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    exit_after_report()

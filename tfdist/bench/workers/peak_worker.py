@@ -19,7 +19,7 @@ import numpy as np
 
 from tfdist.bench.memory import PeakSampler, rss_bytes
 from tfdist.probe.common import apply_threads
-from tfdist.testing import report
+from tfdist.testing import exit_after_report, report
 
 FEATURES = 16
 
@@ -73,3 +73,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_after_report()

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from tfdist.probe.common import apply_threads, median, time_call
-from tfdist.testing import report
+from tfdist.testing import exit_after_report, report
 
 FEATURES = 256
 
@@ -90,7 +90,7 @@ def interleaved(step: Any, alone: Any, slots: float, rounds: int = 6, per_round:
 
 
 def pipeline_seconds(strategy: Any, model: Any, keras: Any, x: Any, y: Any,
-                     micro_batches: int) -> dict[str, float]:
+                     micro_batches: int, rounds: int) -> dict[str, float]:
     """The pipelined step (custom loop) and the stage alone, timed in alternating rounds."""
     import tensorflow as tf
 
@@ -98,7 +98,7 @@ def pipeline_seconds(strategy: Any, model: Any, keras: Any, x: Any, y: Any,
     xs, ys = tf.constant(x), tf.constant(y)
     rows = len(x) // (micro_batches * strategy.num_replicas)
     slots = micro_batches + (strategy.stages - 1) / strategy.config.chunks
-    return interleaved(lambda: float(step(xs, ys)), stage_alone(model, rows), slots)
+    return interleaved(lambda: float(step(xs, ys)), stage_alone(model, rows), slots, rounds)
 
 
 def fit_seconds(model: Any, keras: Any, x: Any, y: Any, batch: int) -> dict[str, float]:
@@ -132,6 +132,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=6,
+                        help="pipeline: alternating rounds of steps and stage-alone runs")
     args = parser.parse_args(argv)
     apply_threads()
     import tfdist
@@ -151,7 +153,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     x = rng.normal(size=(samples, FEATURES)).astype("float32")
     if args.mode == "pipeline":
         result.update(pipeline_seconds(strategy, model, keras, x[: args.batch],
-                                       target(x[: args.batch]), args.micro_batches))
+                                       target(x[: args.batch]), args.micro_batches,
+                                       args.rounds))
         result["stage"] = strategy.stage_report()
     model.compile(optimizer=keras.optimizers.SGD(1e-4), loss="mse")
     if args.mode == "multi_worker":  # each worker reads its half of every global batch
@@ -168,3 +171,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_after_report()

@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist.probe.common import apply_threads, time_call
-from tfdist.testing import report
+from tfdist.testing import exit_after_report, report
 
 FEATURES, CLASSES, HIDDEN, SAMPLES = 128, 10, 256, 4096
 
@@ -149,3 +149,4 @@ if __name__ == "__main__":
     arguments = parse_args()
     apply_threads()
     report(measure(arguments))
+    exit_after_report()
