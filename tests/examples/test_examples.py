@@ -153,6 +153,7 @@ def test_custom_loop_resumes_its_epoch_counter_after_a_crash(tmp_path):
 
 
 @pytest.mark.unit
+@pytest.mark.cold_start  # warm, it would start a server (TensorFlow) for a process that needs none
 def test_an_unwritable_model_dir_is_a_usage_error_at_start(tmp_path):
     """Before: a traceback after the first epoch. Now: exit 2 before TensorFlow is imported."""
     blocker = tmp_path / "file"
