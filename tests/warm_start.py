@@ -78,7 +78,7 @@ _DEFAULTS = {"TF_USE_LEGACY_KERAS": "0"}
 _NOT_WARM = ("SLURM_JOB_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 """Processes started by Slurm or MPI stay cold: their launchers own them in other ways (Gloo
 ranks of `horovodrun` run warm: it starts, signals and stops them as the launcher does)."""
-WARM_MODULES = frozenset({"tfdist.server", "tfdist.probe.allreduce_worker"})
+WARM_MODULES = frozenset({"tfdist.server"})
 """Modules that run warm as tasks; not the launcher's own (``tfdist.launcher.remote`` watches
 its parent, which a forked task does not share)."""
 BENCH_WORKERS = ("tfdist.bench.workers.", "tfdist.probe.allreduce_worker")

@@ -205,9 +205,8 @@ def _build_optimizer(model: Any) -> None:
         return
     from keras.src import backend
 
-    with backend.name_scope(optimizer.name, caller=optimizer):
+    with backend.name_scope(optimizer.name, caller=optimizer):  # as its first `apply` would
         optimizer.build(model.trainable_variables)
-    optimizer.built = True
 
 
 _TF_KERAS_ONLY = {"experimental": "tf.keras.utils.experimental.DatasetCreator"}
