@@ -16,7 +16,11 @@ from tfdist.cluster import ClusterSpec
 pytestmark = [pytest.mark.multiprocess, pytest.mark.cold_start]  # peak RSS: not from a fork
 
 SCRIPT = Path(__file__).parent / "scripts" / "pipeline_peak.py"
-ENV = MALLOC_ENV  # resident memory follows what is allocated
+ENV = {**MALLOC_ENV, "TF_ENABLE_ONEDNN_OPTS": "0"}
+"""Resident memory follows what is allocated (`MALLOC_ENV`), and what TensorFlow allocates for
+the step, not oneDNN's cached copies of weights in its own layouts: with oneDNN on, an AMD EPYC
+measured the last stage at 185-218 MB (stage 0 131, one process 195-199), off 147 (140, 201);
+the Intel CPUs before, 148 with it on."""
 SLACK = 48e6
 """Activations (tens of kB here), the step's small tensors and the traced step (measured: 30-35
 MB above gradients + slots + one micro-batch's gradients, at M=1 as at M=8)."""

@@ -21,7 +21,14 @@ if not os.environ.get("TF_CONFIG"):
         tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 3)
 
 import numpy as np  # noqa: E402
-from graph_models import GLOBAL, MODELS, compile_args, keras, layer_weights  # noqa: E402
+from graph_models import (  # noqa: E402
+    GLOBAL,
+    MODELS,
+    compile_args,
+    floatx_of,
+    keras,
+    layer_weights,
+)
 
 import tfdist  # noqa: E402
 from tfdist.core import flavour  # noqa: E402
@@ -52,6 +59,11 @@ def fitted(model, x, y, loss, optimizer):
 def reference(name, steps=3):
     """Model ``name`` trained whole in this process: its initial and trained weights, its logged
     loss."""
+    with floatx_of(name):
+        return _reference(name, steps)
+
+
+def _reference(name, steps):
     build, data, loss, optimizer = MODELS[name]
     keras.utils.set_random_seed(1)
     whole = build()
@@ -64,6 +76,11 @@ def reference(name, steps=3):
 def run_case(case, steps=3):
     """Trains case ``model:stages:micro_batches:schedule[:flags]`` (flags: ``sabotage``,
     ``recompute``); returns its report."""
+    with floatx_of(case.split(":")[0]):
+        return _run_case(case, steps)
+
+
+def _run_case(case, steps):
     name, stages, micro, schedule, *flags = case.split(":")
     build, data, loss, optimizer = MODELS[name]
     strategy = tfdist.get_strategy("pipeline", stages=int(stages), micro_batches=int(micro),
