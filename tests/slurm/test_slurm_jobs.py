@@ -2,8 +2,8 @@
 
 The cluster (`slurm_cluster.SlurmCluster`) is private to the module: munged, slurmctld on fake
 host 0 and one slurmd on each of fake hosts 1 and 2 (network namespaces, nodes named by their
-addresses), all stopped at the end. Each job is the exported script, unchanged, run with
-``sbatch --wait``; the tasks report through ``TFDIST_RESULT_DIR`` (the hosts share this
+addresses), all stopped at the end. Each job is the exported script, unchanged, submitted with
+``sbatch`` and waited for; the tasks report through ``TFDIST_RESULT_DIR`` (the hosts share this
 filesystem). Synchronous jobs are compared with a local run of the same script and seed.
 """
 
@@ -70,7 +70,8 @@ def local_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def _submit(slurm: SlurmCluster, tmp: Path, options: JobOptions, *sbatch: str,
             prelude: str = "") -> tuple[int, str, dict]:
-    """Exports ``options`` for 2 nodes, runs it with ``sbatch --wait``; (status, log, results)."""
+    """Exports ``options`` for 2 nodes, submits it and waits for its end (`SlurmCluster.run_batch`);
+    (status, log, results)."""
     script = export_job(plan_job(options), "slurm", nodes=2, python=sys.executable)
     if prelude:  # a test's own step, run before the job's
         script = script.replace("set -euo pipefail\n", f"set -euo pipefail\n{prelude}\n")
@@ -79,8 +80,8 @@ def _submit(slurm: SlurmCluster, tmp: Path, options: JobOptions, *sbatch: str,
     results.mkdir()
     env = {**slurm.env, **_job_env(results)}
     log = tmp / "job.log"
-    done = slurm.client(["sbatch", "--wait", "--quiet", f"--output={log}", *sbatch,
-                         str(tmp / "job.sbatch")], cwd=tmp, env=env, timeout=JOB_TIMEOUT)
+    done = slurm.run_batch([f"--output={log}", *sbatch, str(tmp / "job.sbatch")], JOB_TIMEOUT,
+                           cwd=tmp, env=env)
     return done.returncode, log.read_text(errors="replace") + done.stderr, _collect(results)
 
 
