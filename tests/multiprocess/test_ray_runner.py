@@ -254,8 +254,10 @@ def test_a_killed_task_ends_the_job_naming_it(ray_cluster, tmp_path):
 
 
 def test_a_launcher_without_the_clusters_token_is_refused(ray_cluster, tmp_path):
-    proc = ray_cluster.launch(tmp_path, "--workers", "2", str(SCRIPTS / "launcher_task.py"),
-                              RAY_AUTH_TOKEN="0" * 64)
+    # Ray retries with a refused token for about 20 s before it gives up; the deadline (5 s)
+    # ends that first, with the same message
+    proc = ray_cluster.launch(tmp_path, "--workers", "2", "--ray-gang-timeout", "5",
+                              str(SCRIPTS / "launcher_task.py"), RAY_AUTH_TOKEN="0" * 64)
     out = _finish(proc, timeout=90)
     assert proc.returncode == 1, out
     assert f"Cannot reach the Ray cluster at --ray {ray_cluster.address}" in out
