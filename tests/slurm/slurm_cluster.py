@@ -165,27 +165,30 @@ class SlurmCluster:
 
     def run_batch(self, argv: Sequence[str], timeout: float,
                   **kwargs: object) -> subprocess.CompletedProcess[str]:
-        """``sbatch --wait`` ``argv``, waited for here: the job's exit status (its ``ExitCode``;
-        1 if it ended in another state than COMPLETED with 0) once ``scontrol`` shows it ended.
-        ``sbatch --wait`` polls with growing sleeps (2, 8, then 32 s here): a job of 12 s was
-        seen to end after 42. This polls every 0.2 s."""
+        """``sbatch ARGV`` and its end (`wait_job`): what ``sbatch --wait`` gives, without its
+        growing sleeps between polls (2, 8, then 32 s here: jobs of 7-10 s were seen to end
+        after 42)."""
         submitted = self.client(["sbatch", "--parsable", *argv], **kwargs)
         if submitted.returncode != 0:
             return submitted
-        job = submitted.stdout.strip().split(";")[0]
+        status = self.wait_job(submitted.stdout.strip().split(";")[0], timeout)
+        return subprocess.CompletedProcess(argv, status, submitted.stdout, submitted.stderr)
+
+    def wait_job(self, job: str, timeout: float) -> int:
+        """Polls ``scontrol`` every 0.2 s until job ``job`` has ended; its exit status (its
+        ``ExitCode``, or 1 if it ended in another state than COMPLETED with 0). Past
+        ``timeout`` seconds the job is cancelled and `subprocess.TimeoutExpired` raised."""
         deadline = time.monotonic() + timeout
         while True:
-            shown = self.client(["scontrol", "show", "job", "-o", job])
-            fields = dict(f.split("=", 1) for f in shown.stdout.split() if "=" in f)
+            shown = self.client(["scontrol", "show", "job", "-o", job]).stdout
+            fields = dict(f.split("=", 1) for f in shown.split() if "=" in f)
             state = fields.get("JobState", "")
             if state and state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
                 status = int(fields.get("ExitCode", "1:0").split(":")[0])
-                status = status or int(state != "COMPLETED")
-                return subprocess.CompletedProcess(argv, status, submitted.stdout,
-                                                   submitted.stderr + shown.stderr)
+                return status or int(state != "COMPLETED")
             if time.monotonic() > deadline:
                 self.client(["scancel", job])
-                raise subprocess.TimeoutExpired(argv, timeout)
+                raise subprocess.TimeoutExpired(["scontrol", "show", "job", job], timeout)
             time.sleep(0.2)
 
     def wait_nodes_idle(self, timeout: float) -> None:

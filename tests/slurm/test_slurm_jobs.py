@@ -185,20 +185,18 @@ def test_a_killed_task_ends_the_job_naming_it(slurm: SlurmCluster, tmp_path: Pat
                         python=sys.executable)
     (tmp_path / "job.sbatch").write_text(script)
     log = tmp_path / "job.log"
-    proc = subprocess.Popen(
-        slurm.hosts.exec_argv(0, ["sbatch", "--wait", "--quiet", f"--output={log}",
-                                  str(tmp_path / "job.sbatch")]),
-        env=slurm.env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    submitted = slurm.client(["sbatch", "--parsable", f"--output={log}",
+                              str(tmp_path / "job.sbatch")], cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
     try:
         victim = _wait_for_script(slurm, 2, sleeper)
         os.kill(victim, signal.SIGKILL)
-        out, _ = proc.communicate(timeout=60)
+        status = slurm.wait_job(job, timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        slurm.client(["scancel", job])  # a no-op once it has ended
     text = log.read_text(errors="replace")
-    assert proc.returncode != 0, text + out
+    assert status != 0, text
     second = slurm.nodes[1]
     assert f"[tfdist] task worker:1 (Slurm rank 1 on node {second}) was killed by SIGKILL" in text
     assert _nothing_left(slurm) == {}
