@@ -130,10 +130,11 @@ def _run_image(monkeypatch, tmp_path, runner, references):
     monkeypatch.setattr(advise.os, "getloadavg", lambda: (3.0, 0, 0))
     monkeypatch.setattr(advise, "_measured_step", lambda c, ex, result: 0.02)
     monkeypatch.setattr(advise, "RUNNERS", {k: runner for k in advise.RUNNERS})
+    monkeypatch.setattr(advise, "measure_overheads", lambda wanted, ex, net, *a: net)
     config = advise.AdviseBenchConfig(top=2, only=("image",))
     [image] = config.examples
     with open(tmp_path / "log", "w") as log:
-        rows, _ = advise.run_example(image, net, config, log)
+        rows, _, _ = advise.run_example(image, net, config, log)
     return rows
 
 
@@ -173,3 +174,52 @@ def test_examples_can_be_picked_by_name():
         "deep", "lm")
     with pytest.raises(SystemExit):
         cli.parse_args(["advise", "--examples", "nope"])
+
+
+def test_a_layouts_overhead_is_its_null_models_steps_less_the_formulas_and_joins_its_prediction(
+        monkeypatch, tmp_path):
+    from tfdist.advise import Cluster, network, predict
+    from tfdist.advise.model import Link
+    from tfdist.advise.profile import Line, ModelProfile
+
+    def null(weights):
+        return ModelProfile(names=("n",), params=(2,), param_bytes=(8,), activation_bytes=(8,),
+                            forward=(Line(0, 1e-6),), backward=(Line(0, 1e-6),),
+                            step=Line(1e-3, 0), optimizer_slots=0, embeddings=(), threads=1,
+                            batch=8, weight_tensors=weights)
+
+    nulls = {"null_4": null(8), "null_32": null(64)}
+    steps = {"null_4": 0.006, "null_32": 0.013}   # the 56 more weights: 7 ms more
+    link = Link(alpha=1e-4, beta=1e-15)
+    net = network.Constants(link, {"tf": link, "horovod": link}, 0.0, 2, {}, {},
+                            overheads={"tf_keras": {"horovod x2": (0.004, 0.0)}})
+    ran = []
+    monkeypatch.setattr(advise, "_profile",
+                        lambda ex, *a, **kw: advise.Profiled(nulls[ex.name], 0.0))
+    monkeypatch.setattr(advise, "usable_cores", lambda n: 2.0)
+    monkeypatch.setattr(advise, "RUNNERS", {k: lambda c, ex, *a: ran.append((c.label, ex.name))
+                                            or {"worker:0": {"step_s": steps[ex.name],
+                                                             "samples_per_step": 4}}
+                                            for k in advise.RUNNERS})
+    wanted = [Candidate("default", 1), Candidate("multi_worker", 2), Candidate("horovod", 2)]
+    deep = next(e for e in advise.EXAMPLES if e.name == "deep")
+    with open(tmp_path / "log", "w") as log:
+        got = advise.measure_overheads(wanted, deep, net, advise.AdviseBenchConfig(), log)
+    # one process: no overhead; horovod x2: known already; multi_worker x2: both nulls run
+    assert ran == [("multi_worker x2", "null_4"), ("multi_worker x2", "null_32")]
+    mw = Candidate("multi_worker", 2)
+    formula = predict(mw, null(8), {"tf": link}, Cluster(2, cores=2.0), 8).step_s
+    base, per_weight = got.overheads_of("tf_keras")["multi_worker x2"]
+    assert per_weight == pytest.approx(0.007 / 56)
+    assert base == pytest.approx(0.006 - formula - 8 * 0.007 / 56)
+    assert got.overheads_of("tf_keras")["horovod x2"] == (0.004, 0.0)
+    assert got.overheads_of("keras3") == {}
+    assert advise.flavour_of(LM) == "keras3" and advise.flavour_of(deep) == "tf_keras"
+    # a model of 20 weights under that layout carries base + 20 x per_weight as its own term
+    model = null(20)
+    plain = predict(mw, model, {"tf": link}, Cluster(2, cores=2.0), 8)
+    priced = predict(mw, model, {"tf": link}, Cluster(2, cores=2.0), 8,
+                     got.overheads_of("tf_keras"))
+    assert priced.step_s == pytest.approx(plain.step_s + base + 20 * per_weight)
+    assert [t.kind for t in priced.terms][-1] == "overhead"
+    assert network.Constants.from_json(got.to_json()) == got   # kept in the constants file

@@ -64,6 +64,11 @@ class Constants:
         in_graph: Backend -> its link for collectives inside a traced step (``"tf"``: the
             collective runtime the ``tensor`` strategy uses). Empty in constants measured
             before that probe existed (`in_graph_link` is then None).
+        overheads: Keras flavour (``"keras3"``, ``"tf_keras"``) -> layout label
+            (``"multi_worker x2"``) -> ``(base, per_weight)``: the seconds per step that
+            layout costs beyond what the formulas price, ``base + per_weight x`` the model's
+            weight tensors; from two null models' steps measured under it, less their
+            predictions (`tfdist.bench.advise.measure_overheads`). Empty: none measured.
     """
 
     p2p: Link
@@ -73,6 +78,13 @@ class Constants:
     machine: Mapping[str, Any]
     samples: Mapping[str, Sequence[Sequence[float]]]
     in_graph: Mapping[str, Link] = dataclasses.field(default_factory=dict)
+    overheads: Mapping[str, Mapping[str, tuple[float, float]]] = dataclasses.field(
+        default_factory=dict)
+
+    def overheads_of(self, flavour: str) -> Mapping[str, tuple[float, float]]:
+        """Layout label -> its measured ``(base, per_weight)`` overhead seconds under Keras
+        ``flavour`` (empty: none measured)."""
+        return self.overheads.get(flavour, {})
 
     def in_graph_link(self, backend: str = "tf") -> Link | None:
         """The in-graph link of ``backend``; None where the constants have none (older files)."""
@@ -91,7 +103,9 @@ class Constants:
                    backends={k: Link(**v) for k, v in data["backends"].items()},
                    gamma=float(data["gamma"]), processes=int(data["processes"]),
                    machine=dict(data["machine"]), samples=dict(data["samples"]),
-                   in_graph={k: Link(**v) for k, v in data.get("in_graph", {}).items()})
+                   in_graph={k: Link(**v) for k, v in data.get("in_graph", {}).items()},
+                   overheads={flavour: {label: tuple(pair) for label, pair in v.items()}
+                              for flavour, v in data.get("overheads", {}).items()})
 
 
 def fit_ring(sizes: Sequence[float], seconds: Sequence[float], p: int, gamma: float) -> Link:

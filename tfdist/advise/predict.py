@@ -281,11 +281,21 @@ COSTS: Mapping[str, Callable[..., tuple[list[Term], float]]] = {
 
 
 def predict(candidate: Candidate, prof: ModelProfile, links: Mapping[str, Link],
-            cluster: Cluster, batch: int) -> Prediction:
-    """The predicted step of ``candidate`` (``links``: backend name -> fitted link)."""
+            cluster: Cluster, batch: int,
+            overheads: Mapping[str, Sequence[float]] | None = None) -> Prediction:
+    """The predicted step of ``candidate`` (``links``: backend name -> fitted link;
+    ``overheads``: layout label -> its measured ``(base, per_weight)`` seconds per step
+    beyond the formulas, `network.Constants.overheads`)."""
     split = candidate.stages > 1 or candidate.tensor > 1  # whichever strategy runs it
     cost = _pipeline if split else COSTS[candidate.strategy]
     terms, memory = cost(candidate, prof, links, cluster, batch)
+    base, per_weight = (overheads or {}).get(candidate.label, (0.0, 0.0))
+    extra = base + per_weight * prof.weight_tensors
+    if extra > 0:
+        terms.append(Term("overhead", extra / cluster.speed,
+                          f"the layout's own cost per step: {base * 1e3:.2f} ms + "
+                          f"{per_weight * 1e6:.0f} us x {prof.weight_tensors} weights (null "
+                          "models measured under it, beyond the formulas)"))
     fits = cluster.device_memory is None or memory <= cluster.device_memory
     return Prediction(candidate, tuple(terms), memory, fits, batch)
 

@@ -1,12 +1,14 @@
 """Per-layer forward/backward time of a Keras model on this machine, and its whole training step.
 
 `profile_model` times each layer alone (its forward, then forward + backward, in a
-``tf.function``, on inputs of the shapes the model feeds it) at two batch sizes and fits a line
-``t(b) = c0 + c1 b`` to each, so a cost at any per-device batch (a replica's share, a
-micro-batch) is read off without measuring again. The whole training step (forward, backward,
-the model's own optimizer) is timed the same way: it carries what the layers alone miss (the
-loss, the update, the dispatch of one step). Sizes come from the model: parameters and bytes per
-layer, activation bytes per sample, and for each ``Embedding`` the rows a batch touches.
+``tf.function``, on inputs of the shapes the model feeds it) at the batch and its half, quarter
+and eighth (`profile_batches`: the per-process batch of 2, 4 and 8 replicas, and micro-batches),
+and keeps the points with a least-squares line ``t(b) = c0 + c1 b`` (`fit_curve`): a cost at a
+measured batch is read as measured, between two of them straight, beyond them off the line.
+The whole training step (forward, backward, the model's own optimizer) is timed the same way:
+it carries what the layers alone miss (the loss, the update, the dispatch of one step). Sizes
+come from the model: parameters and bytes per layer, activation bytes per sample, and for each
+``Embedding`` the rows a batch touches.
 
 Example:
     >>> from tfdist.core import flavour
@@ -31,23 +33,38 @@ import numpy as np
 from tfdist.core import flavour
 from tfdist.errors import AdviseError, format_error
 
-__all__ = ["Line", "EmbeddingUse", "ModelProfile", "profile_model", "fit_line", "tensor_parts",
+__all__ = ["Line", "EmbeddingUse", "ModelProfile", "profile_model", "profile_batches", "fit_line",
+           "fit_curve", "tensor_parts",
            "SPLIT_CLASSES"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Line:
-    """``seconds(batch) = c0 + c1 * batch``.
+    """``seconds(batch) = c0 + c1 * batch``, or where measured points are known
+    (``points``: ``(batch, seconds)``, batches ascending), straight between the two points
+    around ``batch``, the line beyond them. A step is not a line in the batch everywhere:
+    oneDNN and Keras change kernels and paths with the batch (the deep MLP's ``fit`` step
+    here: 3.7, 4.9, 7.0, 11.8 ms at 32, 64, 128, 256 rows), so the batches a layout trains
+    (a replica's share, a micro-batch) are measured, not read off a line through two.
 
     Example:
         >>> Line(0.001, 1e-5).at(100)
         0.002
+        >>> Line(0.0, 1.0, points=((1, 1.0), (3, 9.0))).at(2)   # between the points
+        5.0
     """
 
     c0: float
     c1: float
+    points: tuple[tuple[float, float], ...] = ()
+
+    def __post_init__(self) -> None:  # from JSON: lists
+        object.__setattr__(self, "points", tuple((float(b), float(t)) for b, t in self.points))
 
     def at(self, batch: float) -> float:
+        if len(self.points) > 1 and self.points[0][0] <= batch <= self.points[-1][0]:
+            xs, ys = zip(*self.points, strict=True)
+            return max(0.0, float(np.interp(batch, xs, ys)))
         return max(0.0, self.c0 + self.c1 * batch)
 
 
@@ -63,6 +80,21 @@ def fit_line(x: Sequence[float], y: Sequence[float]) -> Line:
         return Line(0.0, float(np.mean(y)) / float(np.mean(x)))
     c1, c0 = np.polyfit(np.asarray(x, float), np.asarray(y, float), 1)
     return Line(float(c0), float(c1))
+
+
+def fit_curve(x: Sequence[float], y: Sequence[float]) -> Line:
+    """`fit_line`, keeping the points themselves (one per batch, the median of its
+    readings), so `Line.at` reads a measured batch as measured.
+
+    Example:
+        >>> curve = fit_curve([32, 64, 128, 256], [3.7, 4.9, 7.0, 11.8])
+        >>> curve.at(128), round(curve.at(96), 2)
+        (7.0, 5.95)
+    """
+    line = fit_line(x, y)
+    points = tuple((float(b), float(np.median([t for xb, t in zip(x, y, strict=True)
+                                                 if xb == b]))) for b in sorted(set(x)))
+    return dataclasses.replace(line, points=points)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +147,9 @@ class ModelProfile:
         loop_s: Seconds per step of Keras's ``fit`` loop itself (a one-weight model's step:
             the callbacks, the iterator, the call), part of ``step``; every process of a split
             layout pays it whole (0: not measured).
+        weight_tensors: The model's trainable weight tensors (kernels, biases, tables): a
+            layout's measured overhead grows with them (`network.Constants.overheads`);
+            0: not counted.
     """
 
     names: tuple[str, ...]
@@ -132,6 +167,7 @@ class ModelProfile:
     reductions: tuple[tuple[int, int], ...] = ()
     heads: int = 0
     loop_s: float = 0.0
+    weight_tensors: int = 0
 
     @property
     def total_param_bytes(self) -> int:
@@ -431,6 +467,20 @@ def _logit_reductions(layers: Sequence[Any], activation_bytes: Sequence[int]) ->
     return [(index, int(activation_bytes[index - 1])), *[(index, int(per_token))] * 3]
 
 
+def profile_batches(batch: int, small_batch: int | None = None) -> list[int]:
+    """The batches a profile measures: ``batch`` and its half, quarter and eighth (the
+    per-process batch of 2, 4 and 8 replicas, and pipeline micro-batches), or ``batch`` and
+    ``small_batch`` where one is given.
+
+    Example:
+        >>> profile_batches(256), profile_batches(32, small_batch=4), profile_batches(2)
+        ([32, 64, 128, 256], [4, 32], [1, 2])
+    """
+    if small_batch:
+        return sorted({max(1, small_batch), batch})
+    return sorted({max(1, batch // k) for k in (8, 4, 2, 1)})
+
+
 def profile_model(model: Any, batch: int, data: Any = None, repeats: int = 5,
                   small_batch: int | None = None, labels: Any = None) -> ModelProfile:
     """Measures ``model`` (a built Keras model) at ``batch`` and a smaller batch.
@@ -442,7 +492,8 @@ def profile_model(model: Any, batch: int, data: Any = None, repeats: int = 5,
         data: Optional inputs (array, list or dict of arrays, at least ``batch`` rows): used
             for the step and to count the embedding rows a batch touches.
         repeats: Timed calls per measurement (median taken).
-        small_batch: The second batch size (default ``batch // 8``, at least 1).
+        small_batch: Measure only ``batch`` and this batch (default: ``batch`` and its
+            half, quarter and eighth, `profile_batches`).
         labels: Targets for ``data``: with them, a compiled model's step is timed in its own
             ``fit`` (its loss, optimizer and Keras's loop), else in a ``tf.function`` step with a
             squared loss and a fresh copy of its optimizer.
@@ -460,7 +511,7 @@ def profile_model(model: Any, batch: int, data: Any = None, repeats: int = 5,
         raise AdviseError(format_error("The model has no layers to profile.",
                                        received=f"model {model.name!r}", expected="a built model",
                                        fix="build the model with keras.Input first"))
-    sizes = sorted({max(1, small_batch or batch // 8), batch})
+    sizes = profile_batches(batch, small_batch)
     fwd, both = {b: [] for b in sizes}, {b: [] for b in sizes}
     overhead = _call_overhead(repeats)
     for b in sizes:
@@ -486,10 +537,12 @@ def profile_model(model: Any, batch: int, data: Any = None, repeats: int = 5,
         param_bytes=tuple(sum(int(np.prod(w.shape)) * 4 for w in layer.weights)
                           for layer in layers),
         activation_bytes=activation_bytes,
-        forward=tuple(fit_line(sizes, [fwd[b][i] for b in sizes]) for i in range(len(layers))),
-        backward=tuple(fit_line(sizes, [both[b][i] for b in sizes]) for i in range(len(layers))),
-        step=fit_line(sizes, step_s),
+        forward=tuple(fit_curve(sizes, [fwd[b][i] for b in sizes]) for i in range(len(layers))),
+        backward=tuple(fit_curve(sizes, [both[b][i] for b in sizes])
+                       for i in range(len(layers))),
+        step=fit_curve(sizes, step_s),
         optimizer_slots=_slots(optimizer, len(model.trainable_weights)),
         embeddings=_embeddings(model, data, batch),
         threads=tf.config.threading.get_intra_op_parallelism_threads(), batch=batch,
-        split_bytes=split_bytes, reductions=reductions, heads=heads, loop_s=loop_s)
+        split_bytes=split_bytes, reductions=reductions, heads=heads, loop_s=loop_s,
+        weight_tensors=len(model.trainable_weights))

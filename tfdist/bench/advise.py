@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any
 
 from tfdist.advise import Candidate, Cluster, ModelProfile, advise, network, predict
@@ -56,7 +56,8 @@ from tfdist.mesh import MESH_ENV, Mesh
 from tfdist.probe import jobs
 from tfdist.probe.common import THREADS_ENV
 
-__all__ = ["Example", "EXAMPLES", "EXAMPLE_NAMES", "AdviseBenchConfig", "run", "summarize"]
+__all__ = ["Example", "EXAMPLES", "EXAMPLE_NAMES", "NULLS", "AdviseBenchConfig", "run",
+           "summarize", "measure_overheads", "overhead_line", "flavour_of"]
 
 KERAS3 = {LEGACY_KERAS_ENV: "0"}
 """The LM's jobs: the ``tensor`` strategy's split layers are Keras 3's (its traits), so every
@@ -76,6 +77,11 @@ class Example:
     headline: str
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
+
+NULLS = (Example("null_4", 8, "multi_worker"), Example("null_32", 8, "multi_worker"))
+"""The null models (`advise_worker`: chains of 4 and 32 LayerNormalizations, 8 and 64
+weights, 8 rows a step): their steps under a layout are what the layout costs whatever the
+model, and per weight."""
 
 EXAMPLES = (Example("image", 64, "multi_worker"), Example("ctr", 256, "parameter_server"),
             Example("deep", 256, "pipeline"), Example("lm", 32, "tensor", KERAS3))
@@ -193,13 +199,15 @@ def _reference(ex: Example, config: AdviseBenchConfig, log: IO[str]) -> float:
     return float(got["step_s"])
 
 
-def _profile(ex: Example, config: AdviseBenchConfig, log: IO[str]) -> Profiled:
+def _profile(ex: Example, config: AdviseBenchConfig, log: IO[str],
+             reference: bool = True) -> Profiled:
     args = ["--example", ex.name, "--profile", "--batch", str(ex.batch), "--repeats",
             str(max(5, config.repeats))]
     got = dict(jobs.first_report(jobs.run_local(_MODULE, args, env=config.child_env(ex),
                                                 log=log, timeout=config.timeout)))
     got.pop(RUN_QUEUE, None)
-    return Profiled(ModelProfile.from_json(got), _reference(ex, config, log))
+    return Profiled(ModelProfile.from_json(got),
+                    _reference(ex, config, log) if reference else float("nan"))
 
 
 def _cores(processes: int) -> dict[str, float]:
@@ -237,6 +245,55 @@ def _measure(c: Candidate, ex: Example, config: AdviseBenchConfig, profiled: Pro
     return _measured_step(c, ex, result), load
 
 
+def flavour_of(ex: Example) -> str:
+    """The Keras ``ex``'s jobs train with: tf-keras (the jobs' default), Keras 3 where its
+    environment says so."""
+    return "keras3" if ex.env.get(LEGACY_KERAS_ENV) == "0" else "tf_keras"
+
+
+def measure_overheads(wanted: Iterable[Candidate], ex: Example, net: network.Constants,
+                      config: AdviseBenchConfig, log: IO[str]) -> network.Constants:
+    """``net`` with the overhead of each layout in ``wanted`` that it lacks under ``ex``'s
+    Keras: each of the `NULLS` trained under the layout (the same runner and timing as the
+    examples), less what the formulas predict for it from its own profile, gives a residual;
+    the two residuals give ``(base, per_weight)`` (each at least 0: where the formulas price
+    it all, none). One-process layouts have none (the profile is theirs)."""
+    nulls = [dataclasses.replace(null, env=dict(ex.env)) for null in NULLS]
+    flavour = flavour_of(ex)
+    known = {k: dict(v) for k, v in net.overheads.items()}
+    have = known.setdefault(flavour, {})
+    todo = [c for c in wanted if c.processes > 1 and c.label not in have]
+    if not todo:
+        return net
+    profiles = [_profile(null, config, log, reference=False).profile for null in nulls]
+    cluster = Cluster(processes=config.np, cores=usable_cores(min(config.np, os.cpu_count() or 1)))
+    for c in todo:
+        print(f"[tfdist-bench] advise overhead ({flavour}): {c.label} ...", flush=True)
+        residual = [_measured_step(c, null, RUNNERS[c.strategy](c, null, config, log))
+                    - predict(c, prof, links_of(net), cluster, null.batch).step_s
+                    for null, prof in zip(nulls, profiles, strict=True)]
+        have[c.label] = overhead_line(
+            [prof.weight_tensors for prof in profiles], residual)
+    return dataclasses.replace(net, overheads=known)
+
+
+def overhead_line(weights: Sequence[int], residual: Sequence[float]) -> tuple[float, float]:
+    """``(base, per_weight)`` through two nulls' residual seconds, neither below 0.
+
+    Example:
+        >>> overhead_line([8, 64], [0.003, 0.010])          # 0.125 ms a weight, 2 ms base
+        (0.002, 0.000125)
+        >>> overhead_line([8, 64], [0.004, 0.001])          # fewer with more weights: flat
+        (0.0025, 0.0)
+    """
+    (w0, w1), (r0, r1) = weights, residual
+    per_weight = max(0.0, (r1 - r0) / (w1 - w0))
+    if per_weight == 0.0:
+        return max(0.0, (r0 + r1) / 2), 0.0
+    base = max(0.0, r0 - per_weight * w0)
+    return round(base, 12), round(per_weight, 12)
+
+
 def _chosen(advice: Any, ex: Example, top: int) -> list[Any]:
     picked = list(advice.predictions[:top])
     if all(p.candidate.strategy != ex.headline for p in picked):
@@ -245,16 +302,20 @@ def _chosen(advice: Any, ex: Example, top: int) -> list[Any]:
 
 
 def run_example(ex: Example, net: network.Constants, config: AdviseBenchConfig,
-                log: IO[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Profiles, advises and measures one example: one row per measured candidate, and the
-    profile (as JSON)."""
+                log: IO[str]) -> tuple[list[dict[str, Any]], dict[str, Any], network.Constants]:
+    """Profiles, advises and measures one example: one row per measured candidate, the
+    profile (as JSON), and ``net`` with the overheads of the layouts considered."""
     profiled = _profile(ex, config, log)
     prof = profiled.profile
     # What the processes really get on this (shared) machine, measured just after the profile.
     cores = usable_cores(min(config.np, os.cpu_count() or 1))
     cluster = Cluster(processes=config.np, cores=cores)
-    advice = advise(None, cluster, batch=ex.batch, constants=net, profile=prof,
-                    micro_batches=(4,), max_ps=1, script=f"keras_examples/{ex.name}.py")
+    ask = lambda constants: advise(  # noqa: E731
+        None, cluster, batch=ex.batch, constants=constants, profile=prof, micro_batches=(4,),
+        max_ps=1, script=f"keras_examples/{ex.name}.py", flavour=flavour_of(ex))
+    net = measure_overheads((p.candidate for p in ask(net).predictions), ex, net, config, log)
+    advice = ask(net)
+    overheads = net.overheads_of(flavour_of(ex))
     rows, previous = [], profiled.reference
     for p in _chosen(advice, ex, config.top):
         c = p.candidate
@@ -262,14 +323,14 @@ def run_example(ex: Example, net: network.Constants, config: AdviseBenchConfig,
         measured, load = _measure(c, ex, config, profiled, previous, log)
         previous = load.pop("reference_after")
         met = dataclasses.replace(cluster, cores=load["cores"], speed=load["speed"])
-        now = predict(c, prof, links_of(net), met, ex.batch)
+        now = predict(c, prof, links_of(net), met, ex.batch, overheads)
         rows.append({"example": ex.name, "candidate": c.label,
                      "predicted_rank": advice.predictions.index(p) + 1,
                      "predicted_ms": now.step_s * 1e3, "measured_ms": measured * 1e3,
                      "error": now.step_s / measured - 1, "why": now.why(),
                      "at_profile_ms": p.step_s * 1e3,
                      "at_profile_error": p.step_s / measured - 1, **load})
-    return rows, {**prof.to_json(), "reference_ms": profiled.reference * 1e3}
+    return rows, {**prof.to_json(), "reference_ms": profiled.reference * 1e3}, net
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -303,7 +364,7 @@ def run(config: AdviseBenchConfig, log: IO[str]) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     profiles: dict[str, Any] = {}
     for ex in config.examples:
-        got, profiles[ex.name] = run_example(ex, net, config, log)
+        got, profiles[ex.name], net = run_example(ex, net, config, log)
         rows += got
 
     summary = summarize(rows)
