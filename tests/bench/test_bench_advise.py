@@ -197,10 +197,12 @@ def test_a_layouts_overhead_is_its_null_models_steps_less_the_formulas_and_joins
     monkeypatch.setattr(advise, "_profile",
                         lambda ex, *a, **kw: advise.Profiled(nulls[ex.name], 0.0))
     monkeypatch.setattr(advise, "usable_cores", lambda n: 2.0)
-    monkeypatch.setattr(advise, "RUNNERS", {k: lambda c, ex, *a: ran.append((c.label, ex.name))
-                                            or {"worker:0": {"step_s": steps[ex.name],
-                                                             "samples_per_step": 4}}
-                                            for k in advise.RUNNERS})
+    def runner(c, ex, config, log, extra=()):
+        ran.append((c.label, ex.name))
+        idle = {"helper_cores": 0.25} if "--idle-seconds" in extra else {}  # the larger null's
+        return {"worker:0": {"step_s": steps[ex.name], "samples_per_step": 4, **idle}}
+
+    monkeypatch.setattr(advise, "RUNNERS", {k: runner for k in advise.RUNNERS})
     wanted = [Candidate("default", 1), Candidate("multi_worker", 2), Candidate("horovod", 2)]
     deep = next(e for e in advise.EXAMPLES if e.name == "deep")
     with open(tmp_path / "log", "w") as log:
@@ -209,9 +211,10 @@ def test_a_layouts_overhead_is_its_null_models_steps_less_the_formulas_and_joins
     assert ran == [("multi_worker x2", "null_4"), ("multi_worker x2", "null_32")]
     mw = Candidate("multi_worker", 2)
     formula = predict(mw, null(8), {"tf": link}, Cluster(2, cores=2.0), 8).step_s
-    base, per_weight = got.overheads_of("tf_keras")["multi_worker x2"]
+    base, per_weight, helper = got.overheads_of("tf_keras")["multi_worker x2"]
     assert per_weight == pytest.approx(0.007 / 56)
     assert base == pytest.approx(0.006 - formula - 8 * 0.007 / 56)
+    assert helper == 0.25
     assert got.overheads_of("tf_keras")["horovod x2"] == (0.004, 0.0)
     assert got.overheads_of("keras3") == {}
     assert advise.flavour_of(LM) == "keras3" and advise.flavour_of(deep) == "tf_keras"
@@ -220,6 +223,10 @@ def test_a_layouts_overhead_is_its_null_models_steps_less_the_formulas_and_joins
     plain = predict(mw, model, {"tf": link}, Cluster(2, cores=2.0), 8)
     priced = predict(mw, model, {"tf": link}, Cluster(2, cores=2.0), 8,
                      got.overheads_of("tf_keras"))
-    assert priced.step_s == pytest.approx(plain.step_s + base + 20 * per_weight)
+    # ... and its compute shares the 2 cores with the helper threads: 2 x 1.25 busy on 2
+    crowded = predict(mw, model, {"tf": link}, Cluster(2, cores=2.0 / 1.25), 8)
+    assert priced.step_s == pytest.approx(crowded.step_s + base + 20 * per_weight)
+    assert crowded.terms[0].seconds == pytest.approx(plain.terms[0].seconds * 1.25)
     assert [t.kind for t in priced.terms][-1] == "overhead"
+    assert "its helper threads take 0.25 cores a process" in priced.terms[-1].detail
     assert network.Constants.from_json(got.to_json()) == got   # kept in the constants file

@@ -65,10 +65,12 @@ class Constants:
             collective runtime the ``tensor`` strategy uses). Empty in constants measured
             before that probe existed (`in_graph_link` is then None).
         overheads: Keras flavour (``"keras3"``, ``"tf_keras"``) -> layout label
-            (``"multi_worker x2"``) -> ``(base, per_weight)``: the seconds per step that
-            layout costs beyond what the formulas price, ``base + per_weight x`` the model's
-            weight tensors; from two null models' steps measured under it, less their
-            predictions (`tfdist.bench.advise.measure_overheads`). Empty: none measured.
+            (``"multi_worker x2"``) -> ``(base, per_weight, helper_cores)``: the seconds per
+            step that layout costs beyond what the formulas price, ``base + per_weight x``
+            the model's weight tensors, from two null models' steps measured under it less
+            their predictions; and the cores each of its processes' helper threads keep busy
+            (Horovod's background loop), measured while it sleeps
+            (`tfdist.bench.advise.measure_overheads`). Empty: none measured.
     """
 
     p2p: Link
@@ -78,11 +80,11 @@ class Constants:
     machine: Mapping[str, Any]
     samples: Mapping[str, Sequence[Sequence[float]]]
     in_graph: Mapping[str, Link] = dataclasses.field(default_factory=dict)
-    overheads: Mapping[str, Mapping[str, tuple[float, float]]] = dataclasses.field(
+    overheads: Mapping[str, Mapping[str, tuple[float, ...]]] = dataclasses.field(
         default_factory=dict)
 
-    def overheads_of(self, flavour: str) -> Mapping[str, tuple[float, float]]:
-        """Layout label -> its measured ``(base, per_weight)`` overhead seconds under Keras
+    def overheads_of(self, flavour: str) -> Mapping[str, tuple[float, ...]]:
+        """Layout label -> its measured ``(base, per_weight, helper_cores)`` under Keras
         ``flavour`` (empty: none measured)."""
         return self.overheads.get(flavour, {})
 

@@ -284,18 +284,24 @@ def predict(candidate: Candidate, prof: ModelProfile, links: Mapping[str, Link],
             cluster: Cluster, batch: int,
             overheads: Mapping[str, Sequence[float]] | None = None) -> Prediction:
     """The predicted step of ``candidate`` (``links``: backend name -> fitted link;
-    ``overheads``: layout label -> its measured ``(base, per_weight)`` seconds per step
-    beyond the formulas, `network.Constants.overheads`)."""
+    ``overheads``: layout label -> its measured ``(base, per_weight[, helper_cores])``:
+    seconds per step beyond the formulas, and the cores each process's helper threads keep
+    busy, which the compute then shares the cores with; `network.Constants.overheads`)."""
+    base, per_weight, *more = (overheads or {}).get(candidate.label, (0.0, 0.0))
+    helper = more[0] if more and candidate.processes > 1 else 0.0
+    if helper > 0:  # P processes on C cores, each with helper threads: as if on C / (1 + h)
+        cluster = dataclasses.replace(cluster, cores=cluster.cores / (1 + helper))
     split = candidate.stages > 1 or candidate.tensor > 1  # whichever strategy runs it
     cost = _pipeline if split else COSTS[candidate.strategy]
     terms, memory = cost(candidate, prof, links, cluster, batch)
-    base, per_weight = (overheads or {}).get(candidate.label, (0.0, 0.0))
     extra = base + per_weight * prof.weight_tensors
     if extra > 0:
         terms.append(Term("overhead", extra / cluster.speed,
                           f"the layout's own cost per step: {base * 1e3:.2f} ms + "
                           f"{per_weight * 1e6:.0f} us x {prof.weight_tensors} weights (null "
-                          "models measured under it, beyond the formulas)"))
+                          "models measured under it, beyond the formulas)"
+                          + (f"; its helper threads take {helper:.2f} cores a process"
+                             if helper > 0 else "")))
     fits = cluster.device_memory is None or memory <= cluster.device_memory
     return Prediction(candidate, tuple(terms), memory, fits, batch)
 

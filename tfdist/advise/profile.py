@@ -522,7 +522,9 @@ def profile_model(model: Any, batch: int, data: Any = None, repeats: int = 5,
     step, optimizer = _step_fn(model)
     loop_s = 0.0
     if labels is not None and data is not None and getattr(model, "optimizer", None) is not None:
-        step_s = [_fit_step_s(model, data, labels, b, 4 * repeats) for b in sizes]
+        # 40 steps a batch at the default 5 repeats: a step of 10-20 ms read over 20 steps
+        # moved by 12% between two profiles of the same model minutes apart
+        step_s = [_fit_step_s(model, data, labels, b, 8 * repeats) for b in sizes]
         loop_s = _loop_s(4 * repeats)
     else:
         step_s = [_median_seconds(lambda b=b: step(_inputs_for(model, b, data)), repeats)

@@ -47,8 +47,9 @@ from typing import IO, Any
 from tfdist.advise import Candidate, Cluster, ModelProfile, advise, network, predict
 from tfdist.advise.advisor import links_of
 from tfdist.advise.cores import usable_cores
+from tfdist.advise.profile import fit_curve
 from tfdist.bench.workers import WORKERS
-from tfdist.bench.workers.advise_worker import RUN_QUEUE
+from tfdist.bench.workers.advise_worker import HELPER_CORES, RUN_QUEUE
 from tfdist.cluster import ClusterSpec
 from tfdist.core.flavour import LEGACY_KERAS_ENV
 from tfdist.core.registry import strategy_traits
@@ -114,20 +115,24 @@ class AdviseBenchConfig:
         return {THREADS_ENV: "1,1", **example.env, **self.env}
 
 
-def _args(example: Example, batch: int, config: AdviseBenchConfig, c: Candidate) -> list[str]:
+def _args(example: Example, batch: int, config: AdviseBenchConfig, c: Candidate,
+          extra: Sequence[str] = ()) -> list[str]:
     # Asynchronous workers: fit schedules steps ahead, so time whole fits instead of steps.
     timing = ["--timing", "difference", "--steps", str(3 * config.steps)] if c.ps else [
         "--steps", str(config.steps)]
     return ["--example", example.name, "--train", "--batch", str(batch), "--repeats",
-            str(config.repeats), *timing]
+            str(config.repeats), *timing, *extra]
 
 
-def _local(c: Candidate, ex: Example, config: AdviseBenchConfig, log: IO[str]) -> Any:
-    return jobs.run_local(_MODULE, _args(ex, ex.batch, config, c), env=config.child_env(ex),
+def _local(c: Candidate, ex: Example, config: AdviseBenchConfig, log: IO[str],
+           extra: Sequence[str] = ()) -> Any:
+    return jobs.run_local(_MODULE, _args(ex, ex.batch, config, c, extra),
+                          env=config.child_env(ex),
                           log=log, timeout=config.timeout)
 
 
-def _tf(c: Candidate, ex: Example, config: AdviseBenchConfig, log: IO[str]) -> Any:
+def _tf(c: Candidate, ex: Example, config: AdviseBenchConfig, log: IO[str],
+        extra: Sequence[str] = ()) -> Any:
     env = {**config.child_env(ex), "TFDIST_STRATEGY": c.strategy}
     batch = ex.batch // c.processes
     if c.stages > 1:
@@ -139,16 +144,18 @@ def _tf(c: Candidate, ex: Example, config: AdviseBenchConfig, log: IO[str]) -> A
                 strategy_traits(c.strategy).launch_options["tensor"]: str(c.tensor)}
         batch = ex.batch  # every process reads the global batch, as in a pipeline
     spec = ClusterSpec.local(workers=c.processes, ps=c.ps, chief=bool(c.ps), host="127.0.0.1")
-    return jobs.run_tf(spec, _SCRIPT, _args(ex, batch, config, c), env=env, log=log,
+    return jobs.run_tf(spec, _SCRIPT, _args(ex, batch, config, c, extra), env=env, log=log,
                        timeout=config.timeout)
 
 
-def _horovod(c: Candidate, ex: Example, config: AdviseBenchConfig, log: IO[str]) -> Any:
-    return jobs.run_horovod(c.processes, _MODULE, _args(ex, ex.batch // c.processes, config, c),
+def _horovod(c: Candidate, ex: Example, config: AdviseBenchConfig, log: IO[str],
+             extra: Sequence[str] = ()) -> Any:
+    return jobs.run_horovod(c.processes, _MODULE,
+                            _args(ex, ex.batch // c.processes, config, c, extra),
                             env=config.child_env(ex), log=log, timeout=config.timeout)
 
 
-RUNNERS: Mapping[str, Callable[[Candidate, Example, AdviseBenchConfig, IO[str]], Any]] = {
+RUNNERS: Mapping[str, Callable[..., Any]] = {
     "default": _local, "multi_worker": _tf, "parameter_server": _tf, "pipeline": _tf,
     "horovod": _horovod, "tensor": _tf}
 """Strategy -> how the benchmark starts a job of it. Tensor layouts (``tensor``, D x T) are
@@ -189,11 +196,13 @@ REFERENCE_STEPS = ("--steps", "20", "--repeats", "2", "--warmup-steps", "5")
 """A reference job: 20-step fits, twice, after 5 warm-up steps (15-25 s with start-up)."""
 
 
-def _reference(ex: Example, config: AdviseBenchConfig, log: IO[str]) -> float:
-    """Seconds of one process's training step of ``ex`` now: the ``default x1`` job, short.
-    Against the same reading right after the profile, it says how fast a process of this
-    model trains now (`Cluster.speed`), under the machine's load of this moment."""
-    args = ["--example", ex.name, "--train", "--batch", str(ex.batch), *REFERENCE_STEPS]
+def _reference(ex: Example, config: AdviseBenchConfig, log: IO[str],
+               batch: int | None = None) -> float:
+    """Seconds of one process's training step of ``ex`` now: the ``default x1`` job, short
+    (at ``batch`` rows, default the example's). Against the same reading right after the
+    profile, it says how fast a process of this model trains now (`Cluster.speed`), under
+    the machine's load of this moment."""
+    args = ["--example", ex.name, "--train", "--batch", str(batch or ex.batch), *REFERENCE_STEPS]
     got = jobs.first_report(jobs.run_local(_MODULE, args, env=config.child_env(ex), log=log,
                                            timeout=config.timeout))
     return float(got["step_s"])
@@ -201,13 +210,22 @@ def _reference(ex: Example, config: AdviseBenchConfig, log: IO[str]) -> float:
 
 def _profile(ex: Example, config: AdviseBenchConfig, log: IO[str],
              reference: bool = True) -> Profiled:
+    """``ex``'s profile; with ``reference``, its whole step read again as the jobs meet it: a
+    fresh one-process job at each batch the profile measured (`_reference`), since a step
+    measured in one process after other batches runs faster than a job's (the LM's 16-row
+    step: 12.5 ms in the profile after its 4- and 8-row steps, 16.1-16.6 in a fresh process,
+    whether fit on a plain or a distributed dataset)."""
     args = ["--example", ex.name, "--profile", "--batch", str(ex.batch), "--repeats",
             str(max(5, config.repeats))]
     got = dict(jobs.first_report(jobs.run_local(_MODULE, args, env=config.child_env(ex),
                                                 log=log, timeout=config.timeout)))
     got.pop(RUN_QUEUE, None)
-    return Profiled(ModelProfile.from_json(got),
-                    _reference(ex, config, log) if reference else float("nan"))
+    prof = ModelProfile.from_json(got)
+    if not reference:
+        return Profiled(prof, float("nan"))
+    batches = sorted({int(b) for b, _ in prof.step.points} | {ex.batch})
+    steps = [_reference(ex, config, log, b) for b in batches]
+    return Profiled(dataclasses.replace(prof, step=fit_curve(batches, steps)), steps[-1])
 
 
 def _cores(processes: int) -> dict[str, float]:
@@ -257,7 +275,9 @@ def measure_overheads(wanted: Iterable[Candidate], ex: Example, net: network.Con
     Keras: each of the `NULLS` trained under the layout (the same runner and timing as the
     examples), less what the formulas predict for it from its own profile, gives a residual;
     the two residuals give ``(base, per_weight)`` (each at least 0: where the formulas price
-    it all, none). One-process layouts have none (the profile is theirs)."""
+    it all, none); then the cores a process's helper threads keep busy while it sleeps after
+    the larger null's training (Horovod's background loop). One-process layouts have none
+    (the profile is theirs)."""
     nulls = [dataclasses.replace(null, env=dict(ex.env)) for null in NULLS]
     flavour = flavour_of(ex)
     known = {k: dict(v) for k, v in net.overheads.items()}
@@ -267,14 +287,22 @@ def measure_overheads(wanted: Iterable[Candidate], ex: Example, net: network.Con
         return net
     profiles = [_profile(null, config, log, reference=False).profile for null in nulls]
     cluster = Cluster(processes=config.np, cores=usable_cores(min(config.np, os.cpu_count() or 1)))
+    idle = ["--idle-seconds", str(IDLE_SECONDS)]
     for c in todo:
         print(f"[tfdist-bench] advise overhead ({flavour}): {c.label} ...", flush=True)
-        residual = [_measured_step(c, null, RUNNERS[c.strategy](c, null, config, log))
+        results = [RUNNERS[c.strategy](c, null, config, log, extra) for null, extra in
+                   zip(nulls, ([], idle), strict=True)]
+        residual = [_measured_step(c, null, result)
                     - predict(c, prof, links_of(net), cluster, null.batch).step_s
-                    for null, prof in zip(nulls, profiles, strict=True)]
-        have[c.label] = overhead_line(
-            [prof.weight_tensors for prof in profiles], residual)
+                    for null, prof, result in zip(nulls, profiles, results, strict=True)]
+        helper = jobs.first_report(results[-1]).get(HELPER_CORES) or 0.0
+        have[c.label] = (*overhead_line([prof.weight_tensors for prof in profiles], residual),
+                         round(float(helper), 4))
     return dataclasses.replace(net, overheads=known)
+
+
+IDLE_SECONDS = 1.5
+"""How long a null job's processes sleep after training to show what their helper threads use."""
 
 
 def overhead_line(weights: Sequence[int], residual: Sequence[float]) -> tuple[float, float]:
@@ -355,7 +383,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run(config: AdviseBenchConfig, log: IO[str]) -> dict[str, Any]:
-    """Runs the probe and every example; returns the section's JSON."""
+    """Runs the probe and every example; returns the section's JSON. Constants it measured
+    in full (not ``quick``, not given) replace the advisor's cache of this machine
+    (`network.default_path`), layout overheads included, so ``tfdist-advise`` prices them."""
     if config.constants:
         net = network.load(config.constants)
     else:
@@ -367,6 +397,10 @@ def run(config: AdviseBenchConfig, log: IO[str]) -> dict[str, Any]:
         got, profiles[ex.name], net = run_example(ex, net, config, log)
         rows += got
 
+    if not (config.constants or config.quick):  # measured here, in full: tfdist-advise's cache
+        saved = network.save(net, network.default_path())
+        print(f"[tfdist-bench] advise: the constants, layout overheads included, saved to {saved} "
+              "(tfdist-advise on this machine reads them)", flush=True)
     summary = summarize(rows)
     return {"np": config.np, "steps": config.steps, "repeats": config.repeats,
             "rows": rows, "constants": net.to_json(), "profiles": profiles, **summary,

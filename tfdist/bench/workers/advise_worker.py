@@ -98,6 +98,11 @@ RUN_QUEUE = "run_queue"
 one while it measured (`tfdist.probe.common.cpu_and_wait`), the load it met."""
 
 
+HELPER_CORES = "helper_cores"
+"""The report's key of the cores this process's own threads keep busy while it does nothing
+(`_idle_cores`): Horovod's background loop, a runtime's pollers; None: not measured."""
+
+
 def _since(start: tuple[float, float]) -> dict[str, float]:
     cpu, wait = cpu_and_wait()
     return {"cpu_s": cpu - start[0], "wait_s": wait - start[1]}
@@ -151,8 +156,20 @@ def train(args: argparse.Namespace, keras: Any) -> dict[str, Any]:
         step_s, raw = _difference(model, data, args)
     else:
         step_s, raw = _intervals(model, data, args, keras)
+    queue = _since(start)
     return {"strategy": strategy.name, "raw": raw, "step_s": step_s,
-            "samples_per_step": args.batch, "steps": args.steps, RUN_QUEUE: _since(start)}
+            "samples_per_step": args.batch, "steps": args.steps, RUN_QUEUE: queue,
+            HELPER_CORES: _idle_cores(args.idle_seconds)}
+
+
+def _idle_cores(seconds: float) -> float | None:
+    """CPU seconds this process spends per second asleep after training (``seconds`` of
+    sleep; 0: not measured): what its strategy's helper threads take from the cores."""
+    if seconds <= 0:
+        return None
+    start = time.process_time()
+    time.sleep(seconds)
+    return (time.process_time() - start) / seconds
 
 
 def _intervals(model: Any, data: Any, args: argparse.Namespace, keras: Any) -> tuple[float, Any]:
@@ -197,6 +214,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--timing", choices=("intervals", "difference"), default="intervals",
                         help="per-step intervals (synchronous) or long-minus-short fits (async)")
+    parser.add_argument("--idle-seconds", type=float, default=0.0,
+                        help="after training, sleep this long and report the CPU this process "
+                        "used meanwhile per second (its helper threads'; 0: not measured)")
     return parser.parse_args(argv)
 
 
