@@ -112,6 +112,20 @@ def test_pipeline_prediction_uses_the_balanced_split_of_measured_costs():
     assert pred.terms[1].seconds == pytest.approx(slowest / 2)
 
 
+def test_a_stage_with_one_inter_op_thread_sends_after_its_compute_not_beside_it():
+    import dataclasses
+
+    prof = _profile(param_bytes=4000, step=Line(0.0, 1.8e-4))
+    link = Link(alpha=1e-4, beta=1e-9)
+    pipe = Candidate("pipeline", 2, stages=2, micro_batches=4)
+    beside = predict(pipe, prof, {"tf": link}, Cluster(2, cores=2), 64)
+    after = predict(pipe, dataclasses.replace(prof, inter_op_threads=1), {"tf": link},
+                    Cluster(2, cores=2), 64)
+    transfer = 2 * (1e-4 + 4000 * 16 * 1e-9)     # an activation there, its gradient back
+    assert transfer < 4 * 3e-5 * 16              # shorter than a stage's compute: hidden
+    assert after.step_s - beside.step_s == pytest.approx(5 * transfer)   # M + K - 1 slots
+
+
 def test_memory_limit_reorders_and_then_refuses():
     prof = _profile()
     links = {"tf": LINK, "horovod": LINK}

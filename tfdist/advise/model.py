@@ -11,7 +11,8 @@ Rabenseifner and Gropp, "Optimization of Collective Communication Operations in 
   serves ``n M / k``: ``2 (k alpha + max(M, n M / k) beta)`` per step;
 * pipeline, K stages, M micro-batches (GPipe): ``(M + K - 1)`` slots of the slowest stage's
   forward + backward of one micro-batch, or of its two transfers where those take longer (tfdist's
-  engine sends and receives asynchronously, beside the compute); idle fraction (bubble)
+  engine sends and receives asynchronously, beside the compute; after it where a stage has one
+  inter-op thread); idle fraction (bubble)
   ``(K - 1) / (M + K - 1)``;
 * tensor parallelism, T shards (Megatron-LM): each layer's compute / T, plus per forward two
   all-reduces over the T processes of the block's activations (``batch x seq x hidden x 4``
@@ -120,13 +121,14 @@ def bubble(stages: int, micro_batches: int) -> float:
 
 
 def pipeline_step_s(slowest_stage_s: float, stages: int, micro_batches: int,
-                    boundary_bytes: float, link: Link) -> tuple[float, float]:
+                    boundary_bytes: float, link: Link, overlap: bool = True) -> tuple[float, float]:
     """(step seconds, exposed transfer seconds) of a K-stage pipeline of M micro-batches.
 
     ``slowest_stage_s`` is the largest stage's forward + backward of one micro-batch;
     ``boundary_bytes`` the largest activation a stage sends per micro-batch (its gradient
-    comes back the same size). Transfers overlap the compute; only what they take beyond it
-    is exposed.
+    comes back the same size). Transfers overlap the compute (``overlap``): only what they
+    take beyond it is exposed; a stage process with one inter-op thread runs them after its
+    compute instead (``overlap=False``: all exposed).
 
     Example:
         >>> step, exposed = pipeline_step_s(0.1, 2, 4, 1e6, Link(alpha=0.0, beta=1e-9))
@@ -135,10 +137,14 @@ def pipeline_step_s(slowest_stage_s: float, stages: int, micro_batches: int,
         >>> step, exposed = pipeline_step_s(0.001, 2, 4, 1e6, Link(alpha=1e-3, beta=1e-9))
         >>> round(step, 4), round(exposed, 4)                      # 5 slots of 4 ms transfers
         (0.02, 0.015)
+        >>> step, exposed = pipeline_step_s(0.1, 2, 4, 1e6, Link(alpha=0.0, beta=1e-9),
+        ...                                 overlap=False)
+        >>> round(step, 4), round(exposed, 4)                      # 5 slots of 0.1 s + 2 ms
+        (0.51, 0.01)
     """
     transfer = 2 * (link.alpha + boundary_bytes * link.beta) if stages > 1 else 0.0
     slots = micro_batches + stages - 1
-    exposed = max(0.0, transfer - slowest_stage_s)
+    exposed = max(0.0, transfer - slowest_stage_s) if overlap else transfer
     return slots * (slowest_stage_s + exposed), slots * exposed
 
 

@@ -204,14 +204,16 @@ def _pipeline(c: Candidate, prof: ModelProfile, links: Mapping[str, Link], clust
     worst = max(range(k), key=slots.__getitem__)
     slowest = slots[worst]
     boundary = max(prof.activation_bytes[b - 1] for b in bounds[1:-1]) * micro if k > 1 else 0.0
-    _, transfer = model.pipeline_step_s(slowest, k, m, boundary, link)
+    # one inter-op thread: a stage sends and receives after its compute, not beside it
+    _, transfer = model.pipeline_step_s(slowest, k, m, boundary, link,
+                                        overlap=prof.inter_op_threads != 1)
     # What the layers alone miss, shared by the K T processes; fit's loop, each runs whole.
     rest = (rest / (k * t) + prof.loop_s) * slow
     params = stage_costs(prof.bytes_per_shard(t), bounds)
     sync = model.ring_allreduce_s(d, max(params), link)
     terms = [Term("compute", m * compute[worst] + rest, _compute_detail(c, micro))]
     if k > 1:
-        idle = (k - 1) * (slowest + transfer / (m + k - 1))
+        idle = (k - 1) * slowest  # its slots' transfers: in the communication term
         terms.append(Term("bubble", idle,
                           f"(K-1)/(M+K-1) = {model.bubble(k, m):.0%} of the step idle"))
     terms.append(Term("communication", transfer + sync,

@@ -150,6 +150,9 @@ class ModelProfile:
         weight_tensors: The model's trainable weight tensors (kernels, biases, tables): a
             layout's measured overhead grows with them (`network.Constants.overheads`);
             0: not counted.
+        inter_op_threads: TensorFlow inter-op threads the profile ran with (0: TF's default,
+            several). With one, a pipeline stage's transfers run after its compute, not
+            beside it.
     """
 
     names: tuple[str, ...]
@@ -168,6 +171,7 @@ class ModelProfile:
     heads: int = 0
     loop_s: float = 0.0
     weight_tensors: int = 0
+    inter_op_threads: int = 0
 
     @property
     def total_param_bytes(self) -> int:
@@ -547,4 +551,5 @@ def profile_model(model: Any, batch: int, data: Any = None, repeats: int = 5,
         embeddings=_embeddings(model, data, batch),
         threads=tf.config.threading.get_intra_op_parallelism_threads(), batch=batch,
         split_bytes=split_bytes, reductions=reductions, heads=heads, loop_s=loop_s,
-        weight_tensors=len(model.trainable_weights))
+        weight_tensors=len(model.trainable_weights),
+        inter_op_threads=tf.config.threading.get_inter_op_parallelism_threads())
