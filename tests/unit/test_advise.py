@@ -257,7 +257,8 @@ def test_cli_reports_a_missing_build_function(capsys, tmp_path):
                                   "tfdist.advise.candidates", "tfdist.advise.predict",
                                   "tfdist.advise.network", "tfdist.advise.report",
                                   "tfdist.advise.cli", "tfdist.advise.profile",
-                                  "tfdist.advise.advisor", "tfdist.advise.cores"])
+                                  "tfdist.advise.advisor", "tfdist.advise.cores",
+                                  "tfdist.advise.curve"])
 def test_docstring_examples_run(name, monkeypatch):
     monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
     result = doctest.testmod(importlib.import_module(name))

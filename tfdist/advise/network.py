@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from tfdist.advise.curve import fit_line
 from tfdist.advise.model import Link
-from tfdist.advise.profile import fit_line
 from tfdist.errors import AdviseError, TfdistError, format_error
 
 __all__ = ["Constants", "fit_ring", "measure_gamma", "probe", "load", "save", "default_path",

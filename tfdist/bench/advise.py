@@ -287,13 +287,13 @@ def measure_overheads(wanted: Iterable[Candidate], ex: Example, net: network.Con
         return net
     profiles = [_profile(null, config, log, reference=False).profile for null in nulls]
     cluster = Cluster(processes=config.np, cores=usable_cores(min(config.np, os.cpu_count() or 1)))
-    idle = ["--idle-seconds", str(IDLE_SECONDS)]
+    idle, links = ["--idle-seconds", str(IDLE_SECONDS)], links_of(net)
     for c in todo:
         print(f"[tfdist-bench] advise overhead ({flavour}): {c.label} ...", flush=True)
         results = [RUNNERS[c.strategy](c, null, config, log, extra) for null, extra in
                    zip(nulls, ([], idle), strict=True)]
         residual = [_measured_step(c, null, result)
-                    - predict(c, prof, links_of(net), cluster, null.batch).step_s
+                    - predict(c, prof, links, cluster, null.batch).step_s
                     for null, prof, result in zip(nulls, profiles, results, strict=True)]
         helper = jobs.first_report(results[-1]).get(HELPER_CORES) or 0.0
         have[c.label] = (*overhead_line([prof.weight_tensors for prof in profiles], residual),
