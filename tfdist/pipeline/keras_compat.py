@@ -130,7 +130,7 @@ def abstract_build(flavour: KerasFlavour | None = None) -> Iterator[None]:
     if (flavour or keras_flavour()) == "tf_keras":
         import tensorflow as tf
 
-        with tf.Graph().as_default():
+        with tf.Graph().as_default(), _initializers_kept():
             yield
         return
     from keras.src.backend.common import global_state
@@ -156,6 +156,26 @@ def abstract_build(flavour: KerasFlavour | None = None) -> Iterator[None]:
     finally:
         Variable._initialize_with_initializer, Variable._deferred_initialize = real
         global_state.set_global_attribute(key, before)
+
+
+@contextlib.contextmanager
+def _initializers_kept() -> Iterator[None]:
+    """tf-keras: each variable made keeps the initializer that drew it (``_tfdist_initializer``,
+    read by `tfdist.pipeline.initial.record`), as a Keras 3 variable left uninitialised does."""
+    from tf_keras.src.engine import base_layer_utils
+
+    make_variable = base_layer_utils.make_variable
+
+    def keeping(*args: Any, **kwargs: Any) -> Any:
+        variable = make_variable(*args, **kwargs)
+        variable._tfdist_initializer = kwargs.get("initializer")
+        return variable
+
+    base_layer_utils.make_variable = keeping
+    try:
+        yield
+    finally:
+        base_layer_utils.make_variable = make_variable
 
 
 def metrics_scope(model: Any) -> Any:

@@ -34,7 +34,7 @@ import numpy as np
 from tfdist.core.flavour import flavour_of, get_keras
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.pipeline import graph as graphs
-from tfdist.pipeline import keras_compat, partition, transport
+from tfdist.pipeline import initial, keras_compat, partition, transport
 
 __all__ = ["LayerSpec", "ModelSpec", "describe_model", "split_model", "build_stage", "assemble",
            "stage_weights", "stage_layers", "owned_layers", "layer_weights", "set_layer_weights",
@@ -54,6 +54,8 @@ class LayerSpec:
         weights: Its weights as ``(shape, dtype)``, in ``get_weights`` order.
         cls: Its live class, used to rebuild it (so an unregistered custom layer works in the
             process that described it).
+        draws: How a one-process build draws its weights (`tfdist.pipeline.initial.record`;
+            ``()`` when described from a built model).
     """
 
     name: str
@@ -63,6 +65,7 @@ class LayerSpec:
     param_bytes: int
     weights: tuple[tuple[tuple[int, ...], str], ...]
     cls: type | None = dataclasses.field(default=None, compare=False, repr=False)
+    draws: tuple[Any, ...] = dataclasses.field(default=(), compare=False, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +205,7 @@ def _layer_spec(keras: Any, layer: Any) -> LayerSpec:
         config=config, params=int(layer.count_params()),
         param_bytes=weights_nbytes(layer.weights),
         weights=tuple((tuple(int(d) for d in w.shape), _dtype(w)) for w in layer.weights),
-        cls=type(layer))
+        cls=type(layer), draws=initial.record(layer))
 
 
 def describe_model(model_or_fn: Any | Callable[[], Any]) -> ModelSpec:

@@ -68,6 +68,7 @@ from tfdist.pipeline.keras_model import (
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.modes import PipelineMode, choose_mode
 from tfdist.strategies.base import TfdistStrategyMixin
+from tfdist.strategies.initial_weights import stages_initial_weights
 from tfdist.strategies.model_parallel import ModelParallelMixin, tensor_shards
 from tfdist.strategies.startup import resolve_startup_timeout
 
@@ -327,6 +328,7 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
                 set_weights(_stage_model(model, i), spec, stage.stage_layers(spec, bounds, k),
                             stage.stage_weights(model_or_fn, spec, bounds, k))
         else:
+            stages_initial_weights(self, model, spec, bounds)
             self.mode.sync_tied(model)
             if self.split is not None:  # replicated weights from shard 0
                 self.split.share_replicated(model, stage.stage_layers(spec, bounds, held[0]),

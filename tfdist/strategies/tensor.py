@@ -37,6 +37,7 @@ from tfdist.mesh import DATA, TENSOR, Mesh
 from tfdist.options import check_positive_number
 from tfdist.pipeline import keras_compat, transport
 from tfdist.strategies.base import TfdistStrategyMixin
+from tfdist.strategies.initial_weights import shard_initial_weights
 from tfdist.strategies.model_parallel import ModelParallelMixin, tensor_shards
 from tfdist.strategies.startup import resolve_startup_timeout
 from tfdist.tensor import build as shards_of
@@ -155,10 +156,11 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
 
         Args:
             model_or_fn: A function that builds the whole Keras 3 model (called without
-                allocating weights: each process creates only its shards, initialised as
-                slices of whole-layer draws, the replicated weights and other replicas
-                given shard 0 of replica 0's values). Or a built model: each shard copies its
-                slices of the weights (the whole model then exists once per process).
+                allocating weights: each process creates only its shards, initialised as its
+                slices of what one process draws from the same function and seed, one weight
+                drawn whole at a time; `tfdist.strategies.initial_weights`). Or a built model:
+                each shard copies its slices of the weights (the whole model then exists once
+                per process).
 
         Returns:
             A `tfdist.tensor.model.TensorModel`.
@@ -176,6 +178,7 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
             shards_of.set_layer_weights(
                 model, shards_of.shard_weights(model_or_fn, self.plan, tensor.rank))
         else:
+            shard_initial_weights(self, model, source)
             self._share_initial_weights(model)
         if self.is_chief:
             _log.info("%s\n%s", self.describe(), self.plan.table())
