@@ -4,7 +4,8 @@ and K=3 stages, M=1 and M=4 micro-batches, both schedules, both Kerases, and D=2
 sample weights), with weight and activity regularizers on both stages (the logged loss and evaluate
 include every stage's regularization, as Keras's do); zeroing the gradients sent between stages
 breaks it; a stage built from a build function holds about 1/K of the model; the saved model loads
-whole on one device; tfdist-launch runs it."""
+whole on one device; tfdist-launch runs it. A seeded build function gives the stages the weights
+one process draws (a stage drawing from a fresh stream breaks it)."""
 
 from __future__ import annotations
 
@@ -28,10 +29,16 @@ PARITY_ATOL = 1e-5
 """float32 tolerance against the whole model in one process (measured gap: 3e-8 to 6e-8)."""
 CONTROL_MIN_GAP = 1e-2
 """The sabotaged run and the one-micro-batch control must differ by more (measured: > 0.02)."""
+INITIAL_ATOL = 1e-7
+"""The stages' weights right after ``build_model`` of a seeded build function against the same
+function's model in one process (measured: 0.0, both Kerases, every layout here)."""
+FRESH_STREAM = {"TFDIST_TEST_FRESH_INITIAL_STREAM": "1"}
+"""Rank 1 draws its weights from seeds of its own (`tfdist.pipeline.initial.SABOTAGE_ENV`)."""
 
 
-def run_pipeline(cluster_runner, *, processes, stages, args, flavour="keras3", timeout=180):
-    env = {"TFDIST_STRATEGY": "pipeline", "TFDIST_PIPELINE_STAGES": str(stages)}
+def run_pipeline(cluster_runner, *, processes, stages, args, flavour="keras3", timeout=180,
+                 env=None):
+    env = {"TFDIST_STRATEGY": "pipeline", "TFDIST_PIPELINE_STAGES": str(stages), **(env or {})}
     if flavour == "tf_keras":
         env["TF_USE_LEGACY_KERAS"] = "1"
     spec = ClusterSpec.local(workers=processes)
@@ -56,6 +63,7 @@ def test_stages_match_one_process_on_the_same_global_batches(
                                  *extra])
     chief = results["worker:0"]
     assert chief["flavour"] == flavour and chief["strategy"] == "pipeline"
+    assert chief["initial_gap"] <= INITIAL_ATOL  # the seeded build function's draw
     assert max_gap(chief["trained"], chief["initial"]) > 0.02, "training did not move weights"
     assert max_gap(chief["trained"], chief["reference"]) <= PARITY_ATOL
     assert max_gap(chief["trained"], chief["control"]) > CONTROL_MIN_GAP
@@ -84,6 +92,7 @@ def test_hybrid_two_replicas_of_two_stages_match_one_process(cluster_runner):
                            timeout=240)
     chief = results["worker:0"]
     assert chief["replicas"] == 2
+    assert chief["initial_gap"] <= INITIAL_ATOL
     assert [results[f"worker:{r}"]["stage"]["replica"] for r in range(4)] == [0, 0, 1, 1]
     assert max_gap(chief["trained"], chief["initial"]) > 0.02
     assert max_gap(chief["trained"], chief["reference"]) <= PARITY_ATOL
@@ -103,11 +112,13 @@ def test_the_custom_loop_path_matches_one_process(cluster_runner):
 
 
 def test_zeroed_gradient_transfers_break_parity(cluster_runner):
-    # The same check as above must fail when the mechanism is broken.
+    # The same checks as above must fail when the mechanisms are broken: the gradients sent
+    # back are zeroed, and stage 1 draws its initial weights from a fresh stream.
     results = run_pipeline(cluster_runner, processes=2, stages=2,
-                           args=["3", "2", "gpipe", "--sabotage"])
+                           args=["3", "2", "gpipe", "--sabotage"], env=FRESH_STREAM)
     chief = results["worker:0"]
     assert max_gap(chief["trained"], chief["reference"]) > CONTROL_MIN_GAP
+    assert chief["initial_gap"] > CONTROL_MIN_GAP
 
 
 def test_a_stage_built_from_a_function_holds_about_one_kth_of_the_model(cluster_runner):

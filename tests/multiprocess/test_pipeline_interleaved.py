@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from parity_checks import max_gap
-from test_pipeline import CONTROL_MIN_GAP, PARITY_ATOL, SCRIPTS, loss_gap
+from test_pipeline import CONTROL_MIN_GAP, INITIAL_ATOL, PARITY_ATOL, SCRIPTS, loss_gap
 from test_pipeline_graph import SABOTAGE_MIN_GAP, assert_parity
 
 from tfdist.cluster import ClusterSpec
@@ -27,6 +27,7 @@ def test_two_processes_of_two_chunks_match_one_process(cluster_runner, tmp_path)
                              "3", "4", "interleaved", "--adam", "--regularize", "--save",
                              str(tmp_path), env=ENV, strategy="pipeline", timeout=180)
     chief = results["worker:0"]
+    assert chief["initial_gap"] <= INITIAL_ATOL  # the chunks of a seeded build function
     assert max_gap(chief["trained"], chief["initial"]) > 0.02, "training did not move weights"
     assert max_gap(chief["trained"], chief["reference"]) <= PARITY_ATOL
     assert max_gap(chief["trained"], chief["control"]) > CONTROL_MIN_GAP

@@ -13,6 +13,11 @@ between stages: the parity check must then fail. ``--sample-weight`` fits ``(x, 
 sample_weight)`` (the reference and the control too). ``--regularize`` gives the layers L2
 kernel regularizers (every layer), an L1 bias regularizer and L2 activity regularizers (early
 and last layer), in the reference too. ``--adam`` trains with Adam instead of SGD (everywhere).
+
+First of all, every process builds its stage from a build function that seeds
+(``keras.utils.set_random_seed(INITIAL_SEED)`` inside it, a Dropout before the last layer moving
+the stream) and the chief reports ``initial_gap``: the largest gap between the stages' weights,
+gathered right after ``build_model``, and the same function's model built in one process.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ def regularizers(keras, name):
     return found
 
 
-def build(keras, regularize=False):
+def build(keras, regularize=False, dropout=False):
     def extra(name):
         return regularizers(keras, name) if regularize else {}
 
@@ -50,8 +55,30 @@ def build(keras, regularize=False):
     for i, width in enumerate((8, 8, 6, 6, 4)):
         layers.append(keras.layers.Dense(width, activation="tanh", name=f"d{i}",
                                          **extra(f"d{i}")))
+    if dropout:
+        layers.append(keras.layers.Dropout(0.1, name="drop"))
     layers.append(keras.layers.Dense(1, name="out", **extra("out")))
     return keras.Sequential(layers, name="deep_mlp")
+
+
+INITIAL_SEED = 5
+
+
+def seeded_build(keras, regularize=False):
+    """The whole model as a user's build function makes it: seeded inside, with a Dropout (no
+    weights; its seed generator takes a seed from the stream all the same)."""
+    keras.utils.set_random_seed(INITIAL_SEED)
+    return build(keras, regularize, dropout=True)
+
+
+def initial_gap(strategy, keras, regularize):
+    """Builds this process's stage from `seeded_build` and gathers the weights (a collective);
+    on the chief, their largest gap to one process's `seeded_build`, else None."""
+    drawn = strategy.gather_weights(strategy.build_model(lambda: seeded_build(keras, regularize)))
+    if not strategy.is_chief:
+        return None
+    one = seeded_build(keras, regularize).get_weights()
+    return max(float(np.max(np.abs(np.asarray(a) - b))) for a, b in zip(drawn, one, strict=True))
 
 
 def data(steps):
@@ -100,6 +127,7 @@ def main(argv):
     keras = flavour.get_keras()
     strategy = tfdist.get_strategy("auto", micro_batches=micro_batches, schedule=schedule)
     regularize, adam = "--regularize" in argv, "--adam" in argv
+    first_gap = initial_gap(strategy, keras, regularize)
     keras.utils.set_random_seed(1)
     whole = build(keras, regularize)
     initial = [w.copy() for w in whole.get_weights()]
@@ -118,7 +146,7 @@ def main(argv):
         loss = model.fit(x, y, sample_weight=weight, batch_size=GLOBAL, epochs=1,
                          shuffle=False, verbose=0).history["loss"]
     result = {
-        "strategy": strategy.name, "stage": strategy.stage_report(),
+        "strategy": strategy.name, "stage": strategy.stage_report(), "initial_gap": first_gap,
         "loss": loss, "flavour": flavour.flavour_of(model),
         "replicas": strategy.num_replicas, "own_weights": len(model.get_weights()),
         "evaluate": model.evaluate(x, y, batch_size=GLOBAL, verbose=0),
