@@ -6,7 +6,8 @@ of one process training the whole model on the same global batches; skipping the
 layers' all-reduce breaks it; each process holds only its shard of its stage, and the weights a
 stage's shards hold whole are the same on both; the saved model loads whole in one process. And
 D=2 replicas of that (8 processes, 2 x 2 x 2: the gradients averaged over the data axis; 54 s
-on 2 cores)."""
+on 2 cores). A seeded build function gives every shard of every stage its part of what one
+process draws."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 from parity_checks import max_gap
 from test_tensor import (
+    INITIAL_ATOL,
     NOISE_ATOL,
     PARITY_ATOL,
     SABOTAGE_MIN_GAP,
@@ -99,6 +101,7 @@ def test_two_stages_of_two_shards_match_one_process(two_stages):
     whole = results["worker:0"]["plan"]["whole_bytes"]
     assert sum(r["held_bytes"] for r in results.values()) < 0.6 * 2 * whole  # measured: 0.43
     chief = results["worker:0"]
+    assert chief["initial_gap"] <= INITIAL_ATOL  # the seeded build function's draw
     assert chief["saved"] == str(tmp_path / "model.keras")
     assert max_gap(chief["reloaded"], chief["trained"]) == 0.0
 
@@ -118,4 +121,5 @@ def test_two_replicas_of_two_stages_of_two_shards_match_one_process(cluster_runn
     with_reference_of(results, two_stages[1])  # the same model, weights and batches
     places = {(r["replica"], r["stage"], r["shard"]) for r in results.values()}
     assert len(places) == 8
+    assert results["worker:0"]["initial_gap"] <= INITIAL_ATOL
     check_parity(results)

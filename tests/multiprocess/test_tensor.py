@@ -6,7 +6,9 @@ split layers' all-reduce breaks it; each process holds the bytes the plan predic
 model loads whole in one process; a tied
 input/output embedding (one matrix for the lookup and the logits) split once by vocabulary
 matches too; a stuck shard fails its peers' step at the step deadline,
-and training keeps no thread per collective run."""
+and training keeps no thread per collective run. A seeded build function gives the shards their
+slices of what one process draws (T=2, tied, D=2 x T=2; a shard drawing from a fresh stream
+breaks it, T=4)."""
 
 from __future__ import annotations
 
@@ -39,13 +41,18 @@ EPYC: 1.34e-5 on an update of 0.0153 (0.09%), `b1_ffn_in` in K=2 x T=2 (below 1e
 Intel CPUs before); one process trained with and without oneDNN's kernels differs by 3.8e-6 on
 the same weight. A skipped all-reduce moves weights by as much as their updates (> 1e-2)."""
 SABOTAGE_MIN_GAP = 1e-2
+INITIAL_ATOL = 1e-7
+"""The shards' weights right after ``build_model`` of a seeded build function against the same
+function's model in one process (measured: 0.0)."""
+FRESH_STREAM = {"TFDIST_TEST_FRESH_INITIAL_STREAM": "1"}
+"""Rank 1 draws its weights from seeds of its own (`tfdist.pipeline.initial.SABOTAGE_ENV`)."""
 MAX_THREADS = 300
 """OS threads of a process after fit, evaluate and predict of 3 steps: measured 100-110 at T=2;
 with a 300 s timeout on each collective op (a sleeping timer thread per op run) it was ~700."""
 
 
-def run_tensor(cluster_runner, *, processes, shards, args, timeout=240):
-    env = {"TFDIST_STRATEGY": "tensor", "TFDIST_TENSOR_SHARDS": str(shards)}
+def run_tensor(cluster_runner, *, processes, shards, args, timeout=240, env=None):
+    env = {"TFDIST_STRATEGY": "tensor", "TFDIST_TENSOR_SHARDS": str(shards), **(env or {})}
     spec = ClusterSpec.local(workers=processes)
     return cluster_runner(spec, SCRIPT, *args, env=env, strategy="tensor", timeout=timeout)
 
@@ -135,6 +142,7 @@ def phase(results, name):
 
 def test_two_shards_match_one_process(two_shards):
     tmp_path, results = two_shards
+    assert results["worker:0"]["initial_gap"] <= INITIAL_ATOL  # the seeded build function's
     check_parity(results, 2)
     check_memory(results, 2, 2)
     kinds = {layer["name"]: layer["kind"] for layer in results["worker:0"]["plan"]["layers"]}
@@ -152,6 +160,7 @@ def test_tied_embeddings_split_once_match_one_process(cluster_runner, tmp_path):
     # its matrix, split once by vocabulary rows; both uses' gradients add up in each shard
     results = run_tensor(cluster_runner, processes=2, shards=2,
                          args=["3", "--tied", "--save", str(tmp_path)])
+    assert results["worker:0"]["initial_gap"] <= INITIAL_ATOL
     check_parity(results, 2)
     check_memory(results, 2, 2)
     chief = results["worker:0"]
@@ -178,13 +187,17 @@ def test_two_replicas_of_two_shards_match_one_process(cluster_runner, two_shards
                          timeout=300)
     with_reference_of(results, two_shards[1])
     assert results["worker:0"]["replicas"] == 2
+    assert results["worker:0"]["initial_gap"] <= INITIAL_ATOL
     check_parity(results, 4)
     check_memory(results, 4, 2)
 
 
 def test_four_shards_with_global_norm_clipping_match_one_process(cluster_runner):
+    # and the sabotage of the initial draw: shard 1 draws from a fresh stream (training starts
+    # from a whole model's slices, so its parity holds all the same)
     results = run_tensor(cluster_runner, processes=4, shards=4, args=["3", "--clip"],
-                         timeout=300)
+                         timeout=300, env=FRESH_STREAM)
+    assert results["worker:0"]["initial_gap"] > SABOTAGE_MIN_GAP
     assert results["worker:0"]["replicas"] == 1
     assert results["worker:0"]["first_gradient_norm"] > 0.5  # so the clip (0.5) acts
     check_parity(results, 4)

@@ -13,7 +13,9 @@ layers skip their all-reduce. ``--then-custom-loop`` and ``--then-sabotage`` run
 the same job, each on a fresh stage shard from the same initial weights, reported under
 ``phases`` (one launch checked three ways; the reference is the same). ``--no-reference``: the
 chief leaves the reference out (the test takes it from another job that trained the same model on
-the same batches)."""
+the same batches). Its first build's function seeds inside (`tensor_parity.seeded_build`); the
+chief reports ``initial_gap``, the largest gap between the stages' shards gathered right after
+``build_model`` and that function's model built in one process."""
 
 from __future__ import annotations
 
@@ -22,7 +24,17 @@ import sys
 
 import keras
 import numpy as np
-from tensor_parity import GLOBAL, LR, build, data, digest, later_phases, loss, sabotage_row_reduce
+from tensor_parity import (
+    GLOBAL,
+    LR,
+    build,
+    data,
+    digest,
+    later_phases,
+    loss,
+    sabotage_row_reduce,
+    seeded_build,
+)
 
 import tfdist
 from tfdist.testing import exit_after_report, report
@@ -79,14 +91,19 @@ def main(argv):
         sabotage_row_reduce()
     strategy = tfdist.get_strategy("auto", micro_batches=micro_batches,
                                    split_points=SPLIT_POINTS)
-    from_fn = strategy.build_model(build)
+    from_fn = strategy.build_model(seeded_build)
+    drawn = strategy.gather_weights(from_fn)  # the stages' shards, on the chief
     place = strategy.layout.coordinates
     result = {"strategy": strategy.name, "shards": strategy.shards, "stage": place.pipe,
               "shard": place.tensor, "replica": place.data, "plan": strategy.plan.as_dict(),
               "fn_bytes": int(sum(v.numpy().nbytes for v in from_fn.weights)),
               "replicated_digest": replicated_digest(strategy, from_fn),
               "report_bytes": strategy.stage_report()["param_bytes"]}
-    del from_fn
+    if strategy.is_chief:
+        one = seeded_build().get_weights()
+        result["initial_gap"] = max(float(np.max(np.abs(np.asarray(a) - b)))
+                                    for a, b in zip(drawn, one, strict=True))
+    del from_fn, drawn
     keras.utils.set_random_seed(1)
     whole = build()
     names = [layer.name for layer in whole.layers if layer.weights]

@@ -19,7 +19,10 @@ threads after training (a thread per collective op run was the leak of per-op ti
 shard model from the same initial weights, reported under ``phases``: the custom-loop step, then
 ``fit`` with the row all-reduce skipped (one launch checked three ways; the reference is the
 same). ``--no-reference``: the chief leaves the reference out (the test takes it from another
-job that trained the same model on the same batches)."""
+job that trained the same model on the same batches). The build function of the first build seeds
+(``keras.utils.set_random_seed(INITIAL_SEED)`` inside it) and the chief reports ``initial_gap``:
+the largest gap between the shards' weights, gathered right after ``build_model``, and the same
+function's model built in one process."""
 
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ from tfdist.testing import exit_after_report, report
 
 GLOBAL, VOCAB, SEQ, WIDTH, HEADS, HIDDEN, LR = 8, 16, 8, 16, 4, 32, 0.01
 CLIP = 0.5
+INITIAL_SEED = 5
 
 
 @keras.saving.register_keras_serializable("tfdist_tests")
@@ -99,6 +103,20 @@ def build(tied=False):
     x = layers.LayerNormalization(name="ln_f")(x)
     logits = embedding(x, reverse=True) if tied else layers.Dense(VOCAB, name="lm_head")(x)
     return keras.Model(tokens, logits, name="tiny_lm")
+
+
+def seeded_build(tied=False):
+    """`build` as a user's build function makes it: seeded inside."""
+    keras.utils.set_random_seed(INITIAL_SEED)
+    return build(tied)
+
+
+def initial_gap(gathered, tied, names):
+    """The largest gap between the weights ``gathered`` right after ``build_model`` (every
+    layer's, by name) and one process's `seeded_build`."""
+    one = seeded_build(tied)
+    return max(float(np.max(np.abs(np.asarray(a) - b)))
+               for a, b in zip(flat(gathered, names), flat(one, names), strict=True))
 
 
 def data(steps):
@@ -221,8 +239,9 @@ def main(argv):
     strategy = tfdist.get_strategy("auto", **options)
     tied = "--tied" in argv
     # 1. From the build function: only the shards are allocated.
-    from_fn = strategy.build_model(lambda: build(tied))
+    from_fn = strategy.build_model(lambda: seeded_build(tied))
     plan = strategy.plan
+    drawn = strategy.gather_weights(from_fn)  # a collective of the tensor group
     replicated = [v.numpy() for layer in plan.layers
                   for v, w in zip(from_fn.get_layer(layer.name).weights, layer.weights, strict=True)
                   if w.axis is None]
@@ -230,7 +249,10 @@ def main(argv):
               "replicas": strategy.num_replicas, "plan": plan.as_dict(),
               "fn_bytes": strategy.weight_bytes(from_fn),
               "replicated_digest": digest(replicated)}
-    del from_fn
+    if strategy.is_chief:
+        result["initial_gap"] = initial_gap(
+            drawn, tied, [layer.name for layer in plan.layers if layer.weights])
+    del from_fn, drawn
     # 2. From a whole model built with a fixed seed: the shards are its slices.
     keras.utils.set_random_seed(1)
     whole = build(tied)
