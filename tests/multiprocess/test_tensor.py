@@ -183,11 +183,19 @@ def with_reference_of(results, other):
 
 
 def test_two_replicas_of_two_shards_match_one_process(cluster_runner, two_shards):
-    results = run_tensor(cluster_runner, processes=4, shards=2, args=["3", "--no-reference"],
-                         timeout=300)
+    results = run_tensor(cluster_runner, processes=4, shards=2,
+                         args=["3", "--no-reference", "--unseeded"], timeout=300)
     with_reference_of(results, two_shards[1])
-    assert results["worker:0"]["replicas"] == 2
-    assert results["worker:0"]["initial_gap"] <= INITIAL_ATOL
+    chief = results["worker:0"]
+    assert chief["replicas"] == 2
+    assert chief["initial_gap"] <= INITIAL_ATOL
+    # Unseeded, every process drew with seeds of its own: all hold the chief's draw, and the
+    # column-split kernel of an initializer that cannot be replayed is one whole (drawn by
+    # shard 0, float32 rounding of the ramp only), the same in both replicas.
+    assert chief["unseeded_gap"] <= INITIAL_ATOL
+    assert chief["custom_spread"] <= 1e-6
+    assert [results[f"worker:{r}"]["unseeded_digest"] for r in (0, 1)] == \
+        [results[f"worker:{r}"]["unseeded_digest"] for r in (2, 3)]
     check_parity(results, 4)
     check_memory(results, 4, 2)
 

@@ -209,11 +209,14 @@ def _layer_spec(keras: Any, layer: Any) -> LayerSpec:
 
 
 def describe_model(model_or_fn: Any | Callable[[], Any]) -> ModelSpec:
-    """Describes a built Keras model, or the one ``model_or_fn()`` builds (without weights).
+    """Describes a built Keras model, or the one ``model_or_fn()`` builds (without weights);
+    a `ModelSpec` is returned as it is (a build function is called once: it may draw seeds).
 
     Raises:
         StrategyConfigError: it is not a Keras model built from ``keras.Input`` tensors.
     """
+    if isinstance(model_or_fn, ModelSpec):
+        return model_or_fn
     if callable(model_or_fn) and not hasattr(model_or_fn, "layers"):
         with keras_compat.abstract_build():
             return describe_model(model_or_fn())

@@ -288,9 +288,9 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
                 (skip connections), or a layer the pipeline cannot train exactly.
         """
         if self.config.chunks > 1:
-            layers = len(stage.describe_model(model_or_fn).nodes)
+            model_or_fn = stage.describe_model(model_or_fn)  # once: its seeds are the model's
             schedule_lib.check_interleaved(self.stages, self.micro_batches, self.config.chunks,
-                                           layers)
+                                           len(model_or_fn.nodes))
         return stage.split_model(model_or_fn, self.config.pieces, self.micro_batches,
                                  self.config.split_points, self.config.layer_costs,
                                  self.config.batch_norm)

@@ -3,7 +3,8 @@
 residuals, vocabulary projection) with Adam and ``model.fit``, and reports what the test checks.
 
 Args: ``steps [--tied] [--sabotage] [--custom-loop] [--clip] [--save DIR] [--stall RANK
---deadline S] [--then-custom-loop] [--then-sabotage] [--no-reference]``. ``--tied`` ties the output
+--deadline S] [--then-custom-loop] [--then-sabotage] [--no-reference]
+[--unseeded]``. ``--tied`` ties the output
 projection to the token embedding (one ``ReversibleEmbedding``, KerasHub's call convention:
 ``layer(ids)``, ``layer(hidden, reverse=True)``) instead of a separate ``lm_head``.
 Every process first builds the model from its build function (each allocating only its shards: the
@@ -22,7 +23,8 @@ same). ``--no-reference``: the chief leaves the reference out (the test takes it
 job that trained the same model on the same batches). The build function of the first build seeds
 (``keras.utils.set_random_seed(INITIAL_SEED)`` inside it) and the chief reports ``initial_gap``:
 the largest gap between the shards' weights, gathered right after ``build_model``, and the same
-function's model built in one process."""
+function's model built in one process; ``--unseeded`` then builds from an unseeded function
+(`unseeded_gaps`)."""
 
 from __future__ import annotations
 
@@ -85,7 +87,18 @@ class ReversibleEmbedding(keras.layers.Embedding):
         return {**super().get_config(), "tie_weights": self.tie_weights}
 
 
-def build(tied=False):
+@keras.saving.register_keras_serializable("tfdist_tests")
+class RampInitializer(keras.initializers.Initializer):
+    """Not a Keras initializer (its draws cannot be replayed): a ramp plus one offset per call
+    from NumPy's global generator, unseeded and different in every process. The whole weight
+    less the ramp is one constant exactly when all its slices come from one call."""
+
+    def __call__(self, shape, dtype=None):
+        ramp = np.arange(int(np.prod(shape)), dtype="float32").reshape(shape) / 1000.0
+        return ramp + np.float32(np.random.uniform(1.0, 2.0))
+
+
+def build(tied=False, ffn_initializer="glorot_uniform"):
     layers = keras.layers
     tokens = keras.Input((SEQ,), dtype="int32", name="tokens")
     embedding = (ReversibleEmbedding if tied else layers.Embedding)(VOCAB, WIDTH, name="tok_emb")
@@ -97,7 +110,8 @@ def build(tied=False):
             h, h, use_causal_mask=True)
         x = layers.Add(name=f"b{b}_add1")([x, h])
         h = layers.LayerNormalization(name=f"b{b}_ln2")(x)
-        h = layers.Dense(HIDDEN, activation="gelu", name=f"b{b}_ffn_in")(h)
+        h = layers.Dense(HIDDEN, activation="gelu", name=f"b{b}_ffn_in",
+                         kernel_initializer=ffn_initializer if b == 0 else "glorot_uniform")(h)
         h = layers.Dense(WIDTH, name=f"b{b}_ffn_out")(h)
         x = layers.Add(name=f"b{b}_add2")([x, h])
     x = layers.LayerNormalization(name="ln_f")(x)
@@ -117,6 +131,35 @@ def initial_gap(gathered, tied, names):
     one = seeded_build(tied)
     return max(float(np.max(np.abs(np.asarray(a) - b)))
                for a, b in zip(flat(gathered, names), flat(one, names), strict=True))
+
+
+def unseeded_gaps(strategy, names):
+    """``--unseeded``: builds from a build function that seeds nothing, with `RampInitializer`
+    for ``b0_ffn_in``'s column-split kernel, and gathers the weights (a collective). On the
+    chief: the largest gap of the other weights to one process building from the Python random
+    state the chief started from (every process must hold the chief's draw), and the spread of
+    that kernel less its ramp (0: one whole, drawn by one process). Every process: a digest of
+    its shard's weights (the replicas' must be equal)."""
+    import random
+
+    random.seed(), np.random.seed()  # each process from its own entropy, as if never seeded
+    start = random.getstate()
+    model = strategy.build_model(lambda: build(ffn_initializer=RampInitializer()))
+    held = {"unseeded_digest": digest(model.get_weights())}
+    gathered = strategy.gather_weights(model)
+    if not strategy.is_chief:
+        return held
+    random.setstate(start)
+    one = build(ffn_initializer=RampInitializer())
+    kernel = gathered["b0_ffn_in"][0]
+    offset = kernel - np.arange(kernel.size, dtype="float32").reshape(kernel.shape) / 1000.0
+    gathered["b0_ffn_in"], one_ffn = gathered["b0_ffn_in"][1:], one.get_layer("b0_ffn_in")
+    ours = [w for name in names for w in gathered.get(name, [])]
+    theirs = [w for name in names for w in (
+        one_ffn.get_weights()[1:] if name == "b0_ffn_in" else one.get_layer(name).get_weights())]
+    return {**held, "custom_spread": float(offset.max() - offset.min()),
+            "unseeded_gap": max(float(np.max(np.abs(a - b)))
+                                for a, b in zip(ours, theirs, strict=True))}
 
 
 def data(steps):
@@ -249,9 +292,9 @@ def main(argv):
               "replicas": strategy.num_replicas, "plan": plan.as_dict(),
               "fn_bytes": strategy.weight_bytes(from_fn),
               "replicated_digest": digest(replicated)}
+    names = [layer.name for layer in plan.layers if layer.weights]
     if strategy.is_chief:
-        result["initial_gap"] = initial_gap(
-            drawn, tied, [layer.name for layer in plan.layers if layer.weights])
+        result["initial_gap"] = initial_gap(drawn, tied, names)
     del from_fn, drawn
     # 2. From a whole model built with a fixed seed: the shards are its slices.
     keras.utils.set_random_seed(1)
@@ -262,6 +305,8 @@ def main(argv):
     x, y = data(steps)
     result.update(train(strategy, model, x, y, argv, custom_loop="--custom-loop" in argv))
     result["threads"] = len(os.listdir("/proc/self/task"))
+    if "--unseeded" in argv:  # after counting the threads: each eager collective leaves one
+        result.update(unseeded_gaps(strategy, names))  # asleep for its timeout
     result["held_bytes"] = strategy.weight_bytes(model)
     trained = flat(strategy.gather_weights(model), names)
     result["phases"] = later_phases(
