@@ -28,7 +28,7 @@ Example:
     >>> with keras_compat.abstract_build():
     ...     draws = record(build().get_layer("a"))
     >>> [d.shape for d in draws], [d.note for d in draws]
-    [((3, 4), None), ((4,), None)]
+    ([(3, 4), (4,)], [None, None])
     >>> kernel = build().get_layer("a").kernel.numpy()
     >>> float(np.abs(np.asarray(draw(draws[0])) - kernel).max())
     0.0
