@@ -63,6 +63,7 @@ def test_stages_match_one_process_on_the_same_global_batches(
                                  *extra])
     chief = results["worker:0"]
     assert chief["flavour"] == flavour and chief["strategy"] == "pipeline"
+    print(f"initial gap {chief['initial_gap']:.2e}")
     assert chief["initial_gap"] <= INITIAL_ATOL  # the seeded build function's draw
     assert max_gap(chief["trained"], chief["initial"]) > 0.02, "training did not move weights"
     assert max_gap(chief["trained"], chief["reference"]) <= PARITY_ATOL
@@ -92,6 +93,7 @@ def test_hybrid_two_replicas_of_two_stages_match_one_process(cluster_runner):
                            timeout=240)
     chief = results["worker:0"]
     assert chief["replicas"] == 2
+    print(f"initial gap {chief['initial_gap']:.2e}")
     assert chief["initial_gap"] <= INITIAL_ATOL
     assert [results[f"worker:{r}"]["stage"]["replica"] for r in range(4)] == [0, 0, 1, 1]
     assert max_gap(chief["trained"], chief["initial"]) > 0.02
@@ -118,6 +120,7 @@ def test_zeroed_gradient_transfers_break_parity(cluster_runner):
                            args=["3", "2", "gpipe", "--sabotage"], env=FRESH_STREAM)
     chief = results["worker:0"]
     assert max_gap(chief["trained"], chief["reference"]) > CONTROL_MIN_GAP
+    print(f"initial gap {chief['initial_gap']:.2e}")
     assert chief["initial_gap"] > CONTROL_MIN_GAP
 
 

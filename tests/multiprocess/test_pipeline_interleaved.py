@@ -27,6 +27,7 @@ def test_two_processes_of_two_chunks_match_one_process(cluster_runner, tmp_path)
                              "3", "4", "interleaved", "--adam", "--regularize", "--save",
                              str(tmp_path), env=ENV, strategy="pipeline", timeout=180)
     chief = results["worker:0"]
+    print(f"initial gap {chief['initial_gap']:.2e}")
     assert chief["initial_gap"] <= INITIAL_ATOL  # the chunks of a seeded build function
     assert max_gap(chief["trained"], chief["initial"]) > 0.02, "training did not move weights"
     assert max_gap(chief["trained"], chief["reference"]) <= PARITY_ATOL

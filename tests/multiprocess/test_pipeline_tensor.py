@@ -101,6 +101,7 @@ def test_two_stages_of_two_shards_match_one_process(two_stages):
     whole = results["worker:0"]["plan"]["whole_bytes"]
     assert sum(r["held_bytes"] for r in results.values()) < 0.6 * 2 * whole  # measured: 0.43
     chief = results["worker:0"]
+    print(f"initial gap {chief['initial_gap']:.2e}")
     assert chief["initial_gap"] <= INITIAL_ATOL  # the seeded build function's draw
     assert chief["saved"] == str(tmp_path / "model.keras")
     assert max_gap(chief["reloaded"], chief["trained"]) == 0.0
@@ -121,5 +122,6 @@ def test_two_replicas_of_two_stages_of_two_shards_match_one_process(cluster_runn
     with_reference_of(results, two_stages[1])  # the same model, weights and batches
     places = {(r["replica"], r["stage"], r["shard"]) for r in results.values()}
     assert len(places) == 8
+    print(f"initial gap {results['worker:0']['initial_gap']:.2e}")
     assert results["worker:0"]["initial_gap"] <= INITIAL_ATOL
     check_parity(results)

@@ -142,6 +142,7 @@ def phase(results, name):
 
 def test_two_shards_match_one_process(two_shards):
     tmp_path, results = two_shards
+    print(f"initial gap {results['worker:0']['initial_gap']:.2e}")
     assert results["worker:0"]["initial_gap"] <= INITIAL_ATOL  # the seeded build function's
     check_parity(results, 2)
     check_memory(results, 2, 2)
@@ -160,6 +161,7 @@ def test_tied_embeddings_split_once_match_one_process(cluster_runner, tmp_path):
     # its matrix, split once by vocabulary rows; both uses' gradients add up in each shard
     results = run_tensor(cluster_runner, processes=2, shards=2,
                          args=["3", "--tied", "--save", str(tmp_path)])
+    print(f"initial gap {results['worker:0']['initial_gap']:.2e}")
     assert results["worker:0"]["initial_gap"] <= INITIAL_ATOL
     check_parity(results, 2)
     check_memory(results, 2, 2)
@@ -188,10 +190,12 @@ def test_two_replicas_of_two_shards_match_one_process(cluster_runner, two_shards
     with_reference_of(results, two_shards[1])
     chief = results["worker:0"]
     assert chief["replicas"] == 2
+    print(f"initial gap {chief['initial_gap']:.2e}")
     assert chief["initial_gap"] <= INITIAL_ATOL
     # Unseeded, every process drew with seeds of its own: all hold the chief's draw, and the
     # column-split kernel of an initializer that cannot be replayed is one whole (drawn by
     # shard 0, float32 rounding of the ramp only), the same in both replicas.
+    print(f"unseeded gap {chief['unseeded_gap']:.2e}, spread {chief['custom_spread']:.2e}")
     assert chief["unseeded_gap"] <= INITIAL_ATOL
     assert chief["custom_spread"] <= 1e-6
     assert [results[f"worker:{r}"]["unseeded_digest"] for r in (0, 1)] == \
@@ -205,6 +209,7 @@ def test_four_shards_with_global_norm_clipping_match_one_process(cluster_runner)
     # from a whole model's slices, so its parity holds all the same)
     results = run_tensor(cluster_runner, processes=4, shards=4, args=["3", "--clip"],
                          timeout=300, env=FRESH_STREAM)
+    print(f"initial gap {results['worker:0']['initial_gap']:.2e}")
     assert results["worker:0"]["initial_gap"] > SABOTAGE_MIN_GAP
     assert results["worker:0"]["replicas"] == 1
     assert results["worker:0"]["first_gradient_norm"] > 0.5  # so the clip (0.5) acts
