@@ -84,9 +84,10 @@ class WeightDraw:
 
 def record(layer: Any) -> tuple[WeightDraw, ...]:
     """The draws of ``layer``'s weights (``get_weights`` order), from a layer built inside
-    `keras_compat.abstract_build`; ``()`` for a layer whose weights exist (a built model)."""
+    `keras_compat.abstract_build`; ``()`` for a layer whose weights exist (a built model), or
+    for a ``keras.ops`` call (an operation, no weights)."""
     draws = []
-    for weight in layer.weights:
+    for weight in getattr(layer, "weights", ()):
         initializer = getattr(weight, "_initializer", None)  # Keras 3: its deferred one
         initializer = getattr(weight, "_tfdist_initializer", initializer)  # tf-keras
         if initializer is None:
