@@ -21,7 +21,7 @@ MODULES = [
     "tfdist.strategies.base",
     "tfdist.strategies.input",
     "tfdist.strategies.saving",
-    "tfdist.pipeline.keras_compat",
+    "tfdist.compat.models",
     "tfdist.strategies.default",
     "tfdist.strategies.mirrored",
     "tfdist.strategies.multi_worker",

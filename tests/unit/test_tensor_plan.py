@@ -16,7 +16,7 @@ from tfdist.tensor.rules import plan_model
 
 pytestmark = pytest.mark.unit
 
-MODULES = ["tfdist.tensor.plan", "tfdist.tensor.rules", "tfdist.tensor.collectives",
+MODULES = ["tfdist.tensor.plan", "tfdist.tensor.rules", "tfdist.parallel.mappings",
            "tfdist.tensor.layers", "tfdist.tensor.initializers", "tfdist.tensor.loss",
            "tfdist.tensor.build", "tfdist.tensor.tied", "tfdist.strategies.tensor"]
 

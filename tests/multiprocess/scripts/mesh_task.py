@@ -4,7 +4,7 @@ import json
 import os
 from pathlib import Path
 
-from tfdist.mesh import Mesh
+from tfdist.parallel.mesh import Mesh
 
 mesh, rank = Mesh.from_environment()
 task = json.loads(os.environ["TF_CONFIG"])["task"]

@@ -2,7 +2,7 @@
 
 Which Keras is in use is `tfdist.core.flavour`'s; which one a strategy trains with is its traits'
 (`tfdist.core.traits.StrategyTraits.check_keras`); the pipeline's own Keras differences are in
-`tfdist.pipeline.keras_compat`.
+`tfdist.compat.models`.
 
 Keras 3 shims (`KERAS3_SHIMS`): each names the upstream issue, the Keras versions it applies to,
 the versions it was checked against, and a probe of Keras's own code that says whether the bug is
