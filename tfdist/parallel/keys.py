@@ -56,7 +56,7 @@ def instance_key(kind: int, micro_batch: int = 0, index: int = 0, phase: int = T
 
     Example:
         >>> instance_key(ACTIVATION, micro_batch=2, index=1, phase=EVALUATE)
-        142614529
+        151003137
     """
     for name, value in (("kind", kind), ("micro_batch", micro_batch), ("index", index),
                         ("phase", phase)):

@@ -62,7 +62,7 @@ class MeshPlace:
         >>> place.coordinates, place.rank_on("pipe"), place.size_of("data")
         (Coordinates(data=1, pipe=0, tensor=1), 0, 2)
         >>> place.group("tensor").members, place.pair(7).key, place.world().size
-        ((4, 5), 1056775, 8)
+        ((4, 5), 1069063, 8)
     """
 
     mesh: Mesh
