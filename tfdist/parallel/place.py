@@ -43,7 +43,7 @@ from tfdist.core.traits import TENSOR_SHARDS_ENV
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.parallel.mesh import MESH_ENV, Axis, Coordinates, Mesh, ProcessGroup
 
-__all__ = ["MeshPlace", "process_place", "place_of", "tensor_shards", "TENSOR_SHARDS_ENV"]
+__all__ = ["MeshPlace", "Shards", "process_place", "place_of", "tensor_shards", "TENSOR_SHARDS_ENV"]
 
 Shards = int | Literal["all"]
 """A tensor size: a count, or ``"all"``: every process of a pipeline (``processes / pipe``)."""

@@ -143,9 +143,8 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
             until the end of the step; see ``_keep_micro_batch_gradients_apart``).
         recompute: Keep only each micro-batch's stage input until its backward, which runs
             the stage's forward again (activation recomputation: less memory, one more forward).
-        tensor: T, the processes each stage is split over by tensor parallelism (None: the
-            job's mesh, ``TFDIST_MESH``, which ``tfdist-launch`` writes; without it
-            ``$TFDIST_TENSOR_SHARDS``; else 1; Keras 3). D = processes / (K x T).
+        tensor: T, the processes each stage is split over (None: the job's ``TFDIST_MESH``;
+            without it ``$TFDIST_TENSOR_SHARDS``; else 1; Keras 3). D = processes / (K x T).
         rules: ``{layer-name regex: kind}`` overriding the automatic tensor splits
             (`tfdist.tensor.rules`; with T > 1 only).
 
