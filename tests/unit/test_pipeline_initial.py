@@ -12,9 +12,10 @@ import doctest
 import numpy as np
 import pytest
 
+from tfdist.compat import models as keras_compat
 from tfdist.core import flavour
-from tfdist.mesh import Mesh
-from tfdist.pipeline import initial, keras_compat, stage
+from tfdist.parallel.mesh import Mesh
+from tfdist.pipeline import initial, stage
 
 pytestmark = pytest.mark.unit
 

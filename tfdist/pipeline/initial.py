@@ -20,8 +20,9 @@ every process the first process's, so the parts still make one coherent model.
 
 Example:
     >>> import numpy as np
-    >>> from tfdist.pipeline import keras_compat
-    >>> keras = keras_compat.get_keras()
+    >>> from tfdist.compat import models as keras_compat
+    >>> from tfdist.core.flavour import get_keras
+    >>> keras = get_keras()
     >>> def build():
     ...     keras.utils.set_random_seed(0)
     ...     return keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="a")])
@@ -48,8 +49,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tfdist.mesh import ProcessGroup
-from tfdist.pipeline import transport
+from tfdist.parallel.keys import WEIGHTS, instance_key
+from tfdist.parallel.mesh import ProcessGroup
+from tfdist.parallel.ops import group_broadcast
 
 __all__ = ["WeightDraw", "record", "why_not", "agree_seeds", "draw", "initialise",
            "initialise_layers", "notes", "log_notes", "SABOTAGE_ENV"]
@@ -175,10 +177,9 @@ def agree_seeds(draws: Sequence[WeightDraw], group: ProcessGroup, timeout: float
     seeds[:len(initializers)] = [_seed(i) for i in initializers]
     for block in range(len(seeds) // SEED_CHUNK if group.size > 1 else 0):
         part = slice(block * SEED_CHUNK, (block + 1) * SEED_CHUNK)
-        value = transport.group_broadcast(
+        value = group_broadcast(
             tf.constant(seeds[part]) if group.rank == 0 else None, (SEED_CHUNK,), tf.int64,
-            group=group, instance=transport.instance_key(transport.WEIGHTS, 0, block),
-            timeout=timeout)
+            group=group, instance=instance_key(WEIGHTS, 0, block), timeout=timeout)
         seeds[part] = value.numpy()
     if os.environ.get(SABOTAGE_ENV) == str(group.members[group.rank]):
         seeds = np.random.default_rng().integers(1, 10**9, size=len(seeds))
@@ -202,25 +203,25 @@ def draw(weight: WeightDraw, axis: int | None = None, index: int = 0, parts: int
     return _slice(whole, axis, index, parts)
 
 
-def _drawn_on_first(weight: WeightDraw, axis: int, group: ProcessGroup, instance: int,
+def _drawn_on_first(weight: WeightDraw, axis: int, group: ProcessGroup,
                     timeout: float) -> Any:
-    """This process's slice of the whole weight drawn by the first process of ``group``."""
+    """This process's slice of the whole weight drawn by the first process of ``group`` (a
+    traced instance key: every member draws its weights in the same order)."""
     whole = draw(weight) if group.rank == 0 else None
-    whole = transport.group_broadcast(whole, weight.shape, tf.as_dtype(weight.dtype),
-                                      group=group, instance=instance, timeout=timeout)
+    whole = group_broadcast(whole, weight.shape, tf.as_dtype(weight.dtype), group=group,
+                            timeout=timeout)
     return _slice(whole, axis, group.rank, group.size)
 
 
 def initialise(variables: Sequence[Any], draws: Sequence[WeightDraw],
                axes: Sequence[int | None] | None = None, group: ProcessGroup | None = None,
-               next_instance: Any = None, timeout: float = 0.0) -> None:
+               timeout: float = 0.0) -> None:
     """Assigns each variable its part of the one-process draw (``draws``, the layer's weights
     in the same order; ``axes``: each one's split axis over ``group``, None for whole).
 
     A weight whose initializer cannot be replayed keeps its own value when it is whole (the
     strategy then copies it from the first holder), and, when split, is drawn whole by the
-    first process of ``group`` and sent to the others (``next_instance()``: a fresh instance
-    key of the group, the same sequence on every member), so its parts still make one whole.
+    first process of ``group`` and sent to the others, so its parts still make one whole.
     """
     axes = list(axes) if axes is not None else [None] * len(draws)
     index, parts = (group.rank, group.size) if group is not None else (0, 1)
@@ -228,7 +229,7 @@ def initialise(variables: Sequence[Any], draws: Sequence[WeightDraw],
         if weight.note is None:
             variable.assign(draw(weight, axis, index, parts))
         elif axis is not None and group is not None and group.size > 1:
-            variable.assign(_drawn_on_first(weight, axis, group, next_instance(), timeout))
+            variable.assign(_drawn_on_first(weight, axis, group, timeout))
 
 
 def notes(draws: dict[str, Sequence[WeightDraw]]) -> list[str]:
@@ -249,16 +250,14 @@ def notes(draws: dict[str, Sequence[WeightDraw]]) -> list[str]:
 
 def initialise_layers(model: Any, draws: Mapping[str, Sequence[WeightDraw]],
                       axes: Callable[[str], Sequence[int | None] | None] = lambda name: None,
-                      group: ProcessGroup | None = None, next_instance: Any = None,
-                      timeout: float = 0.0) -> None:
+                      group: ProcessGroup | None = None, timeout: float = 0.0) -> None:
     """`initialise` for every layer of ``model`` named in ``draws`` (the whole model's draws by
     layer name; a layer without draws, or not in ``model``, is left as it is). ``axes(name)``:
     that layer's weights' split axes over ``group`` (None: all whole)."""
     held = {layer.name for layer in model.layers}
     for name, weights in draws.items():
         if weights and name in held:
-            initialise(model.get_layer(name).weights, weights, axes(name), group,
-                       next_instance, timeout)
+            initialise(model.get_layer(name).weights, weights, axes(name), group, timeout)
 
 
 def log_notes(draws: Mapping[str, Sequence[WeightDraw]]) -> list[str]:

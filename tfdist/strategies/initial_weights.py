@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tfdist.pipeline import initial, stage
-from tfdist.tensor.collectives import next_key
 
 __all__ = ["stages_initial_weights", "shard_initial_weights"]
 
@@ -40,7 +39,7 @@ def stages_initial_weights(strategy: Any, model: Any, spec: stage.ModelSpec,
                         strategy.layout.world(), strategy.timeout)
     split, how = strategy.split, {}
     if split is not None:
-        how = {"axes": _axes_of(split.split_of), "group": split.group, "next_instance": next_key}
+        how = {"axes": _axes_of(split.split_of), "group": split.group}
     stages = getattr(model, "pipeline_stages", None) or [model]
     for piece in stages:
         initial.initialise_layers(piece, draws, timeout=strategy.timeout, **how)
@@ -54,8 +53,8 @@ def shard_initial_weights(strategy: Any, model: Any, abstract: Any) -> list[str]
     draws = {layer.name: initial.record(abstract.get_layer(layer.name))
              for layer in plan.layers}
     initial.agree_seeds([d for found in draws.values() for d in found],
-                        strategy.mesh.world(strategy.rank), strategy.timeout)
+                        strategy.place.world(), strategy.timeout)
     splits = {layer.name: layer for layer in plan.layers}
     initial.initialise_layers(model, draws, _axes_of(splits.get), strategy.tensor_group,
-                              next_key, strategy.timeout)
+                              strategy.timeout)
     return initial.log_notes(draws) if strategy.is_chief else initial.notes(draws)
