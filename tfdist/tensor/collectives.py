@@ -66,6 +66,9 @@ def op_timeout(timeout: float) -> float:
 
 
 def _reduce(x: Any, group: ProcessGroup, op: str, timeout: float) -> tf.Tensor:
+    local = getattr(group, "reduce_locally", None)  # `tfdist.tensor.check`: T shards, 1 process
+    if local is not None:
+        return local(x, op)
     return collective_ops.all_reduce_v2(
         x, group_size=group.size, group_key=group.key, instance_key=next_key(),
         merge_op=op, final_op="Id", timeout=op_timeout(timeout))
