@@ -55,7 +55,8 @@ from tfdist.errors import StrategyConfigError, format_error
 from tfdist.tensor.plan import LayerSplit, TensorPlan, WeightSplit
 from tfdist.tensor.tied import TIED_CLASS
 
-__all__ = ["Unit", "walk", "is_nested", "plan_nested", "layer_at", "demote"]
+__all__ = ["Unit", "walk", "is_nested", "plan_nested", "layer_at", "own_weights", "entry_variables",
+           "demote"]
 
 ATTENTION_PARTS = ("query", "key", "value", "attention_output")
 _BLOCKING = ("kernel_regularizer", "bias_regularizer", "embeddings_regularizer",
@@ -130,6 +131,14 @@ def own_weights(layer: Any) -> list[Any]:
     """The variables ``layer`` holds itself (not through its sublayers)."""
     below = {id(w) for child in _children(layer) for w in child.weights}
     return [w for w in layer.weights if id(w) not in below]
+
+
+def entry_variables(model: Any, entry: LayerSplit) -> list[Any]:
+    """The variables of ``model`` that plan entry ``entry`` describes, in its order (a
+    top-level plan's layer: all its weights; a nested plan's leaf: its own)."""
+    layer = layer_at(model, entry.name)
+    variables = list(layer.weights)
+    return variables if len(variables) == len(entry.weights) else own_weights(layer)
 
 
 def _is_model(layer: Any) -> bool:
