@@ -175,21 +175,10 @@ def _local_plan(model: Any, plan: TensorPlan, units: tuple[Unit, ...], path: str
     return local, mine, axes
 
 
-def _copy(block: Any, args: Any, kwargs: Any) -> Any:
-    """A fresh ``block`` holding its weights: from its config, else a deep copy (some
-    KerasHub blocks' ``get_config`` fails once built)."""
-    try:
-        copy = type(block).from_config(block.get_config())
-    except Exception:  # noqa: BLE001
-        return _structural_copy(block, {})
-    copy(*args, **kwargs)
-    copy.set_weights(block.get_weights())
-    return copy
-
-
 def _structural_copy(value: Any, memo: dict[int, Any]) -> Any:
     """``value`` with every layer below it a new object and every variable a new one holding
-    the same value; other objects shared (a copy that needs no ``get_config``)."""
+    the same value; other objects shared. Neither ``get_config`` (some KerasHub blocks' fails
+    once built) nor a build (a symbolic trace and every initializer: most of a check's time)."""
     if id(value) in memo:
         return memo[id(value)]
     if isinstance(value, keras.Variable):
@@ -217,9 +206,7 @@ def _shard_runs(block: Any, call: tuple[Any, Any], local: TensorPlan,
     args, kwargs = call
     exchange = _Exchange(local.shards, WAIT_SECONDS)
     results: list[Any] = [None] * local.shards
-    copies = []
-    for _ in range(local.shards):
-        copies.append(_copy(block, args, kwargs))
+    copies = [_structural_copy(block, {}) for _ in range(local.shards)]
     for rank, copy in enumerate(copies):
         shard_in_place(copy, local, units, LocalGroup(rank, exchange))
 

@@ -14,6 +14,7 @@ fail."""
 from __future__ import annotations
 
 import sys
+import time
 
 import keras
 import numpy as np
@@ -99,20 +100,25 @@ def sabotage_rows():
 
 
 def train_one(strategy, name, steps, reference):
+    started = time.monotonic()
     keras.utils.set_random_seed(1)
     whole = build(name)
     model = strategy.build_model(whole)
     plan = strategy.plan
+    built = time.monotonic()
     result = {"loss": fit(model, steps), "plan": plan.as_dict(),
               "held_bytes": strategy.weight_bytes(model)}
+    result["seconds"] = {"build": built - started, "fit": time.monotonic() - built}
     gathered = strategy.gather_weights(model)
     if strategy.is_chief:
         result["trained"] = [np.asarray(w).tolist() for entry in plan.layers
                              for w in gathered.get(entry.name, [])]
         result["initial"] = values(whole, plan)
         if reference:
+            started = time.monotonic()
             result["reference_loss"] = fit(whole, steps)
             result["reference"] = values(whole, plan)
+            result["seconds"]["reference"] = time.monotonic() - started
     return result
 
 
