@@ -19,7 +19,7 @@ pytest.importorskip("keras_hub")
 
 SCRIPT = __import__("pathlib").Path(__file__).parent / "scripts" / "tensor_hub_parity.py"
 REPO = SCRIPT.parents[3]
-MODELS = ("gpt2", "llama")
+MODELS = ("gpt2", "llama", "gemma")
 
 
 @pytest.fixture(scope="module")
