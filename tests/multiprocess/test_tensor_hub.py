@@ -1,9 +1,10 @@
 """KerasHub models under the tensor strategy, split inside their blocks: GPT-2 (tied embedding,
-``CachedMultiHeadAttention``) and Llama (grouped-query attention, gated feed-forward, untied
-output embedding) at T=2 train to the weights of one process training the whole model on the
+``CachedMultiHeadAttention``), Llama (grouped-query attention, gated feed-forward, untied
+output embedding) and Gemma (its own attention layout, a gated feed-forward of ``EinsumDense``)
+at T=2 train to the weights of one process training the whole model on the
 same global batches (Adam, a padding mask, sample weights); skipping the row-split layers'
 all-reduce across processes breaks it; each process holds about half the weights. One launch
-checks both models and the sabotage."""
+checks the three models and the sabotage."""
 
 from __future__ import annotations
 
