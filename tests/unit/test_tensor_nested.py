@@ -6,6 +6,9 @@ T that divides no heads kept whole with the reason."""
 
 from __future__ import annotations
 
+import doctest
+import importlib
+
 import keras
 import numpy as np
 import pytest
@@ -19,6 +22,15 @@ from tfdist.tensor.nested import is_nested, plan_nested
 pytestmark = pytest.mark.unit
 
 COVERAGE_MIN, PER_PROCESS_MAX = 0.95, 0.55
+MODULES = ["tfdist.tensor.nested", "tfdist.tensor.inplace", "tfdist.tensor.check",
+           "tfdist.tensor.blocks"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples_run(name, monkeypatch):
+    monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0, result
 
 
 def hub_models():

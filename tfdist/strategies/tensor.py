@@ -143,12 +143,17 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
 
     # ----------------------------------------------------------------- the model
     def plan_model(self, model_or_fn: Any) -> TensorPlan:
-        """The plan for a built model or the one a build function makes (no weights)."""
+        """The plan for a built model or the one a build function makes (no weights); a
+        model of blocks is planned through its layer tree (`tfdist.tensor.nested`, before
+        the block check `build_model` runs)."""
         if hasattr(model_or_fn, "layers"):
-            return plan_model(model_or_fn, self.shards, self.rules)
-        with keras_compat.abstract_build():
-            abstract = model_or_fn()
-        self._abstract = abstract
+            abstract = model_or_fn
+        else:
+            with keras_compat.abstract_build():
+                abstract = model_or_fn()
+            self._abstract = abstract
+        if nested.is_nested(abstract):
+            return nested.plan_nested(abstract, self.shards, self.rules)[0]
         return plan_model(abstract, self.shards, self.rules)
 
     def build_model(self, model_or_fn: Any) -> Any:
@@ -209,12 +214,14 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
         plan, units = nested.plan_nested(whole, self.shards, self.rules)
         plan, units, _ = blocks.checked_plan(whole, plan, units, self._agree)
         self.plan, self._abstract = plan, blocks.WholeSource(whole)
+        warning = check_coverage(plan, repr(whole.name))
+        if self.is_chief:
+            _log.log(logging.WARNING if warning else logging.INFO, "%s\n%s",
+                     warning or self.describe(), plan.table())
         tensor = self.tensor_group
         shard = blocks.shard_model(whole, plan, units, tensor, self.timeout, TensorModel)
         shard.attach(plan, tensor, self.data_group, shards_of.vocab_start(plan, tensor),
                      self.timeout, first_timeout=self.first_step_timeout)
-        if self.is_chief:
-            _log.info("%s\n%s", self.describe(), plan.table())
         return shard
 
     def _agree(self, values: Any) -> Any:

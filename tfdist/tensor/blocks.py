@@ -15,7 +15,8 @@ Example:
     >>> class Block(keras.layers.Layer):
     ...     def __init__(self, **kwargs):
     ...         super().__init__(**kwargs)
-    ...         self.up, self.down = keras.layers.Dense(8), keras.layers.Dense(2)
+    ...         self.up = keras.layers.Dense(8, name="up")
+    ...         self.down = keras.layers.Dense(2, name="down")
     ...     def call(self, x):
     ...         return self.down(self.up(x))
     >>> inputs = keras.Input((2,))
