@@ -233,17 +233,19 @@ def _gap(block: Any, call: tuple[Any, Any], local: TensorPlan, units: tuple[Unit
     if failed:
         raise RuntimeError(f"a shard failed: {failed[0]!r}")
     gap = 0.0
-    for got_out, got_in, got_weights in shards:
+    for got_out, got_in, _ in shards:
         gap = max(gap, _relative(got_out, outputs), _relative(got_in, inputs))
-    together = []
+    got, want = [], []  # a split weight's gradient put together; a whole one's on each shard
     for i, variable in enumerate(block.trainable_weights):
         axis = axes.get(id(variable))
         pieces = [s[2][i] for s in shards]
         if axis is None or any(p is None for p in pieces):
-            together.append(pieces[0])
+            got.extend(pieces)
+            want.extend([weights[i]] * len(pieces))
         else:
-            together.append(tf.concat(pieces, axis))
-    return max(gap, _relative(together, weights))
+            got.append(tf.concat(pieces, axis))
+            want.append(weights[i])
+    return max(gap, _relative(got, want))
 
 
 def check_blocks(model: Any, plan: TensorPlan, units: tuple[Unit, ...],
