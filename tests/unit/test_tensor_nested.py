@@ -89,11 +89,17 @@ def test_grouped_query_heads_split_where_t_divides_them_else_whole_with_the_reas
     assert attention(plan)["query"][0] == "column"
     gaps = check_blocks(model, plan, units)
     assert max(gaps.values()) < TOLERANCE, gaps  # measured 2.1e-7
-    plan, _ = plan_nested(llama(2), 3)  # 3 divides neither 12/... heads pattern nor 2
-    assert attention(plan)["query"] == ("replicated", "attention kept whole: T=3 neither "
-                                        "divides nor is a multiple of its 2 key/value heads")
+    plan, _ = plan_nested(llama(2), 3)  # 3 divides the 12 query heads, not the 2 key/value
+    assert attention(plan)["query"] == ("replicated", "attention kept whole: "
+                                        "num_key_value_heads=2: T=3 neither divides it nor is "
+                                        "a multiple of it (use a T dividing 12 that divides or "
+                                        "is a multiple of 2)")
     plan, _ = plan_nested(llama(2), 5)
-    assert attention(plan)["query"][1] == "attention kept whole: T=5 does not divide its 12 heads"
+    assert attention(plan)["query"][1] == ("attention kept whole: num_heads=12 is not a "
+                                           "multiple of T=5 (use a T dividing 12)")
+    down = next(layer for layer in plan.layers if layer.name.endswith("/feedforward_output_dense"))
+    assert down.reason == ("feed-forward kept whole: its inner width 96 is not a multiple of "
+                           "T=5 (use a T dividing it)")
 
 
 class Attention(keras.layers.Layer):

@@ -227,11 +227,13 @@ def _attention(draft: _Draft, path: str, layer: Any, block: str) -> None:
     why = next((f"{name}: {b}" for name in ATTENTION_PARTS
                 if (b := _blocker(parts[name])) is not None), None)
     if why is None and not draft.divides(heads):
-        why = f"T={draft.shards} does not divide its {heads} heads"
+        why = (f"num_heads={heads} is not a multiple of T={draft.shards} (use a T dividing "
+               f"{heads})")
     kv_whole = kv_heads != heads and not draft.divides(kv_heads)
     if why is None and kv_whole and draft.shards % kv_heads:
-        why = (f"T={draft.shards} neither divides nor is a multiple of its {kv_heads} "
-               "key/value heads")
+        why = (f"num_key_value_heads={kv_heads}: T={draft.shards} neither divides it nor is "
+               f"a multiple of it (use a T dividing {heads} that divides or is a multiple of "
+               f"{kv_heads})")
     if why is not None:
         for name in ATTENTION_PARTS:
             draft.keep(paths[name], f"attention kept whole: {why}")
@@ -258,8 +260,14 @@ def _feed_forward(draft: _Draft, path: str, layer: Any, block: str) -> None:
     for place, down in enumerate(linear):
         width, out = (int(d) for d in down.kernel.shape)
         ups = [c for c in linear[:place] if tuple(c.kernel.shape) == (out, width)]
-        if width != out and 0 < len(ups) <= 2 and draft.divides(width):
-            groups.append((len(ups), ups, down))
+        if width == out or not 0 < len(ups) <= 2:
+            continue
+        if not draft.divides(width):
+            for member in (*ups, down):
+                draft.keep(f"{path}/{member.name}", f"feed-forward kept whole: its inner width "
+                           f"{width} is not a multiple of T={draft.shards} (use a T dividing it)")
+            return
+        groups.append((len(ups), ups, down))
     for _, ups, down in sorted(groups, key=lambda group: -group[0])[:1]:
         for up in ups:
             draft.kinds[f"{path}/{up.name}"] = ("column", "auto: feed-forward, up",
@@ -274,7 +282,8 @@ def _embedding(draft: _Draft, model: Any, path: str, layer: Any) -> None:
     rows = int(layer.input_dim)
     why = _blocker(layer)
     if why is None and not draft.divides(rows):
-        why = f"T={draft.shards} does not divide its vocabulary {rows}"
+        why = (f"input_dim (vocabulary)={rows} is not a multiple of T={draft.shards} (pad the "
+               f"vocabulary to a multiple of {draft.shards})")
     if why is None and not layer._inbound_nodes:
         why = "no recorded call (built outside a functional graph)"
     reversed_uses = [n for n in layer._inbound_nodes if n.arguments.kwargs.get("reverse")]
