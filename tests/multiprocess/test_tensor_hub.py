@@ -3,8 +3,9 @@
 output embedding) and Gemma (its own attention layout, a gated feed-forward of ``EinsumDense``)
 at T=2 train to the weights of one process training the whole model on the
 same global batches (Adam, a padding mask, sample weights); skipping the row-split layers'
-all-reduce across processes breaks it; each process holds about half the weights. One launch
-checks the three models and the sabotage."""
+all-reduce across processes breaks it; each process holds about half the weights; the saved
+model (gathered whole) reloads with the trained weights. One launch checks the three models, the
+saving and the sabotage."""
 
 from __future__ import annotations
 
@@ -24,15 +25,17 @@ MODELS = ("gpt2", "llama", "gemma")
 
 
 @pytest.fixture(scope="module")
-def hub_job():
+def hub_job(tmp_path_factory):
     from tfdist.cluster import release_ports
     from tfdist.testing import run_cluster
 
+    saved = tmp_path_factory.mktemp("saved") / "gpt2.keras"
     spec = ClusterSpec.local(workers=2)
     env = {"PYTHONPATH": str(REPO), "TFDIST_STRATEGY": "tensor", "TFDIST_TENSOR_SHARDS": "2"}
     try:
-        return run_cluster(spec, SCRIPT, ["3", *MODELS, "--then-sabotage"], env=env,
-                           strategy="tensor", timeout=400)
+        return run_cluster(spec, SCRIPT, ["3", *MODELS, "--save", str(saved),
+                                          "--then-sabotage"],
+                           env=env, strategy="tensor", timeout=400)
     finally:
         release_ports(spec.ports())
 
@@ -75,3 +78,10 @@ def test_keras_hub_model_at_two_shards_matches_one_process(hub_job, name):
 def test_skipping_an_all_reduce_inside_the_blocks_breaks_parity(hub_job):
     chief = hub_job["worker:0"]
     assert gap(chief["sabotage"], chief["models"][MODELS[0]]) > SABOTAGE_MIN_GAP
+
+
+def test_the_saved_keras_hub_model_reloads_whole_with_the_trained_weights(hub_job):
+    chief = hub_job["worker:0"]["models"][MODELS[0]]
+    assert chief["saved"].endswith("gpt2.keras") and \
+        hub_job["worker:1"]["models"][MODELS[0]]["saved"] is None
+    assert max_gap(chief["reloaded"], chief["trained"]) == 0.0

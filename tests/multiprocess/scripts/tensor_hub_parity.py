@@ -1,7 +1,8 @@
 """One process of a tensor-parallel job training KerasHub models built from small configs (no
 download), each split inside its blocks (`tfdist.tensor.nested`), and what the test checks.
 
-Args: ``steps MODEL [MODEL ...] [--then-sabotage]``, MODEL one of `MODELS`. For each model:
+Args: ``steps MODEL [MODEL ...] [--save FILE] [--then-sabotage]``, MODEL one of `MODELS`;
+``--save``: the first model saved whole (`save_model`) and reloaded by the chief. For each model:
 every process builds it with a fixed seed, takes its shard (`TensorStrategy.build_model`: the
 whole tree planned, each block checked whole against split, the split layers sliced in place),
 fits ``steps`` global batches (Adam, a padding mask with padded positions, the mask as sample
@@ -44,25 +45,35 @@ def build(name):
                                         num_key_value_heads=2, hidden_dim=64,
                                         intermediate_dim=512, head_dim=16)
         return models.GemmaCausalLM(backbone=backbone, preprocessor=None)
+    if name == "bert":
+        backbone = models.BertBackbone(vocabulary_size=VOCAB, num_layers=2, num_heads=4,
+                                       hidden_dim=64, intermediate_dim=256,
+                                       max_sequence_length=SEQ, dropout=0.0)
+        return models.BertTextClassifier(backbone=backbone, num_classes=2, preprocessor=None,
+                                         dropout=0.0)
     raise ValueError(name)
 
 
-MODELS = ("gpt2", "llama", "gemma")
+MODELS = ("gpt2", "llama", "gemma", "bert")
 
 
-def data(steps):
+def data(steps, name):
+    """Next-token batches (a BERT classifier: a label per sequence, a weight per sequence)."""
     rng = np.random.default_rng(7)
     tokens = rng.integers(0, VOCAB, size=(steps * GLOBAL, SEQ + 1)).astype("int32")
     mask = np.ones((steps * GLOBAL, SEQ), "int32")
     mask[1::2, -3:] = 0  # every other sequence padded at its end
     x = {"token_ids": tokens[:, :-1], "padding_mask": mask}
+    if name == "bert":
+        x["segment_ids"] = np.zeros_like(mask)
+        return x, tokens[:, 0] % 2, np.linspace(0.5, 1.5, len(mask)).astype("float32")
     return x, tokens[:, 1:], mask.astype("float32")
 
 
-def fit(model, steps, eagerly=False):
+def fit(model, steps, name, eagerly=False):
     """``steps`` global batches of Adam; ``eagerly`` (the one-process reference): no tracing,
     a third of its time here (the same numbers within float rounding)."""
-    x, y, weights = data(steps)
+    x, y, weights = data(steps, name)
     model.compile(optimizer=keras.optimizers.Adam(LR), run_eagerly=eagerly,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     history = model.fit(x, y, sample_weight=weights, batch_size=GLOBAL, epochs=1,
@@ -101,24 +112,29 @@ def sabotage_rows():
     inplace._WRAPS["row"] = skipping
 
 
-def train_one(strategy, name, steps, reference):
+def train_one(strategy, name, steps, reference, save=None):
     started = time.monotonic()
     keras.utils.set_random_seed(1)
     whole = build(name)
     model = strategy.build_model(whole)
     plan = strategy.plan
     built = time.monotonic()
-    result = {"loss": fit(model, steps), "plan": plan.as_dict(),
+    result = {"loss": fit(model, steps, name), "plan": plan.as_dict(),
               "held_bytes": strategy.weight_bytes(model)}
     result["seconds"] = {"build": built - started, "fit": time.monotonic() - built}
     gathered = strategy.gather_weights(model)
+    if save:
+        result["saved"] = strategy.save_model(model, save)
     if strategy.is_chief:
         result["trained"] = [np.asarray(w).tolist() for entry in plan.layers
                              for w in gathered.get(entry.name, [])]
         result["initial"] = values(whole, plan)
+        if save:
+            loaded = keras.models.load_model(save)
+            result["reloaded"] = values(loaded, plan)
         if reference:
             started = time.monotonic()
-            result["reference_loss"] = fit(whole, steps, eagerly=True)
+            result["reference_loss"] = fit(whole, steps, name, eagerly=True)
             result["reference"] = values(whole, plan)
             result["seconds"]["reference"] = time.monotonic() - started
     return result
@@ -129,8 +145,10 @@ def main(argv):
     names = [a for a in argv[1:] if a in MODELS]
     strategy = tfdist.get_strategy("auto")
     result = {"shards": strategy.shards, "models": {}}
+    save = argv[argv.index("--save") + 1] if "--save" in argv else None
     for name in names:
-        result["models"][name] = train_one(strategy, name, steps, reference=True)
+        result["models"][name] = train_one(strategy, name, steps, reference=True,
+                                           save=save if name == names[0] else None)
     if "--then-sabotage" in argv:
         sabotage_rows()
         result["sabotage"] = train_one(strategy, names[0], steps, reference=False)
