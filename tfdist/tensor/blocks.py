@@ -10,7 +10,7 @@ weights exist in a process only until its shard is made.
 
 Example:
     >>> import keras
-    >>> from tfdist.mesh import Mesh
+    >>> from tfdist.parallel.mesh import Mesh
     >>> from tfdist.tensor.nested import plan_nested
     >>> class Block(keras.layers.Layer):
     ...     def __init__(self, **kwargs):
@@ -35,7 +35,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from tfdist.mesh import ProcessGroup
+from tfdist.parallel.mesh import ProcessGroup
 from tfdist.tensor.check import TOLERANCE, check_blocks
 from tfdist.tensor.inplace import shard_in_place
 from tfdist.tensor.nested import Unit, demote

@@ -64,12 +64,15 @@ class _Exchange:
         self.barrier.wait()
         values = list(self.slots)
         self.barrier.wait()  # nobody overwrites a slot before everyone has read them all
-        return tf.add_n(values) if op == "Add" else tf.reduce_max(tf.stack(values), 0)
+        if op == "max":
+            return tf.reduce_max(tf.stack(values), 0)
+        total = tf.add_n(values)
+        return total / len(values) if op == "mean" else total
 
 
 class LocalGroup:
     """Shard ``rank`` of ``size`` shards run by threads of this process: the collectives of
-    `tfdist.tensor.collectives` sum over the threads instead of the processes."""
+    `tfdist.parallel.mappings` sum over the threads instead of the processes."""
 
     def __init__(self, rank: int, exchange: _Exchange) -> None:
         self.rank, self.exchange = rank, exchange

@@ -1,6 +1,6 @@
 """A built model's layers made into this process's shard, in place: the user's block classes
 and their ``call`` stay; each split leaf layer keeps only its slice of its variables and its
-``call`` is wrapped with Megatron's mappings (`tfdist.tensor.collectives`).
+``call`` is wrapped with Megatron's mappings (`tfdist.parallel.mappings`).
 
 * ``column`` (a query/key/value projection by heads, a feed-forward up or gate): the input
   through `copy_to_group`, then the layer's own ``call`` on its slice;
@@ -18,7 +18,7 @@ and what `tfdist.tensor.check` does to T copies of a block to check it before tr
 
 Example:
     >>> import keras, numpy as np
-    >>> from tfdist.mesh import Mesh
+    >>> from tfdist.parallel.mesh import Mesh
     >>> from tfdist.tensor.nested import plan_nested
     >>> class Block(keras.layers.Layer):
     ...     def __init__(self, **kwargs):
@@ -42,8 +42,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist.mesh import ProcessGroup
-from tfdist.tensor import collectives
+from tfdist.parallel import mappings
+from tfdist.parallel.mesh import ProcessGroup
 from tfdist.tensor.nested import Unit, layer_at
 from tfdist.tensor.plan import LayerSplit, TensorPlan
 
@@ -83,7 +83,7 @@ def _column(layer: Any, group: ProcessGroup, timeout: float) -> None:
     call = layer.call
 
     def column_call(inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        return call(collectives.copy_to_group(inputs, group, timeout), *args, **kwargs)
+        return call(mappings.copy_to_group(inputs, group, timeout), *args, **kwargs)
 
     layer.call = column_call
 
@@ -96,7 +96,7 @@ def _row(layer: Any, group: ProcessGroup, timeout: float) -> None:
             x = keras.ops.matmul(inputs, layer.kernel)
         else:
             x = keras.ops.einsum(equation, inputs, layer.kernel)
-        x = collectives.reduce_from_group(x, group, timeout)
+        x = mappings.reduce_from_group(x, group, timeout)
         if layer.bias is not None:
             x = keras.ops.add(x, layer.bias)
         return layer.activation(x) if layer.activation is not None else x
@@ -114,11 +114,11 @@ def _embedding(layer: Any, group: ProcessGroup, timeout: float) -> None:
         held = tf.logical_and(ids >= 0, ids < rows)
         found = tf.gather(layer.embeddings, tf.where(held, ids, tf.zeros_like(ids)))
         found = found * tf.cast(held, found.dtype)[..., None]
-        return collectives.reduce_from_group(tf.cast(found, layer.compute_dtype), group,
+        return mappings.reduce_from_group(tf.cast(found, layer.compute_dtype), group,
                                              timeout)
 
     def logits(inputs: Any) -> Any:
-        hidden = collectives.copy_to_group(inputs, group, timeout)
+        hidden = mappings.copy_to_group(inputs, group, timeout)
         tied = getattr(layer, "tie_weights", True)
         kernel = keras.ops.transpose(layer.embeddings) if tied else layer.reverse_embeddings
         reverse_dtype = getattr(layer, "reverse_dtype", None)
@@ -142,7 +142,7 @@ def _whole_key_value(layer: Any, unit: Unit, group: ProcessGroup, timeout: float
     head = group.rank * unit.kv_heads // group.size
 
     def key_value_call(inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        out = collectives.copy_to_group(call(inputs, *args, **kwargs), group, timeout)
+        out = mappings.copy_to_group(call(inputs, *args, **kwargs), group, timeout)
         return out[..., head:head + 1, :]
 
     layer.call = key_value_call
@@ -175,7 +175,7 @@ def shard_in_place(model: Any, plan: TensorPlan, units: tuple[Unit, ...],
         group: The tensor group (rank: which slice this process keeps).
         timeout: The collectives' deadline when run eagerly.
     """
-    timeout = collectives.DEFAULT_TIMEOUT if timeout is None else float(timeout)
+    timeout = mappings.DEFAULT_TIMEOUT if timeout is None else float(timeout)
     if group.size == 1:
         return
     for entry in plan.layers:

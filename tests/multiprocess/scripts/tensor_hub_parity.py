@@ -90,7 +90,8 @@ def values(model, plan):
 
 def sabotage_rows():
     """Row-split layers skip their all-reduce across processes (not in the one-process check)."""
-    from tfdist.tensor import collectives, inplace
+    from tfdist.parallel import mappings
+    from tfdist.tensor import inplace
 
     row = inplace._WRAPS["row"]
 
@@ -100,12 +101,12 @@ def sabotage_rows():
             call = layer.call
 
             def partial(inputs, training=None):
-                saved = collectives.reduce_from_group
-                collectives.reduce_from_group = lambda x, *_: x
+                saved = mappings.reduce_from_group
+                mappings.reduce_from_group = lambda x, *_: x
                 try:
                     return call(inputs, training)
                 finally:
-                    collectives.reduce_from_group = saved
+                    mappings.reduce_from_group = saved
 
             layer.call = partial
 
