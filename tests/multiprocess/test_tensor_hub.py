@@ -34,7 +34,7 @@ def hub_job(tmp_path_factory):
     env = {"PYTHONPATH": str(REPO), "TFDIST_STRATEGY": "tensor", "TFDIST_TENSOR_SHARDS": "2"}
     try:
         return run_cluster(spec, SCRIPT, ["3", *MODELS, "--save", str(saved),
-                                          "--then-sabotage"],
+                                          "--then-from-function", "--then-sabotage"],
                            env=env, strategy="tensor", timeout=400)
     finally:
         release_ports(spec.ports())
@@ -85,3 +85,12 @@ def test_the_saved_keras_hub_model_reloads_whole_with_the_trained_weights(hub_jo
     assert chief["saved"].endswith("gpt2.keras") and \
         hub_job["worker:1"]["models"][MODELS[0]]["saved"] is None
     assert max_gap(chief["reloaded"], chief["trained"]) == 0.0
+
+
+def test_built_from_a_function_each_process_holds_slices_of_rank_0s_draw(hub_job):
+    # each process draws the whole model with its own seed; gathered back, the shards are
+    # rank 0's draw exactly (a shard sliced from its own draw would differ by ~0.1)
+    assert hub_job["worker:0"]["from_function"]["gap_to_own_draw"] == 0.0
+    for rank in range(2):
+        built = hub_job[f"worker:{rank}"]["from_function"]
+        assert built["held_bytes"] == built["bytes"]

@@ -1,8 +1,10 @@
 """One process of a tensor-parallel job training KerasHub models built from small configs (no
 download), each split inside its blocks (`tfdist.tensor.nested`), and what the test checks.
 
-Args: ``steps MODEL [MODEL ...] [--save FILE] [--then-sabotage]``, MODEL one of `MODELS`;
-``--save``: the first model saved whole (`save_model`) and reloaded by the chief. For each model:
+Args: ``steps MODEL [MODEL ...] [--save FILE] [--then-from-function] [--then-sabotage]``,
+MODEL one of `MODELS`; ``--save``: the first model saved whole (`save_model`) and reloaded by
+the chief; ``--then-from-function``: the first model built by ``build_model(fn)``, each process
+drawing with its own seed (the shards must be slices of rank 0's draw). For each model:
 every process builds it with a fixed seed, takes its shard (`TensorStrategy.build_model`: the
 whole tree planned, each block checked whole against split, the split layers sliced in place),
 fits ``steps`` global batches (Adam, a padding mask with padded positions, the mask as sample
@@ -141,6 +143,30 @@ def train_one(strategy, name, steps, reference, save=None):
     return result
 
 
+def from_function(strategy, name):
+    """The model built by ``build_model(fn)``: every process draws its own weights (its own
+    seed); the shards must be slices of rank 0's draw, and the whole gathered back rank 0's."""
+    drawn = {}
+
+    def fn():
+        model = build(name)
+        try:
+            drawn.update({v.path: v.numpy() for v in model.weights})
+        except Exception:  # the description without weights, made first  # noqa: BLE001
+            pass
+        return model
+
+    keras.utils.set_random_seed(100 + strategy.rank)
+    model = strategy.build_model(fn)
+    plan = strategy.plan
+    gathered = strategy.gather_weights(model)
+    whole = [drawn[w.name] for entry in plan.layers for w in entry.weights]
+    mine = [np.asarray(v) for entry in plan.layers for v in gathered.get(entry.name, [])]
+    return {"held_bytes": strategy.weight_bytes(model), "bytes": plan.bytes_per_process,
+            "gap_to_own_draw": max(float(np.max(np.abs(a - b))) for a, b in
+                                   zip(mine, whole, strict=True)) if strategy.is_chief else None}
+
+
 def main(argv):
     steps = int(argv[0])
     names = [a for a in argv[1:] if a in MODELS]
@@ -150,6 +176,8 @@ def main(argv):
     for name in names:
         result["models"][name] = train_one(strategy, name, steps, reference=True,
                                            save=save if name == names[0] else None)
+    if "--then-from-function" in argv:
+        result["from_function"] = from_function(strategy, names[0])
     if "--then-sabotage" in argv:
         sabotage_rows()
         result["sabotage"] = train_one(strategy, names[0], steps, reference=False)
