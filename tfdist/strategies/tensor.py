@@ -183,8 +183,9 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
         built = hasattr(model_or_fn, "layers")
         if self._of_blocks(model_or_fn):
             return self._build_blocks(model_or_fn if built else model_or_fn(), built)
-        self.plan = self.plan_model(model_or_fn)
+        # the function once (`_of_blocks` called it): the seeds it drew are the model's
         source = model_or_fn if built else self._abstract
+        self.plan = self.plan_model(source)
         self._abstract = source
         warning = check_coverage(self.plan, repr(source.name))
         if warning and self.is_chief:
