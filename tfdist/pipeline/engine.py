@@ -12,7 +12,9 @@ step inside the caller's ``tf.function`` (Keras's ``train_step``, or a custom lo
   schedule in order (1F1B then really keeps at most ``K - stage`` micro-batches' activations);
   sends and receives are asynchronous kernels outside that chain, so no stage waits for a send
   to be taken. Every send is tied to the step's outputs: one that nothing uses would be pruned
-  from the ``tf.function`` and its receiver would wait for ever.
+  from the ``tf.function`` and its receiver would wait for ever. Each op kind has its handler
+  (`OP_HANDLERS`): a split backward's ``("I", m)`` and ``("W", m)`` are in
+  `tfdist.pipeline.split_backward`.
 * `forward` runs forwards only (evaluate, predict).
 * A stage's losses beyond the compiled one (`LossTerms`): the weight regularizers are
   differentiated once per step (in `finish`); the losses a call adds (activity regularizers,
@@ -40,6 +42,7 @@ from tfdist.mesh import DATA, PIPE, ProcessGroup
 from tfdist.pipeline import gradients, transport
 from tfdist.pipeline import schedule as schedules
 from tfdist.pipeline.layout import PipelineLayout
+from tfdist.pipeline.split_backward import input_gradient_op, weight_gradient_op
 from tfdist.pipeline.transport import (
     ACTIVATION,
     EVALUATE,
@@ -54,7 +57,7 @@ from tfdist.pipeline.transport import (
     send_boundary,
 )
 
-__all__ = ["PipelineEngine", "StageEngine", "StageStep", "LossTerms"]
+__all__ = ["PipelineEngine", "StageEngine", "StageStep", "LossTerms", "OP_HANDLERS"]
 
 LossFn = Callable[[Any, Any, Any], Any]
 TERMS_INDEX = 4095
@@ -127,7 +130,8 @@ class PipelineEngine(Protocol):
 class StageStep:
     """What one stage's step has built so far: per micro-batch tapes, inputs, outputs and losses,
     the summed gradients, the losses its calls added (already divided by M), the sends to tie
-    to the step's outputs, and the last op (``chain``)."""
+    to the step's outputs, and the last op (``chain``). A split backward keeps each tape
+    (``persistent``) and what its I differentiated (``heads``) until its W."""
 
     call: Callable[[Any], Any]
     variables: list[Any]
@@ -145,6 +149,8 @@ class StageStep:
     losses: dict[int, Any] = dataclasses.field(default_factory=dict)
     sends: list[Any] = dataclasses.field(default_factory=list)
     chain: list[Any] = dataclasses.field(default_factory=list)
+    persistent: bool = False
+    heads: dict[int, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,10 +193,14 @@ class StageEngine:
         nxt = self.layout.next
         return None if nxt is None else self.connect(self.layout.pair(nxt), self.timeout)
 
-    def ops(self) -> schedules.Schedule:
-        """This stage's schedule of one training step."""
-        return schedules.get_schedule(
-            self.schedule, self.layout.stages, self.micro_batches, self.layout.stage)
+    @property
+    def plan(self) -> schedules.PipelineSchedule:
+        """The schedule of this pipeline (one chunk per process)."""
+        return schedules.schedule_class(self.schedule)(self.layout.stages, self.micro_batches)
+
+    def ops(self) -> tuple[schedules.Action, ...]:
+        """This stage's actions of one training step."""
+        return self.plan.actions(self.layout.stage)
 
     # ----------------------------------------------------------------- data
     def replica_rows(self, tensor: Any) -> Any:
@@ -242,7 +252,7 @@ class StageEngine:
             of the step is a control input of ``loss`` and of each gradient.
         """
         step = self.begin(call, variables, x, y, loss_fn, sample_weight, terms)
-        for op, m in self.ops():
+        for op, m, _ in self.ops():
             self.run_op(step, op, m)
         return self.finish(step)
 
@@ -258,15 +268,14 @@ class StageEngine:
             xs=self._split_inputs(x) if layout.is_first else None,
             ys=self._split(y) if last else None,
             weights=self._split(sample_weight) if last and sample_weight is not None else None,
-            grads=[None] * len(variables), terms=terms)
+            grads=[None] * len(variables), terms=terms,
+            persistent=schedules.schedule_class(self.schedule).split_backward)
 
     def run_op(self, step: StageStep, op: str, m: int) -> None:
-        """Builds one ``(op, micro_batch)`` of the schedule, after the stage's previous op."""
+        """Builds one ``(op, micro_batch)`` of the schedule, after the stage's previous op
+        (the op's handler: `OP_HANDLERS`)."""
         with tf.control_dependencies(step.chain):
-            if op == schedules.FORWARD:
-                marker = self._forward_op(step, m)
-            else:
-                marker = self._backward_op(step, m)
+            marker = OP_HANDLERS[op](self, step, m)
         step.chain = [marker]
 
     def finish(self, step: StageStep) -> tuple[Any, list[Any], list[Any]]:
@@ -339,17 +348,17 @@ class StageEngine:
                 step.losses[m] += tf.cast(added, step.losses[m].dtype)
         return out
 
-    def _differentiable(self, inputs: Sequence[Any]) -> list[Any]:
+    def differentiable(self, inputs: Sequence[Any]) -> list[Any]:
         """The received tensors whose gradients go back (`BoundaryTensor.gradient`)."""
         return [t for t, b in zip(inputs, self.inputs, strict=True) if b.gradient]
 
     def _taped(self, step: StageStep, m: int, inp: Any) -> tuple[Any, Any]:
         """`_run` under a tape that watches the differentiable inputs (unless stage 0):
-        ``(tape, output)``."""
-        tape = tf.GradientTape(persistent=False)
+        ``(tape, output)``; persistent when a split backward asks it twice."""
+        tape = tf.GradientTape(persistent=step.persistent)
         with tape:
             if not self.layout.is_first:
-                tape.watch(self._differentiable(inp))
+                tape.watch(self.differentiable(inp))
             out = self._run(step, m, inp)
         return tape, out
 
@@ -372,34 +381,46 @@ class StageEngine:
         step.sends.extend(send_boundary(self.next, out, self.outputs, ACTIVATION, m))
         return out
 
-    def _backward_op(self, step: StageStep, m: int) -> Any:
-        layout, variables, grads = self.layout, step.variables, step.grads
-        inputs = [] if layout.is_first else self._differentiable(step.inputs[m])
-        sources = [*variables, *inputs]
+    def backward_heads(self, step: StageStep, m: int) -> tuple[Any, list[Any], Any]:
+        """Micro-batch ``m``'s tape and what its backward differentiates: ``(tape, targets,
+        heads)`` (the last stage: its loss, heads None; else its outputs and the losses its call
+        added, their gradients received from the next stage, or ones)."""
+        layout = self.layout
         if self.recompute:
             tape, output = self._taped(step, m, step.inputs[m])
             output = output if layout.is_last else tf.nest.flatten(output)
         else:
             tape, output = step.tapes.pop(m), step.outputs[m]
         if layout.is_last:
-            result = tape.gradient(step.losses[m], sources)
-        else:
-            upstream = recv_boundary(self.next, self.outputs, step.rows, GRADIENT, m)
-            pairs = [(t, g) for t, g in zip(output, upstream, strict=True) if g is not None]
-            targets, heads = [t for t, _ in pairs], [g for _, g in pairs]
-            if m in step.added:
-                targets.append(step.added[m])
-                heads.append(tf.ones_like(step.added[m]))
-            result = tape.gradient(targets, sources, output_gradients=heads)
+            return tape, step.losses[m], None
+        upstream = recv_boundary(self.next, self.outputs, step.rows, GRADIENT, m)
+        pairs = [(t, g) for t, g in zip(output, upstream, strict=True) if g is not None]
+        targets, heads = [t for t, _ in pairs], [g for _, g in pairs]
+        if m in step.added:
+            targets.append(step.added[m])
+            heads.append(tf.ones_like(step.added[m]))
+        return tape, targets, heads
+
+    def send_input_gradients(self, step: StageStep, m: int, inputs: Sequence[Any],
+                             result: Sequence[Any]) -> Any:
+        """Sends the gradients ``result`` of the differentiable ``inputs`` to the previous stage
+        (zeros where None); returns their group (the op's marker)."""
+        back = iter(tf.zeros_like(t) if g is None else g
+                    for t, g in zip(inputs, result, strict=True))
+        backs = [next(back) if b.gradient else None for b in self.inputs]
+        step.sends.extend(send_boundary(self.previous, backs, self.inputs, GRADIENT, m))
+        return tf.group([g for g in backs if g is not None])
+
+    def _backward_op(self, step: StageStep, m: int) -> Any:
+        layout, variables, grads = self.layout, step.variables, step.grads
+        inputs = [] if layout.is_first else self.differentiable(step.inputs[m])
+        tape, targets, heads = self.backward_heads(step, m)
+        result = tape.gradient(targets, [*variables, *inputs], output_gradients=heads)
         gradients.accumulate(grads, result[:len(variables)])
         if layout.is_first:
             done = [g for g in grads if g is not None]
             return tf.group(done) if done else tf.no_op()
-        back = iter(tf.zeros_like(t) if g is None else g
-                    for t, g in zip(inputs, result[len(variables):], strict=True))
-        backs = [next(back) if b.gradient else None for b in self.inputs]
-        step.sends.extend(send_boundary(self.previous, backs, self.inputs, GRADIENT, m))
-        return tf.group([g for g in backs if g is not None])
+        return self.send_input_gradients(step, m, inputs, result[len(variables):])
 
     def forward(self, call: Callable[[Any], Any], x: Any, phase: int = EVALUATE,
                 terms: LossTerms | None = None) -> tuple[list[Any], Any | None]:
@@ -466,3 +487,11 @@ class StageEngine:
             instance=instance_key(SHARE, 0, index, phase), timeout=self.timeout)
 
 
+OP_HANDLERS: dict[str, Callable[[StageEngine, StageStep, int], Any]] = {
+    schedules.FORWARD: StageEngine._forward_op,  # noqa: SLF001
+    schedules.BACKWARD: StageEngine._backward_op,  # noqa: SLF001
+    schedules.BACKWARD_INPUT: input_gradient_op,
+    schedules.BACKWARD_WEIGHT: weight_gradient_op,
+}
+"""What builds each op kind of a schedule's actions (`StageEngine.run_op`): a schedule with a
+new kind of op adds its handler here."""

@@ -152,11 +152,12 @@ class InterleavedPipeline:
     def layout(self) -> PipelineLayout:
         return self.process.layout
 
-    def ops(self) -> schedules.Schedule:
-        """This process's interleaved schedule: ``(op, micro_batch, chunk)``."""
+    def ops(self) -> tuple[schedules.Action, ...]:
+        """This process's actions ``(op, micro_batch, chunk)`` under its schedule."""
         layout = self.layout
-        return schedules.interleaved(layout.stages, self.process.micro_batches, layout.stage,
-                                     len(self.engines))
+        plan = schedules.schedule_class(self.process.schedule)(
+            layout.stages, self.process.micro_batches, len(self.engines))
+        return plan.actions(layout.stage)
 
     def train(self, calls: Sequence[Callable[[Any], Any]], variables: Sequence[Sequence[Any]],
               x: Any, y: Any, loss_fn: Any, sample_weight: Any = None,

@@ -53,7 +53,6 @@ from tfdist.pipeline import (
     tied,
     transport,
 )
-from tfdist.pipeline import schedule as schedule_lib
 from tfdist.pipeline.config import (
     LAYER_COSTS_ENV,
     MICRO_BATCHES_ENV,
@@ -117,11 +116,14 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
         stages: K, the number of stages (None: ``$TFDIST_PIPELINE_STAGES``, else 1).
         micro_batches: M, micro-batches per replica batch (None: ``$TFDIST_PIPELINE_MICRO_BATCHES``,
             else 1). The global batch must be a multiple of D x M.
-        schedule: ``"gpipe"`` (all forwards, then all backwards) or ``"1f1b"`` (one forward, one
-            backward: a stage keeps at most K - stage micro-batches' activations). Both give
-            the same result. Or ``"interleaved"`` (Megatron-LM's interleaved 1F1B): each process
-            holds ``chunks`` pieces of the model (process k: pieces k, k + K, ...), the bubble
-            shrinks to (K-1)/(v M) for v times as many transfers; M a multiple of K.
+        schedule: A name of `tfdist.pipeline.schedule.SCHEDULES` (None:
+            ``$TFDIST_PIPELINE_SCHEDULE``, else ``"gpipe"``); all give the same result.
+            ``"gpipe"``: all forwards, then all backwards; ``"1f1b"``: one forward, one
+            backward (a stage keeps at most K - stage micro-batches' activations);
+            ``"interleaved"`` (Megatron-LM's): each process holds ``chunks`` pieces of the
+            model (process k: pieces k, k + K, ...), the bubble shrinks to (K-1)/(v M) for v
+            times as many transfers, M a multiple of K; ``"zb-h1"`` (zero bubble): 1F1B with
+            each backward split, the weight gradients computed in the bubble.
         chunks: v, model chunks per process with ``schedule="interleaved"`` (None:
             ``$TFDIST_PIPELINE_CHUNKS``, else 1).
         split_points: The first layer of each stage but the first (layer names); None balances
@@ -288,8 +290,8 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
         """
         if self.config.chunks > 1:
             layers = len(stage.describe_model(model_or_fn).nodes)
-            schedule_lib.check_interleaved(self.stages, self.micro_batches, self.config.chunks,
-                                           layers)
+            self.config.schedule_class.check(self.stages, self.micro_batches,
+                                             self.config.chunks, layers)
         return stage.split_model(model_or_fn, self.config.pieces, self.micro_batches,
                                  self.config.split_points, self.config.layer_costs,
                                  self.config.batch_norm)
