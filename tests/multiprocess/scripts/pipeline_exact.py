@@ -6,7 +6,8 @@ Args: ``steps micro_batches schedule case [case ...]``. A case is an optimizer n
 options, ``adam``, ``adam:clipnorm=0.05``, ``adam:weight_decay=0.1:exclude=out``,
 ``adam:loss_scale=1``... (see `make_optimizer`); ``local_norm=1`` breaks the mechanism under
 test for that case (each stage clips by its own gradients' norm: the sabotage of
-``global_clipnorm``). Stage 0 is the embedding (its gradient an ``IndexedSlices`` with repeated
+``global_clipnorm``); ``w_heads=none`` breaks the zero-bubble schedule's W (it ignores the
+gradients its I received). Stage 0 is the embedding (its gradient an ``IndexedSlices`` with repeated
 rows: a small vocabulary), stage 1 the dense layers.
 
 With ``--recompute`` the stages recompute their activations in the backward. With
@@ -57,7 +58,7 @@ def make_optimizer(keras, case):
             exclude = value.split(",")
         elif key == "loss_scale":
             loss_scale = True
-        elif key == "local_norm":
+        elif key in ("local_norm", "w_heads"):
             continue
         else:
             kwargs[key] = value in ("1", "true") if key == "use_ema" else (
@@ -96,9 +97,25 @@ def stage_local_norm():
         optimizers._squared_sum(grads))
 
 
+def weight_pass_without_heads():
+    """A split backward's W differentiating its targets with ones instead of the gradients its I
+    received (the sabotage of the zero-bubble schedule's W)."""
+    from tfdist.pipeline import engine, gradients
+
+    def broken(stage_engine, step, m):
+        tape = step.tapes.pop(m)
+        targets, _ = step.heads.pop(m)
+        gradients.accumulate(step.grads, tape.gradient(targets, step.variables))
+        return step.grads[0]
+
+    engine.OP_HANDLERS["W"] = broken
+
+
 def run_case(keras, strategy, initial, x, y, case):
     if "local_norm=1" in case:
         stage_local_norm()
+    if "w_heads=none" in case:
+        weight_pass_without_heads()
     whole = build(keras)
     whole.set_weights(initial)
     model = strategy.build_model(whole)
