@@ -2,11 +2,15 @@
 TF_CONFIG), ``multi_worker`` (same processes, data parallel) or ``default`` (one process).
 
 Usage: ``python -m tfdist.bench.workers.pipeline_worker --mode pipeline --micro-batches 4``
-(``--chunks 2``: interleaved 1F1B, two chunks per process, whose bound is ``(M + (K-1)/v)``
-times the process's work on one micro-batch over all its chunks).
+(``--schedule``: any of `tfdist.pipeline.schedule.SCHEDULES`; ``--chunks 2``: interleaved 1F1B,
+two chunks per process). A schedule's bound is ``(M + idle slots)`` times the process's work on
+one micro-batch over all its chunks, the idle slots simulated by the schedule
+(`PipelineSchedule.idle_slots`: ``K - 1`` for GPipe and 1F1B, ``(K-1)/v`` interleaved, about a
+third of ``K - 1`` for ZB-H1, whose forward, input gradient and weight gradient of a Dense layer
+are one matrix product each).
 Under ``pipeline`` each process times, in alternating rounds, its own stage alone (forward and
 backward of one micro-batch, no transfers) and the pipelined step of the custom-loop path
-(``strategy.train_step``): the GPipe bound of a step is ``(M + K - 1)`` times the slowest stage's
+(``strategy.train_step``): GPipe's bound of a step is ``(M + K - 1)`` times the slowest stage's
 time, and alternating keeps both medians under the same machine load (this machine is shared).
 Every mode then times one ``fit`` over ``--steps`` global batches (after a warm-up fit) with a
 callback that stamps each step's end: ``step_s`` is the median steady step (end to end, the
@@ -97,7 +101,9 @@ def pipeline_seconds(strategy: Any, model: Any, keras: Any, x: Any, y: Any,
     step = strategy.train_step(model, "mse", keras.optimizers.SGD(1e-4))
     xs, ys = tf.constant(x), tf.constant(y)
     rows = len(x) // (micro_batches * strategy.num_replicas)
-    slots = micro_batches + (strategy.stages - 1) / strategy.config.chunks
+    config = strategy.config
+    slots = micro_batches + config.schedule_class(config.stages, micro_batches,
+                                                  config.chunks).idle_slots()
     return interleaved(lambda: float(step(xs, ys)), stage_alone(model, rows), slots, rounds)
 
 
@@ -128,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         required=True)
     parser.add_argument("--micro-batches", type=int, default=1)
     parser.add_argument("--chunks", type=int, default=1)
+    parser.add_argument("--schedule", default="gpipe")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--depth", type=int, default=8)
@@ -142,9 +149,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     keras = flavour.get_keras()
     options: dict[str, Any] = {}
     if args.mode == "pipeline":
-        options["micro_batches"] = args.micro_batches
+        options.update(micro_batches=args.micro_batches, schedule=args.schedule)
     if args.chunks > 1:
-        options.update(schedule="interleaved", chunks=args.chunks)
+        options["chunks"] = args.chunks
     strategy = tfdist.get_strategy(args.mode, **options)
     model = strategy.build_model(lambda: build(keras, args.width, args.depth))
     result: dict[str, Any] = {"mode": args.mode, "processes": strategy.num_workers}
