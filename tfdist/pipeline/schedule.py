@@ -145,9 +145,9 @@ class PipelineSchedule:
 
     def bubble(self, forward: float = 1.0, backward: float = 2.0,
                weight: float | None = None) -> float:
-        """The idle share of a step with equal pieces: ``1 - M (f + b) / step``."""
+        """The idle share of a step with equal pieces: ``(step - M (f + b)) / step``."""
         step = self.step_time(forward, backward, weight)
-        return 1.0 - self.micro_batches * (forward + backward) / step
+        return (step - self.micro_batches * (forward + backward)) / step
 
     def idle_slots(self, forward: float = 1.0, backward: float = 2.0,
                    weight: float | None = None) -> float:
