@@ -163,7 +163,7 @@ class StageEngine:
             ``()`` for stage 0, which reads the model's inputs).
         outputs: The tensors it sends to the next one (``()`` for the last stage).
         micro_batches: M.
-        schedule: ``"gpipe"`` or ``"1f1b"``.
+        schedule: A name of `tfdist.pipeline.schedule.SCHEDULES` (one chunk per process).
         timeout: Seconds each transfer may wait for its peer (0: no limit).
         connect: Makes the link ``connect(pair, timeout)`` to a neighbour from the pair's
             group (`PipelineLayout.pair`): `Link` (collectives between processes), or an

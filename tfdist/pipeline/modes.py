@@ -4,8 +4,8 @@
   `StageEngine` whose neighbours are other processes (collectives, `tfdist.pipeline.transport`).
 * `StagesOnDevices`: one process holds all K stages, stage ``k`` on local device ``k``; its
   engine is a `LocalPipeline` of K stage engines linked in-process.
-* `ChunksPerProcess` (a multi-chunk schedule, ``"interleaved"``): each process of a job of D x K holds v of
-  the model's K x v pieces (`tfdist.pipeline.interleave`).
+* `ChunksPerProcess` (a multi-chunk schedule: ``"interleaved"``): each process of a job of D x K
+  holds v of the model's K x v pieces (`tfdist.pipeline.interleave`).
 
 Each answers the `PipelineMode` interface: the process's `PipelineLayout` (K stages in both; the
 second holds them all), its devices, a description of where its stages are, and the Keras model
