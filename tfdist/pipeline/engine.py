@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import tensorflow as tf
 
 from tfdist.mesh import DATA, PIPE, ProcessGroup
 from tfdist.pipeline import gradients, transport
 from tfdist.pipeline import schedule as schedules
+from tfdist.pipeline.interface import LossFn, LossTerms, PipelineEngine
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.split_backward import input_gradient_op, weight_gradient_op
 from tfdist.pipeline.transport import (
@@ -57,73 +58,11 @@ from tfdist.pipeline.transport import (
     send_boundary,
 )
 
-__all__ = ["PipelineEngine", "StageEngine", "StageStep", "LossTerms", "OP_HANDLERS"]
+__all__ = ["PipelineEngine", "StageEngine", "StageStep", "LossTerms", "OP_HANDLERS", "run_actions"]
 
-LossFn = Callable[[Any, Any, Any], Any]
 TERMS_INDEX = 4095
 """The carried loss terms travel as the last tensor index (4095) of micro-batch 0's ACTIVATION
 transfer; the tensors a cut carries take indices ``0..n-1``."""
-
-
-@dataclasses.dataclass(frozen=True)
-class LossTerms:
-    """A stage's losses besides the compiled loss, as functions the engine calls in its graph.
-
-    Attributes:
-        weights: The sum of the losses that depend on variables only (weight regularizers),
-            or None if there are none; called once per step.
-        added: The sum of the losses the stage's last call added (activity regularizers,
-            ``add_loss`` in ``call``), or None; called right after each call.
-
-    Example:
-        >>> terms = LossTerms(weights=lambda: None, added=lambda: tf.constant(0.5))
-        >>> float(terms.added())
-        0.5
-    """
-
-    weights: Callable[[], Any]
-    added: Callable[[], Any]
-
-
-class PipelineEngine(Protocol):
-    """What a stage model (`tfdist.pipeline.keras_model`) and `PipelineStrategy.train_step` call
-    on the engine of this process's stages: the one interface of the pipeline's two modes.
-
-    `StageEngine` implements it for a process that holds one stage (its neighbours in other
-    processes); `tfdist.pipeline.local.LocalPipeline` for a process that holds all K stages on
-    its devices. ``calls``, ``variables`` and ``terms`` are what the model's ``stage_calls``,
-    ``stage_variables`` and ``stage_loss_terms`` give: one stage's, or a list of K.
-    """
-
-    @property
-    def layout(self) -> PipelineLayout:
-        """This process's place (``layout.is_last``: it holds the last stage and the loss)."""
-        ...
-
-    def train(self, calls: Any, variables: Any, x: Any, y: Any, loss_fn: LossFn,
-              sample_weight: Any = None, terms: Any = None, /
-              ) -> tuple[Any, list[Any], list[Any]]:
-        """One training step: ``(loss, gradients, outputs)`` (see `StageEngine.train`)."""
-        ...
-
-    def forward(self, calls: Any, x: Any, phase: int = EVALUATE, terms: Any = None, /
-                ) -> tuple[list[Any], Any | None]:
-        """A forward-only pass: ``(outputs, terms)`` (see `StageEngine.forward`)."""
-        ...
-
-    def replica_rows(self, tensor: Any) -> Any:
-        """This replica's rows of a global batch."""
-        ...
-
-    def average_over_replicas(self, tensors: Sequence[Any], kind: int = REDUCE,
-                              phase: int = TRAIN) -> list[Any]:
-        """The mean of each tensor over this stage's D replicas."""
-        ...
-
-    def share(self, values: Any | None, shape: Any, dtype: Any, index: int = 0,
-              phase: int = TRAIN) -> Any:
-        """The last stage's ``values`` on every stage of this replica."""
-        ...
 
 
 @dataclasses.dataclass
@@ -252,8 +191,7 @@ class StageEngine:
             of the step is a control input of ``loss`` and of each gradient.
         """
         step = self.begin(call, variables, x, y, loss_fn, sample_weight, terms)
-        for op, m, _ in self.ops():
-            self.run_op(step, op, m)
+        run_actions([self], [step], self.ops())
         return self.finish(step)
 
     def begin(self, call: Callable[[Any], Any], variables: Sequence[Any], x: Any, y: Any,
@@ -485,6 +423,28 @@ class StageEngine:
         return transport.group_broadcast(
             values if self.layout.is_last else None, shape, dtype, group=group,
             instance=instance_key(SHARE, 0, index, phase), timeout=self.timeout)
+
+
+def run_actions(engines: Sequence[StageEngine], steps: Sequence[StageStep],
+                actions: Sequence[schedules.Action]) -> None:
+    """Builds a process's ``actions`` in order, each ``(op, micro_batch, chunk)`` by its chunk's
+    engine on its chunk's step, each after the one before (whatever its chunk): the one loop of
+    a process holding one stage (one chunk) or several chunks (`tfdist.pipeline.interleave`).
+
+    Example:
+        >>> class Recorder:
+        ...     def run_op(self, step, op, m):
+        ...         step.chain = step.chain + [f"{op}{m}"]
+        >>> steps = [StageStep(None, [], None, None, None, None, None, []) for _ in range(2)]
+        >>> run_actions([Recorder(), Recorder()], steps, [("F", 0, 0), ("F", 0, 1), ("B", 0, 1)])
+        >>> steps[1].chain
+        ['F0', 'F0', 'B0']
+    """
+    chain: list[Any] = []
+    for op, m, c in actions:
+        steps[c].chain = chain
+        engines[c].run_op(steps[c], op, m)
+        chain = steps[c].chain
 
 
 OP_HANDLERS: dict[str, Callable[[StageEngine, StageStep, int], Any]] = {
