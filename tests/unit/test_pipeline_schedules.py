@@ -156,3 +156,54 @@ def test_the_registry_names_every_built_in_schedule():
     assert list(schedule.SCHEDULES) == ["gpipe", "1f1b", "interleaved", "zb-h1"]
     assert [c.split_backward for c in schedule.SCHEDULES.values()] == [False, False, False, True]
     assert [c.multi_chunk for c in schedule.SCHEDULES.values()] == [False, False, True, False]
+
+
+def test_w_holds_back_exactly_the_ops_only_the_weight_gradients_need():
+    import types
+
+    import tensorflow as tf
+
+    from tfdist.pipeline import split_backward
+    from tfdist.pipeline.engine import StageStep
+
+    kernel = tf.Variable([[2.0, 1.0], [0.5, 3.0]])
+    seen: dict = {}
+
+    class Engine:  # what the handlers ask of a middle stage's engine
+        layout = types.SimpleNamespace(is_first=False)
+
+        def backward_heads(self, step, m):
+            return step.tapes.pop(m), [step.outputs[m]], [tf.ones_like(step.outputs[m])]
+
+        def differentiable(self, inputs):
+            return inputs
+
+        def send_input_gradients(self, step, m, inputs, result):
+            seen["dx"] = result
+            return tf.group(result)
+
+    @tf.function
+    def build(x):
+        step = StageStep(None, [kernel], None, None, None, None, None, [None])
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            step.outputs[0] = tf.tanh(tf.matmul(tf.tanh(tf.matmul(x, kernel)), kernel))
+        step.tapes[0], step.inputs[0] = tape, [x]
+        split_backward.input_gradient_op(Engine(), step, 0)
+        seen["held"] = list(step.deferred[0][1])
+        step.chain = [tf.identity(x, name="op_before_w")]
+        split_backward.weight_gradient_op(Engine(), step, 0)
+        return step.grads[0]
+
+    graph = build.get_concrete_function(tf.TensorSpec([3, 2])).graph
+    held = seen["held"]
+    before = graph.get_operation_by_name("op_before_w")
+    assert any(op.type == "MatMul" for op in held)  # x^T g: the weight gradients' products
+    assert all(before in op.control_inputs for op in held)
+    shared = split_backward.weight_only_ops(graph.get_operations(), [], seen["dx"])
+    assert shared and not set(shared) & set(held)  # the input gradient's ops run in I
+    assert not any(before in op.control_inputs for op in shared)
+    x = tf.constant([[0.1, 0.2], [0.3, -0.4], [0.5, 0.6]])
+    with tf.GradientTape() as tape:
+        total = tf.reduce_sum(tf.tanh(tf.matmul(tf.tanh(tf.matmul(x, kernel)), kernel)))
+    assert float(tf.reduce_max(tf.abs(build(x) - tape.gradient(total, kernel)))) < 1e-6

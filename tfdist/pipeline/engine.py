@@ -69,8 +69,8 @@ transfer; the tensors a cut carries take indices ``0..n-1``."""
 class StageStep:
     """What one stage's step has built so far: per micro-batch tapes, inputs, outputs and losses,
     the summed gradients, the losses its calls added (already divided by M), the sends to tie
-    to the step's outputs, and the last op (``chain``). A split backward keeps each tape
-    (``persistent``) and what its I differentiated (``heads``) until its W."""
+    to the step's outputs, and the last op (``chain``). A split backward keeps each micro-batch's
+    weight gradients and the ops only they need (``deferred``) from its I until its W."""
 
     call: Callable[[Any], Any]
     variables: list[Any]
@@ -88,8 +88,7 @@ class StageStep:
     losses: dict[int, Any] = dataclasses.field(default_factory=dict)
     sends: list[Any] = dataclasses.field(default_factory=list)
     chain: list[Any] = dataclasses.field(default_factory=list)
-    persistent: bool = False
-    heads: dict[int, Any] = dataclasses.field(default_factory=dict)
+    deferred: dict[int, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,15 +205,14 @@ class StageEngine:
             xs=self._split_inputs(x) if layout.is_first else None,
             ys=self._split(y) if last else None,
             weights=self._split(sample_weight) if last and sample_weight is not None else None,
-            grads=[None] * len(variables), terms=terms,
-            persistent=schedules.schedule_class(self.schedule).split_backward)
+            grads=[None] * len(variables), terms=terms)
 
     def run_op(self, step: StageStep, op: str, m: int) -> None:
         """Builds one ``(op, micro_batch)`` of the schedule, after the stage's previous op
         (the op's handler: `OP_HANDLERS`)."""
         with tf.control_dependencies(step.chain):
             marker = OP_HANDLERS[op](self, step, m)
-        step.chain = [marker]
+        step.chain = tf.nest.flatten(marker)
 
     def finish(self, step: StageStep) -> tuple[Any, list[Any], list[Any]]:
         """``train``'s result from a step whose schedule has been built."""
@@ -292,8 +290,8 @@ class StageEngine:
 
     def _taped(self, step: StageStep, m: int, inp: Any) -> tuple[Any, Any]:
         """`_run` under a tape that watches the differentiable inputs (unless stage 0):
-        ``(tape, output)``; persistent when a split backward asks it twice."""
-        tape = tf.GradientTape(persistent=step.persistent)
+        ``(tape, output)``."""
+        tape = tf.GradientTape(persistent=False)
         with tape:
             if not self.layout.is_first:
                 tape.watch(self.differentiable(inp))
