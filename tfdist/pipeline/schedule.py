@@ -8,8 +8,8 @@ each rank's ordered actions (`Action`: op, micro-batch, chunk). The ops:
 * ``"B"`` full backward: receive the output's gradient (or take the loss's), accumulate the
   piece's weight gradients, send the input's gradient back unless first;
 * ``"I"`` and ``"W"``, a backward split in two (zero bubble, arXiv 2401.10241): ``"I"`` computes
-  and sends the input's gradient only (the critical path upstream), ``"W"`` later the weight
-  gradients of the same micro-batch from the same saved forward.
+  and sends the input's gradient (the critical path upstream), ``"W"`` later the weight
+  gradients of the same micro-batch (`tfdist.pipeline.split_backward`).
 
 Every schedule runs each micro-batch's F before its backward, and ends with one synchronous update
 of the accumulated gradients, so a step equals one step on the whole batch (a mean loss scaled by
@@ -88,8 +88,8 @@ class PipelineSchedule:
         name: The name the registry, the launcher's ``--schedule`` and the config know it by.
         summary: A few words for ``--help`` and the docs.
         multi_chunk: Whether a rank may hold several chunks (torch's ``PipelineScheduleMulti``).
-        split_backward: Whether its backwards are split into ``"I"`` and ``"W"`` (the engine
-            then keeps each micro-batch's tape until its W).
+        split_backward: Whether its backwards are split into ``"I"`` and ``"W"``
+            (`tfdist.pipeline.split_backward`).
 
     Example:
         >>> GPipe(2, 2).actions(1)[2:]
