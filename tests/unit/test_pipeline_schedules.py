@@ -11,7 +11,7 @@ from tfdist.advise import model as cost_model
 from tfdist.advise.candidates import Candidate, Cluster
 from tfdist.advise.predict import predict
 from tfdist.advise.profile import Line, ModelProfile
-from tfdist.bench.pipeline import compare_with_1f1b, pipeline_row
+from tfdist.bench.pipeline import pipeline_row
 from tfdist.errors import StrategyConfigError
 from tfdist.launcher.arguments import build_parser
 from tfdist.pipeline import schedule
@@ -133,13 +133,12 @@ def test_a_schedule_added_in_one_class_and_one_registry_line_reaches_every_reade
     plan = toy(2, 4)
     assert plan.step_time() == 2 * 4 * 3.0 and plan.idle_slots() == 4.0
     assert cost_model.bubble(2, 4, toy.name) == 0.5
-    # the benchmark's bound and its comparison with 1F1B
+    # the benchmark's bound and bubble
     report = {"stage_s": 0.1, "loop_step_s": 0.9, "over_bound": 1.1, "step_s": 1.0,
               "fit_call_s": 0.1}
     rows = [pipeline_row(2, 4, name, 1, {"worker:0": report}, 1.0) for name in ("1f1b", toy.name)]
-    compare_with_1f1b(rows)
-    assert rows[1]["ideal_s"] == pytest.approx(0.8) and rows[1]["vs_1f1b"] == 1.0
-    assert rows[0]["ideal_s"] == pytest.approx(0.5)
+    assert rows[1]["ideal_s"] == pytest.approx(0.8) and rows[0]["ideal_s"] == pytest.approx(0.5)
+    assert rows[1]["mode"] == f"pipeline {toy.name}" and rows[1]["bubble"] == 0.5
     # the advisor: the toy's idle slots in the bubble term, its flag on the command line
     candidate = Candidate("pipeline", 2, stages=2, micro_batches=4, schedule=toy.name)
     assert candidate.launch_argv()[-3:] == ["--schedule", toy.name, "train.py"]

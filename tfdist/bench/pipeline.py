@@ -21,9 +21,11 @@ and M = 1, 2, 4, 8 micro-batches, under ``multi_worker`` on the same 2 processes
 * the row ``pipeline interleaved v=2`` (at the ``interleaved`` M): Megatron's interleaved 1F1B,
   each process holding 2 chunks; its bound is ``(M + (K-1)/v) * t_stage``, ``t_stage`` the
   process's work on one micro-batch over its chunks, and ``bubble`` ``(K-1)/(v M + K - 1)``;
-* the rows ``pipeline 1f1b`` and ``pipeline zb-h1`` (at the ``zero_bubble`` M, side by side):
-  ZB-H1's split backward against 1F1B at the same activation memory; ``vs_1f1b`` is its loop
-  step over 1F1B's (below 1: faster);
+* the rows ``pipeline 1f1b`` and ``pipeline zb-h1`` (at the ``zero_bubble`` M): each against
+  its bound; the ZB-H1 job also times 1F1B's step of the same stages in the same rounds
+  (``one_f_one_b_s``), and ``vs_1f1b`` is the median over rounds of ZB-H1's step over 1F1B's in
+  the same round (below 1: faster; steps of different jobs are not comparable on a shared
+  machine);
 * ``fit_step_s``: the same step under ``model.fit``, steady (timed step to step by a callback,
   the first step of the call left out; every row);
 * ``fit_over_loop``: ``fit_step_s / step_s``, a ``fit`` step against the custom-loop step;
@@ -53,7 +55,7 @@ from tfdist.cluster import ClusterSpec
 from tfdist.pipeline.schedule import schedule_class
 from tfdist.probe import jobs
 
-__all__ = ["PipelineConfig", "run", "pipeline_row", "compare_with_1f1b"]
+__all__ = ["PipelineConfig", "run", "pipeline_row"]
 
 _MODULE = "tfdist.bench.workers.pipeline_worker"
 _SCRIPT = WORKERS / "pipeline_worker.py"
@@ -88,23 +90,25 @@ class PipelineConfig:
             self.width, self.batch, self.depth, self.memory_rows = 128, 128, 4, 1024
 
     def args(self, mode: str, micro_batches: int = 1, chunks: int = 1,
-             schedule: str = "gpipe") -> list[str]:
+             schedule: str = "gpipe", compare: str | None = None) -> list[str]:
         return ["--mode", mode, "--micro-batches", str(micro_batches), "--batch",
                 str(self.batch), "--width", str(self.width), "--depth", str(self.depth),
                 "--steps", str(self.steps), "--chunks", str(chunks), "--rounds",
-                str(self.rounds), "--schedule", schedule]
+                str(self.rounds), "--schedule", schedule,
+                *(["--compare", compare] if compare else [])]
 
-    def runs(self) -> list[tuple[int, str, int]]:
-        """``(M, schedule, chunks)`` of each pipeline job, in the order of its rows.
+    def runs(self) -> list[tuple[int, str, int, str | None]]:
+        """``(M, schedule, chunks, schedule timed beside it)`` of each pipeline job, in the
+        order of its rows.
 
         Example:
             >>> PipelineConfig(micro_batches=(4,), interleaved=(), zero_bubble=(8,)).runs()
-            [(4, 'gpipe', 1), (8, '1f1b', 1), (8, 'zb-h1', 1)]
+            [(4, 'gpipe', 1, None), (8, '1f1b', 1, None), (8, 'zb-h1', 1, '1f1b')]
         """
-        runs = [(micro, "gpipe", 1) for micro in self.micro_batches]
-        runs += [(micro, "interleaved", self.chunks) for micro in self.interleaved]
-        return runs + [(micro, name, 1) for micro in self.zero_bubble
-                       for name in ("1f1b", "zb-h1")]
+        runs = [(micro, "gpipe", 1, None) for micro in self.micro_batches]
+        runs += [(micro, "interleaved", self.chunks, None) for micro in self.interleaved]
+        return runs + [run for micro in self.zero_bubble
+                       for run in ((micro, "1f1b", 1, None), (micro, "zb-h1", 1, "1f1b"))]
 
 
 def run(config: PipelineConfig, log: IO[str]) -> dict[str, Any]:
@@ -116,11 +120,11 @@ def run(config: PipelineConfig, log: IO[str]) -> dict[str, Any]:
     rows = [{"mode": "default", "processes": 1, "micro_batches": "-",
              "fit_step_s": single["step_s"], "fit_call_s": single["fit_call_s"],
              "speedup_vs_default": 1.0}]
-    for micro, schedule, chunks in config.runs():
-        results = _pipeline_job(config, micro, schedule, chunks, env, log, timeout)
+    for micro, schedule, chunks, compare in config.runs():
+        args = config.args("pipeline", micro, chunks, schedule, compare)
+        results = _pipeline_job(config, args, env, log, timeout)
         rows.append(pipeline_row(config.stages, micro, schedule, chunks, results,
                                  single["step_s"]))
-    compare_with_1f1b(rows)
     spec = ClusterSpec.local(workers=config.stages)
     data_parallel = jobs.first_report(jobs.run_tf(
         spec, _SCRIPT, config.args("multi_worker"), env={**env, "TFDIST_STRATEGY":
@@ -162,12 +166,11 @@ def _memory_row(mode: str, micro_batches: int | str,
             "per_stage": " / ".join(f"{mb:.0f}" for mb in growth)}
 
 
-def _pipeline_job(config: PipelineConfig, micro: int, schedule: str, chunks: int,
-                  env: Mapping[str, str], log: IO[str], timeout: float
-                  ) -> dict[str, dict[str, Any]]:
+def _pipeline_job(config: PipelineConfig, args: list[str], env: Mapping[str, str],
+                  log: IO[str], timeout: float) -> dict[str, dict[str, Any]]:
     """One pipeline job's reports, by task."""
     spec = ClusterSpec.local(workers=config.stages)
-    return jobs.run_tf(spec, _SCRIPT, config.args("pipeline", micro, chunks, schedule),
+    return jobs.run_tf(spec, _SCRIPT, args,
                        env={**env, "TFDIST_STRATEGY": "pipeline",
                             "TFDIST_PIPELINE_STAGES": str(config.stages)},
                        log=log, timeout=timeout)
@@ -175,14 +178,15 @@ def _pipeline_job(config: PipelineConfig, micro: int, schedule: str, chunks: int
 
 def pipeline_row(stages: int, micro: int, schedule: str, chunks: int,
                  results: Mapping[str, Mapping[str, Any]], single_s: float) -> dict[str, Any]:
-    """The row of one pipeline job (its tasks' ``results``) against its schedule's bound.
+    """The row of one pipeline job (its tasks' ``results``) against its schedule's bound
+    (and against the schedule its job timed beside it, if any).
 
     Example:
         >>> report = {"stage_s": 0.1, "loop_step_s": 0.45, "over_bound": 1.05,
-        ...           "step_s": 0.5, "fit_call_s": 0.2}
+        ...           "step_s": 0.5, "fit_call_s": 0.2, "other_step_s": 0.5, "over_other": 0.9}
         >>> row = pipeline_row(2, 4, "zb-h1", 1, {"worker:0": report}, single_s=0.8)
-        >>> row["mode"], round(row["ideal_s"], 4), round(row["bubble"], 3)
-        ('pipeline zb-h1', 0.4333, 0.077)
+        >>> row["mode"], round(row["ideal_s"], 4), round(row["bubble"], 3), row["vs_1f1b"]
+        ('pipeline zb-h1', 0.4333, 0.077, 0.9)
     """
     plan = schedule_class(schedule)(stages, micro, chunks)
     stage_s = max(r["stage_s"] for r in results.values())
@@ -196,20 +200,5 @@ def pipeline_row(stages: int, micro: int, schedule: str, chunks: int,
             "measured_over_ideal": max(r["over_bound"] for r in results.values()),
             "bubble": plan.bubble(),
             "fit_step_s": first["step_s"], "fit_over_loop": first["step_s"] / loop_s,
-            "fit_call_s": first["fit_call_s"], "speedup_vs_default": single_s / first["step_s"]}
-
-
-def compare_with_1f1b(rows: list[dict[str, Any]]) -> None:
-    """Sets ``vs_1f1b`` on each pipeline row of another schedule at an M that has a 1F1B row:
-    its loop step over 1F1B's.
-
-    Example:
-        >>> rows = [{"schedule": "1f1b", "micro_batches": 4, "step_s": 2.0},
-        ...         {"schedule": "zb-h1", "micro_batches": 4, "step_s": 1.5}]
-        >>> compare_with_1f1b(rows); rows[1]["vs_1f1b"]
-        0.75
-    """
-    one_f_one_b = {r["micro_batches"]: r["step_s"] for r in rows if r.get("schedule") == "1f1b"}
-    for row in rows:
-        if row.get("schedule") not in (None, "1f1b") and row["micro_batches"] in one_f_one_b:
-            row["vs_1f1b"] = row["step_s"] / one_f_one_b[row["micro_batches"]]
+            "fit_call_s": first["fit_call_s"], "speedup_vs_default": single_s / first["step_s"],
+            "one_f_one_b_s": first.get("other_step_s"), "vs_1f1b": first.get("over_other")}

@@ -71,40 +71,72 @@ def stage_alone(model: Any, rows: int) -> Any:
     return step
 
 
-def interleaved(step: Any, alone: Any, slots: float, rounds: int = 6, per_round: int = 4
-                ) -> dict[str, float]:
-    """``step()`` and ``alone()`` timed in alternating rounds under the same machine load.
+def interleaved(step: Any, alone: Any, slots: float, rounds: int = 6, per_round: int = 4,
+                other: Any = None) -> dict[str, float]:
+    """``step()`` and ``alone()`` (and ``other()``, if given) timed in alternating rounds under
+    the same machine load.
 
     Returns the medians of both, and ``over_bound``: the median over rounds of one round's step
     median over ``slots`` times the stage median of the round just before it (the ratio of
-    neighbouring measurements is steadier than the ratio of medians on a shared machine).
+    neighbouring measurements is steadier than the ratio of medians on a shared machine); with
+    ``other``, its median (``other_step_s``) and ``over_other``, the median over rounds of the
+    step's median over ``other``'s in the same round.
     """
     step(), alone()
+    if other is not None:
+        other()
     steps: list[float] = []
     stages: list[float] = []
     ratios: list[float] = []
+    others: list[float] = []
+    against: list[float] = []
     for _ in range(rounds):
         stage_round = [time_call(alone) for _ in range(per_round)]
         step_round = [time_call(step) for _ in range(per_round)]
         ratios.append(median(step_round) / (slots * median(stage_round)))
         steps += step_round
         stages += stage_round
-    return {"loop_step_s": median(steps), "stage_s": median(stages),
-            "over_bound": median(ratios)}
+        if other is not None:
+            other_round = [time_call(other) for _ in range(per_round)]
+            against.append(median(step_round) / median(other_round))
+            others += other_round
+    result = {"loop_step_s": median(steps), "stage_s": median(stages),
+              "over_bound": median(ratios)}
+    if other is not None:
+        result.update(other_step_s=median(others), over_other=median(against))
+    return result
+
+
+def step_under(strategy: Any, model: Any, keras: Any, schedule: str) -> Any:
+    """The custom-loop step of the same stages under another one-chunk ``schedule``: the
+    model's engine swapped for the call that builds it (the step keeps the engine it was
+    built with), so both schedules are timed in one job, under the same load."""
+    import dataclasses
+
+    engine = model._engine  # noqa: SLF001
+    model._engine = dataclasses.replace(engine, schedule=schedule)  # noqa: SLF001
+    try:
+        return strategy.train_step(model, "mse", keras.optimizers.SGD(1e-4))
+    finally:
+        model._engine = engine  # noqa: SLF001
 
 
 def pipeline_seconds(strategy: Any, model: Any, keras: Any, x: Any, y: Any,
-                     micro_batches: int, rounds: int) -> dict[str, float]:
-    """The pipelined step (custom loop) and the stage alone, timed in alternating rounds."""
+                     micro_batches: int, rounds: int, compare: str | None = None
+                     ) -> dict[str, float]:
+    """The pipelined step (custom loop) and the stage alone (and the step under the schedule
+    ``compare``), timed in alternating rounds."""
     import tensorflow as tf
 
     step = strategy.train_step(model, "mse", keras.optimizers.SGD(1e-4))
+    other = None if compare is None else step_under(strategy, model, keras, compare)
     xs, ys = tf.constant(x), tf.constant(y)
     rows = len(x) // (micro_batches * strategy.num_replicas)
     config = strategy.config
     slots = micro_batches + config.schedule_class(config.stages, micro_batches,
                                                   config.chunks).idle_slots()
-    return interleaved(lambda: float(step(xs, ys)), stage_alone(model, rows), slots, rounds)
+    return interleaved(lambda: float(step(xs, ys)), stage_alone(model, rows), slots, rounds,
+                       other=None if other is None else lambda: float(other(xs, ys)))
 
 
 def fit_seconds(model: Any, keras: Any, x: Any, y: Any, batch: int) -> dict[str, float]:
@@ -135,6 +167,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--micro-batches", type=int, default=1)
     parser.add_argument("--chunks", type=int, default=1)
     parser.add_argument("--schedule", default="gpipe")
+    parser.add_argument("--compare", default=None,
+                        help="pipeline: also time this schedule's step in the same rounds")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--depth", type=int, default=8)
@@ -161,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.mode == "pipeline":
         result.update(pipeline_seconds(strategy, model, keras, x[: args.batch],
                                        target(x[: args.batch]), args.micro_batches,
-                                       args.rounds))
+                                       args.rounds, args.compare))
         result["stage"] = strategy.stage_report()
     model.compile(optimizer=keras.optimizers.SGD(1e-4), loss="mse")
     if args.mode == "multi_worker":  # each worker reads its half of every global batch
