@@ -38,7 +38,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdist.mesh import DATA, PIPE, ProcessGroup
+from tfdist.parallel.mesh import DATA, PIPE, ProcessGroup
 from tfdist.pipeline import gradients, transport
 from tfdist.pipeline import schedule as schedules
 from tfdist.pipeline.interface import LossFn, LossTerms, PipelineEngine
