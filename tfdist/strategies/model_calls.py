@@ -1,0 +1,128 @@
+"""What ``model.compile``/``fit``/``evaluate``/``predict`` mean under a tfdist strategy (Keras 3).
+
+A script calls these on every process (or on the chief alone) and expects what one process
+would return: the whole model's result on the whole input. Keras runs them as the strategy
+distributes them, which is not always that: under ``horovod`` each rank evaluates and predicts
+its slice of every batch, under ``parameter_server`` Keras 3 cannot predict at all, and a model
+made in a ``pipeline`` or ``tensor`` strategy's scope without ``strategy.build_model`` trains
+whole on every process, unsplit. So each strategy answers, before Keras runs a call:
+
+* `TfdistStrategyMixin.check_model_call` raises for a call that would not mean what it says
+  (the model-parallel strategies refuse a model ``build_model`` did not make);
+* `TfdistStrategyMixin.runs_locally` says which ``evaluate``/``predict`` calls run on this
+  process alone, with no collective: the weights are the same on every process, so each
+  computes the whole result itself (and a call on the chief alone works).
+
+`install` wraps Keras 3's trainer once per process (every tfdist strategy calls it when made);
+a model made outside any tfdist strategy's scope is left to Keras. `run_locally` is the local
+run: the model's strategy set aside for the call, its compiled step functions rebuilt.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+__all__ = ["install", "run_locally", "model_strategy"]
+
+_TRAINER = "keras.src.backend.tensorflow.trainer"
+_METHODS = ("compile", "fit", "evaluate", "predict")
+_FUNCTIONS = ("train_function", "test_function", "predict_function")
+_lock = threading.Lock()
+_installed: list[bool] = []
+
+
+def model_strategy(model: Any) -> Any | None:
+    """The tfdist strategy whose scope ``model`` was made in (Keras 3 records it), else None.
+
+    Example:
+        >>> import keras
+        >>> model_strategy(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])) is None
+        True
+    """
+    strategy = getattr(model, "_distribute_strategy", None)
+    return strategy if hasattr(strategy, "check_model_call") else None
+
+
+def _first_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return args[0] if args else kwargs.get("x")
+
+
+def _in_a_thread(call: Callable[[], Any]) -> Any:
+    """``call()`` in a thread of its own, whose distribution context is the default one."""
+    result: list[Any] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(call())
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+            failure.append(err)
+
+    thread = threading.Thread(target=run, name="tfdist-local-call")
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return result[0]
+
+
+def run_locally(model: Any, call: Callable[[], Any]) -> Any:
+    """``call()`` (an ``evaluate``/``predict`` of ``model``) on this process alone: the model's
+    strategy set aside, so Keras neither splits the batches nor starts a collective.
+
+    The step functions compiled for the strategy are dropped before and after, so the next
+    ``fit`` traces its own again. Inside a strategy's scope the call runs in a thread of its
+    own (the scope is the thread's).
+    """
+    saved = model._distribute_strategy  # noqa: SLF001
+    model._distribute_strategy = None  # noqa: SLF001
+    for name in _FUNCTIONS:
+        setattr(model, name, None)
+    try:
+        return _in_a_thread(call) if tf.distribute.has_strategy() else call()
+    finally:
+        model._distribute_strategy = saved  # noqa: SLF001
+        for name in _FUNCTIONS:
+            setattr(model, name, None)
+
+
+def _wrapped(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        strategy = model_strategy(self)
+        if strategy is None:
+            return original(self, *args, **kwargs)
+        strategy.check_model_call(self, name, _first_input(args, kwargs))
+        if name in ("evaluate", "predict") and strategy.runs_locally(
+                name, _first_input(args, kwargs)):
+            kwargs.pop("_use_cached_eval_dataset", None)  # fit's, made for the strategy
+            return run_locally(self, lambda: original(self, *args, **kwargs))
+        return original(self, *args, **kwargs)
+
+    method.__wrapped_by_tfdist__ = getattr(  # type: ignore[attr-defined]
+        original, "__wrapped_by_tfdist__", original)
+    return method
+
+
+def install() -> None:
+    """Wraps Keras 3's ``compile``, ``fit``, ``evaluate`` and ``predict`` once per process
+    (after tfdist's Keras 3 shims, so these checks run first); nothing under tf-keras."""
+    from tfdist.compat import install_keras3_shims
+    from tfdist.core.flavour import keras_flavour
+
+    if keras_flavour() != "keras3":
+        return
+    install_keras3_shims()
+    with _lock:
+        if _installed:
+            return
+        cls = importlib.import_module(_TRAINER).TensorFlowTrainer
+        for name in _METHODS:
+            setattr(cls, name, _wrapped(name, getattr(cls, name)))
+        _installed.append(True)
