@@ -275,18 +275,18 @@ class TfdistStrategyMixin(InputMixin, SavingMixin):
         with self.scope():  # type: ignore[attr-defined]
             return model_or_fn()
 
-    def check_model_call(self, model: Any, method: str, x: Any = None) -> None:
-        """Raises before ``model.<method>(x)`` runs when, under this strategy, it would not
-        mean what it says (`tfdist.strategies.model_calls`). Default: every call is fine.
+    def check_model_call(self, model: Any, method: str, call: Mapping[str, Any]) -> None:
+        """Raises before ``model.<method>(**call)`` runs when, under this strategy, it would
+        not mean what it says (`tfdist.strategies.model_calls`). Default: every call is fine.
 
         Args:
             model: A Keras 3 model made in this strategy's scope.
             method: ``"compile"``, ``"fit"``, ``"evaluate"`` or ``"predict"``.
-            x: The call's input (None for ``compile``).
+            call: The call's arguments by name (``x``, ``validation_data``...).
 
         Example:
             >>> import tfdist.strategies
-            >>> tfdist.strategies.get_strategy("default").check_model_call(None, "fit")
+            >>> tfdist.strategies.get_strategy("default").check_model_call(None, "fit", {})
         """
 
     def runs_locally(self, method: str, x: Any = None) -> bool:

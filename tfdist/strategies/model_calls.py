@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
 
-__all__ = ["install", "run_locally", "model_strategy"]
+__all__ = ["install", "run_locally", "model_strategy", "call_arguments"]
 
 _TRAINER = "keras.src.backend.tensorflow.trainer"
 _METHODS = ("compile", "fit", "evaluate", "predict")
@@ -49,8 +50,23 @@ def model_strategy(model: Any) -> Any | None:
     return strategy if hasattr(strategy, "check_model_call") else None
 
 
-def _first_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return args[0] if args else kwargs.get("x")
+def call_arguments(signature: inspect.Signature, model: Any, args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A call's arguments by name (``**kwargs`` merged in); ``{}`` if they do not bind (Keras
+    then says what is wrong).
+
+    Example:
+        >>> def fit(self, x=None, y=None, **kwargs): ...
+        >>> call_arguments(inspect.signature(fit), None, (1,), {"validation_steps": 2})
+        {'x': 1, 'validation_steps': 2}
+    """
+    try:
+        arguments = dict(signature.bind(model, *args, **kwargs).arguments)
+    except TypeError:
+        return {}
+    arguments.pop("self", None)
+    arguments.update(arguments.pop("kwargs", {}))
+    return arguments
 
 
 def _in_a_thread(call: Callable[[], Any]) -> Any:
@@ -93,14 +109,16 @@ def run_locally(model: Any, call: Callable[[], Any]) -> Any:
 
 
 def _wrapped(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    signature = inspect.signature(original)
+
     @functools.wraps(original)
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         strategy = model_strategy(self)
         if strategy is None:
             return original(self, *args, **kwargs)
-        strategy.check_model_call(self, name, _first_input(args, kwargs))
-        if name in ("evaluate", "predict") and strategy.runs_locally(
-                name, _first_input(args, kwargs)):
+        call = call_arguments(signature, self, args, kwargs)
+        strategy.check_model_call(self, name, call)
+        if name in ("evaluate", "predict") and strategy.runs_locally(name, call.get("x")):
             kwargs.pop("_use_cached_eval_dataset", None)  # fit's, made for the strategy
             return run_locally(self, lambda: original(self, *args, **kwargs))
         return original(self, *args, **kwargs)

@@ -179,7 +179,7 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
             self._share_initial_weights(model)
         if self.is_chief:
             _log.info("%s\n%s", self.describe(), self.plan.table())
-        return model
+        return self._mark_split(model)
 
     def _share_initial_weights(self, model: Any) -> None:
         """Replicated weights from shard 0, then everything from replica 0."""
