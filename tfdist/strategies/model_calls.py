@@ -109,7 +109,7 @@ def run_locally(model: Any, call: Callable[[], Any]) -> Any:
 
 
 def _wrapped(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    signature = inspect.signature(original)
+    signature = inspect.signature(getattr(original, "__wrapped_by_tfdist__", original))
 
     @functools.wraps(original)
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
