@@ -149,10 +149,12 @@ def require_steps(value: Any, name: str, what: str,
     """``value`` as an int; raises when it is missing (``model.<what>`` needs ``name``).
 
     Example:
-        >>> require_steps(None, "validation_steps", "fit")
+        >>> require_steps(4, "validation_steps", "fit")
+        4
+        >>> require_steps(None, "steps", "evaluate")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        tfdist.errors.StrategyConfigError: model.fit under ParameterServerStrategy needs validation_steps. ...
+        tfdist.errors.StrategyConfigError: model.evaluate under ParameterServerStrategy needs ...
     """
     if value is None:
         raise StrategyConfigError(format_error(
