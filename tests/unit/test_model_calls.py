@@ -106,3 +106,23 @@ def test_a_pipeline_stage_refuses_model_x_when_it_holds_part_of_the_model():
     with pytest.raises(StrategyConfigError, match="this stage's activations") as refused:
         model(x)
     assert "call model.predict(x) on every process" in str(refused.value)
+
+
+def test_evaluate_on_the_chief_alone_under_multi_worker_is_explained():
+    # measured: `if strategy.is_chief: model.evaluate(...)` under --workers 2 failed with
+    # TensorFlow's "tasks are unhealthy ... task:1 ... crashed" (worker 1 had exited normally)
+    import tensorflow as tf
+
+    from tfdist.cluster import Task
+    from tfdist.strategies.multi_worker import MultiWorkerMirroredStrategy
+
+    stub = SimpleNamespace(num_workers=2, task=Task("worker", 0))
+    explain = MultiWorkerMirroredStrategy.explain_failed_call
+    gone = tf.errors.UnavailableError(None, None, "The following tasks are unhealthy (stopped "
+                                      "sending heartbeats):\n/job:worker/replica:0/task:1")
+    with pytest.raises(StrategyConfigError, match="called on one worker alone") as explained:
+        explain(stub, "evaluate", gone)
+    assert "call model.evaluate on every worker" in str(explained.value)
+    assert explained.value.__cause__ is gone
+    explain(stub, "fit", gone)  # a peer lost in fit is a failure, not this misuse
+    explain(stub, "evaluate", tf.errors.UnavailableError(None, None, "connection reset"))

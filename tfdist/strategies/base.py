@@ -289,6 +289,15 @@ class TfdistStrategyMixin(InputMixin, SavingMixin):
             >>> tfdist.strategies.get_strategy("default").check_model_call(None, "fit", {})
         """
 
+    def explain_failed_call(self, method: str, error: Exception) -> None:
+        """Raises a clearer error than ``error`` (TensorFlow's, from ``model.<method>``) when a
+        misuse of this strategy explains it; returns otherwise (the caller re-raises it).
+
+        Example:
+            >>> import tfdist.strategies
+            >>> tfdist.strategies.get_strategy("default").explain_failed_call("fit", None)
+        """
+
     def runs_locally(self, method: str, x: Any = None) -> bool:
         """Whether ``model.<method>(x)`` (``"evaluate"`` or ``"predict"``) runs on this process
         alone, the strategy set aside: the whole model on the whole input, no collective, the

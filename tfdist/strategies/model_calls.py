@@ -9,6 +9,8 @@ whole on every process, unsplit. So each strategy answers, before Keras runs a c
 
 * `TfdistStrategyMixin.check_model_call` raises for a call that would not mean what it says
   (the model-parallel strategies refuse a model ``build_model`` did not make);
+* `TfdistStrategyMixin.explain_failed_call` turns a collective's failure that a misuse explains
+  into that misuse's message (``evaluate`` on the chief alone under ``multi_worker``);
 * `TfdistStrategyMixin.runs_locally` says which ``evaluate``/``predict`` calls run on this
   process alone, with no collective: the weights are the same on every process, so each
   computes the whole result itself (and a call on the chief alone works).
@@ -121,7 +123,11 @@ def _wrapped(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         if name in ("evaluate", "predict") and strategy.runs_locally(name, call.get("x")):
             kwargs.pop("_use_cached_eval_dataset", None)  # fit's, made for the strategy
             return run_locally(self, lambda: original(self, *args, **kwargs))
-        return original(self, *args, **kwargs)
+        try:
+            return original(self, *args, **kwargs)
+        except tf.errors.OpError as err:
+            strategy.explain_failed_call(name, err)  # raises a clearer error, or returns
+            raise
 
     method.__wrapped_by_tfdist__ = getattr(  # type: ignore[attr-defined]
         original, "__wrapped_by_tfdist__", original)

@@ -9,6 +9,7 @@ Keras: tf-keras's ``model.fit`` drives the coordinator itself. Keras 3's cannot 
 tfdist's shim routes Keras 3's ``model.fit``/``evaluate`` to its own coordinator loop
 (`tfdist.coordinator_fit`), which `tfdist.fit` also runs (``tfdist.fit(model,
 strategy.distribute_dataset(fn), epochs=..., steps_per_epoch=...)`` works with the shims off too).
+``predict``, and ``evaluate`` of in-memory data, run on the coordinator itself (`runs_locally`).
 
 Input: `distribute_dataset` returns a tf-keras ``DatasetCreator`` (Keras 3: a
 `tfdist.training.PerWorkerInput` for `tfdist.fit`); ``fit`` runs its
