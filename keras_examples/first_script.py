@@ -43,7 +43,8 @@ def dataset_fn(input_context):           # every worker's own shard of the train
 
 def build_model():                       # the whole model; pipeline and tensor split it
     return keras.Sequential([keras.Input((64,)),
-                             keras.layers.Dense(64, activation="relu", name="hidden"),
+                             keras.layers.Dense(64, activation="relu", name="up"),
+                             keras.layers.Dense(32, activation="relu", name="down"),
                              keras.layers.Dense(10, name="logits")])
 
 
