@@ -1,4 +1,4 @@
-"""What ``model.compile``/``fit``/``evaluate``/``predict`` mean under a tfdist strategy (Keras 3).
+"""What ``model.compile``/``fit``/``evaluate``/``predict`` mean under a tfdist strategy.
 
 A script calls these on every process (or on the chief alone) and expects what one process
 would return: the whole model's result on the whole input. Keras runs them as the strategy
@@ -15,7 +15,8 @@ whole on every process, unsplit. So each strategy answers, before Keras runs a c
   process alone, with no collective: the weights are the same on every process, so each
   computes the whole result itself (and a call on the chief alone works).
 
-`install` wraps Keras 3's trainer once per process (every tfdist strategy calls it when made);
+`install` wraps the trainer of this process's Keras once (Keras 3's ``TensorFlowTrainer``,
+tf-keras's ``Model``: one implementation, two bindings; every tfdist strategy calls it when made);
 a model made outside any tfdist strategy's scope is left to Keras. `run_locally` is the local
 run: the model's strategy set aside for the call, its compiled step functions rebuilt.
 """
@@ -33,11 +34,15 @@ import tensorflow as tf
 
 __all__ = ["install", "run_locally", "model_strategy", "call_arguments"]
 
-_TRAINER = "keras.src.backend.tensorflow.trainer"
+_TRAINERS = {  # flavour: (module, class whose methods are wrapped)
+    "keras3": ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer"),
+    "tf_keras": ("tf_keras.src.engine.training", "Model"),
+}
+_STRATEGY_ATTRIBUTES = ("_distribute_strategy", "_distribution_strategy")  # Keras 3, tf-keras
 _METHODS = ("compile", "fit", "evaluate", "predict")
 _FUNCTIONS = ("train_function", "test_function", "predict_function")
 _lock = threading.Lock()
-_installed: list[bool] = []
+_installed: list[str] = []
 
 
 def model_strategy(model: Any) -> Any | None:
@@ -48,8 +53,11 @@ def model_strategy(model: Any) -> Any | None:
         >>> model_strategy(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])) is None
         True
     """
-    strategy = getattr(model, "_distribute_strategy", None)
-    return strategy if hasattr(strategy, "check_model_call") else None
+    for attribute in _STRATEGY_ATTRIBUTES:
+        strategy = getattr(model, attribute, None)
+        if hasattr(strategy, "check_model_call"):
+            return strategy
+    return None
 
 
 def call_arguments(signature: inspect.Signature, model: Any, args: tuple[Any, ...],
@@ -98,14 +106,16 @@ def run_locally(model: Any, call: Callable[[], Any]) -> Any:
     ``fit`` traces its own again. Inside a strategy's scope the call runs in a thread of its
     own (the scope is the thread's).
     """
-    saved = model._distribute_strategy  # noqa: SLF001
-    model._distribute_strategy = None  # noqa: SLF001
-    for name in _FUNCTIONS:
+    # tf-keras also keeps the coordinator its parameter-server fit used, and would feed it
+    aside = [a for a in (*_STRATEGY_ATTRIBUTES, "_cluster_coordinator") if hasattr(model, a)]
+    saved = {a: getattr(model, a) for a in aside}
+    for name in (*aside, *_FUNCTIONS):
         setattr(model, name, None)
     try:
         return _in_a_thread(call) if tf.distribute.has_strategy() else call()
     finally:
-        model._distribute_strategy = saved  # noqa: SLF001
+        for name, value in saved.items():
+            setattr(model, name, value)
         for name in _FUNCTIONS:
             setattr(model, name, None)
 
@@ -135,18 +145,20 @@ def _wrapped(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def install() -> None:
-    """Wraps Keras 3's ``compile``, ``fit``, ``evaluate`` and ``predict`` once per process
-    (after tfdist's Keras 3 shims, so these checks run first); nothing under tf-keras."""
+    """Wraps ``compile``, ``fit``, ``evaluate`` and ``predict`` of this process's Keras (Keras
+    3's trainer, or tf-keras's ``Model``) once per process; under Keras 3 after tfdist's shims,
+    so these checks run first."""
     from tfdist.compat import install_keras3_shims
     from tfdist.core.flavour import keras_flavour
 
-    if keras_flavour() != "keras3":
-        return
-    install_keras3_shims()
+    flavour = keras_flavour()
+    if flavour == "keras3":
+        install_keras3_shims()
     with _lock:
-        if _installed:
+        if flavour in _installed:
             return
-        cls = importlib.import_module(_TRAINER).TensorFlowTrainer
-        for name in _METHODS:
-            setattr(cls, name, _wrapped(name, getattr(cls, name)))
-        _installed.append(True)
+        module, name = _TRAINERS[flavour]
+        cls = getattr(importlib.import_module(module), name)
+        for method in _METHODS:
+            setattr(cls, method, _wrapped(method, getattr(cls, method)))
+        _installed.append(flavour)
