@@ -12,8 +12,9 @@ whole on every process, unsplit. So each strategy answers, before Keras runs a c
 * `TfdistStrategyMixin.explain_failed_call` turns a collective's failure that a misuse explains
   into that misuse's message (``evaluate`` on the chief alone under ``multi_worker``);
 * `TfdistStrategyMixin.runs_locally` says which ``evaluate``/``predict`` calls run on this
-  process alone, with no collective: the weights are the same on every process, so each
-  computes the whole result itself (and a call on the chief alone works).
+  process alone (never one given a dataset the strategy already distributed), with no
+  collective: the weights are the same on every process, so each computes the whole result
+  itself (and a call on the chief alone works).
 
 `install` wraps the trainer of this process's Keras once (Keras 3's ``TensorFlowTrainer``,
 tf-keras's ``Model``: one implementation, two bindings; every tfdist strategy calls it when made);
@@ -46,7 +47,7 @@ _installed: list[str] = []
 
 
 def model_strategy(model: Any) -> Any | None:
-    """The tfdist strategy whose scope ``model`` was made in (Keras 3 records it), else None.
+    """The tfdist strategy whose scope ``model`` was made in (Keras records it), else None.
 
     Example:
         >>> import keras
@@ -77,6 +78,12 @@ def call_arguments(signature: inspect.Signature, model: Any, args: tuple[Any, ..
     arguments.pop("self", None)
     arguments.update(arguments.pop("kwargs", {}))
     return arguments
+
+
+def _distributed(x: Any) -> bool:
+    """Whether ``x`` was distributed by a strategy already (``strategy.distribute_dataset``):
+    such input is run as Keras runs it under that strategy (each process reads its shard)."""
+    return isinstance(x, tf.distribute.DistributedDataset)
 
 
 def _in_a_thread(call: Callable[[], Any]) -> Any:
@@ -130,7 +137,8 @@ def _wrapped(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self, *args, **kwargs)
         call = call_arguments(signature, self, args, kwargs)
         strategy.check_model_call(self, name, call)
-        if name in ("evaluate", "predict") and strategy.runs_locally(name, call.get("x")):
+        if name in ("evaluate", "predict") and not _distributed(call.get("x")) and \
+                strategy.runs_locally(name, call.get("x")):
             kwargs.pop("_use_cached_eval_dataset", None)  # fit's, made for the strategy
             return run_locally(self, lambda: original(self, *args, **kwargs))
         try:
