@@ -116,13 +116,35 @@ def test_evaluate_on_the_chief_alone_under_multi_worker_is_explained():
     from tfdist.cluster import Task
     from tfdist.strategies.multi_worker import MultiWorkerMirroredStrategy
 
-    stub = SimpleNamespace(num_workers=2, task=Task("worker", 0))
+    stub = SimpleNamespace(num_workers=2, task=Task("worker", 0), name="multi_worker",
+                           collective_calls=MultiWorkerMirroredStrategy.collective_calls)
     explain = MultiWorkerMirroredStrategy.explain_failed_call
     gone = tf.errors.UnavailableError(None, None, "The following tasks are unhealthy (stopped "
                                       "sending heartbeats):\n/job:worker/replica:0/task:1")
-    with pytest.raises(StrategyConfigError, match="called on one worker alone") as explained:
+    with pytest.raises(StrategyConfigError, match="called on one process alone") as explained:
         explain(stub, "evaluate", gone)
-    assert "call model.evaluate on every worker" in str(explained.value)
+    assert "call model.evaluate on every process" in str(explained.value)
     assert explained.value.__cause__ is gone
     explain(stub, "fit", gone)  # a peer lost in fit is a failure, not this misuse
+    explain(stub, "predict", gone)  # runs on each worker alone: never a collective
     explain(stub, "evaluate", tf.errors.UnavailableError(None, None, "connection reset"))
+
+
+@pytest.mark.parametrize("name", ["pipeline", "tensor"])
+def test_model_parallel_evaluate_and_predict_on_one_process_alone_are_explained(name):
+    # measured: `if strategy.is_chief: model.predict(x)` under --strategy pipeline --stages 2
+    # failed after 90 s with "tasks are unhealthy ... The tasks have crashed"
+    import tensorflow as tf
+
+    from tfdist.cluster import Task
+    from tfdist.strategies.pipeline import PipelineStrategy
+    from tfdist.strategies.tensor import TensorStrategy
+
+    cls = PipelineStrategy if name == "pipeline" else TensorStrategy
+    stub = SimpleNamespace(num_workers=2, task=Task("worker", 0), name=name,
+                           collective_calls=cls.collective_calls)
+    gone = tf.errors.UnavailableError(None, None, "The following tasks are unhealthy")
+    for method in ("evaluate", "predict"):
+        with pytest.raises(StrategyConfigError, match=f"model.{method} under {name} is a "
+                           "collective of all 2 processes"):
+            cls.explain_failed_call(stub, method, gone)

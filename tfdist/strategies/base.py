@@ -104,6 +104,10 @@ class TfdistStrategyMixin(InputMixin, SavingMixin):
     every_worker_saves: ClassVar[bool] = False
     """Whether saving is a collective that every worker must join (see module docstring)."""
 
+    collective_calls: ClassVar[tuple[str, ...]] = ()
+    """Model methods (``"evaluate"``, ``"predict"``) that are collectives of every process
+    under this strategy: called on one process alone, they fail (`explain_failed_call`)."""
+
     preemption_saves: ClassVar[bool] = False
     """Whether a SIGTERM makes training save at its current step (`tfdist.preemption`)."""
 
@@ -291,12 +295,28 @@ class TfdistStrategyMixin(InputMixin, SavingMixin):
 
     def explain_failed_call(self, method: str, error: Exception) -> None:
         """Raises a clearer error than ``error`` (TensorFlow's, from ``model.<method>``) when a
-        misuse of this strategy explains it; returns otherwise (the caller re-raises it).
+        misuse explains it; returns otherwise (the caller re-raises ``error``).
+
+        The misuse: a method of `collective_calls` called on some processes only (``if
+        strategy.is_chief: model.evaluate(...)``). The others have ended, and TensorFlow says
+        that their tasks "are unhealthy ... crashed", though they exited normally.
 
         Example:
             >>> import tfdist.strategies
             >>> tfdist.strategies.get_strategy("default").explain_failed_call("fit", None)
         """
+        if method not in self.collective_calls or not isinstance(
+                error, tf.errors.UnavailableError) or "unhealthy" not in str(error):
+            return
+        raise StrategyConfigError(format_error(
+            f"model.{method} under {self.name} is a collective of all {self.num_workers} "
+            "processes, and another one had ended (or failed) before joining it: was it "
+            "called on one process alone (if strategy.is_chief: ...)?",
+            received=f"model.{method} on {self.task}; TensorFlow's "
+                     f"{type(error).__name__}: a peer's tasks 'are unhealthy'",
+            expected=f"model.{method} called on every process",
+            fix=f"call model.{method} on every process: each returns the whole model's "
+                "result on the whole input")) from error
 
     def runs_locally(self, method: str, x: Any = None) -> bool:
         """Whether ``model.<method>(x)`` (``"evaluate"`` or ``"predict"``) runs on this process

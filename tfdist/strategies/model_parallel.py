@@ -70,6 +70,8 @@ class ModelParallelMixin:
     """Mixed into a `TfdistStrategyMixin` + ``OneDeviceStrategy`` subclass that defines
     ``assemble(model)`` (the whole model on the chief, None elsewhere)."""
 
+    collective_calls = ("evaluate", "predict")  # each process holds part of the model
+
     def _job_place(self, tf_config: str | Mapping[str, Any] | None) -> tuple[Any, Any, int, int]:
         """``(cluster, task, processes, rank)`` of this process; one process of rank 0 when
         there is no ``TF_CONFIG``."""

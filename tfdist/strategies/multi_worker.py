@@ -29,7 +29,6 @@ import tensorflow as tf
 from tfdist import compat
 from tfdist.coordinator_fit import require_steps
 from tfdist.core import traits as builtin
-from tfdist.errors import StrategyConfigError, format_error
 from tfdist.options import check_choice, check_positive_int, check_positive_number
 from tfdist.strategies.base import TfdistStrategyMixin, cluster_resolver
 from tfdist.strategies.startup import resolve_startup_timeout, startup_deadline
@@ -90,6 +89,7 @@ class MultiWorkerMirroredStrategy(TfdistStrategyMixin, tf.distribute.MultiWorker
     traits = builtin.MULTI_WORKER
     every_worker_saves = True
     preemption_saves = True
+    collective_calls = ("evaluate",)  # predict runs on each worker alone (runs_locally)
 
     def __init__(
         self,
@@ -119,24 +119,6 @@ class MultiWorkerMirroredStrategy(TfdistStrategyMixin, tf.distribute.MultiWorker
         ``evaluate`` stays a collective: every worker calls it (its metrics are summed across
         workers when read)."""
         return method == "predict"
-
-    def explain_failed_call(self, method: str, error: Exception) -> None:
-        """``evaluate`` is a collective: called on the chief alone, it fails when the other
-        workers have ended ("tasks are unhealthy ... crashed", though they exited normally).
-        That failure is re-raised saying so, with the fix."""
-        if method != "evaluate" or not isinstance(error, tf.errors.UnavailableError) or \
-                "unhealthy" not in str(error):
-            return
-        raise StrategyConfigError(format_error(
-            f"model.evaluate under multi_worker is a collective of all {self.num_workers} "
-            "workers, and another worker had ended (or failed) before joining it: was it "
-            "called on one worker alone (if strategy.is_chief: ...)?",
-            received=f"model.evaluate on {self.task}; TensorFlow's {type(error).__name__}: "
-                     "a peer's tasks 'are unhealthy'",
-            expected="model.evaluate called on every worker",
-            fix="call model.evaluate on every worker (each returns the whole set's metrics); "
-                "on the chief alone, use model.predict (it runs on each worker alone) and "
-                "compute the metric from its rows")) from error
 
     def check_model_call(self, model: Any, method: str, call: Mapping[str, Any]) -> None:
         """Refuses ``fit(validation_data=...)`` without ``validation_steps``: each worker
