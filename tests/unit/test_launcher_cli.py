@@ -212,7 +212,7 @@ def test_pipeline_options_reach_the_tasks_as_the_strategy_reads_them(script, cap
 
 
 def test_plan_job_decides_auto_workers_and_layout_once_for_python_callers(script):
-    from tfdist.launcher.hosts import HostOptions
+    from tfdist.launcher.hosts.layout import HostOptions
     from tfdist.launcher.options import ExportOptions, StrategyOptions
     from tfdist.launcher.plan import JobOptions, LayoutError, plan_job
 

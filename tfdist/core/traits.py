@@ -92,7 +92,7 @@ class StrategyTraits:
         launch_options: Launcher options the strategy takes (``--stages``), each with the
             variable that carries it to the tasks.
         elastic: Whether a running job can change its number of tasks (``--min-workers``,
-            ``--max-workers``: Horovod's elastic mode, `tfdist.launcher.elastic`).
+            ``--max-workers``: Horovod's elastic mode, `tfdist.launcher.horovodrun.elastic`).
         saves_on_sigterm: Whether its training tasks can save at the step they are in on
             SIGTERM and exit 75 (`tfdist.preemption`), which the launcher's messages say.
 

@@ -10,15 +10,17 @@ Modules:
   traits and layout checks decided there only).
 * `tfdist.launcher.placement`: `place`, a plan -> processes here or on hosts (ports, TF_CONFIG,
   ``horovodrun``/``mpirun`` arguments, elastic ``horovodrun``).
-* `tfdist.launcher.local`: runs a plan on this machine (gang start, stop all on failure).
+* `tfdist.launcher.local.tasks`: runs a plan on this machine (gang start, stop all on failure).
 * `tfdist.launcher.process`: the process group that starts and stops a job's tasks together.
-* `tfdist.launcher.hosts`: ``--hosts`` / ``--hostfile``: laying a job out over several machines.
-* `tfdist.launcher.ssh`: the ``ssh`` command line of a remote task.
-* `tfdist.launcher.remote`: ``python -m tfdist.launcher.remote``, the remote side of such a task.
-* `tfdist.launcher.ray_runner`: ``--ray [ADDRESS]``, a job as a gang of Ray actors (`run_on_ray`).
-* `tfdist.launcher.ray_actor`: the actor that runs one task on its Ray node.
-* `tfdist.launcher.export`: ``--export kubeflow|mpijob|slurm``.
-* `tfdist.launcher.slurm_task`: ``python -m tfdist.launcher.slurm_task``, one task of a Slurm step.
+* `tfdist.launcher.hosts.layout`: ``--hosts`` / ``--hostfile``: laying a job out over several
+  machines.
+* `tfdist.launcher.hosts.ssh`: the ``ssh`` command line of a remote task.
+* `tfdist.launcher.hosts.remote`: ``python -m tfdist.launcher.hosts.remote``, the remote side of
+  such a task.
+* `tfdist.launcher.ray.gang`: ``--ray [ADDRESS]``, a job as a gang of Ray actors (`run_on_ray`).
+* `tfdist.launcher.ray.actor`: the actor that runs one task on its Ray node.
+* `tfdist.launcher.export.documents`: ``--export kubeflow|mpijob|slurm``.
+* `tfdist.launcher.slurm.task`: ``python -m tfdist.launcher.slurm.task``, one task of a Slurm step.
 * `tfdist.launcher.check`: ``--check``, what is installed.
 
 Importing this package imports none of them (and no TensorFlow).

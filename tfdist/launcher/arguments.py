@@ -26,10 +26,10 @@ from collections.abc import Mapping
 
 from tfdist.cluster.hosts import DEFAULT_BASE_PORT
 from tfdist.core.registry import available_strategies
-from tfdist.launcher.hosts import HostOptions
+from tfdist.launcher.hosts.layout import HostOptions
+from tfdist.launcher.hosts.ssh import SshOptions
 from tfdist.launcher.options import EXPORT_FORMATS, ExportOptions, JobOptions, StrategyOptions
-from tfdist.launcher.ray_options import RayOptions
-from tfdist.launcher.ssh import SshOptions
+from tfdist.launcher.ray.options import RayOptions
 
 __all__ = ["ENV_PREFIX", "ENVIRONMENT_DEFAULTS", "EXPORT_ONLY", "build_parser",
            "environment_problem", "job_options", "export_options", "ray_options",

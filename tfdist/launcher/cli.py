@@ -36,7 +36,7 @@ from tfdist.errors import (
 )
 from tfdist.launcher import arguments
 from tfdist.launcher.arguments import EXPORT_ONLY, job_options, ray_options
-from tfdist.launcher.export import run_export
+from tfdist.launcher.export.documents import run_export
 from tfdist.launcher.mesh_plan import ray_spread_warning
 from tfdist.launcher.options import JobOptions
 from tfdist.launcher.placement import place
@@ -253,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in placement.describe():
             print(json.dumps(line))
         return 0
-    from tfdist.launcher.local import run_job
+    from tfdist.launcher.local.tasks import run_job
 
     try:
         return run_job(plan, placement)
@@ -263,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_on_ray(plan: JobPlan, dry_run: bool) -> int:
-    from tfdist.launcher.ray_runner import describe, run_on_ray
+    from tfdist.launcher.ray.gang import describe, run_on_ray
 
     assert plan.options.ray is not None
     warning = ray_spread_warning(plan.mesh, plan.options.ray.placement)

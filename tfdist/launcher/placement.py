@@ -28,8 +28,13 @@ from tfdist.cluster import ClusterSpec, Task, release_ports
 from tfdist.core.traits import TaskKind
 from tfdist.errors import StrategyConfigError
 from tfdist.horovod.checks import check_controller
-from tfdist.launcher.elastic import HOSTS_FILE_ENV, Discovery, elastic_args, slot_addresses
-from tfdist.launcher.hosts import (
+from tfdist.launcher.horovodrun.elastic import (
+    HOSTS_FILE_ENV,
+    Discovery,
+    elastic_args,
+    slot_addresses,
+)
+from tfdist.launcher.hosts.layout import (
     has_remote_host,
     horovodrun_host_args,
     host_cluster,
@@ -136,8 +141,9 @@ class Placement:
 
     @property
     def private_network(self) -> bool:
-        """Whether its processes should share a loopback-only network (`tfdist.launcher.netns`):
-        several processes, all on this machine, and ``network="private"``."""
+        """Whether its processes should share a loopback-only network
+        (`tfdist.launcher.local.netns`): several processes, all on this machine, and
+        ``network="private"``."""
         options = self.plan.options
         return options.network == "private" and options.hosts is None and (
             self.cluster is not None or bool(self.ranks))
@@ -211,8 +217,8 @@ def _horovodrun(plan: JobPlan) -> Placement:
     """One ``horovodrun`` process; it starts the ranks (over its own ssh on other hosts).
 
     Ranks get no TF_CONFIG (horovodrun passes its whole environment on). On other hosts each
-    rank runs under `tfdist.launcher.remote`, so it stops when horovodrun's ssh session closes:
-    horovodrun stops a rank by killing its local ssh client, which alone leaves the remote
+    rank runs under `tfdist.launcher.hosts.remote`, so it stops when horovodrun's ssh session
+    closes: horovodrun stops a rank by killing its local ssh client, which alone leaves the remote
     process running.
     """
     if plan.options.elastic:
@@ -225,7 +231,8 @@ def _horovodrun(plan: JobPlan) -> Placement:
         host_names = rank_hosts(hosts, count, plan.strategy)
         host_args += horovodrun_host_args(hosts)
         if has_remote_host(hosts):
-            rank_command = (sys.executable, "-m", "tfdist.launcher.remote", "--", *rank_command)
+            rank_command = (sys.executable, "-m", "tfdist.launcher.hosts.remote", "--",
+                            *rank_command)
     if plan.options.mpi:
         _check_mpirun()
     controller = "mpi" if plan.options.mpi else "gloo"
@@ -235,7 +242,8 @@ def _horovodrun(plan: JobPlan) -> Placement:
 
 
 def _elastic_horovodrun(plan: JobPlan) -> Placement:
-    """``horovodrun`` in elastic mode: each slot a host of its own (`tfdist.launcher.elastic`)."""
+    """``horovodrun`` in elastic mode: each slot a host of its own
+    (`tfdist.launcher.horovodrun.elastic`)."""
     options, count = plan.options, plan.roles["worker"]
     assert options.min_workers is not None and options.max_workers is not None
     check_controller("gloo")  # elastic Horovod runs on Gloo only; checked before any file exists

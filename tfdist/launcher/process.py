@@ -26,7 +26,8 @@ fails, even if the job goes on (a sidecar, a task restarted alone).
 A task started with ``max_restarts=N`` that fails (a ParameterServer worker: TF's
 ``ClusterCoordinator`` re-dispatches its work once it is back) is restarted alone, with the same
 command and environment, up to N times; each restart is announced. Its next failure stops the job.
-Tasks started on other hosts are local ``ssh`` processes (`tfdist.launcher.ssh`) of this group.
+Tasks started on other hosts are local ``ssh`` processes (`tfdist.launcher.hosts.ssh`) of this
+group.
 """
 
 from __future__ import annotations

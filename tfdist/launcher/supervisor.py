@@ -26,8 +26,8 @@ Adding a runner: write one class that implements `TaskGroup` (``launch``, ``memb
 ``restart``, ``stop``, ``tail``, ``announce``, ``poll_interval``, and a context manager whose exit
 releases what one attempt holds; ``session`` if the runner must connect once for all attempts),
 constructed as ``Group(plan, options)``, and add one line to `RUNNERS`; `run_job` then runs it
-with this policy. The local runner (`tfdist.launcher.local.LocalTasks`, which also runs the ssh
-tasks of ``--hosts``) and the Ray runner (`tfdist.launcher.ray_runner.RayGang`) are the two.
+with this policy. The local runner (`tfdist.launcher.local.tasks.LocalTasks`, which also runs the
+ssh tasks of ``--hosts``) and the Ray runner (`tfdist.launcher.ray.gang.RayGang`) are the two.
 
 Example:
     >>> import sys
@@ -73,8 +73,8 @@ _FAILURE_LINES = 20
 _ALL_LINES = 40
 
 RUNNERS: dict[str, str] = {
-    "local": "tfdist.launcher.local:LocalTasks",
-    "ray": "tfdist.launcher.ray_runner:RayGang",
+    "local": "tfdist.launcher.local.tasks:LocalTasks",
+    "ray": "tfdist.launcher.ray.gang:RayGang",
 }
 """Runner name -> its `TaskGroup` class (``module:Class``, imported when used)."""
 

@@ -1,0 +1,1 @@
+"""``--export kubeflow|mpijob|slurm``: the job written for a scheduler (`documents`)."""

@@ -1,0 +1,1 @@
+"""``horovodrun``: elastic Horovod (`elastic`: ``--min-workers``/``--max-workers``)."""
