@@ -45,6 +45,10 @@ MODULES = [
     "tfdist.launcher.ray.gang",
     "tfdist.launcher.ray.actor",
     "tfdist.launcher.ray.options",
+    "tfdist.launcher.runners",
+    "tfdist.launcher.hosts",
+    "tfdist.launcher.ray",
+    "tfdist.launcher.export",
     "tfdist.horovod.rendezvous",
     "tfdist.preemption",
 ]

@@ -42,13 +42,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO
 
+from tfdist.core.traits import TaskKind
 from tfdist.errors import LaunchError
 from tfdist.launcher.output import LineFilter, RankFailure, TaskOutput
 from tfdist.launcher.supervisor import Member, Supervisor
-
-TaskKind = Literal["main", "service", "sidecar"]
 
 _PR_SET_PDEATHSIG = 1
 _TAIL_LINES = 40
