@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -175,3 +176,26 @@ def test_the_registry_is_what_the_cli_reads(script, monkeypatch):
     monkeypatch.setattr(runners, "registered_runners", lambda: never)
     launch = cli.parse_args(["--export", "slurm", "--workers", "2", script])
     assert launch.runner is not None and launch.runner.name == "local"
+
+
+def test_every_runners_dry_run_loads_no_tensorflow_keras_horovod_or_ray(script):
+    """The launcher imports a few TensorFlow-free modules of the layers above it (the pipeline's
+    config and layout, the start-up deadline, Horovod's checks and rendezvous), never a
+    framework: each built-in runner's dry run, in a fresh process."""
+    code = (
+        "import contextlib, io, sys\n"
+        "from tfdist.launcher import cli\n"
+        f"script = {script!r}\n"
+        "runs = [['--strategy', 'pipeline', '--stages', '2', '--workers', '4'],\n"
+        "        ['--hosts', 'localhost:2', '--workers', '2'], ['--ray', 'local'],\n"
+        "        ['--export', 'kubeflow', '--ps', '1'], ['--strategy', 'horovod']]\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    codes = [cli.main(['--dry-run', *argv, script]) for argv in runs]\n"
+        "print(codes, len(out.getvalue().splitlines()))\n"
+        "print(sorted(m for m in ('tensorflow', 'keras', 'tf_keras', 'horovod', 'ray')\n"
+        "             if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout.splitlines()
+    codes, lines = out[0].rsplit(" ", 1)
+    assert codes == "[0, 0, 0, 0, 0]" and int(lines) > 10
+    assert out[1] == "[]"
