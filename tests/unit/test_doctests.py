@@ -35,6 +35,7 @@ MODULES = [
     "tfdist.launcher.options",
     "tfdist.launcher.arguments",
     "tfdist.launcher.horovodrun.elastic",
+    "tfdist.launcher.horovodrun.command",
     "tfdist.launcher.export.documents",
     "tfdist.launcher.hosts.layout",
     "tfdist.launcher.slurm.task",
