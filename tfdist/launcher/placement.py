@@ -28,7 +28,7 @@ from tfdist.launcher.horovodrun.elastic import Discovery, slot_addresses
 from tfdist.launcher.hosts.layout import host_cluster, task_command
 from tfdist.launcher.mesh_plan import describe_rank, tensor_hosts_warning
 from tfdist.launcher.plan import JobPlan
-from tfdist.mesh import TRAINING_ROLES, task_rank
+from tfdist.parallel.mesh import TRAINING_ROLES, task_rank
 
 __all__ = ["TaskPlan", "Placement", "place"]
 
