@@ -30,6 +30,7 @@ from tfdist.launcher.hosts import host_options
 from tfdist.launcher.options import JobOptions, StrategyOptions
 from tfdist.launcher.ray import ray_options
 from tfdist.launcher.runners import ENV_PREFIX, environment_default, registered_runners
+from tfdist.pipeline.schedule import SCHEDULES
 
 __all__ = ["ENV_PREFIX", "JOB_ENVIRONMENT", "build_parser", "environment_defaults",
            "environment_problem", "job_options"]
@@ -191,9 +192,8 @@ def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
         "parallel replicas of the pipeline)")
     pipeline.add_argument("--micro-batches", type=_positive_int, metavar="M",
                           help="micro-batches per replica batch (default 1)")
-    pipeline.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"),
-                          help="gpipe (default), 1f1b (keeps fewer activations) or "
-                          "interleaved (1F1B over --chunks model chunks per process)")
+    pipeline.add_argument("--schedule", choices=tuple(SCHEDULES), help="; ".join(
+        f"{name}: {cls.summary}" for name, cls in SCHEDULES.items()))
     pipeline.add_argument("--chunks", type=_positive_int, metavar="V",
                           help="model chunks per process with --schedule interleaved (the "
                           "model is cut into K x V pieces)")
