@@ -2,15 +2,18 @@
 VENV_BIN := .venv/bin
 MAIN_JOB := keras_examples/image_classifier.py
 
-.PHONY: setup slurm main test test-fast check lint docs wheel horovod-conformance horovod-examples
+.PHONY: setup horovod slurm main test test-fast check lint docs wheel horovod-conformance horovod-examples
 
-setup:
+setup:  ## everything but Slurm: TensorFlow, tfdist, Horovod (the cached wheel, else a 3-5 min build), test tools
 	bash launch/setup.sh
+
+horovod: setup  ## what a --strategy horovod job needs, added to a `make main` set-up (same as setup)
 
 slurm:  ## setup, plus Slurm and munge (apt, as root) for tests/slurm
 	bash launch/setup.sh --with-slurm
 
-main: setup  ## a real 2-worker training on this machine
+main:  ## a real 2-worker training on this machine; sets up .venv/ without Horovod (make horovod adds it)
+	bash launch/setup.sh --minimal
 	$(VENV_BIN)/tfdist-launch --strategy multi_worker --workers 2 --timeout 900 $(MAIN_JOB) --model-dir runs/main_job
 
 test: slurm  ## the whole test suite (what CI runs) on 2 pytest-xdist workers, Slurm jobs included; ends with its wall time and 15 slowest tests
