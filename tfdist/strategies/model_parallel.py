@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from tfdist.core.traits import TENSOR_SHARDS_ENV
 from tfdist.errors import StrategyConfigError, format_error
+from tfdist.logs import report_written
 from tfdist.mesh import ProcessGroup, task_rank
 from tfdist.pipeline import transport
 from tfdist.strategies.startup import startup_deadline
@@ -124,4 +125,5 @@ class ModelParallelMixin:
         path = os.fspath(filepath)
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         whole.save(path, **kwargs)
+        report_written("model", path)
         return path
