@@ -169,6 +169,19 @@ def _raise_preempted(signum: int, frame: FrameType | None) -> None:
 
 
 @contextlib.contextmanager
+def _ignoring(signum: int) -> Iterator[None]:
+    """Ignores ``signum`` inside (in the main thread; elsewhere signals cannot be handled)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signum, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous)
+
+
+@contextlib.contextmanager
 def _sigterm_is_preemption() -> Iterator[None]:
     """SIGTERM raises `_Preempted` in the main thread (elsewhere signals cannot be handled)."""
     if threading.current_thread() is not threading.main_thread():
@@ -338,7 +351,8 @@ class Supervisor:
         does, within the group's grace), then the line says what was stopped and saved."""
         group.mute()
         log("Ctrl-C: stopping every task (their output is no longer shown)")
-        codes = group.stop()
+        with _ignoring(signal.SIGINT):  # a second Ctrl-C must not cut the (bounded) stop short
+            codes = group.stop()
         main = [m.name for m in group.members() if m.kind == "main"]
         log(summary.interrupted_line(codes, time.monotonic() - started, group.written(),
                                      _saved_where(group, main).strip()))
