@@ -22,7 +22,8 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2] / "tfdist"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("tfdist.errors", "tfdist.options", "tfdist.paths", "tfdist.core", "tfdist.mesh"),  # TF-free
+    ("tfdist.errors", "tfdist.options", "tfdist.paths", "tfdist.core", "tfdist.mesh",
+     "tfdist.logs"),  # TF-free
     ("tfdist.cluster", "tfdist.preemption"),  # cluster specs and TF_CONFIG: pure data
     ("tfdist.compat", "tfdist.startup_hook"),  # the Keras 3 shim table, and its start-up hook
     ("tfdist.pipeline", "tfdist.tensor", "tfdist.horovod", "tfdist.training", "tfdist.watchdog",
