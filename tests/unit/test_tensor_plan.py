@@ -206,3 +206,30 @@ def test_the_step_is_traced_once(path):
         for i in (0, 4):
             step(x[i:i + 4], y[i:i + 4])
     assert len(traces) == 1
+
+
+def test_a_plan_that_splits_nothing_is_refused_and_one_that_splits_little_is_said_loudly():
+    from tfdist.tensor.plan import MIN_SPLIT_SHARE, check_coverage
+
+    layers = keras.layers
+    inputs = keras.Input((8,))
+    unsplit = keras.Model(inputs, layers.Dense(4, name="only")(layers.LayerNormalization()(inputs)))
+    with pytest.raises(StrategyConfigError) as refused:
+        check_coverage(plan_model(unsplit, 2), "'unsplit'")
+    message = str(refused.value)
+    assert "T=2 splits none of 'unsplit'" in message and "only (Dense" in message
+    assert "--strategy multi_worker" in message and "rules=" in message
+    assert check_coverage(plan_model(unsplit, 1)) is None  # T=1 splits nothing by definition
+
+    # A small split pair beside a large replicated Dense: 4.9% of the bytes split.
+    x = layers.Dense(256, name="big")(inputs)
+    x = layers.LayerNormalization(name="ln")(x)
+    hidden = layers.Dense(8, name="up")(layers.Dense(4, name="squeeze")(x))
+    little = keras.Model(inputs, layers.Dense(2, name="down")(hidden))
+    plan = plan_model(little, 2)
+    share = plan.split_bytes / plan.whole_bytes
+    assert 0 < share < MIN_SPLIT_SHARE
+    warning = check_coverage(plan, "'little'")
+    assert f"splits only {share:.1%} of 'little'" in warning
+    assert warning.index("big (Dense") < warning.index("ln (LayerNormalization")  # largest first
+    assert check_coverage(plan_model(tiny_lm(), 2)) is None  # most of it split: nothing to say

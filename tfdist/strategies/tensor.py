@@ -42,7 +42,7 @@ from tfdist.strategies.startup import resolve_startup_timeout
 from tfdist.tensor import build as shards_of
 from tfdist.tensor.collectives import DEFAULT_TIMEOUT, next_key
 from tfdist.tensor.model import TensorModel
-from tfdist.tensor.plan import TensorPlan
+from tfdist.tensor.plan import TensorPlan, check_coverage
 from tfdist.tensor.rules import plan_model
 
 __all__ = ["TensorStrategy", "TENSOR_SHARDS_ENV"]
@@ -167,6 +167,9 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
         built = hasattr(model_or_fn, "layers")
         source = model_or_fn if built else self._abstract
         self._abstract = source
+        warning = check_coverage(self.plan, repr(source.name))
+        if warning and self.is_chief:
+            _log.warning("%s\n%s", warning, self.plan.table())
         tensor = self.tensor_group
         model = shards_of.build_shard(source, self.plan, tensor, self.timeout, TensorModel)
         model.attach(self.plan, tensor, self.data_group,

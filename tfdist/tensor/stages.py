@@ -35,6 +35,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -45,8 +46,10 @@ from tfdist.mesh import ProcessGroup
 from tfdist.pipeline import transport
 from tfdist.tensor import build as shards_of
 from tfdist.tensor.collectives import DEFAULT_TIMEOUT, next_key
-from tfdist.tensor.plan import LOGIT_KINDS, LayerSplit, TensorPlan
+from tfdist.tensor.plan import LOGIT_KINDS, LayerSplit, TensorPlan, check_coverage
 from tfdist.tensor.rules import plan_model
+
+_log = logging.getLogger("tfdist")
 
 __all__ = ["plan_stages", "check_cuts", "StageSplit", "stage_split", "check_clipping"]
 
@@ -218,5 +221,8 @@ def stage_split(spec: Any, bounds: Sequence[int], rules: Mapping[str, str],
     with keras_compat.abstract_build():
         whole = stage.assemble(spec)
     plan = plan_stages(whole, group.size, rules)
+    warning = check_coverage(plan, repr(spec.name))
+    if warning and group.members[0] == 0:  # the chief's tensor group: said once
+        _log.warning("%s\n%s", warning, plan.table())
     check_cuts(spec, bounds, plan)
     return StageSplit(plan, group, DEFAULT_TIMEOUT if timeout is None else float(timeout))
