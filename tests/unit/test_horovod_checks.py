@@ -102,7 +102,8 @@ def test_launch_without_horovod_installed_names_the_command_that_builds_it(scrip
                         lambda name, *a: None if name == "horovod" else real(name, *a))
     assert cli.main(["--dry-run", "--strategy", "horovod", "--workers", "2", script]) == 2
     err = capsys.readouterr().err
-    assert "--strategy horovod starts its ranks with horovodrun, but Horovod is not installed" in err
+    assert ("--strategy horovod starts its ranks with horovodrun, but Horovod is not "
+            "installed") in err
     assert "Fix: build it into this environment: `make horovod` in the tfdist checkout" in err
     monkeypatch.undo()
     if checks.op_library() is not None:  # with Horovod, the same launch is planned

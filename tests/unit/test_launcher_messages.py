@@ -146,8 +146,8 @@ def test_ctrl_c_stops_the_output_at_once_and_says_what_was_stopped_and_saved(tmp
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     launcher = subprocess.Popen(
         [PY, "-m", "tfdist.launcher.cli", "--workers", "2", "--network", "host", str(train),
-         str(tmp_path / "backup"), str(tmp_path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True)
+         str(tmp_path / "backup"), str(tmp_path)], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     try:
         assert launcher.stdout is not None

@@ -146,7 +146,8 @@ def test_setup_refuses_an_unknown_option_before_doing_anything(tmp_path):
     shutil.copy(SETUP, tmp_path / "launch" / "setup.sh")
     result = _bash(f"bash {tmp_path}/launch/setup.sh --with-slrum")
     assert result.returncode == 1
-    assert "unknown option --with-slrum (known: --minimal, --with-slurm, --horovod-wheel DIR)" in result.stderr
+    assert ("unknown option --with-slrum (known: --minimal, --with-slurm, --horovod-wheel DIR)"
+            in result.stderr)
     assert not (tmp_path / ".venv").exists()
 
 
