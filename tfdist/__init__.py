@@ -43,7 +43,7 @@ from tfdist.errors import (
     TfdistError,
 )
 from tfdist.logs import configure_from_env as _configure_logs
-from tfdist.mesh import Mesh
+from tfdist.parallel.mesh import Mesh
 
 __version__ = "0.1.0"
 

@@ -16,7 +16,7 @@ from tfdist.tensor.rules import plan_model
 
 pytestmark = pytest.mark.unit
 
-MODULES = ["tfdist.tensor.plan", "tfdist.tensor.rules", "tfdist.tensor.collectives",
+MODULES = ["tfdist.tensor.plan", "tfdist.tensor.rules", "tfdist.parallel.mappings",
            "tfdist.tensor.layers", "tfdist.tensor.initializers", "tfdist.tensor.loss",
            "tfdist.tensor.build", "tfdist.tensor.tied", "tfdist.strategies.tensor"]
 
@@ -179,7 +179,8 @@ def test_the_registry_makes_it_by_name_and_refuses_tf_keras_with_the_fix():
     strategy = tfdist.get_strategy("tensor", shards=1)
     assert strategy.describe() == "tensor: shard 0 of 1, replica 0 of 1, chief"
     traits = strategy_traits("tensor")
-    assert traits.launch_options == {"tensor": "TFDIST_TENSOR_SHARDS"}
+    assert traits.launch_options == {"tensor": "TFDIST_MESH"}  # T travels in the mesh alone
+    assert traits.tensor_default == "all"
     with pytest.raises(KerasCompatibilityError, match="unset TF_USE_LEGACY_KERAS"):
         traits.check_keras("tensor", "tf_keras")
 

@@ -1,6 +1,6 @@
 """A model described without its weights, and one stage of it built for real.
 
-`describe_model` reads a Keras model (built, or built by a function inside `keras_compat`'s
+`describe_model` reads a Keras model (built, or built by a function inside `tfdist.compat.models`'s
 `abstract_build`, which allocates no weights) into a `ModelSpec`: its graph of layer calls in a
 topological order (`tfdist.pipeline.graph`, nested models flattened), each layer's config and
 parameter count, each tensor's shape and dtype. `split_model` cuts the calls into stages; each
@@ -31,10 +31,11 @@ from typing import Any
 
 import numpy as np
 
+from tfdist.compat import models as keras_compat
 from tfdist.core.flavour import flavour_of, get_keras
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.pipeline import graph as graphs
-from tfdist.pipeline import keras_compat, partition, transport
+from tfdist.pipeline import partition, transport
 
 __all__ = ["LayerSpec", "ModelSpec", "describe_model", "split_model", "build_stage", "assemble",
            "stage_weights", "stage_layers", "owned_layers", "layer_weights", "set_layer_weights",

@@ -8,87 +8,51 @@ collective's resolution), and saves the whole model from the chief.
 
 from __future__ import annotations
 
-import atexit
-import functools
 import os
-import sys
 from collections.abc import Mapping
 from typing import Any
 
 import tensorflow as tf
 
-from tfdist.core.traits import TENSOR_SHARDS_ENV
-from tfdist.errors import StrategyConfigError, format_error
 from tfdist.logs import report_written
-from tfdist.mesh import ProcessGroup, task_rank
-from tfdist.pipeline import transport
+from tfdist.parallel import runtime
+from tfdist.parallel.mesh import ProcessGroup
+from tfdist.parallel.place import (
+    TENSOR_SHARDS_ENV,
+    MeshPlace,
+    Shards,
+    process_place,
+    tensor_shards,
+)
 from tfdist.strategies.startup import startup_deadline
 
 __all__ = ["ModelParallelMixin", "tensor_shards"]
-
-
-def tensor_shards(shards: int | None, default: int,
-                  environ: Mapping[str, str] | None = None) -> int:
-    """T: ``shards`` if given, else ``$TFDIST_TENSOR_SHARDS``, else ``default``.
-
-    Raises:
-        StrategyConfigError: a value that is not a positive int.
-
-    Example:
-        >>> tensor_shards(None, 1, {}), tensor_shards(None, 1, {"TFDIST_TENSOR_SHARDS": "2"})
-        (1, 2)
-    """
-    environ = os.environ if environ is None else environ
-    value: Any = shards if shards is not None else environ.get(TENSOR_SHARDS_ENV, str(default))
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        number = 0
-    if isinstance(value, bool) or number < 1 or str(number) != str(value).strip():
-        raise StrategyConfigError(format_error(
-            "The tensor shard count must be a positive int.",
-            received=f"shards={value!r}", expected="an int >= 1 that divides the processes",
-            fix=f"pass shards=T (pipeline: tensor=T) or set {TENSOR_SHARDS_ENV}=T"))
-    return number
-
-
-@functools.cache  # once per process, like enable_collectives: one barrier, one instance key
-def _wait_for_every_process_at_exit(world: ProcessGroup) -> None:
-    """At a normal exit, `transport.exit_barrier`; not after an uncaught exception (the
-    launcher should hear of a failure at once, not after the barrier's timeout)."""
-    failed = []
-    previous_hook = sys.excepthook
-
-    def record_failure(*exc_info: Any) -> None:
-        failed.append(exc_info[0])
-        previous_hook(*exc_info)
-
-    sys.excepthook = record_failure
-    atexit.register(lambda: failed or transport.exit_barrier(world))
 
 
 class ModelParallelMixin:
     """Mixed into a `TfdistStrategyMixin` + ``OneDeviceStrategy`` subclass that defines
     ``assemble(model)`` (the whole model on the chief, None elsewhere)."""
 
-    def _job_place(self, tf_config: str | Mapping[str, Any] | None) -> tuple[Any, Any, int, int]:
-        """``(cluster, task, processes, rank)`` of this process; one process of rank 0 when
-        there is no ``TF_CONFIG``."""
+    def _job_place(self, tf_config: str | Mapping[str, Any] | None, tensor: Shards | None,
+                   default_tensor: Shards) -> tuple[Any, Any, MeshPlace]:
+        """``(cluster, task, place)`` of this process (`tfdist.parallel.place.process_place`:
+        ``TFDIST_MESH`` and TF_CONFIG, ``tensor`` overriding); no cluster and a place of one
+        process when there is no ``TF_CONFIG``."""
         if tf_config is None and not os.environ.get("TF_CONFIG"):
-            return None, None, 1, 0
+            alone = {k: v for k, v in os.environ.items() if k == TENSOR_SHARDS_ENV}
+            return None, None, process_place(tensor=tensor, default_tensor=default_tensor,
+                                             environ=alone)
         cluster, task = self._read_cluster(tf_config)  # type: ignore[attr-defined]
-        processes = max(1, len(cluster.chief) + len(cluster.worker))
-        return cluster, task, processes, task_rank(task.type, task.index,
-                                                   chiefs=len(cluster.chief))
+        return cluster, task, process_place(tf_config, tensor=tensor,
+                                            default_tensor=default_tensor)
 
     def _join_collectives(self, deadline: float | None, cluster: Any, task: Any,
                           world: ProcessGroup) -> None:
         """Joins the job's collective runtime (at most ``deadline`` s) and, at exit, waits for
-        every process of ``world``."""
+        every process of ``world`` (`tfdist.parallel.runtime.join`)."""
         name = type(self).__name__
-        with startup_deadline(deadline, cluster, task, f"{name} on {task}"):
-            transport.enable_collectives(cluster, task)
-        _wait_for_every_process_at_exit(world)
+        runtime.join(cluster, task, world,
+                     startup_deadline(deadline, cluster, task, f"{name} on {task}"))
 
     @staticmethod
     def _device() -> str:

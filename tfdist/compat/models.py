@@ -1,8 +1,9 @@
-"""What the pipeline needs from Keras that the two Kerases give differently.
+"""What the model-parallel engines need from Keras that the two Kerases give differently.
 
-Only the pipeline reads these: a model described without allocating its weights
-(`abstract_build`), a stage's regularization terms (`weight_losses`, `call_losses`) and an
-optimizer made outside the strategy's scope bound to it (`bind_unbuilt_optimizer`).
+The pipeline (`tfdist.pipeline`) and the tensor layers (`tfdist.tensor`, the tensor strategy)
+read these: a model described without allocating its weights (`abstract_build`), a stage's
+regularization terms (`weight_losses`, `call_losses`), and an optimizer made outside the
+strategy's scope bound to it (`bind_unbuilt_optimizer`) or built now (`build_optimizer`).
 """
 
 from __future__ import annotations
