@@ -9,7 +9,7 @@ setup:  ## everything but Slurm: TensorFlow, tfdist, Horovod (the cached wheel, 
 
 horovod: setup  ## what a --strategy horovod job needs, added to a `make main` set-up (same as setup)
 
-setup-minimal:  ## what a job without Horovod needs (no Horovod, OpenMPI or multi-host test tools)
+setup-minimal:  ## what a job without Horovod needs (no Horovod, OpenMPI, keras-hub or multi-host test tools)
 	bash launch/setup.sh --minimal
 
 slurm:  ## setup, plus Slurm and munge (apt, as root) for tests/slurm

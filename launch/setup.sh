@@ -7,8 +7,8 @@
 # (TFDIST_CACHE_DIR, default ~/.cache/tfdist) so fresh clones on this machine skip the build.
 #
 # Options:
-#   --minimal           only what a job without Horovod needs (make main): no Horovod, OpenMPI or
-#                       multi-host test tools. A later run without it adds them (make horovod,
+#   --minimal           only what a job without Horovod needs (make main): no Horovod, OpenMPI,
+#                       keras-hub or multi-host test tools. A later run without it adds them (make horovod,
 #                       make test), Horovod from the cached wheel when there is one
 #   --with-slurm        also install Slurm (slurmctld, slurmd, slurm-client) and munge with apt,
 #                       for the tests that submit jobs to a private Slurm cluster (make slurm)
@@ -33,6 +33,7 @@ HOROVOD_PATCHES="$ROOT/launch/horovod-patches"
 TF_VERSION="2.21.0"
 TF_KERAS_VERSION="2.21.0"  # tf-keras releases follow TensorFlow's
 TENSORBOARD_VERSION="2.21.0"  # so do tensorboard's; TF 2.21 no longer installs it
+KERAS_HUB_VERSION="0.32.0"  # the tensor tests' KerasHub models (built from configs, no download)
 
 # Runs pip with its output kept in a log, shown only if pip fails.
 pip_quiet() {
@@ -164,6 +165,23 @@ install_python_deps() {
   echo "$want" > "$stamp"
 }
 
+# KerasHub, for the tests that split its models: without its declared tensorflow-text (not needed
+# to build models from configs), so --no-deps and its other needs named.
+install_keras_hub() {
+  local stamp="$VENV/.tfdist-keras-hub" want="keras-hub==$KERAS_HUB_VERSION kagglesdk==0.1.28"
+  if [[ "$(cat "$stamp" 2>/dev/null)" == "$want" ]]; then return; fi
+  if "$VENV/bin/python" -c "from importlib.metadata import version as v
+import sys; sys.exit(v('keras-hub') != '$KERAS_HUB_VERSION')" 2>/dev/null; then
+    echo "$want" > "$stamp"  # installed before this step existed
+    return
+  fi
+  log "installing keras-hub $KERAS_HUB_VERSION (without tensorflow-text)"
+  pip_quiet install -q --no-deps "keras-hub==$KERAS_HUB_VERSION" regex kagglehub \
+    kagglesdk==0.1.28 tqdm rich markdown-it-py mdurl pygments tokenizers sentencepiece \
+    huggingface-hub fsspec filelock
+  echo "$want" > "$stamp"
+}
+
 # The import check loads TensorFlow (~9 s): a re-run skips it while the build key and the
 # installed TensorFlow and Horovod versions are those it last passed with.
 horovod_installed() {
@@ -289,6 +307,7 @@ main() {
     "$VENV/bin/python" -c 'import horovod' >/dev/null 2>&1 \
       || log "--minimal: Horovod not installed; make horovod (bash launch/setup.sh) adds it"
   else
+    install_keras_hub
     install_horovod
     ensure_test_tools
   fi
