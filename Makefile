@@ -2,15 +2,20 @@
 VENV_BIN := .venv/bin
 MAIN_JOB := keras_examples/image_classifier.py
 
-.PHONY: setup slurm main test test-fast check lint docs wheel horovod-conformance horovod-examples
+.PHONY: setup setup-minimal horovod slurm main test test-fast check lint docs wheel horovod-conformance horovod-examples
 
-setup:
+setup:  ## everything but Slurm: TensorFlow, tfdist, Horovod (the cached wheel, else a 3-5 min build), test tools
 	bash launch/setup.sh
+
+horovod: setup  ## what a --strategy horovod job needs, added to a `make main` set-up (same as setup)
+
+setup-minimal:  ## what a job without Horovod needs (no Horovod, OpenMPI, keras-hub or multi-host test tools)
+	bash launch/setup.sh --minimal
 
 slurm:  ## setup, plus Slurm and munge (apt, as root) for tests/slurm
 	bash launch/setup.sh --with-slurm
 
-main: setup  ## a real 2-worker training on this machine
+main: setup-minimal  ## a real 2-worker training on this machine; no Horovod (make horovod adds it)
 	$(VENV_BIN)/tfdist-launch --strategy multi_worker --workers 2 --timeout 900 $(MAIN_JOB) --model-dir runs/main_job
 
 test: slurm  ## the whole test suite (what CI runs) on 2 pytest-xdist workers, Slurm jobs included; ends with its wall time and 15 slowest tests
@@ -24,13 +29,13 @@ test: slurm  ## the whole test suite (what CI runs) on 2 pytest-xdist workers, S
 test-fast: setup  ## unit tests only (2 pytest-xdist workers): no cluster, under a minute
 	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(VENV_BIN)/python -m pytest -m unit -n 2 --dist worksteal
 
-lint: setup
+lint: setup-minimal
 	$(VENV_BIN)/ruff check .
 
 docs: setup  ## the manual (docs/, mkdocs.yml) into site/; any warning fails the build
 	NO_MKDOCS_2_WARNING=1 TF_CPP_MIN_LOG_LEVEL=3 $(VENV_BIN)/python -m mkdocs build --strict
 
-check: setup
+check: setup-minimal  ## what is installed (Horovod included, or the command that adds it)
 	$(VENV_BIN)/tfdist-launch --check
 
 wheel:  ## dist/tfdist-<version>-py3-none-any.whl, what `pip install .` installs (needs no .venv)

@@ -7,6 +7,9 @@
 # (TFDIST_CACHE_DIR, default ~/.cache/tfdist) so fresh clones on this machine skip the build.
 #
 # Options:
+#   --minimal           only what a job without Horovod needs (make main): no Horovod, OpenMPI,
+#                       keras-hub or multi-host test tools. A later run without it adds them (make horovod,
+#                       make test), Horovod from the cached wheel when there is one
 #   --with-slurm        also install Slurm (slurmctld, slurmd, slurm-client) and munge with apt,
 #                       for the tests that submit jobs to a private Slurm cluster (make slurm)
 #   --horovod-wheel DIR only build the patched Horovod wheel into DIR with the venv's TensorFlow
@@ -288,20 +291,26 @@ build_horovod_wheel_only() {
 }
 
 main() {
-  local with_slurm=0
+  local with_slurm=0 minimal=0
   while [[ $# -gt 0 ]]; do
     case "$1" in
       --with-slurm) with_slurm=1 ;;
+      --minimal) minimal=1 ;;
       --horovod-wheel) build_horovod_wheel_only "${2:-}"; return ;;
-      *) die "unknown option $1 (known: --with-slurm, --horovod-wheel DIR)" ;;
+      *) die "unknown option $1 (known: --minimal, --with-slurm, --horovod-wheel DIR)" ;;
     esac
     shift
   done
   create_venv
   install_python_deps
-  install_keras_hub
-  install_horovod
-  ensure_test_tools
+  if [[ "$minimal" == "1" ]]; then
+    "$VENV/bin/python" -c 'import horovod' >/dev/null 2>&1 \
+      || log "--minimal: Horovod not installed; make horovod (bash launch/setup.sh) adds it"
+  else
+    install_keras_hub
+    install_horovod
+    ensure_test_tools
+  fi
   if [[ "$with_slurm" == "1" ]]; then ensure_slurm_tools; fi
   log "ready: $VENV ($("$VENV/bin/python" -c 'from importlib.metadata import version
 print("tensorflow", version("tensorflow"))' 2>/dev/null))"

@@ -42,9 +42,12 @@ from tfdist.errors import (
     TaskTimeoutError,
     TfdistError,
 )
+from tfdist.logs import configure_from_env as _configure_logs
 from tfdist.parallel.mesh import Mesh
 
 __version__ = "0.1.0"
+
+_configure_logs()  # a launched task prints tfdist's info lines (`tfdist.logs`)
 
 # Names that import TensorFlow (or Horovod) are loaded on first use, so `import tfdist` stays fast
 # for cluster-spec work and the launcher.

@@ -36,7 +36,16 @@ def test_the_manual_builds_with_no_warning(tmp_path: Path) -> None:
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-4000:]
     assert "WARNING -" not in log, log[-4000:]
-    assert (tmp_path / "site" / "reference" / "api" / "index.html").exists()
+    api = (tmp_path / "site" / "reference" / "api.html").read_text()
+    # Docstring examples are code blocks with their output on its own line, not nested block
+    # quotes (griffe reads only "Examples:"; docs/hooks/griffe_examples.py renames "Example:").
+    assert "<blockquote>" not in api
+    examples = api.split('doc-section-title">Examples:</span></p>')[1:]
+    assert len(examples) >= 60
+    assert all('<div class="highlight"><pre>' in e[:500] for e in examples)
+    assert '<span class="go">1</span>' in api  # get_strategy("default").num_replicas_in_sync
+    # Opened as a file, search works: the offline plugin inlines the index as a script.
+    assert (tmp_path / "site" / "search" / "search_index.js").exists()
 
 
 def _broken_site(tmp_path: Path, page: str) -> Path:

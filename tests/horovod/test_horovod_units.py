@@ -38,7 +38,8 @@ def test_missing_horovod_says_how_to_install(monkeypatch: pytest.MonkeyPatch) ->
         runtime.hvd()
     message = str(info.value)
     assert "Received: no importable horovod.tensorflow" in message
-    assert "Fix: build it into this environment with `bash launch/setup.sh`" in message
+    assert ("Fix: build it into this environment: `make horovod` in the tfdist checkout (it "
+            "runs `bash launch/setup.sh`") in message
     assert runtime.is_available() is False
 
 

@@ -92,3 +92,27 @@ def script(tmp_path: Path) -> str:
     path = tmp_path / "train.py"
     path.write_text("print('never run')\n")
     return str(path)
+
+
+def test_launch_without_horovod_installed_names_the_command_that_builds_it(script, capsys,
+                                                                           monkeypatch):
+    # Stands in for a `make main` set-up (no Horovod): nothing named horovod is importable.
+    real = checks.importlib.util.find_spec
+    monkeypatch.setattr(checks.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "horovod" else real(name, *a))
+    assert cli.main(["--dry-run", "--strategy", "horovod", "--workers", "2", script]) == 2
+    err = capsys.readouterr().err
+    assert ("--strategy horovod starts its ranks with horovodrun, but Horovod is not "
+            "installed") in err
+    assert "Fix: build it into this environment: `make horovod` in the tfdist checkout" in err
+    monkeypatch.undo()
+    if checks.op_library() is not None:  # with Horovod, the same launch is planned
+        assert cli.main(["--dry-run", "--strategy", "horovod", "--workers", "2", script]) == 0
+
+
+def test_check_without_horovod_names_the_command_that_builds_it(monkeypatch):
+    from tfdist.launcher import check
+
+    monkeypatch.setattr(check, "_version", lambda dist: None if dist == "horovod" else "1")
+    assert check._horovod_report() == {"installed": False, "fix": checks.INSTALL_FIX}
+    assert "make horovod" in checks.INSTALL_FIX

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2] / "tfdist"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("tfdist.errors", "tfdist.options", "tfdist.paths", "tfdist.core"),  # TF-free
+    ("tfdist.errors", "tfdist.options", "tfdist.paths", "tfdist.core", "tfdist.logs"),  # TF-free
     ("tfdist.cluster", "tfdist.preemption"),  # cluster specs and TF_CONFIG: pure data
     ("tfdist.compat", "tfdist.startup_hook"),  # the Keras shims and differences, start-up hook
     ("tfdist.parallel",),  # the model-parallel substrate: mesh, place, keys, collectives

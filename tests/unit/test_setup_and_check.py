@@ -146,7 +146,8 @@ def test_setup_refuses_an_unknown_option_before_doing_anything(tmp_path):
     shutil.copy(SETUP, tmp_path / "launch" / "setup.sh")
     result = _bash(f"bash {tmp_path}/launch/setup.sh --with-slrum")
     assert result.returncode == 1
-    assert "unknown option --with-slrum (known: --with-slurm, --horovod-wheel DIR)" in result.stderr
+    assert ("unknown option --with-slrum (known: --minimal, --with-slurm, --horovod-wheel DIR)"
+            in result.stderr)
     assert not (tmp_path / ".venv").exists()
 
 
@@ -266,3 +267,25 @@ def test_the_header_check_finds_what_gcc13_broke_and_patch_03_fixes_it(tmp_path,
     assert "horovod/common/group_table.h: <string> (for string" in result.stdout
     assert "horovod/common/common.h: <stdexcept> (for logic_error)" in result.stdout
     assert "horovod/common/group_table.h: <cstdint> (for int32_t)" in result.stdout
+
+
+def test_minimal_set_up_leaves_horovod_out_and_says_how_to_add_it(tmp_path):
+    # make main's set-up: TensorFlow and tfdist only. The stand-in venv python records its argv,
+    # and has no horovod (`-c 'import horovod'` fails), as after a first `make main`.
+    (tmp_path / "launch").mkdir()
+    shutil.copy(SETUP, tmp_path / "launch" / "setup.sh")
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'tfdist'\n")
+    calls = tmp_path / "python-calls"
+    python = tmp_path / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n[ "$1" = -c ] && exit 1\nexit 0\n')
+    python.chmod(0o755)
+    env = f"TFDIST_CACHE_DIR={tmp_path}/cache PATH=/usr/bin:/bin"
+    result = _bash(f"{env} bash {tmp_path}/launch/setup.sh --minimal")
+    assert result.returncode == 0, result.stderr
+    recorded = calls.read_text()
+    assert "-m pip install -q -e" in recorded and "tensorflow==2.21.0" in recorded
+    assert "pip wheel" not in recorded and ".whl" not in recorded  # no Horovod build or install
+    assert "--minimal: Horovod not installed; make horovod (bash launch/setup.sh) adds it" in (
+        result.stderr)
+    assert not (tmp_path / "cache").exists()

@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib
 import importlib.util
@@ -17,7 +18,9 @@ import inspect
 import json
 import os
 import sys
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,7 @@ from tfdist.advise import network, report
 from tfdist.advise.advisor import advise, get_constants
 from tfdist.advise.candidates import as_cluster, candidates
 from tfdist.advise.cores import usable_cores
+from tfdist.advise.script_check import check_import_safe
 from tfdist.errors import AdviseError, TfdistError, format_error
 
 __all__ = ["parse_args", "load_target", "main"]
@@ -169,25 +173,66 @@ def _json_path(args: argparse.Namespace) -> str | None:
 
 
 def _import(location: str) -> Any:
-    if location.endswith(".py"):
-        path = Path(location).resolve()
-        sys.path.insert(0, str(path.parent))  # the script's own imports (e.g. `import common`)
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    """The module at ``location``; a script is checked import-safe first (`script_check`) and
+    imported under its file's name, with ``sys.argv`` its own name alone, not the advisor's."""
+    if not location.endswith(".py"):
+        return importlib.import_module(location)
+    path = Path(location).resolve()
+    check_import_safe(path)
+    sys.path.insert(0, str(path.parent))  # the script's own imports (e.g. `import common`)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    argv, sys.argv = sys.argv, [str(path)]
+    try:
         spec.loader.exec_module(module)  # type: ignore[union-attr]
-        return module
-    return importlib.import_module(location)
+    except SystemExit as err:  # main code the check could not see (e.g. in a helper it calls)
+        raise AdviseError(format_error(
+            f"Importing {location} exited (status {err.code}): it runs its main code when "
+            "imported.", received=location, expected="a script that only defines when imported",
+            fix='move its main code under `if __name__ == "__main__":`')) from None
+    finally:
+        sys.argv = argv
+    return module
+
+
+@contextlib.contextmanager
+def _progress(what: str, every: float = 15.0) -> Iterator[None]:
+    """Says on stderr that ``what`` started, how long it has run every ``every`` s, and when
+    it ended."""
+    started = time.monotonic()
+    done = threading.Event()
+
+    def report() -> None:
+        while not done.wait(every):
+            _say(f"{what}: {time.monotonic() - started:.0f} s so far")
+
+    _say(f"{what}...")
+    ticker = threading.Thread(target=report, name="tfdist-advise-progress", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+    _say(f"{what}: done in {time.monotonic() - started:.1f} s")
+
+
+def _say(message: str) -> None:
+    print(f"[tfdist-advise] {message}", file=sys.stderr, flush=True)
 
 
 def load_target(target: str, kwargs: dict[str, Any]) -> Any:
     """A zero-argument function building the model named by ``target`` with ``kwargs``.
 
     Raises:
-        AdviseError: the module or function cannot be found.
+        AdviseError: the module or function cannot be found, or the script runs its main code
+            when imported (`tfdist.advise.script_check`).
     """
     location, _, name = target.rpartition(":")
     try:
         fn = getattr(_import(location), name)
+    except AdviseError:
+        raise
     except (ImportError, AttributeError, OSError, ValueError) as err:
         raise AdviseError(format_error(
             f"Cannot load the build function {target!r}: {err}.", received=target,
@@ -200,11 +245,16 @@ def load_target(target: str, kwargs: dict[str, Any]) -> Any:
     return lambda: fn(**kwargs)
 
 
+def _constants_source(args: argparse.Namespace) -> str:
+    """Where the network constants come from: the file given, the cache, or a probe."""
+    return args.constants or (f"cache {network.default_path()}" if network.default_path().exists()
+                              else "a new 2-process probe (a minute or two)")
+
+
 def _dry_run(args: argparse.Namespace) -> int:
     shape = as_cluster(args.cluster if not args.cluster.isdigit() else int(args.cluster),
                        args.device_memory)
-    source = args.constants or (f"cache {network.default_path()}" if
-                                network.default_path().exists() else "a new 2-process probe")
+    source = _constants_source(args)
     print(json.dumps({"target": args.target, "kwargs": args.kwargs, "batch": args.batch,
                       "cluster": vars(shape) | {"host_names": list(shape.host_names)},
                       "constants": source,
@@ -225,13 +275,17 @@ def _run(args: argparse.Namespace) -> int:
         path = network.save(measured, args.constants or network.default_path())
         print(f"[tfdist-advise] wrote {path}")
         return 0
-    constants = get_constants(shape, args.constants, args.backends)
+    build = load_target(args.target, args.kwargs)  # a script that is not import-safe: now
+    with _progress(f"network constants from {_constants_source(args)}"):
+        constants = get_constants(shape, args.constants, args.backends)
     if args.measure_cores:
-        shape = dataclasses.replace(shape, cores=usable_cores(min(shape.per_host,
-                                                                  os.cpu_count() or 1)))
-    advice = advise(load_target(args.target, args.kwargs), shape, batch=args.batch,
-                    constants=constants, script=args.script, micro_batches=args.micro_batches,
-                    max_ps=args.max_ps, backends=args.backends)
+        with _progress("measuring the cores the processes get (--measure-cores)"):
+            shape = dataclasses.replace(shape, cores=usable_cores(min(shape.per_host,
+                                                                      os.cpu_count() or 1)))
+    with _progress(f"profiling {args.target} at batch {args.batch} and ranking the layouts"):
+        advice = advise(build, shape, batch=args.batch, constants=constants, script=args.script,
+                        micro_batches=args.micro_batches, max_ps=args.max_ps,
+                        backends=args.backends)
     print(report.render(advice))
     if args.json:
         args.json.write_text(json.dumps(report.to_json(advice), indent=1) + "\n")

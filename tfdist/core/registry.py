@@ -233,7 +233,8 @@ def _import(name: str, target: str) -> type:
         raise MissingDependencyError(
             format_error(f"Strategy {name!r} cannot be imported ({err}).", received=target,
                          expected=f"an importable module {module_name!r}",
-                         fix=f"install what it needs (for 'horovod': bash launch/setup.sh), "
+                         fix=f"install what it needs (for 'horovod': make horovod, which runs bash "
+                         f"launch/setup.sh), "
                          f"or pick another of {', '.join(available_strategies())}")
         ) from err
     cls = getattr(module, class_name.strip(), None)

@@ -28,10 +28,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tfdist.core.environ import peek_tf_config
-from tfdist.errors import StrategyConfigError, format_error
+from tfdist.errors import MissingDependencyError, StrategyConfigError, format_error
 
 __all__ = [
     "CONTROLLERS",
+    "INSTALL_FIX",
+    "check_installed",
     "WORLD_SIZE_VARIABLES",
     "job_size",
     "ranks_problem",
@@ -52,6 +54,14 @@ _SYMBOLS = {"mpi": b"libmpi", "gloo": b"GlooContext"}
 """What Horovod's op library names when built with each controller: it needs libmpi for MPI,
 and Horovod's Gloo context class exists only in a build with Gloo."""
 
+
+INSTALL_FIX = (
+    "build it into this environment: `make horovod` in the tfdist checkout (it runs `bash "
+    "launch/setup.sh`; `make main` sets up without Horovod). Horovod 0.28.1 needs a patched build "
+    "for TensorFlow 2.21: seconds from the wheel cached in ~/.cache/tfdist, else 3-5 minutes. "
+    "Then check it with `tfdist-launch --check`"
+)
+"""How to get Horovod, for every error that finds it missing."""
 
 _NAMES = {"mpi": ("MPI", "--mpi"), "gloo": ("Gloo", "without --mpi")}
 _FIXES = {
@@ -201,14 +211,32 @@ def controller_problem(controller: str, built: bool | None) -> str | None:
     )
 
 
+def check_installed() -> None:
+    """Raises `MissingDependencyError` naming the command that builds Horovod when it is not
+    installed (no import: milliseconds).
+
+    Example:
+        >>> check_installed()  # this environment has it
+    """
+    if importlib.util.find_spec("horovod") is None:
+        raise MissingDependencyError(format_error(
+            "--strategy horovod starts its ranks with horovodrun, but Horovod is not installed "
+            "in this environment.",
+            received="no importable horovod package",
+            expected="Horovod 0.28.1 built with TensorFlow and Gloo (or MPI)",
+            fix=INSTALL_FIX))
+
+
 def check_controller(controller: str, library: Path | None = None) -> None:
-    """Raises `StrategyConfigError` when Horovod was built without ``controller``.
+    """Raises `StrategyConfigError` when Horovod was built without ``controller``, and
+    `MissingDependencyError` (`check_installed`) when it is not installed at all.
 
     Asks Horovod itself only when the op library does not show the controller.
 
     Example:
         >>> check_controller("gloo")  # built with Gloo: no error, no TensorFlow import
     """
+    check_installed()
     built = built_in_library(controller, library)
     if not built:
         built = built_per_horovod(controller)

@@ -1,7 +1,7 @@
 """Horovod's process-level state: the lazy import, ``init`` with its tuning knobs, rank and size.
 
 Horovod is optional. Nothing here imports it until a function is called; when it is missing the
-call raises `MissingDependencyError` saying how to build it (``bash launch/setup.sh``: Horovod
+call raises `MissingDependencyError` saying how to build it (``make horovod``: Horovod
 0.28.1 does not build from PyPI against TensorFlow 2.21).
 
 Tuning knobs are read by Horovod's background thread once, in ``hvd.init()``:
@@ -40,10 +40,6 @@ __all__ = [
 FUSION_THRESHOLD_ENV = "HOROVOD_FUSION_THRESHOLD"
 CYCLE_TIME_ENV = "HOROVOD_CYCLE_TIME"
 
-_INSTALL_FIX = (
-    "build it into this environment with `bash launch/setup.sh` (Horovod 0.28.1 needs a patched "
-    "build for TensorFlow 2.21), then check it with `horovodrun --check-build`"
-)
 
 
 def hvd() -> ModuleType:
@@ -64,7 +60,7 @@ def hvd() -> ModuleType:
                 f"Horovod is not available ({err}).",
                 received="no importable horovod.tensorflow",
                 expected="Horovod 0.28.1 built with TensorFlow and Gloo (or MPI)",
-                fix=_INSTALL_FIX,
+                fix=checks.INSTALL_FIX,
             )
         ) from err
 

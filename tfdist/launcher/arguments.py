@@ -208,8 +208,11 @@ def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     run = parser.add_argument_group("run")
     run.add_argument(
-        "--timeout", type=float, default=_env_default("TIMEOUT", "3600"),
-        help="seconds before the whole job is stopped (env TFDIST_LAUNCH_TIMEOUT; default 3600)",
+        "--timeout", type=float, default=_env_or_none("TIMEOUT"), metavar="SECONDS",
+        help="seconds before the whole job is stopped, healthy or not (env "
+        "TFDIST_LAUNCH_TIMEOUT; default: none, the job runs as long as it trains: a task that "
+        "dies, a peer that never joins (--startup-timeout) or a step stuck past its deadline "
+        "stops it)",
     )
     run.add_argument(
         "--startup-timeout", type=float, default=None, metavar="SECONDS",
@@ -254,6 +257,10 @@ def _add_run_switches(run: argparse._ArgumentGroup) -> None:
         "task's plan; default: the chief's output, and a failed task's last lines "
         "(env TFDIST_LAUNCH_VERBOSE=1)")
     run.add_argument(
+        "-q", "--quiet", action="store_true",
+        help="leave out tfdist's own info lines in the tasks (the strategy chosen, the tensor "
+        "and pipeline plans); warnings and errors still show")
+    run.add_argument(
         "--network", choices=("private", "host"), default=_env_default("NETWORK", "private"),
         help="private (default): a job on this machine alone runs its tasks in a network "
         "namespace with only loopback, so no TF server of it can be reached from outside (needs "
@@ -275,7 +282,8 @@ def job_options(args: argparse.Namespace) -> JobOptions:
         max_restarts=args.max_restarts, worker_restarts=args.max_worker_restarts,
         log_dir=args.log_dir, hosts=host_options(args), network=args.network,
         startup_timeout=args.startup_timeout, preemption_grace=args.preemption_grace,
-        mpi=args.mpi, verbose=args.verbose, script_on_all_tasks=args.script_on_all_tasks,
+        mpi=args.mpi, verbose=args.verbose, quiet=args.quiet,
+        script_on_all_tasks=args.script_on_all_tasks,
         min_workers=args.min_workers, max_workers=args.max_workers,
         strategy_options=StrategyOptions(stages=args.stages, tensor=args.tensor,
                                          micro_batches=args.micro_batches,

@@ -28,8 +28,9 @@ def _existing(path: str) -> str | None:
 def _horovod_report() -> dict[str, Any]:
     version = _version("horovod")
     if version is None:
-        fix = "bash launch/setup.sh (builds Horovod 0.28.1 from source)"
-        return {"installed": False, "fix": fix}
+        from tfdist.horovod.checks import INSTALL_FIX
+
+        return {"installed": False, "fix": INSTALL_FIX}
     report: dict[str, Any] = {"installed": True, "version": version}
     try:
         importlib.import_module("horovod.tensorflow")

@@ -136,7 +136,7 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
         return f"--max-restarts must be 0 or more. Received: {args.max_restarts}"
     if args.max_worker_restarts < 0:
         return f"--max-worker-restarts must be 0 or more. Received: {args.max_worker_restarts}"
-    if not math.isfinite(args.timeout) or args.timeout <= 0:
+    if args.timeout is not None and (not math.isfinite(args.timeout) or args.timeout <= 0):
         return (f"--timeout must be a positive number of seconds. Received: {args.timeout}. "
                 "Fix: e.g. --timeout 3600")
     if args.startup_timeout is not None and not (

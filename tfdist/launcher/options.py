@@ -93,7 +93,8 @@ class JobOptions:
         ps: Parameter-server tasks.
         chief: Add a chief (None: the strategy's default).
         evaluator: Add a sidecar evaluator.
-        timeout: Seconds before the whole job is stopped.
+        timeout: Seconds before the whole job is stopped (None: no limit; a task's failure,
+            its peers' start-up deadline and the strategies' step deadlines end a stuck job).
         evaluator_grace: Seconds the evaluator may run on after training is done.
         max_restarts: Gang restarts after a failure.
         worker_restarts: Restarts of each task whose role the strategy restarts alone.
@@ -111,6 +112,7 @@ class JobOptions:
             one host) instead of Gloo.
         verbose: Print every line of every task, and each task's plan, as they come (default:
             the chief's output less TensorFlow's start-up chatter; `tfdist.launcher.output`).
+        quiet: Leave tfdist's own info lines out of the tasks' output (`tfdist.logs`).
         script_on_all_tasks: Run the script on the strategy's server roles too (ParameterServer
             ``worker`` and ``ps``), instead of ``python -m tfdist.server``: for a script that
             serves them itself, as TensorFlow's guide writes it.
@@ -128,7 +130,7 @@ class JobOptions:
     ps: int = 0
     chief: bool | None = None
     evaluator: bool = False
-    timeout: float = 3600.0
+    timeout: float | None = None
     evaluator_grace: float = 60.0
     max_restarts: int = 0
     worker_restarts: int = 3
@@ -140,6 +142,7 @@ class JobOptions:
     preemption_grace: float = 25.0
     mpi: bool = False
     verbose: bool = False
+    quiet: bool = False
     script_on_all_tasks: bool = False
     min_workers: int | None = None
     max_workers: int | None = None

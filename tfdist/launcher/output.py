@@ -5,9 +5,11 @@ The default view shows, with the ``[task]`` prefix:
 * the lines of the task that reports progress: the chief (``chief:0``, else ``worker:0``, or the
   job's only process) and of sidecars (the evaluator reports each checkpoint's metric); of a
   Horovod job (one ``horovodrun`` process) only rank 0's lines (``[0]<stdout>:...``);
-* less TensorFlow's C++ start-up chatter, which every process prints before its own logging
-  reads ``TF_CPP_MIN_LOG_LEVEL``: absl-format lines (``I0000 00:00:... port.cc:153] oneDNN ...``)
-  whose severity is below that level (the launcher sets 2: INFO and WARNING hidden), the
+* less the lines that name what a task wrote (`tfdist.logs.WROTE_MARKER`: the launcher's last
+  line lists them) and TensorFlow's C++ start-up chatter, which every process prints before its
+  own logging reads ``TF_CPP_MIN_LOG_LEVEL``: absl-format lines (``I0000 00:00:... port.cc:153]
+  oneDNN ...``) whose severity is below that level (the launcher sets 2: INFO and WARNING
+  hidden), the
   "All log messages before absl::InitializeLog()" banner, and the failed ``cuInit`` error of a
   task that has just said "Could not find cuda drivers" (a machine without a GPU).
 
@@ -28,6 +30,8 @@ from __future__ import annotations
 import collections
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
+
+from tfdist.logs import WROTE_MARKER, parse_written
 
 __all__ = ["LineFilter", "LineView", "RankFailure", "TaskOutput", "shown_tasks", "task_filters"]
 
@@ -77,8 +81,8 @@ class LineView:
             if self.first_rank_only and rank.group(1) != "0":
                 return False
             line = line[rank.end():]
-        if line.strip() == _ABSL_BANNER:
-            return False
+        if line.strip() == _ABSL_BANNER or line.startswith(WROTE_MARKER):
+            return False  # a marker: the launcher's last line names what was written
         absl = _ABSL_LINE.match(line)
         if absl is None:
             return True
@@ -170,10 +174,16 @@ class TaskOutput:
         self.lines: collections.deque[str] = collections.deque(maxlen=maxlen)
         self.ranks: dict[str, collections.deque[str]] = {}
         self.first_failure: tuple[str, int] | None = None
+        self.written: dict[str, str] = {}
+        """Path -> what it is (``model``...), from the task's `WROTE_MARKER` lines, all kept."""
         self._mpi_process: str | None = None
 
     def append(self, line: str) -> None:
         self.lines.append(line)
+        if WROTE_MARKER in line:
+            found = parse_written(_HOROVOD_PREFIX.sub("", line, count=1))
+            if found is not None:
+                self.written.setdefault(found[1], found[0])
         if _HOROVOD_PREFIX.match(line):
             # mpirun may put several ranks' output on one line: "[5,1]<stderr>:a[5,0]<stdout>:b"
             tags = list(_RANK_TAG.finditer(line))

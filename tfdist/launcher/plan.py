@@ -36,6 +36,7 @@ from tfdist.launcher.mesh_plan import (
     training_processes,
 )
 from tfdist.launcher.options import JobOptions, StrategyOptions
+from tfdist.logs import LOG_LEVEL_ENV, REPORT_ENV
 from tfdist.parallel.mesh import MESH_ENV, Mesh
 from tfdist.pipeline.config import PipelineConfig
 from tfdist.pipeline.layout import check_processes
@@ -143,6 +144,9 @@ def _task_env(options: JobOptions, traits: StrategyTraits,
         "PYTHONUNBUFFERED": "1",
         # TensorFlow's C++ INFO/WARNING lines drown the training output; set 0 to see them.
         "TF_CPP_MIN_LOG_LEVEL": environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+        # tfdist's own info lines and what a task wrote, for the launcher (`tfdist.logs`).
+        LOG_LEVEL_ENV: "WARNING" if options.quiet else "INFO",
+        REPORT_ENV: "1",
     }
     if options.startup_timeout is not None:
         env[STARTUP_TIMEOUT_ENV] = f"{options.startup_timeout:g}"

@@ -146,6 +146,7 @@ class ProcessGroup:
         self.tasks: dict[str, TaskProcess] = {}
         self.sidecar_failures: dict[str, int] = {}
         self.output_failures: dict[str, str] = {}
+        self._muted = False
 
     def __enter__(self) -> ProcessGroup:
         return self
@@ -262,7 +263,7 @@ class ProcessGroup:
                     except OSError as err:  # keep draining the pipe: a full pipe hangs the task
                         self.output_failures.setdefault(name, f"cannot write its log: {err}")
                         log = None
-                if show is not None and not show(line):
+                if self._muted or (show is not None and not show(line)):
                     continue
                 with self._lock:
                     stream = self._stream or sys.stdout
@@ -346,6 +347,17 @@ class ProcessGroup:
             stream = self._stream or sys.stdout
             stream.write(f"[tfdist] {message}\n")
             stream.flush()
+
+    def mute(self) -> None:
+        """Prints no more task output (tails and logs still get every line)."""
+        self._muted = True
+
+    def written(self) -> dict[str, str]:
+        """What the tasks reported writing (`tfdist.logs.WROTE_MARKER`): path -> what."""
+        found: dict[str, str] = {}
+        for task in self.tasks.values():
+            found.update(task.tail.written)
+        return found
 
     def stop(self, grace_period: float | None = None) -> dict[str, int | None]:
         """Stops every task that is still running: SIGTERM, then SIGKILL after the grace period.

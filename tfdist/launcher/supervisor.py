@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import math
 import signal
 import sys
 import threading
@@ -55,6 +56,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from tfdist.core.traits import TaskKind
 from tfdist.errors import LaunchError, TaskFailedError, TaskTimeoutError
+from tfdist.launcher import summary
 from tfdist.launcher.runners import runner_named
 from tfdist.preemption import PREEMPTED_EXIT_STATUS, PREEMPTED_MARKER
 
@@ -88,12 +90,14 @@ class Member:
         kind: ``"main"``, ``"service"`` or ``"sidecar"`` (`TaskKind`).
         max_restarts: Times it is restarted alone when it fails.
         view: How much of its output is printed (`OutputView`).
+        ranks: The Horovod ranks it starts (``horovodrun``), counted instead of it; else 0.
     """
 
     name: str
     kind: TaskKind = "main"
     max_restarts: int = 0
     view: OutputView = "all"
+    ranks: int = 0
 
 
 class TaskGroup(Protocol):
@@ -135,6 +139,12 @@ class TaskGroup(Protocol):
     def announce(self, message: str) -> None:
         """Prints ``[tfdist] message`` among the tasks' output."""
 
+    def mute(self) -> None:
+        """Prints no more of the tasks' output (still kept in their tails and logs)."""
+
+    def written(self) -> Mapping[str, str]:
+        """What the tasks reported writing (`tfdist.logs.WROTE_MARKER`): path -> what."""
+
 
 def log(message: str) -> None:
     """A line of the launcher's own (stderr)."""
@@ -155,6 +165,19 @@ def _raise_preempted(signum: int, frame: FrameType | None) -> None:
 
 
 @contextlib.contextmanager
+def _ignoring(signum: int) -> Iterator[None]:
+    """Ignores ``signum`` inside (in the main thread; elsewhere signals cannot be handled)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signum, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous)
+
+
+@contextlib.contextmanager
 def _sigterm_is_preemption() -> Iterator[None]:
     """SIGTERM raises `_Preempted` in the main thread (elsewhere signals cannot be handled)."""
     if threading.current_thread() is not threading.main_thread():
@@ -172,7 +195,7 @@ class Supervisor:
     """The failure policy of one job (see the module docstring).
 
     Attributes:
-        timeout: Seconds the job may run.
+        timeout: Seconds the job may run (None: as long as it runs).
         sidecar_grace: Seconds sidecars may run on once every main task has succeeded.
         preemption_grace: Seconds the tasks get to save and exit after SIGTERM.
         strategy: The job's strategy, for messages.
@@ -182,7 +205,7 @@ class Supervisor:
         sidecar_failures: Sidecars that failed in the last `watch`, with their status.
     """
 
-    timeout: float
+    timeout: float | None = None
     sidecar_grace: float = 0.0
     preemption_grace: float = 25.0
     fatal: Callable[[str], str | None] = lambda role: None
@@ -205,18 +228,19 @@ class Supervisor:
         Raises:
             LaunchError: The runner could not start the job (nothing of it is left running).
         """
+        started = time.monotonic()
         with group, _sigterm_is_preemption():
             try:
                 group.launch()
                 self.watch(group)
-                done = f"job finished: {len(group.members())} task(s) succeeded"
-                log(done + (f"; restarted alone: {self.restarts}" if self.restarts else ""))
+                log(summary.done_line(group.members(), time.monotonic() - started,
+                                      group.written(), self.restarts))
                 return 0
             except TaskFailedError as err:
-                log(self._failure_message(err))
+                log(self._failure_message(err) + _ended(group, started))
                 return exit_status(err.returncode) or 1
             except TaskTimeoutError as err:
-                log(str(err) + self._hidden_tails(group))
+                log(str(err) + self._hidden_tails(group) + _ended(group, started))
                 return TIMEOUT_STATUS
             except _Preempted:
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut it short
@@ -224,8 +248,7 @@ class Supervisor:
                     "to save and exit")
                 return self._preemption_outcome(group, group.stop(self.preemption_grace))
             except KeyboardInterrupt:
-                log("interrupted; stopping every task")
-                return INTERRUPTED_STATUS
+                return self._interrupted(group, started)
             except OSError as err:  # a task could not be started: the gang starts whole or not
                 log(f"could not start every task ({err}); the ones already started were stopped")
                 return NOT_STARTED_STATUS
@@ -247,7 +270,7 @@ class Supervisor:
         main = [m.name for m in members if m.kind == "main"]
         if not main:
             raise LaunchError("A job needs at least one main task to wait for.")
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + (math.inf if self.timeout is None else self.timeout)
         try:
             while True:
                 codes = dict(group.poll())
@@ -318,6 +341,19 @@ class Supervisor:
         elif sidecars:
             self._first_failure(group, members, codes)
 
+    @staticmethod
+    def _interrupted(group: TaskGroup, started: float) -> int:
+        """Ctrl-C: the tasks' output stops at once; they get SIGTERM (a task that saves on it
+        does, within the group's grace), then the line says what was stopped and saved."""
+        group.mute()
+        log("Ctrl-C: stopping every task (their output is no longer shown)")
+        with _ignoring(signal.SIGINT):  # a second Ctrl-C must not cut the (bounded) stop short
+            codes = group.stop()
+        main = [m.name for m in group.members() if m.kind == "main"]
+        log(summary.interrupted_line(codes, time.monotonic() - started, group.written(),
+                                     _saved_where(group, main).strip()))
+        return INTERRUPTED_STATUS
+
     def _timeout_message(self, main: list[str], codes: Mapping[str, int | None]) -> str:
         running = ", ".join(name for name in main if codes.get(name) is None)
         return (f"The job did not finish within {self.timeout:g} s; still running: {running}. "
@@ -379,6 +415,13 @@ class Supervisor:
         return ("Fix: give model.fit strategy.backup_callback(dir), or use "
                 "strategy.preemption_handler(checkpoint, dir) in a custom loop; raise "
                 "--preemption-grace if a save was cut short (SIGKILL: exit status -9).")
+
+
+def _ended(group: TaskGroup, started: float) -> str:
+    """A failed job's closing line: how long it ran, what it had written."""
+    wrote = summary.written_text(group.written())
+    return (f"\njob ended after {summary.elapsed_text(time.monotonic() - started)}"
+            + (f". {wrote}" if wrote else ""))
 
 
 def _saved_where(group: TaskGroup, names: list[str]) -> str:

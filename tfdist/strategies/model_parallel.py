@@ -15,6 +15,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist.errors import StrategyConfigError, format_error
+from tfdist.logs import report_written
 from tfdist.parallel import runtime
 from tfdist.parallel.mesh import ProcessGroup
 from tfdist.parallel.place import (
@@ -113,4 +114,5 @@ class ModelParallelMixin:
         path = os.fspath(filepath)
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         whole.save(path, **kwargs)
+        report_written("model", path)
         return path

@@ -17,6 +17,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist.errors import StrategyConfigError, format_error
+from tfdist.logs import report_written
 from tfdist.paths import file_problem
 
 __all__ = ["SavingMixin"]
@@ -43,7 +44,10 @@ class SavingMixin:
         """
         from tfdist.strategies.backup import backup_callback
 
-        return backup_callback(self, directory, **kwargs)
+        callback = backup_callback(self, directory, **kwargs)
+        if self.is_chief:
+            report_written("backups", directory)
+        return callback
 
     def preemption_handler(
         self, checkpoint: tf.train.Checkpoint, directory: str | os.PathLike[str]
@@ -156,6 +160,8 @@ class SavingMixin:
         if problem is not None:
             self._refuse_unwritable_save(os.fspath(filepath), problem, target)
         self._discard(written)
+        if self.is_chief:
+            report_written("model", written)
         return written if self.is_chief else None
 
     def _refuse_unwritable_save(self, filepath: str, problem: str, rescued: str) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from tfdist.core import flavour
 from tfdist.errors import MissingDependencyError, format_error
+from tfdist.logs import report_written
 
 __all__ = ["tensorboard_callback"]
 
@@ -50,5 +51,6 @@ def tensorboard_callback(strategy: Any, log_dir: str | os.PathLike[str], **kwarg
             fix="pip install 'tensorboard~=2.21.0' (bash launch/setup.sh installs it)"))
     keras = flavour.get_keras()
     if strategy.is_chief:
+        report_written("TensorBoard", log_dir)
         return keras.callbacks.TensorBoard(os.fspath(log_dir), **kwargs)
     return keras.callbacks.Callback()

@@ -58,8 +58,10 @@ class LocalTasks(ProcessGroup):
         verbose = self.placement.plan.options.verbose
         tasks = self.placement.tasks
         shown = shown_tasks([t.name for t in tasks], {t.name: t.kind for t in tasks})
+        ranks = len(self.placement.ranks)  # a Horovod job's one task, horovodrun, starts them
         return [Member(t.name, t.kind, t.max_restarts,
-                       "all" if verbose else "filtered" if t.name in shown else "hidden")
+                       "all" if verbose else "filtered" if t.name in shown else "hidden",
+                       ranks=ranks if t.name == "horovodrun" else 0)
                 for t in tasks]
 
     def launch(self) -> None:

@@ -59,6 +59,7 @@ from tfdist.launcher.plan import JobPlan
 from tfdist.launcher.ray.actor import TaskActor
 from tfdist.launcher.ray.options import RayOptions
 from tfdist.launcher.supervisor import Member, log
+from tfdist.logs import parse_written
 
 __all__ = ["RayOptions", "GangUnschedulableError", "RayGang", "run_on_ray", "describe"]
 
@@ -134,6 +135,7 @@ class RayGang:
         self.ray: Any = None
         self.group: Any = None
         self.tasks: list[_Running] = []
+        self.muted = False
         self.rendezvous: Any = None
 
     @classmethod
@@ -244,7 +246,7 @@ class RayGang:
             except (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError) as err:
                 raise TaskFailedError(task.spec.name, -9, f"its Ray actor was lost: {err}"
                                       ) from None
-            if lines:
+            if lines and not self.muted:
                 sys.stdout.write(lines)
                 sys.stdout.flush()
         return codes
@@ -269,6 +271,20 @@ class RayGang:
     def announce(self, message: str) -> None:
         print(f"[tfdist] {message}", flush=True)
 
+    def mute(self) -> None:
+        """Prints no more of the tasks' output (the actors keep their tails)."""
+        self.muted = True
+
+    def written(self) -> dict[str, str]:
+        """What the tasks' last lines say they wrote (`tfdist.logs.WROTE_MARKER`)."""
+        found: dict[str, str] = {}
+        for task in self.tasks:
+            for line in self.tail(task.spec.name, 40).splitlines():
+                what = parse_written(line)
+                if what is not None:
+                    found.setdefault(what[1], what[0])
+        return found
+
     def stop(self, grace: float | None = None) -> dict[str, int | None]:
         """Stops every task (SIGTERM, then SIGKILL after ``grace``); their exit statuses."""
         grace = 5.0 if grace is None else grace
@@ -283,7 +299,8 @@ class RayGang:
                 codes[name], lines = self.ray.get(ref, timeout=0) if ref in ready else (None, "")
             except self.ray.exceptions.RayError:
                 codes[name], lines = None, ""
-            sys.stdout.write(lines)  # what it printed since the last poll
+            if not self.muted:
+                sys.stdout.write(lines)  # what it printed since the last poll
         sys.stdout.flush()
         return codes
 
