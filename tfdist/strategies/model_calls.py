@@ -168,5 +168,8 @@ def install() -> None:
         module, name = _TRAINERS[flavour]
         cls = getattr(importlib.import_module(module), name)
         for method in _METHODS:
-            setattr(cls, method, _wrapped(method, getattr(cls, method)))
+            # On the class that defines it: Keras 3's compile_from_config (load_model) compiles
+            # only when ``type(model).compile is Trainer.compile``, its own base's.
+            owner = next(klass for klass in cls.__mro__ if method in vars(klass))
+            setattr(owner, method, _wrapped(method, getattr(owner, method)))
         _installed.append(flavour)
