@@ -41,6 +41,7 @@ MODULES = [
     "tfdist.launcher.ssh",
     "tfdist.launcher.remote",
     "tfdist.launcher.supervisor",
+    "tfdist.launcher.containment",
     "tfdist.launcher.local",
     "tfdist.launcher.ray_runner",
     "tfdist.launcher.ray_actor",
