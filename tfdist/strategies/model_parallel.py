@@ -12,6 +12,7 @@ import atexit
 import functools
 import os
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,10 +52,37 @@ def tensor_shards(shards: int | None, default: int,
     return number
 
 
+_SAVE_KEY = "tfdist/save_model/{call}/{rank}"
+_EXIT_KEY = "tfdist/exit/{rank}"
+_PROBE_MS = 200
+
+
+def _announce(key: str) -> None:
+    """Sets ``key`` in the job's coordination service (a key-value store on task 0)."""
+    from tensorflow.python.eager import context
+
+    try:
+        context.context().set_config_key_value(key, "1")
+    except Exception:  # noqa: BLE001 - at exit, with the service gone: nothing to tell
+        pass
+
+
+def _announced(key: str, wait_ms: int) -> bool:
+    """Whether ``key`` is set in the coordination service (waiting up to ``wait_ms`` ms)."""
+    from tensorflow.python.eager import context
+
+    try:
+        context.context().get_config_key_value(key, max(1, wait_ms))
+        return True
+    except Exception:  # noqa: BLE001 - not set within the wait (DeadlineExceeded, NotFound)
+        return False
+
+
 @functools.cache  # once per process, like enable_collectives: one barrier, one instance key
 def _wait_for_every_process_at_exit(world: ProcessGroup) -> None:
-    """At a normal exit, `transport.exit_barrier`; not after an uncaught exception (the
-    launcher should hear of a failure at once, not after the barrier's timeout)."""
+    """At exit, says so (a `save_model` waiting for this process stops waiting), then, at a
+    normal exit, `transport.exit_barrier`; not after an uncaught exception (the launcher
+    should hear of a failure at once, not after the barrier's timeout)."""
     failed = []
     previous_hook = sys.excepthook
 
@@ -62,8 +90,13 @@ def _wait_for_every_process_at_exit(world: ProcessGroup) -> None:
         failed.append(exc_info[0])
         previous_hook(*exc_info)
 
+    def at_exit() -> None:
+        _announce(_EXIT_KEY.format(rank=world.rank))
+        if not failed:
+            transport.exit_barrier(world)
+
     sys.excepthook = record_failure
-    atexit.register(lambda: failed or transport.exit_barrier(world))
+    atexit.register(at_exit)
 
 
 class ModelParallelMixin:
@@ -87,6 +120,7 @@ class ModelParallelMixin:
         name = type(self).__name__
         with startup_deadline(deadline, cluster, task, f"{name} on {task}"):
             transport.enable_collectives(cluster, task)
+        self._tfdist_world = world
         _wait_for_every_process_at_exit(world)
 
     @staticmethod
@@ -115,13 +149,47 @@ class ModelParallelMixin:
         """Saves the whole model: every process calls it, the chief writes ``filepath``, a
         ``.keras`` file that ``keras.models.load_model`` opens in one process.
 
+        Where ``filepath`` cannot be written the model is saved to a new temporary directory
+        and the error names it (`SavingMixin.save_model`).
+
         Returns:
             ``filepath`` on the chief, None elsewhere.
+
+        Raises:
+            StrategyConfigError: A process of the job reached its end (or failed) without
+                calling it: gathering the model needs every process. Or ``filepath`` cannot be
+                written (the model is then saved elsewhere, named in the message).
         """
+        self._every_process_saves()
         whole = self.assemble(model)  # type: ignore[attr-defined]
         if whole is None:
             return None
         path = os.fspath(filepath)
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        whole.save(path, **kwargs)
+        self._save_or_rescue(whole, path, path, kwargs,  # type: ignore[attr-defined]
+                             collective=False)
         return path
+
+    def _every_process_saves(self) -> None:
+        """Waits until every process of the job has called `save_model` (this is its Nth call);
+        refuses at once when one of them reached its exit instead (`_announce_exit`)."""
+        world: ProcessGroup | None = getattr(self, "_tfdist_world", None)
+        if world is None or world.size < 2:
+            return
+        self._tfdist_saves = getattr(self, "_tfdist_saves", 0) + 1
+        call = self._tfdist_saves
+        _announce(_SAVE_KEY.format(call=call, rank=world.rank))
+        limit = self.timeout or 300.0  # the pipeline's 0: transfers wait without a limit
+        deadline = time.monotonic() + limit
+        for peer in (r for r in range(world.size) if r != world.rank):
+            while not _announced(_SAVE_KEY.format(call=call, rank=peer), _PROBE_MS):
+                exited = _announced(_EXIT_KEY.format(rank=peer), 1)
+                if exited or time.monotonic() > deadline:
+                    raise StrategyConfigError(format_error(
+                        f"save_model gathers the model from every process of the job, but "
+                        f"the process of rank {peer} "
+                        + ("reached the end of the script (or failed) without calling it"
+                           if exited else f"did not call it within {limit:g} s") + ".",
+                        received=f"save_model call {call} on rank {world.rank} only",
+                        expected="every process calls save_model (the chief writes the file)",
+                        fix="call strategy.save_model(model, path) on every process, not under "
+                            "`if strategy.is_chief` (it returns None on the others)"))
