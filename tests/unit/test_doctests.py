@@ -42,6 +42,7 @@ MODULES = [
     "tfdist.launcher.remote",
     "tfdist.launcher.supervisor",
     "tfdist.launcher.containment",
+    "tfdist.strategies.backup_claim",
     "tfdist.launcher.local",
     "tfdist.launcher.ray_runner",
     "tfdist.launcher.ray_actor",

@@ -341,6 +341,19 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
         return model
 
     # ----------------------------------------------------------------- preemption
+    def backup_layout(self) -> dict[str, Any]:
+        """What this process's backup depends on: the mesh, the chunks and (once the model is
+        split) the stage bounds; `tfdist.strategies.backup_claim` refuses any other.
+
+        Example:
+            >>> PipelineStrategy().backup_layout()["stages"]
+            1
+        """
+        layout = self.layout
+        return {"strategy": self.name, "processes": layout.processes, "data": layout.replicas,
+                "stages": layout.stages, "tensor": self.shards, "chunks": self.config.chunks,
+                "stage_bounds": None if self.bounds is None else list(self.bounds)}
+
     def _step_backup(self, directory: str, **kwargs: Any) -> Any:
         """``backup_callback``'s callback for this rank's ``directory``: saves at the step on
         SIGTERM (`tfdist.strategies.pipeline_backup`); ``kwargs``: ``save_freq``,

@@ -254,6 +254,17 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
         return shards_of.gather_weights(model, model.tensor_plan, self.tensor_group,
                                         self.timeout)
 
+    def backup_layout(self) -> dict[str, Any]:
+        """What this process's backup depends on: the mesh (its shards are ``1/T`` of a layer,
+        of replica ``rank // T``); `tfdist.strategies.backup_claim` refuses any other.
+
+        Example:
+            >>> TensorStrategy().backup_layout()
+            {'strategy': 'tensor', 'processes': 1, 'data': 1, 'tensor': 1}
+        """
+        return {"strategy": self.name, "processes": self.mesh.size, "data": self.mesh.data,
+                "tensor": self.mesh.tensor}
+
     def assemble(self, model: Any) -> Any | None:
         """The whole model with the trained weights on the chief, None elsewhere (every
         process calls it)."""
