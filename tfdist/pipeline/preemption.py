@@ -150,11 +150,8 @@ class PipelinePreemptionHandler:
     """
 
     def __init__(self, strategy: Any, checkpoint: Any, directory: str) -> None:
-        from tfdist.strategies.backup_claim import claim_backup
-
-        own = os.path.join(directory, f"rank-{strategy.worker_index}")
-        claim_backup(strategy, own, directory)  # one job, the layout its backups were made for
-        self._saver = StepCheckpoint(own, checkpoint=checkpoint)
+        self._saver = StepCheckpoint(
+            os.path.join(directory, f"rank-{strategy.worker_index}"), checkpoint=checkpoint)
         self.total_run_calls = self._saver.restore()
         self._vote = SigtermVote(strategy.layout.world(), vote_timeout(strategy))
         self._vote.start()

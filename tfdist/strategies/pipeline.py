@@ -368,8 +368,11 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
         and exits 75. Creating it restores that checkpoint; ``handler.total_run_calls`` is then
         the steps it holds (`tfdist.pipeline.preemption.PipelinePreemptionHandler`)."""
         from tfdist.pipeline.preemption import PipelinePreemptionHandler
+        from tfdist.strategies.backup_claim import claim_backup
 
-        return PipelinePreemptionHandler(self, checkpoint, os.fspath(directory))
+        directory = os.fspath(directory)  # one job, the layout its backups were made for:
+        claim_backup(self, os.path.join(directory, f"rank-{self.worker_index}"), directory)
+        return PipelinePreemptionHandler(self, checkpoint, directory)
 
     def train_step(self, model: Any, loss: Any, optimizer: Any) -> Any:
         """The custom-loop path: a ``tf.function`` ``step(x, y, sample_weight=None) -> loss`` of
