@@ -144,9 +144,11 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
     def plan_model(self, model_or_fn: Any) -> TensorPlan:
         """The plan for a built model or the one a build function makes (no weights)."""
         if hasattr(model_or_fn, "layers"):
+            keras_compat.refuse_step_overrides(model_or_fn, "tensor")
             return plan_model(model_or_fn, self.shards, self.rules)
         with keras_compat.abstract_build():
             abstract = model_or_fn()
+        keras_compat.refuse_step_overrides(abstract, "tensor")
         self._abstract = abstract
         return plan_model(abstract, self.shards, self.rules)
 
