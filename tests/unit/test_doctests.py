@@ -43,6 +43,7 @@ MODULES = [
     "tfdist.launcher.supervisor",
     "tfdist.launcher.containment",
     "tfdist.strategies.backup_claim",
+    "tfdist.tensor.consistency",
     "tfdist.launcher.local",
     "tfdist.launcher.ray_runner",
     "tfdist.launcher.ray_actor",

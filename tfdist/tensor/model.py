@@ -4,6 +4,7 @@ shards in step.
 `TensorModel` is a functional ``keras.Model`` of one shard (`tfdist.tensor.build.build_shard`).
 Every process of the job is given the same global batches. A training step:
 
+0. checks that it is so over the tensor group (`tfdist.tensor.consistency`);
 1. takes this data replica's rows of the batch (``D`` replicas: ``1/D`` of the rows each);
 2. runs the shard forward and backward: the split layers' collectives (`tfdist.tensor.
    collectives`) make every shard's gradients exact, and the replicated variables' gradients
@@ -31,6 +32,7 @@ from tfdist.mesh import ProcessGroup
 from tfdist.pipeline.keras_compat import bind_unbuilt_optimizer, build_optimizer
 from tfdist.tensor.clipping import clip_each, clip_global
 from tfdist.tensor.collectives import all_reduce_sum, gather_axis, gather_last_axis
+from tfdist.tensor.consistency import assert_same_batch
 from tfdist.tensor.loss import VocabParallelCrossEntropy
 from tfdist.tensor.plan import TensorPlan
 from tfdist.watchdog import StepDeadline, StepWatchdog
@@ -193,6 +195,11 @@ class TensorModel(keras.Model):
     def apply_step(self, x: Any, y: Any, sample_weight: Any, compute_loss: Any,
                    optimizer: Any) -> Any:
         """One step on this replica's rows; returns the global batch's loss."""
+        checks = assert_same_batch({"x": x, "y": y, "sample_weight": sample_weight},
+                                   self.tensor_group, optimizer.iterations + 1,
+                                   self.tensor_timeout)
+        with tf.control_dependencies(checks):  # no step on batches that differ
+            x = tf.nest.map_structure(tf.identity, x)
         share = self.replica_share(x)
         x, y, sample_weight = (self.replica_rows(v) for v in (x, y, sample_weight))
         with tf.GradientTape() as tape:
