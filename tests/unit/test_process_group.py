@@ -197,8 +197,8 @@ def test_every_descendant_ends_when_the_launching_process_is_sigkilled(tmp_path:
             containment.cgroup2_directory = lambda: None
         from tfdist.launcher.process import ProcessGroup
         group = ProcessGroup()
-        tasks = [group.start(f"worker:{{i}}", [sys.executable, "-c", {_DETACH.format(linger=120)!r}])
-                 for i in range(2)]
+        detach = [sys.executable, "-c", {_DETACH.format(linger=120)!r}]
+        tasks = [group.start(f"worker:{{i}}", detach) for i in range(2)]
         while not all(t.tail for t in tasks):
             time.sleep(0.05)
         pids = [t.pid for t in tasks] + [int(p) for t in tasks for p in t.tail[0].split()]

@@ -232,5 +232,5 @@ def refuse_step_overrides(model: Any, strategy: str) -> None:
             received=f"a {type(model).__name__} overriding {', '.join(overrides)}",
             expected="a keras.Model or keras.Sequential whose steps are Keras's own",
             fix="move what the override adds into layers (a loss into the compiled loss, a "
-                f"penalty into add_loss), or train it with a data-parallel strategy "
+                "penalty into add_loss), or train it with a data-parallel strategy "
                 "(multi_worker, horovod), which runs your train_step"))
