@@ -42,7 +42,7 @@ from tfdist.errors import (
     TaskTimeoutError,
     TfdistError,
 )
-from tfdist.mesh import Mesh
+from tfdist.parallel.mesh import Mesh
 
 __version__ = "0.1.0"
 

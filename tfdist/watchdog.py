@@ -5,7 +5,7 @@ for the whole timeout (``Env::SchedClosureAfter``), whether the op takes a micro
 tensor-parallel step runs dozens of collectives, so per-op timeouts kept thousands of sleeping
 threads alive (a Transformer of 2 blocks at T=2: 109 -> 8,516 threads per process in 5 epochs,
 and a 4-process job died with ``std::system_error: Resource temporarily unavailable``). Collectives
-inside a traced step therefore run without a timeout (`tfdist.tensor.collectives`), and
+inside a traced step therefore run without a timeout (`tfdist.parallel.mappings`), and
 `StepWatchdog` holds the deadline instead: `StepDeadline`, a Keras callback `TensorModel` adds to
 ``fit``, ``evaluate`` and ``predict``, arms it when a batch starts and disarms it when the batch
 ends (a function's first batch, which traces it, gets the start-up deadline if longer). A batch

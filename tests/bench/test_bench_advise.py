@@ -51,7 +51,7 @@ def test_the_examples_include_the_transformer_lm_under_keras3_with_its_tensor_la
 
 
 def test_a_tensor_job_gets_the_mesh_and_t_as_tfdist_launch_gives_them(monkeypatch, tmp_path):
-    from tfdist.mesh import MESH_ENV, Mesh
+    from tfdist.parallel.mesh import MESH_ENV, Mesh
 
     seen = {}
     monkeypatch.setattr(advise.jobs, "run_tf", lambda spec, script, args, **kw: seen.update(
@@ -59,7 +59,7 @@ def test_a_tensor_job_gets_the_mesh_and_t_as_tfdist_launch_gives_them(monkeypatc
     with open(tmp_path / "log", "w") as log:
         advise._tf(Candidate("tensor", 2, tensor=2), LM, advise.AdviseBenchConfig(), log)
     env = seen["env"]
-    assert env["TFDIST_STRATEGY"] == "tensor" and env["TFDIST_TENSOR_SHARDS"] == "2"
+    assert env["TFDIST_STRATEGY"] == "tensor" and "TFDIST_TENSOR_SHARDS" not in env  # T: mesh
     assert env[MESH_ENV] == Mesh(1, 1, 2).to_env() and env["TF_USE_LEGACY_KERAS"] == "0"
     assert seen["spec"].num_workers == 2 and not seen["spec"].ps and not seen["spec"].chief
     args = seen["args"]

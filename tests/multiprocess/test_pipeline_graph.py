@@ -36,7 +36,7 @@ PARITY_ATOL = 1e-5
 in float64, 4e-15)."""
 SABOTAGE_MIN_GAP = 1e-2
 """A dropped skip gradient must miss the reference by more (measured: 0.15)."""
-KERAS3_CASES = ["residual:3:4:1f1b", "nested:2:4:gpipe", "two_inputs:2:1:gpipe",
+KERAS3_CASES = ["residual:3:4:1f1b", "nested:2:4:gpipe", "two_inputs:2:1:gpipe", "ops:3:4:1f1b",
                 "transformer:2:4:1f1b", "transformer:3:1:gpipe", "residual:2:4:gpipe:sabotage"]
 TF_KERAS_CASES = ["two_inputs:2:4:1f1b", "residual:2:1:gpipe"]
 

@@ -22,9 +22,10 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2] / "tfdist"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("tfdist.errors", "tfdist.options", "tfdist.paths", "tfdist.core", "tfdist.mesh"),  # TF-free
+    ("tfdist.errors", "tfdist.options", "tfdist.paths", "tfdist.core"),  # TF-free
     ("tfdist.cluster", "tfdist.preemption"),  # cluster specs and TF_CONFIG: pure data
-    ("tfdist.compat", "tfdist.startup_hook"),  # the Keras 3 shim table, and its start-up hook
+    ("tfdist.compat", "tfdist.startup_hook"),  # the Keras shims and differences, start-up hook
+    ("tfdist.parallel",),  # the model-parallel substrate: mesh, place, keys, collectives
     ("tfdist.pipeline", "tfdist.tensor", "tfdist.horovod", "tfdist.training", "tfdist.watchdog",
      "tfdist.coordinator_fit"),  # what strategies are built from
     ("tfdist.strategies", "tfdist.evaluator", "tfdist.server"),  # what a training process runs
@@ -232,3 +233,56 @@ def test_the_declared_layers_name_real_modules() -> None:
     modules = read_package(ROOT)
     missing = [entry for layer in LAYERS for entry in layer if entry not in modules]
     assert missing == []
+
+
+# ----------------------------------------------------------------- the model-parallel substrate
+SUBSTRATE = "tfdist.parallel"
+MESH_BUILDERS = ("tfdist.parallel", "tfdist.launcher.mesh_plan")
+"""The modules that may build a `Mesh` from counts: the mesh package and the launcher's planner.
+Everyone else asks for its place (`tfdist.parallel.place.process_place`, `place_of`)."""
+
+
+def mesh_builds(sources: Mapping[str, tuple[str, bool]]) -> list[str]:
+    """Every call that builds a ``Mesh`` (``Mesh(...)``, ``Mesh.for_processes(...)``,
+    ``Mesh.parse(...)``, ``Mesh.from_environment(...)``) outside `MESH_BUILDERS`, as
+    ``module:line``."""
+    found = []
+    for name, (text, _) in sources.items():
+        if any(name == m or name.startswith(m + ".") for m in MESH_BUILDERS):
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.Call):
+                continue
+            target = node.func
+            if isinstance(target, ast.Attribute):
+                target = target.value
+            if isinstance(target, ast.Name) and target.id == "Mesh" or \
+                    isinstance(target, ast.Attribute) and target.attr == "Mesh":
+                found.append(f"{name}:{node.lineno}")
+    return found
+
+
+def test_the_substrate_imports_neither_pipeline_nor_tensor() -> None:
+    imports = collect_imports(read_package(ROOT))
+    upward = [f"{i.importer}:{i.line} imports {i.imported}" for i in imports
+              if i.importer.startswith(SUBSTRATE) and
+              i.imported.startswith(("tfdist.pipeline", "tfdist.tensor"))]
+    assert [i for i in imports if i.importer.startswith(SUBSTRATE + ".")]  # it was parsed
+    assert upward == []
+
+
+def test_only_the_mesh_package_and_the_launchers_planner_build_a_mesh_from_counts() -> None:
+    assert mesh_builds(read_package(ROOT)) == []
+
+
+def test_a_mesh_built_anywhere_else_is_reported() -> None:
+    sources = {"tfdist.pipeline.x": ("from tfdist.parallel import mesh\n"
+                                     "def f(n):\n"
+                                     "    a = Mesh(data=n)\n"
+                                     "    b = mesh.Mesh.for_processes(n, tensor=2)\n"
+                                     "    return Mesh.parse('tensor=2'), a.group('data', 0)\n",
+                                     False),
+               "tfdist.parallel.place": ("m = Mesh.for_processes(4, tensor=2)\n", False),
+               "tfdist.launcher.mesh_plan": ("m = Mesh(tensor=2)\n", False)}
+    assert mesh_builds(sources) == ["tfdist.pipeline.x:3", "tfdist.pipeline.x:4",
+                                    "tfdist.pipeline.x:5"]

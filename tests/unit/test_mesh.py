@@ -1,4 +1,4 @@
-"""`tfdist.mesh.Mesh`: coordinates, groups and keys of a data x pipe x tensor job."""
+"""`tfdist.parallel.mesh.Mesh`: coordinates, groups and keys of a data x pipe x tensor job."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from tfdist.errors import StrategyConfigError
-from tfdist.mesh import AXES, Mesh
+from tfdist.parallel.mesh import AXES, Mesh
 
 pytestmark = pytest.mark.unit
 

@@ -70,7 +70,7 @@ def test_describing_a_users_layer_ends_and_allocates_no_weights():
     # Keras traces a layer without compute_output_shape in a StatelessScope whose exit
     # initialises every deferred variable; under abstract_build each re-registered itself in the
     # list being walked, and the walk never ended (transformer_lm's position embedding hung).
-    from tfdist.pipeline.keras_compat import abstract_build
+    from tfdist.compat.models import abstract_build
 
     with abstract_build():
         tokens = keras.Input((16,), dtype="int32")

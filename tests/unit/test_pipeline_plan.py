@@ -19,7 +19,7 @@ NAMES = ["d0", "d1", "d2", "d3", "d4"]
 
 @pytest.mark.parametrize("name", ["tfdist.pipeline", "tfdist.pipeline.partition",
                                   "tfdist.pipeline.schedule", "tfdist.pipeline.layout",
-                                  "tfdist.mesh"])
+                                  "tfdist.parallel.mesh"])
 def test_docstring_examples_run(name):
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

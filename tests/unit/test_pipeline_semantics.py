@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from tfdist.core import flavour
 from tfdist.errors import StrategyConfigError
-from tfdist.mesh import ProcessGroup
+from tfdist.parallel.mesh import ProcessGroup
 from tfdist.pipeline import batch_norm, gradients, optimizers, schedule
 from tfdist.pipeline.config import PipelineConfig
 from tfdist.strategies.pipeline import PipelineStrategy

@@ -16,7 +16,7 @@ from tfdist.tensor.rules import plan_model
 
 pytestmark = pytest.mark.unit
 
-MODULES = ["tfdist.tensor.plan", "tfdist.tensor.rules", "tfdist.tensor.collectives",
+MODULES = ["tfdist.tensor.plan", "tfdist.tensor.rules", "tfdist.parallel.mappings",
            "tfdist.tensor.layers", "tfdist.tensor.initializers", "tfdist.tensor.loss",
            "tfdist.tensor.build", "tfdist.tensor.tied", "tfdist.strategies.tensor"]
 
@@ -179,7 +179,8 @@ def test_the_registry_makes_it_by_name_and_refuses_tf_keras_with_the_fix():
     strategy = tfdist.get_strategy("tensor", shards=1)
     assert strategy.describe() == "tensor: shard 0 of 1, replica 0 of 1, chief"
     traits = strategy_traits("tensor")
-    assert traits.launch_options == {"tensor": "TFDIST_TENSOR_SHARDS"}
+    assert traits.launch_options == {"tensor": "TFDIST_MESH"}  # T travels in the mesh alone
+    assert traits.tensor_default == "all"
     with pytest.raises(KerasCompatibilityError, match="unset TF_USE_LEGACY_KERAS"):
         traits.check_keras("tensor", "tf_keras")
 
@@ -206,3 +207,30 @@ def test_the_step_is_traced_once(path):
         for i in (0, 4):
             step(x[i:i + 4], y[i:i + 4])
     assert len(traces) == 1
+
+
+def test_a_plan_that_splits_nothing_is_refused_and_one_that_splits_little_is_said_loudly():
+    from tfdist.tensor.plan import MIN_SPLIT_SHARE, check_coverage
+
+    layers = keras.layers
+    inputs = keras.Input((8,))
+    unsplit = keras.Model(inputs, layers.Dense(4, name="only")(layers.LayerNormalization()(inputs)))
+    with pytest.raises(StrategyConfigError) as refused:
+        check_coverage(plan_model(unsplit, 2), "'unsplit'")
+    message = str(refused.value)
+    assert "T=2 splits none of 'unsplit'" in message and "only (Dense" in message
+    assert "--strategy multi_worker" in message and "rules=" in message
+    assert check_coverage(plan_model(unsplit, 1)) is None  # T=1 splits nothing by definition
+
+    # A small split pair beside a large replicated Dense: 4.9% of the bytes split.
+    x = layers.Dense(256, name="big")(inputs)
+    x = layers.LayerNormalization(name="ln")(x)
+    hidden = layers.Dense(8, name="up")(layers.Dense(4, name="squeeze")(x))
+    little = keras.Model(inputs, layers.Dense(2, name="down")(hidden))
+    plan = plan_model(little, 2)
+    share = plan.split_bytes / plan.whole_bytes
+    assert 0 < share < MIN_SPLIT_SHARE
+    warning = check_coverage(plan, "'little'")
+    assert f"splits only {share:.1%} of 'little'" in warning
+    assert warning.index("big (Dense") < warning.index("ln (LayerNormalization")  # largest first
+    assert check_coverage(plan_model(tiny_lm(), 2)) is None  # most of it split: nothing to say

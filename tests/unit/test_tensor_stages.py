@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tfdist.errors import StrategyConfigError
-from tfdist.mesh import Mesh, ProcessGroup
+from tfdist.parallel.mesh import Mesh, ProcessGroup
 from tfdist.pipeline import stage
 from tfdist.tensor import layers as split
 from tfdist.tensor import stages as tensor_stages

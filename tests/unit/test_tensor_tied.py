@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from tfdist.errors import KerasCompatibilityError, StrategyConfigError
-from tfdist.mesh import TENSOR, Mesh
+from tfdist.parallel.mesh import TENSOR, Mesh
 from tfdist.tensor.build import vocab_start
 from tfdist.tensor.layers import TiedVocabEmbedding
 from tfdist.tensor.rules import plan_model

@@ -53,7 +53,8 @@ from tfdist.bench.workers.advise_worker import HELPER_CORES, RUN_QUEUE
 from tfdist.cluster import ClusterSpec
 from tfdist.core.flavour import LEGACY_KERAS_ENV
 from tfdist.core.registry import strategy_traits
-from tfdist.mesh import MESH_ENV, Mesh
+from tfdist.launcher.mesh_plan import MESH_ENV, plan_mesh
+from tfdist.launcher.options import JobOptions, StrategyOptions
 from tfdist.probe import jobs
 from tfdist.probe.common import THREADS_ENV
 
@@ -139,9 +140,11 @@ def _tf(c: Candidate, ex: Example, config: AdviseBenchConfig, log: IO[str],
         env |= {"TFDIST_PIPELINE_STAGES": str(c.stages),
                 "TFDIST_PIPELINE_MICRO_BATCHES": str(c.micro_batches)}
         batch = ex.batch
-    if c.tensor > 1:  # as tfdist-launch gives it: the mesh, and T in the strategy's own variable
-        env |= {MESH_ENV: Mesh(c.replicas, c.stages, c.tensor).to_env(),
-                strategy_traits(c.strategy).launch_options["tensor"]: str(c.tensor)}
+    if c.tensor > 1:  # as tfdist-launch gives it: T in the mesh, planned as the launcher does
+        asked = StrategyOptions(stages=c.stages if c.stages > 1 else None, tensor=c.tensor)
+        mesh = plan_mesh(JobOptions(str(_SCRIPT), strategy=c.strategy, workers=c.processes,
+                                    strategy_options=asked), strategy_traits(c.strategy))
+        env[MESH_ENV] = mesh.to_env()  # type: ignore[union-attr] - a tensor strategy's: a mesh
         batch = ex.batch  # every process reads the global batch, as in a pipeline
     spec = ClusterSpec.local(workers=c.processes, ps=c.ps, chief=bool(c.ps), host="127.0.0.1")
     return jobs.run_tf(spec, _SCRIPT, _args(ex, batch, config, c, extra), env=env, log=log,

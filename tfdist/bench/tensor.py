@@ -29,6 +29,9 @@ from typing import IO, Any
 
 from tfdist.bench.workers import WORKERS
 from tfdist.cluster import ClusterSpec
+from tfdist.core.registry import strategy_traits
+from tfdist.launcher.mesh_plan import MESH_ENV, plan_mesh
+from tfdist.launcher.options import JobOptions, StrategyOptions
 from tfdist.probe import jobs
 
 __all__ = ["TensorBenchConfig", "run"]
@@ -64,6 +67,14 @@ class TensorBenchConfig:
                 "--steps", str(self.steps)]
 
 
+def _tensor_mesh(shards: int) -> str:
+    """The mesh ``tfdist-launch --strategy tensor --tensor T --workers T`` writes (T travels
+    in it alone)."""
+    options = JobOptions(str(_SCRIPT), strategy="tensor", workers=shards,
+                         strategy_options=StrategyOptions(tensor=shards))
+    return plan_mesh(options, strategy_traits("tensor")).to_env()  # type: ignore[union-attr]
+
+
 def run(config: TensorBenchConfig, log: IO[str]) -> dict[str, Any]:
     """Runs every job; returns ``{"rows": [...]}`` (one row per job)."""
     env = {"TFDIST_BENCH_THREADS": "2,1", "TF_USE_LEGACY_KERAS": "0", **config.env}
@@ -72,7 +83,7 @@ def run(config: TensorBenchConfig, log: IO[str]) -> dict[str, Any]:
                                               log=log, timeout=timeout))
     rows = [{"mode": "default", "processes": 1, "step_s": single["step_s"],
              "weight_bytes": single["weight_bytes"], "speedup_vs_default": 1.0}]
-    for mode, extra in (("tensor", {"TFDIST_TENSOR_SHARDS": str(config.shards)}),
+    for mode, extra in (("tensor", {MESH_ENV: _tensor_mesh(config.shards)}),
                         ("multi_worker", {}),
                         ("pipeline", {"TFDIST_PIPELINE_STAGES": str(config.shards),
                                       "TFDIST_PIPELINE_MICRO_BATCHES": "4"})):

@@ -43,6 +43,7 @@ __all__ = [
     "PIPELINE_CHUNKS_ENV",
     "TENSOR",
     "TENSOR_SHARDS_ENV",
+    "MESH_ENV",
 ]
 
 Launch = Literal["single_process", "tasks", "ranks"]
@@ -64,6 +65,10 @@ PIPELINE_MICRO_BATCHES_ENV = "TFDIST_PIPELINE_MICRO_BATCHES"
 PIPELINE_SCHEDULE_ENV = "TFDIST_PIPELINE_SCHEDULE"
 PIPELINE_CHUNKS_ENV = "TFDIST_PIPELINE_CHUNKS"
 TENSOR_SHARDS_ENV = "TFDIST_TENSOR_SHARDS"
+"""T for a hand-set environment without `MESH_ENV` (``tfdist-launch`` writes T in the mesh)."""
+MESH_ENV = "TFDIST_MESH"
+"""The job's mesh, ``"data=2,pipe=1,tensor=2"`` (`tfdist.parallel.mesh.Mesh.to_env`): written by
+``tfdist-launch`` on every task of a strategy that takes ``--stages`` or ``--tensor``."""
 
 
 
@@ -90,7 +95,10 @@ class StrategyTraits:
         keras_unsupported: Why the other flavour cannot train (shown in the error).
         env: Variables every task of the job needs (beside `STRATEGY_ENV` and TF_CONFIG).
         launch_options: Launcher options the strategy takes (``--stages``), each with the
-            variable that carries it to the tasks.
+            variable that carries it to the tasks (`MESH_ENV` for ``--tensor``: T travels in
+            the mesh, which the launcher writes whole for every strategy taking it).
+        tensor_default: T when ``--tensor`` is not given: 1, or ``"all"`` (every training
+            process of a pipeline; the tensor strategy's).
         elastic: Whether a running job can change its number of tasks (``--min-workers``,
             ``--max-workers``: Horovod's elastic mode, `tfdist.launcher.elastic`).
         saves_on_sigterm: Whether its training tasks can save at the step they are in on
@@ -115,6 +123,7 @@ class StrategyTraits:
     keras_unsupported: str = ""
     env: Mapping[str, str] = dataclasses.field(default_factory=_no_entries)
     launch_options: Mapping[str, str] = dataclasses.field(default_factory=_no_entries)
+    tensor_default: Literal[1, "all"] = 1
     elastic: bool = False
     saves_on_sigterm: bool = False
 
@@ -258,7 +267,7 @@ PIPELINE = StrategyTraits(
                                      "micro_batches": PIPELINE_MICRO_BATCHES_ENV,
                                      "schedule": PIPELINE_SCHEDULE_ENV,
                                      "chunks": PIPELINE_CHUNKS_ENV,
-                                     "tensor": TENSOR_SHARDS_ENV}),
+                                     "tensor": MESH_ENV}),
 )
 """``--tensor T`` splits each stage over T processes (a ``data x pipe x tensor`` mesh)."""
 
@@ -267,6 +276,7 @@ TENSOR = StrategyTraits(
     keras=("keras3",),
     keras_unsupported="its split layers subclass Keras 3's Dense, Embedding and "
     "MultiHeadAttention",
-    launch_options=MappingProxyType({"tensor": TENSOR_SHARDS_ENV}),
+    launch_options=MappingProxyType({"tensor": MESH_ENV}),
+    tensor_default="all",
 )
 """Keras 3 only: the split layers (`tfdist.tensor.layers`) subclass Keras 3's layers."""

@@ -1,10 +1,10 @@
-"""The job's process mesh as the launcher plans, checks and shows it (`tfdist.mesh.Mesh`).
+"""The job's process mesh as the launcher plans, checks and shows it (`tfdist.parallel.Mesh`).
 
 A strategy that lays its processes on a mesh takes ``--stages`` and/or ``--tensor`` (its
 ``traits.launch_options`` name them). ``--workers N --stages K --tensor T`` then gives
 ``D = N / (K T)`` data-parallel replicas; every task gets the mesh's shape in `MESH_ENV`
 (``TFDIST_MESH="data=2,pipe=1,tensor=2"``) and reads its place back with
-`tfdist.mesh.Mesh.from_environment`. ``--dry-run`` shows each task's coordinates and groups
+`tfdist.parallel.place.process_place`. ``--dry-run`` shows each task's coordinates and groups
 (`describe_rank`). Tensor groups all-reduce activations at every block, so they belong on one
 host: ranks are neighbours along ``tensor``, and `tensor_hosts_warning` says when a job's hosts
 split one group anyway.
@@ -26,7 +26,7 @@ from tfdist.core.registry import strategies_taking
 from tfdist.core.traits import StrategyTraits
 from tfdist.errors import TfdistError
 from tfdist.launcher.options import JobOptions
-from tfdist.mesh import AXES, MESH_ENV, TENSOR, Mesh
+from tfdist.parallel.mesh import AXES, MESH_ENV, TENSOR, Mesh
 
 __all__ = ["MESH_ENV", "MESH_OPTIONS", "training_processes", "plan_mesh", "mesh_problem",
            "describe_rank", "tensor_hosts_warning", "option_fix", "ray_spread_warning"]
@@ -42,15 +42,23 @@ def training_processes(options: JobOptions, traits: StrategyTraits) -> int:
 
 
 def plan_mesh(options: JobOptions, traits: StrategyTraits) -> Mesh | None:
-    """The job's mesh, when ``--stages`` or ``--tensor`` shaped it (the strategy takes them and
-    `mesh_problem` found nothing); None otherwise (the tasks then see every process on the data
-    axis, `Mesh.from_environment`)."""
+    """The job's mesh, for a strategy that takes ``--stages`` or ``--tensor`` (whether given or
+    not: the tasks then read T from the mesh alone, not from a variable the launcher's shell
+    may still hold); None for any other strategy (its tasks see every process on the data
+    axis, `Mesh.from_environment`). Without ``--tensor``, T is the strategy's
+    ``traits.tensor_default``.
+
+    Example:
+        >>> from tfdist.core.traits import TENSOR
+        >>> plan_mesh(JobOptions("t.py", workers=4), TENSOR)
+        Mesh(data=1, pipe=1, tensor=4)
+    """
     asked = options.strategy_options
-    if not any(getattr(asked, o) is not None and o in traits.launch_options
-               for o in MESH_OPTIONS):
+    if not any(o in traits.launch_options for o in MESH_OPTIONS):
         return None
-    return Mesh.for_processes(training_processes(options, traits), pipe=asked.stages or 1,
-                              tensor=asked.tensor or 1)
+    processes, pipe = training_processes(options, traits), asked.stages or 1
+    tensor = asked.tensor or (1 if traits.tensor_default == 1 else max(1, processes // pipe))
+    return Mesh.for_processes(processes, pipe=pipe, tensor=tensor)
 
 
 def mesh_problem(options: JobOptions, traits: StrategyTraits) -> str | None:

@@ -38,7 +38,7 @@ from tfdist.launcher.hosts import (
 )
 from tfdist.launcher.mesh_plan import describe_rank, tensor_hosts_warning
 from tfdist.launcher.plan import JobPlan
-from tfdist.mesh import TRAINING_ROLES, task_rank
+from tfdist.parallel.mesh import TRAINING_ROLES, task_rank
 
 __all__ = ["TaskPlan", "Placement", "place", "horovodrun_path"]
 

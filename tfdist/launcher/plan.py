@@ -36,7 +36,7 @@ from tfdist.launcher.mesh_plan import (
     training_processes,
 )
 from tfdist.launcher.options import JobOptions, StrategyOptions
-from tfdist.mesh import MESH_ENV, Mesh
+from tfdist.parallel.mesh import MESH_ENV, Mesh
 from tfdist.pipeline.config import PipelineConfig
 from tfdist.pipeline.layout import check_processes
 from tfdist.startup_hook import task_env as startup_hook_env
@@ -163,8 +163,8 @@ def _resolve_strategy(options: JobOptions) -> str:
 def strategy_env(strategy_options: StrategyOptions, traits: StrategyTraits) -> dict[str, str]:
     """The variables that carry the strategy's own options to its tasks: those given, the
     pipeline's written by `PipelineConfig.env` (checked there), which the tasks'
-    `PipelineConfig.from_env` reads back; any other (``--tensor``) as its value. The mesh's
-    shape also reaches every task, whole, in `tfdist.mesh.MESH_ENV` (`plan_job`).
+    `PipelineConfig.from_env` reads back; any other as its value, but an option carried by the
+    mesh (``--tensor``, in `tfdist.parallel.mesh.MESH_ENV`), which `plan_job` writes whole.
 
     Example:
         >>> from tfdist.core.traits import PIPELINE
@@ -175,7 +175,7 @@ def strategy_env(strategy_options: StrategyOptions, traits: StrategyTraits) -> d
     pipeline = {option: value for option, value in given.items() if option in _PIPELINE_FIELDS}
     written = PipelineConfig(**pipeline).env() if pipeline else {}
     return {traits.launch_options[option]: written.get(traits.launch_options[option], str(value))
-            for option, value in given.items()}
+            for option, value in given.items() if traits.launch_options[option] != MESH_ENV}
 
 
 _PIPELINE_FIELDS = frozenset(field.name for field in dataclasses.fields(PipelineConfig))

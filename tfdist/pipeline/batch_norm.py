@@ -25,8 +25,8 @@ import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.mesh import ProcessGroup
-from tfdist.pipeline.transport import REDUCE, TRAIN, instance_key
+from tfdist.parallel.keys import REDUCE, TRAIN, instance_key
+from tfdist.parallel.mesh import ProcessGroup
 
 __all__ = ["find", "is_batch_norm", "refusal", "check_stage", "COUNT_KEY"]
 

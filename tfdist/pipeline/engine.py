@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 import tensorflow as tf
 
-from tfdist.mesh import DATA, PIPE, ProcessGroup
+from tfdist.parallel.mesh import DATA, PIPE, ProcessGroup
 from tfdist.pipeline import gradients, transport
 from tfdist.pipeline import schedule as schedules
 from tfdist.pipeline.layout import PipelineLayout

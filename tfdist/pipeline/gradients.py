@@ -32,8 +32,8 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
-from tfdist.mesh import ProcessGroup
-from tfdist.pipeline.transport import REDUCE, TRAIN, instance_key
+from tfdist.parallel.keys import REDUCE, TRAIN, instance_key
+from tfdist.parallel.mesh import ProcessGroup
 
 __all__ = ["add", "accumulate", "average_over_group", "markers", "is_sparse"]
 

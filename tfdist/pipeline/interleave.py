@@ -29,7 +29,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdist.mesh import Axis, ProcessGroup
+from tfdist.parallel.mesh import Axis, ProcessGroup
 from tfdist.pipeline import schedule as schedules
 from tfdist.pipeline.engine import LossTerms, StageEngine
 from tfdist.pipeline.layout import PipelineLayout

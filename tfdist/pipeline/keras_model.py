@@ -22,11 +22,12 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfdist.compat import models as keras_compat
 from tfdist.core.flavour import flavour_of, get_keras
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.pipeline import keras_compat, optimizers
+from tfdist.parallel.keys import EVALUATE, METRICS, PREDICT, TRAIN
+from tfdist.pipeline import optimizers
 from tfdist.pipeline.engine import LossTerms, PipelineEngine
-from tfdist.pipeline.transport import EVALUATE, METRICS, PREDICT, TRAIN
 
 __all__ = ["stage_model_class", "local_stages_model", "resolve_metric", "mean_loss",
            "apply_step", "loss_terms"]

@@ -2,7 +2,8 @@
 
 A job of ``N = D x K x T`` processes (TF tasks ``worker:0..N-1``; ``rank`` is the task index)
 runs ``D`` pipeline replicas of ``K`` stages, each stage split ``T`` ways by tensor parallelism
-(``T = 1``: no split). The layout is a `tfdist.mesh.Mesh` seen from one rank: rank ``r`` sits at
+(``T = 1``: no split). The layout is a place on a `tfdist.parallel.mesh.Mesh` (a
+`tfdist.parallel.place.MeshPlace`) seen as a pipeline: rank ``r`` sits at
 the mesh coordinates ``(replica, stage, shard)``, ``r = (replica * K + stage) * T + shard``, so
 with ``T = 1`` it holds stage ``r % K`` of replica ``r // K``: the stages of one replica are
 neighbours in rank order, and ``worker:0`` (the chief) holds stage 0 of replica 0. A process may
@@ -12,8 +13,8 @@ them all (its mesh has a ``pipe`` axis of 1).
 
 The layout answers "my group on this axis" (`group`: ``"pipe"``, the stages of my replica;
 ``"data"``, my stage's replicas; ``"tensor"``, my stage's shards), the pair of neighbours
-(`pair`) and the whole job (`world`) by asking its mesh: the transport gets every key from here,
-and no key is made anywhere else.
+(`pair`) and the whole job (`world`) by asking its place: the transport gets every group key
+from here, and no key is made anywhere else.
 
 Example:
     >>> layout = PipelineLayout(processes=4, stages=2, rank=3)
@@ -37,7 +38,8 @@ import dataclasses
 import functools
 
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.mesh import DATA, PIPE, Axis, Coordinates, Mesh, ProcessGroup
+from tfdist.parallel.mesh import DATA, PIPE, Axis, Coordinates, Mesh, ProcessGroup
+from tfdist.parallel.place import MeshPlace, place_of
 from tfdist.pipeline.partition import check_stages
 
 __all__ = ["PipelineLayout", "check_processes"]
@@ -89,24 +91,28 @@ class PipelineLayout:
                 received=f"stages_per_process={self.stages_per_process}, stages={self.stages}",
                 expected=f"1 or {self.stages}", fix="pass 1, or stages"))
         check_processes(self.processes, self.stages // self.stages_per_process)
-        Mesh.for_processes(self.processes, pipe=self.stages // self.stages_per_process,
-                           tensor=self.tensor)
         if not 0 <= self.rank < self.processes:
             raise StrategyConfigError(format_error(
                 "rank is out of range.", received=f"rank={self.rank}",
                 expected=f"0 <= rank < {self.processes}", fix="pass this task's index"))
+        self.place  # noqa: B018 - built once, now: raises unless K x T divides the processes
 
     @functools.cached_property
+    def place(self) -> MeshPlace:
+        """This process on the job's mesh of ``replicas x processes-per-pipeline x tensor``
+        (its ``pipe`` axis is 1 when one process holds every stage)."""
+        return place_of(self.processes, self.rank, pipe=self.stages // self.stages_per_process,
+                        tensor=self.tensor)
+
+    @property
     def mesh(self) -> Mesh:
-        """The job's processes as ``replicas x processes-per-pipeline x tensor`` (the mesh's
-        ``pipe`` axis is 1 when one process holds every stage)."""
-        return Mesh.for_processes(self.processes, pipe=self.stages // self.stages_per_process,
-                                  tensor=self.tensor)
+        """The job's processes (`place`'s mesh)."""
+        return self.place.mesh
 
-    @functools.cached_property
+    @property
     def coordinates(self) -> Coordinates:
         """This process's place on the mesh: (replica, its place in the pipeline, its shard)."""
-        return self.mesh.coordinates(self.rank)
+        return self.place.coordinates
 
     @property
     def processes_per_replica(self) -> int:
@@ -120,7 +126,7 @@ class PipelineLayout:
 
     @property
     def replica(self) -> int:
-        return self.coordinates.data
+        return self.place.rank_on(DATA)
 
     @property
     def held(self) -> range:
@@ -165,24 +171,25 @@ class PipelineLayout:
     def stage_group(self) -> tuple[int, ...]:
         """The ranks holding this stage (shard) in every replica (its gradients are averaged
         there)."""
-        return self.mesh.members(DATA, self.rank)
+        return self.place.group(DATA).members
 
     @property
     def replica_ranks(self) -> tuple[int, ...]:
         """The ranks holding this replica's stages (this shard of each), in stage order."""
-        return self.mesh.members(PIPE, self.rank)
+        return self.place.group(PIPE).members
 
     # ----------------------------------------------------------------- groups
     def group(self, axis: Axis) -> ProcessGroup:
-        """This process's group on ``axis`` (`tfdist.mesh.Mesh.group`): ``"pipe"`` (its
-        replica's stages; its rank there is its place in the pipeline), ``"data"`` (its stage's
-        replicas; its rank there is its replica) or ``"tensor"`` (its stage's shards)."""
-        return self.mesh.group(axis, self.rank)
+        """This process's group on ``axis`` (`tfdist.parallel.place.MeshPlace.group`):
+        ``"pipe"`` (its replica's stages; its rank there is its place in the pipeline),
+        ``"data"`` (its stage's replicas; its rank there is its replica) or ``"tensor"`` (its
+        stage's shards)."""
+        return self.place.group(axis)
 
     def pair(self, peer: int) -> ProcessGroup:
         """The group of this process and ``peer`` (a neighbouring stage's process)."""
-        return self.mesh.pair(self.rank, peer)
+        return self.place.pair(peer)
 
     def world(self) -> ProcessGroup:
         """Every process of the job."""
-        return self.mesh.world(self.rank)
+        return self.place.world()

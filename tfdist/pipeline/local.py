@@ -12,8 +12,8 @@ Stage ``k``'s engine sees the pipeline as a job of K one-stage processes in whic
 itself has the layout of one process holding every stage (`LocalPipeline.layout`).
 
 Example:
-    >>> from tfdist.mesh import pair_group
-    >>> from tfdist.pipeline.transport import ACTIVATION
+    >>> from tfdist.parallel.mesh import pair_group
+    >>> from tfdist.parallel.keys import ACTIVATION
     >>> mailbox = Mailbox()
     >>> sent = mailbox.link(pair_group(0, 1)).send("activation", ACTIVATION, micro_batch=2)
     >>> mailbox.link(pair_group(1, 0)).recv(None, None, ACTIVATION, micro_batch=2)
@@ -31,11 +31,11 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.mesh import ProcessGroup
+from tfdist.parallel.keys import EVALUATE, REDUCE, TRAIN
+from tfdist.parallel.mesh import ProcessGroup
 from tfdist.pipeline import schedule as schedules
 from tfdist.pipeline.engine import LossTerms, StageEngine
 from tfdist.pipeline.layout import PipelineLayout
-from tfdist.pipeline.transport import EVALUATE, REDUCE, TRAIN
 
 __all__ = ["Mailbox", "LocalLink", "LocalPipeline", "resolve_devices", "check_placement"]
 
@@ -69,7 +69,7 @@ class Mailbox:
 
 @dataclasses.dataclass(frozen=True)
 class LocalLink:
-    """`tfdist.pipeline.transport.Link`'s interface over a `Mailbox`."""
+    """`tfdist.parallel.ops.Link`'s interface over a `Mailbox`."""
 
     mailbox: Mailbox
     rank: int

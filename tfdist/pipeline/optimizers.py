@@ -38,8 +38,8 @@ import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.mesh import PIPE
-from tfdist.pipeline.transport import REDUCE, TRAIN, instance_key
+from tfdist.parallel.keys import REDUCE, TRAIN, instance_key
+from tfdist.parallel.mesh import PIPE
 
 __all__ = ["check_optimizer", "apply_gradients", "global_norm_across_stages",
            "EXACT_OPTIONS", "REFUSED_OPTIONS"]

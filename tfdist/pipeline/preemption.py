@@ -13,7 +13,7 @@ Two bindings: the ``fit`` callback (`tfdist.strategies.pipeline_backup`) and, fo
 over ``strategy.train_step``, `PipelinePreemptionHandler`.
 
 Example:
-    >>> from tfdist.mesh import world_group
+    >>> from tfdist.parallel.mesh import world_group
     >>> SigtermVote(world_group(1, 0), timeout=5).agreed()  # one process, no SIGTERM
     False
 """
@@ -27,8 +27,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdist.mesh import ProcessGroup
-from tfdist.pipeline import transport
+from tfdist.parallel.keys import STOP_VOTE
+from tfdist.parallel.mesh import ProcessGroup
+from tfdist.parallel.ops import all_reduce
 from tfdist.preemption import exit_preempted
 from tfdist.watchdog import StepWatchdog
 
@@ -61,8 +62,8 @@ class SigtermVote:
         # One tf.function: every call reuses the instance key, as each training step does. No
         # per-op timeout: TensorFlow's timer of an op is a thread sleeping for the whole timeout,
         # one more per step (320 steps: 198 -> 758 threads); one watchdog holds the deadline.
-        self._sum = tf.function(lambda flag: transport.all_reduce_sum(
-            flag, group=world, instance=transport.STOP_VOTE))
+        self._sum = tf.function(lambda flag: all_reduce(
+            flag, world, "sum", instance=STOP_VOTE))
         self._deadline = StepWatchdog(
             timeout, f"pipeline stop vote of {world.size} processes",
             fix="raise the pipeline's timeout_seconds if a step is that slow.")

@@ -1,6 +1,6 @@
 """A model described without its weights, and one stage of it built for real.
 
-`describe_model` reads a Keras model (built, or built by a function inside `keras_compat`'s
+`describe_model` reads a Keras model (built, or built by a function inside `tfdist.compat.models`'s
 `abstract_build`, which allocates no weights) into a `ModelSpec`: its graph of layer calls in a
 topological order (`tfdist.pipeline.graph`, nested models flattened), each layer's config and
 parameter count, each tensor's shape and dtype. `split_model` cuts the calls into stages; each
@@ -31,10 +31,11 @@ from typing import Any
 
 import numpy as np
 
+from tfdist.compat import models as keras_compat
 from tfdist.core.flavour import flavour_of, get_keras
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.pipeline import graph as graphs
-from tfdist.pipeline import keras_compat, partition, transport
+from tfdist.pipeline import partition, transport
 
 __all__ = ["LayerSpec", "ModelSpec", "describe_model", "split_model", "build_stage", "assemble",
            "stage_weights", "stage_layers", "owned_layers", "layer_weights", "set_layer_weights",
@@ -192,17 +193,26 @@ def weights_nbytes(weights: Sequence[Any]) -> int:
 
 
 def _layer_spec(keras: Any, layer: Any) -> LayerSpec:
+    # A keras.ops call in a Keras 3 functional graph (BERT's, Gemma's) is an Operation, not a
+    # Layer: it serializes the same way and holds no weights.
+    weights = getattr(layer, "weights", ())
     try:
-        config = keras.layers.serialize(layer)
+        config = keras.saving.serialize_keras_object(layer) if _is_operation(keras, layer) \
+            else keras.layers.serialize(layer)
     except (NotImplementedError, TypeError, ValueError) as err:
         raise _not_rebuildable(layer.name, type(layer).__name__, "(none: serializing failed)",
                                err) from err
     return LayerSpec(
         name=layer.name, class_name=type(layer).__name__,
-        config=config, params=int(layer.count_params()),
-        param_bytes=weights_nbytes(layer.weights),
-        weights=tuple((tuple(int(d) for d in w.shape), _dtype(w)) for w in layer.weights),
+        config=config, params=sum(int(np.prod(w.shape)) for w in weights),
+        param_bytes=weights_nbytes(weights),
+        weights=tuple((tuple(int(d) for d in w.shape), _dtype(w)) for w in weights),
         cls=type(layer))
+
+
+def _is_operation(keras: Any, layer: Any) -> bool:
+    """Whether ``layer`` is a Keras 3 operation (a ``keras.ops`` call), not a layer."""
+    return not isinstance(layer, keras.layers.Layer)
 
 
 def describe_model(model_or_fn: Any | Callable[[], Any]) -> ModelSpec:
@@ -346,9 +356,11 @@ def rebuild_layer(keras: Any, layer: LayerSpec) -> Any:
     objects = {config.get("class_name"): layer.cls}
     if config.get("registered_name"):
         objects[config["registered_name"]] = layer.cls
+    custom_objects = {k: v for k, v in objects.items() if k and v is not None}
     try:
-        return keras.layers.deserialize(config, custom_objects={
-            k: v for k, v in objects.items() if k and v is not None})
+        if layer.cls is not None and not issubclass(layer.cls, keras.layers.Layer):
+            return keras.saving.deserialize_keras_object(config, custom_objects=custom_objects)
+        return keras.layers.deserialize(config, custom_objects=custom_objects)
     except (TypeError, ValueError, KeyError) as err:
         raise _not_rebuildable(layer.name, layer.class_name, config.get("config"),
                                err) from err
@@ -386,9 +398,10 @@ def added_loss(spec: ModelSpec, i: int) -> str | None:
     if activity is not None and not (
             _from_keras(activity) and activity.get("class_name") in ROW_ADDITIVE_REGULARIZERS):
         return f"activity_regularizer {activity.get('class_name')}"
-    if str(config.get("module") or "").startswith("keras.layers"):
-        return None
     keras = get_keras(spec.flavour)  # type: ignore[arg-type]
+    if str(config.get("module") or "").startswith(("keras.layers", "keras.src.ops")) or (
+            layer_spec.cls is not None and not issubclass(layer_spec.cls, keras.layers.Layer)):
+        return None
     layer = rebuild_layer(keras, layer_spec)
     values = {t: np.zeros((2, *[d or 1 for d in spec.shapes[t]]), spec.dtypes[t])
               for t in node.inputs}
@@ -438,7 +451,8 @@ def _boundary_name(spec: ModelSpec, tensor: int, stage: int) -> str:
 def layer_weights(model: Any, spec: ModelSpec, layer_ids: Sequence[int]) -> list[Any]:
     """The weights of layers ``layer_ids`` of ``spec``, read from ``model`` (a stage, or the
     assembled model) by layer name."""
-    return [w for lid in layer_ids for w in model.get_layer(spec.layers[lid].name).get_weights()]
+    return [w for lid in layer_ids if spec.layers[lid].weights
+            for w in model.get_layer(spec.layers[lid].name).get_weights()]
 
 
 def set_layer_weights(model: Any, spec: ModelSpec, layer_ids: Sequence[int],
@@ -448,7 +462,8 @@ def set_layer_weights(model: Any, spec: ModelSpec, layer_ids: Sequence[int],
     weights = list(weights)
     for lid in layer_ids:
         count = len(spec.layers[lid].weights)
-        model.get_layer(spec.layers[lid].name).set_weights(weights[:count])
+        if count:  # an operation (keras.ops) holds none and is not in model.layers
+            model.get_layer(spec.layers[lid].name).set_weights(weights[:count])
         weights = weights[count:]
 
 
@@ -475,4 +490,5 @@ def stage_weights(model: Any, spec: ModelSpec, bounds: Sequence[int], stage: int
     """The weights of the layers ``stage`` holds (`stage_layers`), taken from a built whole
     ``model`` (nested models included)."""
     layers = graphs.read_graph(model).layers
-    return [w for lid in stage_layers(spec, bounds, stage) for w in layers[lid].get_weights()]
+    return [w for lid in stage_layers(spec, bounds, stage) if spec.layers[lid].weights
+            for w in layers[lid].get_weights()]

@@ -27,9 +27,10 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.mesh import ProcessGroup
+from tfdist.parallel.keys import TIED, instance_key
+from tfdist.parallel.mesh import ProcessGroup
+from tfdist.parallel.ops import all_reduce, broadcast_variable
 from tfdist.pipeline import stage as stages
-from tfdist.pipeline import transport
 from tfdist.pipeline.layout import PipelineLayout
 
 __all__ = ["shared_layers", "check_clipping", "TiedWeights", "tied_for_stage", "tied_for_local"]
@@ -88,17 +89,17 @@ class TiedWeights:
         """``grads`` with each tied variable's gradient summed over its holders."""
         grads = list(grads)
         for position, group, index in self.entries:
-            grads[position] = transport.all_reduce_sum(
-                tf.convert_to_tensor(grads[position]), group=group,
-                instance=transport.instance_key(transport.TIED, 0, index), timeout=self.timeout)
+            grads[position] = all_reduce(
+                tf.convert_to_tensor(grads[position]), group, "sum",
+                instance=instance_key(TIED, 0, index), timeout=self.timeout)
         return grads
 
     def sync(self, variables: Sequence[Any]) -> None:
         """Gives every holder the first holder's values (the lower rank of each pair sends)."""
         for position, group, index in self.entries:
-            transport.broadcast_variable(
+            broadcast_variable(
                 variables[position], group=group,
-                instance=transport.instance_key(transport.TIED, 1, index), timeout=self.timeout)
+                instance=instance_key(TIED, 1, index), timeout=self.timeout)
 
 
 def tied_for_stage(spec: stages.ModelSpec, bounds: Sequence[int], layout: PipelineLayout,

@@ -2,10 +2,10 @@
 
 Usage: ``python -m tfdist.probe.ingraph_worker --sizes 4096,... --counts 1,4,16`` once per task
 of TF_CONFIG (workers only). Each process joins the job's collectives as the ``tensor`` strategy
-does (`tfdist.pipeline.transport.enable_collectives`), takes the tensor group of a
+does (`tfdist.parallel.runtime.enable_collectives`), takes the tensor group of a
 ``Mesh(tensor=P)`` and, for every size and count ``N``, times calls of one ``tf.function`` that
 all-reduces a float32 tensor ``N`` times back to back, each sum feeding the next
-(`tfdist.tensor.collectives.all_reduce_sum`, as a split layer's forward and backward issue them).
+(`tfdist.parallel.mappings.all_reduce_sum`, as a split layer's forward and backward issue them).
 Reports this rank's seconds per call by size and count: the slope in ``N`` is one in-graph
 all-reduce, the intercept the call's dispatch and wait, which a training step pays once.
 """
@@ -23,7 +23,7 @@ from tfdist.testing import report
 def _chain(group: Any, count: int) -> Any:
     import tensorflow as tf
 
-    from tfdist.tensor.collectives import all_reduce_sum
+    from tfdist.parallel.mappings import all_reduce_sum
 
     @tf.function
     def chain(x: tf.Tensor) -> tf.Tensor:
@@ -40,14 +40,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import tensorflow as tf
 
     from tfdist.cluster import read_tf_config
-    from tfdist.mesh import TENSOR, Mesh, task_rank
-    from tfdist.pipeline.transport import enable_collectives
+    from tfdist.parallel.mesh import TENSOR
+    from tfdist.parallel.place import process_place
+    from tfdist.parallel.runtime import enable_collectives
 
     cluster, task = read_tf_config(None)
-    processes = len(cluster.chief) + len(cluster.worker)
-    rank = task_rank(task.type, task.index, chiefs=len(cluster.chief))
+    place = process_place(tensor="all")  # every process in one tensor group
+    group = place.group(TENSOR)
     enable_collectives(cluster, task)
-    group = Mesh.for_processes(processes, tensor=processes).group(TENSOR, rank)
     seconds: dict[str, dict[str, list[float]]] = {}
     for nbytes in args.sizes:
         x = tf.ones([nbytes // 4], tf.float32)
@@ -60,7 +60,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 chain(x)
             times = [time_call(lambda c=chain, x=x: c(x).numpy()) for _ in range(args.repeats)]
             seconds.setdefault(str(nbytes), {})[str(count)] = times
-    return {"rank": rank, "np": processes, "seconds": seconds}
+    return {"rank": place.rank, "np": place.mesh.size, "seconds": seconds}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -8,120 +8,56 @@ collective's resolution), and saves the whole model from the chief.
 
 from __future__ import annotations
 
-import atexit
-import functools
 import os
-import sys
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import tensorflow as tf
 
-from tfdist.core.traits import TENSOR_SHARDS_ENV
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.mesh import ProcessGroup, task_rank
-from tfdist.pipeline import transport
+from tfdist.parallel import runtime
+from tfdist.parallel.mesh import ProcessGroup
+from tfdist.parallel.place import (
+    TENSOR_SHARDS_ENV,
+    MeshPlace,
+    Shards,
+    process_place,
+    tensor_shards,
+)
 from tfdist.strategies.startup import startup_deadline
 
 __all__ = ["ModelParallelMixin", "tensor_shards"]
 
-
-def tensor_shards(shards: int | None, default: int,
-                  environ: Mapping[str, str] | None = None) -> int:
-    """T: ``shards`` if given, else ``$TFDIST_TENSOR_SHARDS``, else ``default``.
-
-    Raises:
-        StrategyConfigError: a value that is not a positive int.
-
-    Example:
-        >>> tensor_shards(None, 1, {}), tensor_shards(None, 1, {"TFDIST_TENSOR_SHARDS": "2"})
-        (1, 2)
-    """
-    environ = os.environ if environ is None else environ
-    value: Any = shards if shards is not None else environ.get(TENSOR_SHARDS_ENV, str(default))
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        number = 0
-    if isinstance(value, bool) or number < 1 or str(number) != str(value).strip():
-        raise StrategyConfigError(format_error(
-            "The tensor shard count must be a positive int.",
-            received=f"shards={value!r}", expected="an int >= 1 that divides the processes",
-            fix=f"pass shards=T (pipeline: tensor=T) or set {TENSOR_SHARDS_ENV}=T"))
-    return number
-
-
 _SAVE_KEY = "tfdist/save_model/{call}/{rank}"
-_EXIT_KEY = "tfdist/exit/{rank}"
 _PROBE_MS = 200
-
-
-def _announce(key: str) -> None:
-    """Sets ``key`` in the job's coordination service (a key-value store on task 0)."""
-    from tensorflow.python.eager import context
-
-    try:
-        context.context().set_config_key_value(key, "1")
-    except Exception:  # noqa: BLE001 - at exit, with the service gone: nothing to tell
-        pass
-
-
-def _announced(key: str, wait_ms: int) -> bool:
-    """Whether ``key`` is set in the coordination service (waiting up to ``wait_ms`` ms)."""
-    from tensorflow.python.eager import context
-
-    try:
-        context.context().get_config_key_value(key, max(1, wait_ms))
-        return True
-    except Exception:  # noqa: BLE001 - not set within the wait (DeadlineExceeded, NotFound)
-        return False
-
-
-@functools.cache  # once per process, like enable_collectives: one barrier, one instance key
-def _wait_for_every_process_at_exit(world: ProcessGroup) -> None:
-    """At exit, says so (a `save_model` waiting for this process stops waiting), then, at a
-    normal exit, `transport.exit_barrier`; not after an uncaught exception (the launcher
-    should hear of a failure at once, not after the barrier's timeout)."""
-    failed = []
-    previous_hook = sys.excepthook
-
-    def record_failure(*exc_info: Any) -> None:
-        failed.append(exc_info[0])
-        previous_hook(*exc_info)
-
-    def at_exit() -> None:
-        _announce(_EXIT_KEY.format(rank=world.rank))
-        if not failed:
-            transport.exit_barrier(world)
-
-    sys.excepthook = record_failure
-    atexit.register(at_exit)
 
 
 class ModelParallelMixin:
     """Mixed into a `TfdistStrategyMixin` + ``OneDeviceStrategy`` subclass that defines
     ``assemble(model)`` (the whole model on the chief, None elsewhere)."""
 
-    def _job_place(self, tf_config: str | Mapping[str, Any] | None) -> tuple[Any, Any, int, int]:
-        """``(cluster, task, processes, rank)`` of this process; one process of rank 0 when
-        there is no ``TF_CONFIG``."""
+    def _job_place(self, tf_config: str | Mapping[str, Any] | None, tensor: Shards | None,
+                   default_tensor: Shards) -> tuple[Any, Any, MeshPlace]:
+        """``(cluster, task, place)`` of this process (`tfdist.parallel.place.process_place`:
+        ``TFDIST_MESH`` and TF_CONFIG, ``tensor`` overriding); no cluster and a place of one
+        process when there is no ``TF_CONFIG``."""
         if tf_config is None and not os.environ.get("TF_CONFIG"):
-            return None, None, 1, 0
+            alone = {k: v for k, v in os.environ.items() if k == TENSOR_SHARDS_ENV}
+            return None, None, process_place(tensor=tensor, default_tensor=default_tensor,
+                                             environ=alone)
         cluster, task = self._read_cluster(tf_config)  # type: ignore[attr-defined]
-        processes = max(1, len(cluster.chief) + len(cluster.worker))
-        return cluster, task, processes, task_rank(task.type, task.index,
-                                                   chiefs=len(cluster.chief))
+        return cluster, task, process_place(tf_config, tensor=tensor,
+                                            default_tensor=default_tensor)
 
     def _join_collectives(self, deadline: float | None, cluster: Any, task: Any,
                           world: ProcessGroup) -> None:
         """Joins the job's collective runtime (at most ``deadline`` s) and, at exit, waits for
-        every process of ``world``."""
+        every process of ``world`` (`tfdist.parallel.runtime.join`)."""
         name = type(self).__name__
-        with startup_deadline(deadline, cluster, task, f"{name} on {task}"):
-            transport.enable_collectives(cluster, task)
+        runtime.join(cluster, task, world,
+                     startup_deadline(deadline, cluster, task, f"{name} on {task}"))
         self._tfdist_world = world
-        _wait_for_every_process_at_exit(world)
 
     @staticmethod
     def _device() -> str:
@@ -171,18 +107,18 @@ class ModelParallelMixin:
 
     def _every_process_saves(self) -> None:
         """Waits until every process of the job has called `save_model` (this is its Nth call);
-        refuses at once when one of them reached its exit instead (`_announce_exit`)."""
+        refuses at once when one of them reached its exit instead (`runtime.EXIT_KEY`)."""
         world: ProcessGroup | None = getattr(self, "_tfdist_world", None)
         if world is None or world.size < 2:
             return
         self._tfdist_saves = getattr(self, "_tfdist_saves", 0) + 1
         call = self._tfdist_saves
-        _announce(_SAVE_KEY.format(call=call, rank=world.rank))
+        runtime.announce(_SAVE_KEY.format(call=call, rank=world.rank))
         limit = self.timeout or 300.0  # the pipeline's 0: transfers wait without a limit
         deadline = time.monotonic() + limit
         for peer in (r for r in range(world.size) if r != world.rank):
-            while not _announced(_SAVE_KEY.format(call=call, rank=peer), _PROBE_MS):
-                exited = _announced(_EXIT_KEY.format(rank=peer), 1)
+            while not runtime.announced(_SAVE_KEY.format(call=call, rank=peer), _PROBE_MS):
+                exited = runtime.announced(runtime.EXIT_KEY.format(rank=peer), 1)
                 if exited or time.monotonic() > deadline:
                     raise StrategyConfigError(format_error(
                         f"save_model gathers the model from every process of the job, but "

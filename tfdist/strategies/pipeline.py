@@ -39,15 +39,15 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tfdist.compat import models as keras_compat
 from tfdist.core import flavour
 from tfdist.core import traits as builtin
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.mesh import DATA, PIPE, TENSOR
 from tfdist.options import check_positive_number
+from tfdist.parallel.mesh import DATA, PIPE, TENSOR
 from tfdist.pipeline import (
     batch_norm,
     gather,
-    keras_compat,
     optimizers,
     stage,
     tied,
@@ -68,7 +68,7 @@ from tfdist.pipeline.keras_model import (
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.modes import PipelineMode, choose_mode
 from tfdist.strategies.base import TfdistStrategyMixin
-from tfdist.strategies.model_parallel import ModelParallelMixin, tensor_shards
+from tfdist.strategies.model_parallel import ModelParallelMixin
 from tfdist.strategies.startup import resolve_startup_timeout
 
 __all__ = ["PipelineStrategy", "STAGES_ENV", "MICRO_BATCHES_ENV", "SCHEDULE_ENV",
@@ -143,8 +143,8 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
             until the end of the step; see ``_keep_micro_batch_gradients_apart``).
         recompute: Keep only each micro-batch's stage input until its backward, which runs
             the stage's forward again (activation recomputation: less memory, one more forward).
-        tensor: T, the processes each stage is split over by tensor parallelism (None:
-            ``$TFDIST_TENSOR_SHARDS``, else 1; Keras 3). D = processes / (K x T).
+        tensor: T, the processes each stage is split over (None: the job's ``TFDIST_MESH``;
+            without it ``$TFDIST_TENSOR_SHARDS``; else 1; Keras 3). D = processes / (K x T).
         rules: ``{layer-name regex: kind}`` overriding the automatic tensor splits
             (`tfdist.tensor.rules`; with T > 1 only).
 
@@ -194,11 +194,11 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
         deadline = check_positive_number(
             "startup_timeout_seconds", resolve_startup_timeout(startup_timeout_seconds))
         self._check_keras()
-        cluster, task, processes, rank = self._job_place(tf_config)
+        cluster, task, place = self._job_place(tf_config, tensor, self.traits.tensor_default)
         self.rules = dict(rules or {})
-        self.mode: PipelineMode = choose_mode(self.config, processes, rank,
-                                              tensor_shards(tensor, 1))
-        if processes > 1:
+        self.mode: PipelineMode = choose_mode(self.config, place.mesh.size, place.rank,
+                                              place.size_of(TENSOR))
+        if place.mesh.size > 1:
             _warn_if_one_inter_op_thread()
             if self.config.stages > 1 and not self.config.arithmetic_optimization:
                 _keep_micro_batch_gradients_apart()

@@ -6,15 +6,16 @@ build_model` decides which layers to split (`tfdist.tensor.rules`: attention by 
 feed-forward pairs by columns then rows, embeddings and the output logits by vocabulary;
 everything else replicated), prints the plan, and builds this process's shard from the layers'
 configs (`tfdist.tensor.build`), so each process allocates only its shards. Activations are
-all-reduced inside the split layers over the tensor group (`tfdist.tensor.collectives`), on the
+all-reduced inside the split layers over the tensor group (`tfdist.parallel.mappings`), on the
 same TensorFlow collective runtime as the pipeline; gradients are averaged over the data group.
 A step equals one step of the whole model on the whole global batch.
 
-Processes are placed on a `tfdist.mesh.Mesh` ``(data=D, pipe=1, tensor=T)``; rank ``r`` (its
-worker index) holds shard ``r % T`` of replica ``r // T``.
+Processes are placed on a `tfdist.parallel.mesh.Mesh` ``(data=D, pipe=1, tensor=T)``, which
+``tfdist-launch`` writes in ``TFDIST_MESH`` (`tfdist.parallel.place`); rank ``r`` (its worker
+index) holds shard ``r % T`` of replica ``r // T``.
 
 Example:
-    Under ``tfdist-launch --strategy tensor --workers 2`` (``TFDIST_TENSOR_SHARDS=2``)::
+    Under ``tfdist-launch --strategy tensor --workers 2`` (``TFDIST_MESH=data=1,pipe=1,tensor=2``)::
 
         strategy = tfdist.get_strategy("auto")         # tensor, T=2
         model = strategy.build_model(build_model_fn)   # this process's shards
@@ -32,17 +33,18 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfdist.compat import models as keras_compat
 from tfdist.core import traits as builtin
-from tfdist.mesh import DATA, TENSOR, Mesh
 from tfdist.options import check_positive_number
-from tfdist.pipeline import keras_compat, transport
+from tfdist.parallel.keys import next_key
+from tfdist.parallel.mesh import DATA, TENSOR, Mesh
+from tfdist.parallel.ops import DEFAULT_TIMEOUT, broadcast_variable
 from tfdist.strategies.base import TfdistStrategyMixin
-from tfdist.strategies.model_parallel import ModelParallelMixin, tensor_shards
+from tfdist.strategies.model_parallel import ModelParallelMixin
 from tfdist.strategies.startup import resolve_startup_timeout
 from tfdist.tensor import build as shards_of
-from tfdist.tensor.collectives import DEFAULT_TIMEOUT, next_key
 from tfdist.tensor.model import TensorModel
-from tfdist.tensor.plan import TensorPlan
+from tfdist.tensor.plan import TensorPlan, check_coverage
 from tfdist.tensor.rules import plan_model
 
 __all__ = ["TensorStrategy", "TENSOR_SHARDS_ENV"]
@@ -56,8 +58,9 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
     """Tensor (and data x tensor) parallelism over the workers of TF_CONFIG.
 
     Args:
-        shards: T, the processes each split layer is spread over (None:
-            ``$TFDIST_TENSOR_SHARDS``, else every process). D = processes / T.
+        shards: T, the processes each split layer is spread over (None: the job's mesh,
+            ``TFDIST_MESH``, which ``tfdist-launch`` writes; without it
+            ``$TFDIST_TENSOR_SHARDS``; else every process). D = processes / T.
         rules: ``{layer-name regex: kind}`` overriding the automatic splits
             (`tfdist.tensor.rules`); kinds ``column``, ``row``, ``heads``, ``vocab``,
             ``output``, ``replicated``.
@@ -90,12 +93,10 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
             "timeout_seconds", DEFAULT_TIMEOUT if timeout_seconds is None else timeout_seconds))
         # a function's first batch traces and compiles it too: it may take the start-up deadline
         self.first_step_timeout = max(self.timeout, float(deadline or 0.0))
-        cluster, task, processes, rank = self._job_place(tf_config)
-        self.mesh = Mesh.for_processes(processes, tensor=tensor_shards(shards, processes))
+        cluster, task, self.place = self._job_place(tf_config, shards, self.traits.tensor_default)
         self.rules = dict(rules or {})
-        self.rank = rank
-        if processes > 1:
-            self._join_collectives(deadline, cluster, task, self.mesh.world(rank))
+        if self.mesh.size > 1:
+            self._join_collectives(deadline, cluster, task, self.place.world())
         super().__init__(self._device())
         self._init_tfdist(cluster, task)
         self.plan: TensorPlan | None = None
@@ -103,22 +104,31 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
 
     # ----------------------------------------------------------------- surface
     @property
+    def mesh(self) -> Mesh:
+        """The job's ``data x 1 x tensor`` mesh."""
+        return self.place.mesh
+
+    @property
+    def rank(self) -> int:
+        return self.place.rank
+
+    @property
     def shards(self) -> int:
         """T."""
-        return self.mesh.tensor
+        return self.place.size_of(TENSOR)
 
     @property
     def tensor_group(self) -> Any:
-        return self.mesh.group(TENSOR, self.rank)
+        return self.place.group(TENSOR)
 
     @property
     def data_group(self) -> Any:
-        return self.mesh.group(DATA, self.rank)
+        return self.place.group(DATA)
 
     @property
     def num_replicas(self) -> int:
         """D: the data-parallel replicas whose gradients make one step."""
-        return self.mesh.data
+        return self.place.size_of(DATA)
 
     @property
     def num_workers(self) -> int:
@@ -135,10 +145,9 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
             >>> TensorStrategy().describe()
             'tensor: shard 0 of 1, replica 0 of 1, chief'
         """
-        place = self.mesh.coordinates(self.rank)
         chief = ", chief" if self.is_chief else ""
-        return (f"tensor: shard {place.tensor} of {self.shards}, replica {place.data} of "
-                f"{self.mesh.data}{chief}")
+        return (f"tensor: shard {self.place.rank_on(TENSOR)} of {self.shards}, replica "
+                f"{self.place.rank_on(DATA)} of {self.place.size_of(DATA)}{chief}")
 
     # ----------------------------------------------------------------- the model
     def plan_model(self, model_or_fn: Any) -> TensorPlan:
@@ -169,6 +178,9 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
         built = hasattr(model_or_fn, "layers")
         source = model_or_fn if built else self._abstract
         self._abstract = source
+        warning = check_coverage(self.plan, repr(source.name))
+        if warning and self.is_chief:
+            _log.warning("%s\n%s", warning, self.plan.table())
         tensor = self.tensor_group
         model = shards_of.build_shard(source, self.plan, tensor, self.timeout, TensorModel)
         model.attach(self.plan, tensor, self.data_group,
@@ -189,11 +201,11 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
             for variable, weight in zip(model.get_layer(layer.name).weights, layer.weights,
                                         strict=True):
                 if weight.axis is None:
-                    transport.broadcast_variable(variable, group=self.tensor_group,
-                                                 instance=next_key(), timeout=self.timeout)
+                    broadcast_variable(variable, group=self.tensor_group,
+                                       instance=next_key(), timeout=self.timeout)
         for variable in model.weights:
-            transport.broadcast_variable(variable, group=self.data_group, instance=next_key(),
-                                         timeout=self.timeout)
+            broadcast_variable(variable, group=self.data_group, instance=next_key(),
+                               timeout=self.timeout)
 
     def weight_bytes(self, model: Any) -> int:
         """Bytes of the weights this process holds."""
@@ -214,7 +226,7 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
         """
         import keras
 
-        from tfdist.pipeline.keras_compat import build_optimizer
+        from tfdist.compat.models import build_optimizer
         from tfdist.tensor.model import split_loss
 
         if model.tensor_plan.output_layer is not None:

@@ -1,7 +1,5 @@
 """Tensor (intra-operator) parallelism: layers split across the processes of a tensor group.
 
-* `tfdist.tensor.collectives`: Megatron's mappings (copy to / reduce from the group, gather)
-  on TensorFlow's collective ops, with group keys from `tfdist.mesh`;
 * `tfdist.tensor.layers`: the split Keras 3 layers (column/row ``Dense``, heads-split
   ``MultiHeadAttention``, vocabulary-split ``Embedding``);
 * `tfdist.tensor.loss`: cross-entropy on vocabulary-split logits;
@@ -9,7 +7,9 @@
 * `tfdist.tensor.build`: a process's shard built from configs, weights sliced and gathered;
 * `tfdist.tensor.model`: the shard's Keras model and its training step.
 
-The strategy that uses them is `tfdist.strategies.tensor.TensorStrategy` (``"tensor"``).
+They sit on the model-parallel substrate (`tfdist.parallel`: the mesh, the collectives and
+Megatron's mappings), beside `tfdist.pipeline`. The strategy that uses them is
+`tfdist.strategies.tensor.TensorStrategy` (``"tensor"``).
 """
 
 from tfdist.tensor.plan import SPLIT_KINDS, LayerSplit, TensorPlan, WeightSplit

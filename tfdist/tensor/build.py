@@ -1,7 +1,7 @@
 """This process's shard of a model, built from the layers' configs; and the whole model back.
 
 `build_shard` clones a model (built, or described without weights by
-`tfdist.pipeline.keras_compat.abstract_build`) layer by layer: each layer the plan splits
+`tfdist.compat.models.abstract_build`) layer by layer: each layer the plan splits
 becomes its split class (`tfdist.tensor.layers`) made from the layer's config with the shard's
 sizes, everything else a fresh copy of itself. Only the shard's variables are created.
 `shard_weights` slices a whole model's weights for one shard; `gather_weights` concatenates
@@ -9,7 +9,7 @@ the group's shards (a collective); `assemble` makes the whole model again, for s
 
 Example:
     >>> import keras
-    >>> from tfdist.mesh import Mesh
+    >>> from tfdist.parallel.mesh import Mesh
     >>> from tfdist.tensor.rules import plan_model
     >>> inputs = keras.Input((8,))
     >>> model = keras.Model(inputs, keras.layers.Dense(2, name="down")(
@@ -28,9 +28,9 @@ from typing import Any
 import keras
 import numpy as np
 
-from tfdist.mesh import ProcessGroup
+from tfdist.parallel.mappings import gather_axis
+from tfdist.parallel.mesh import ProcessGroup
 from tfdist.tensor import layers as split
-from tfdist.tensor.collectives import gather_axis
 from tfdist.tensor.initializers import HeadsInitializer, ShardInitializer
 from tfdist.tensor.plan import LayerSplit, TensorPlan
 

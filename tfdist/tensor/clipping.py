@@ -9,7 +9,7 @@ them row slices, as ``tf.clip_by_norm`` does.
 
 Example:
     >>> import tensorflow as tf
-    >>> from tfdist.mesh import Mesh
+    >>> from tfdist.parallel.mesh import Mesh
     >>> grads = [tf.constant([3.0, 4.0])]
     >>> [g.numpy().tolist() for g in clip_global(grads, [False], 1.0, Mesh().group("tensor", 0))]
     [[0.6000000238418579, 0.800000011920929]]
@@ -22,8 +22,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdist.mesh import ProcessGroup
-from tfdist.tensor.collectives import DEFAULT_TIMEOUT, all_reduce_sum
+from tfdist.parallel.mappings import all_reduce_sum
+from tfdist.parallel.mesh import ProcessGroup
+from tfdist.parallel.ops import DEFAULT_TIMEOUT
 
 __all__ = ["clip_global", "clip_each"]
 

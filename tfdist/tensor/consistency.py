@@ -25,8 +25,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdist.mesh import ProcessGroup
-from tfdist.tensor.collectives import all_reduce_max
+from tfdist.parallel.mappings import all_reduce_max
+from tfdist.parallel.mesh import ProcessGroup
 
 __all__ = ["assert_same_batch", "fingerprint"]
 

@@ -22,7 +22,7 @@ The group and timeout are not part of a layer's config: a saved model holds the 
 
 Example:
     >>> import numpy as np
-    >>> from tfdist.mesh import Mesh
+    >>> from tfdist.parallel.mesh import Mesh
     >>> layer = RowDense(2, group=Mesh().group("tensor", 0), kernel_initializer="ones")
     >>> layer(np.ones((1, 3), "float32")).numpy().tolist()
     [[3.0, 3.0]]
@@ -35,8 +35,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfdist.mesh import ProcessGroup
-from tfdist.tensor.collectives import DEFAULT_TIMEOUT, copy_to_group, reduce_from_group
+from tfdist.parallel.mappings import copy_to_group, reduce_from_group
+from tfdist.parallel.mesh import ProcessGroup
+from tfdist.parallel.ops import DEFAULT_TIMEOUT
 
 __all__ = ["ColumnDense", "RowDense", "VocabEmbedding", "TiedVocabEmbedding", "HeadsAttention"]
 

@@ -8,7 +8,7 @@ columns).
 
 Example:
     >>> import numpy as np, tensorflow as tf
-    >>> from tfdist.mesh import Mesh
+    >>> from tfdist.parallel.mesh import Mesh
     >>> loss = VocabParallelCrossEntropy(Mesh().group("tensor", 0), start=0)
     >>> logits = np.log(np.array([[[1.0, 1.0, 2.0]]], "float32"))
     >>> round(float(loss(np.array([[2]]), logits)), 4)   # -log(2/4)
@@ -22,8 +22,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfdist.mesh import ProcessGroup
-from tfdist.tensor.collectives import DEFAULT_TIMEOUT, all_reduce_max, reduce_from_group
+from tfdist.parallel.mappings import all_reduce_max, reduce_from_group
+from tfdist.parallel.mesh import ProcessGroup
+from tfdist.parallel.ops import DEFAULT_TIMEOUT
 
 __all__ = ["vocab_parallel_cross_entropy", "VocabParallelCrossEntropy"]
 

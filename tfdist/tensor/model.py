@@ -27,11 +27,11 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tfdist.compat.models import bind_unbuilt_optimizer, build_optimizer
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.mesh import ProcessGroup
-from tfdist.pipeline.keras_compat import bind_unbuilt_optimizer, build_optimizer
+from tfdist.parallel.mappings import all_reduce_sum, gather_axis, gather_last_axis
+from tfdist.parallel.mesh import ProcessGroup
 from tfdist.tensor.clipping import clip_each, clip_global
-from tfdist.tensor.collectives import all_reduce_sum, gather_axis, gather_last_axis
 from tfdist.tensor.consistency import assert_same_batch
 from tfdist.tensor.loss import VocabParallelCrossEntropy
 from tfdist.tensor.plan import TensorPlan

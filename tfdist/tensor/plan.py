@@ -32,7 +32,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-__all__ = ["SplitKind", "SPLIT_KINDS", "LOGIT_KINDS", "WeightSplit", "LayerSplit", "TensorPlan"]
+from tfdist.errors import StrategyConfigError, format_error
+
+__all__ = ["SplitKind", "SPLIT_KINDS", "LOGIT_KINDS", "WeightSplit", "LayerSplit", "TensorPlan",
+           "MIN_SPLIT_SHARE", "check_coverage"]
 
 SplitKind = Literal["column", "row", "heads", "vocab", "output", "tied", "replicated"]
 SPLIT_KINDS: tuple[str, ...] = ("column", "row", "heads", "vocab", "output", "tied",
@@ -173,3 +176,53 @@ class TensorPlan:
                 f"{self.whole_bytes} B (split {self.split_bytes} B / {self.shards} + replicated "
                 f"{self.whole_bytes - self.split_bytes} B)")
         return "\n".join([head, *lines])
+
+
+MIN_SPLIT_SHARE = 0.5
+"""Below this share of the weight bytes split, a tensor job is mostly ``T`` copies of one model
+doing the same work: `check_coverage` warns before training."""
+
+
+def check_coverage(plan: TensorPlan, model: str = "the model") -> str | None:
+    """Refuses a plan with ``T > 1`` that splits nothing; the warning to show (on the chief,
+    before training) when it splits less than `MIN_SPLIT_SHARE` of the weight bytes, else None.
+
+    Raises:
+        StrategyConfigError: ``T > 1`` and no weight is split: every process would hold and
+            compute the whole model, ``T`` times the work data parallelism does.
+
+    Example:
+        >>> dense = WeightSplit("kernel", (4, 4), 4, None)
+        >>> check_coverage(TensorPlan(1, (LayerSplit("d", "Dense", "replicated", "auto",
+        ...                                          (dense,)),))) is None
+        True
+        >>> check_coverage(TensorPlan(2, (LayerSplit("d", "Dense", "replicated", "auto",
+        ...                                          (dense,)),)))
+        Traceback (most recent call last):
+        ...
+        tfdist.errors.StrategyConfigError: Tensor parallelism with T=2 splits none of ...
+    """
+    if plan.shards == 1 or plan.whole_bytes == 0:
+        return None
+    share = plan.split_bytes / plan.whole_bytes
+    whole = sorted((layer for layer in plan.layers if layer.kind == "replicated" and layer.weights),
+                   key=lambda layer: -sum(w.whole_bytes for w in layer.weights))
+    kept = [f"{layer.name} ({layer.class_name}: {layer.reason})" for layer in whole[:6]]
+    if plan.split_bytes == 0:
+        raise StrategyConfigError(format_error(
+            f"Tensor parallelism with T={plan.shards} splits none of {model}'s weights: every "
+            f"process would hold and compute the whole model, {plan.shards} times the work "
+            "of data parallelism on the same processes.",
+            received=f"T={plan.shards}; 0 of {plan.whole_bytes} weight bytes split; kept whole: "
+            f"{', '.join(kept)}",
+            expected="at least one layer the rules split (a Dense feeding a Dense, a "
+            "MultiHeadAttention, an Embedding, a language model's output Dense)",
+            fix="train it data-parallel on the same processes (--strategy multi_worker), or "
+            "name layers to split in rules= (e.g. rules={'ffn_up': 'column', 'ffn_down': "
+            "'row'})"))
+    if share >= MIN_SPLIT_SHARE:
+        return None
+    return (f"tensor plan: T={plan.shards} splits only {share:.1%} of {model}'s weight bytes "
+            f"({plan.split_bytes} of {plan.whole_bytes} B); each process holds "
+            f"{plan.bytes_per_process} B, {plan.bytes_per_process / plan.whole_bytes:.0%} of the "
+            f"model. Largest layers kept whole: {', '.join(kept)}")

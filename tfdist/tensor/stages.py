@@ -35,18 +35,21 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.mesh import ProcessGroup
-from tfdist.pipeline import transport
+from tfdist.parallel.keys import next_key
+from tfdist.parallel.mesh import ProcessGroup
+from tfdist.parallel.ops import DEFAULT_TIMEOUT, broadcast_variable
 from tfdist.tensor import build as shards_of
-from tfdist.tensor.collectives import DEFAULT_TIMEOUT, next_key
-from tfdist.tensor.plan import LOGIT_KINDS, LayerSplit, TensorPlan
+from tfdist.tensor.plan import LOGIT_KINDS, LayerSplit, TensorPlan, check_coverage
 from tfdist.tensor.rules import plan_model
+
+_log = logging.getLogger("tfdist")
 
 __all__ = ["plan_stages", "check_cuts", "StageSplit", "stage_split", "check_clipping"]
 
@@ -195,8 +198,8 @@ class StageSplit:
             found = self.split_of(name)
             for i, variable in enumerate(model.get_layer(name).weights):
                 if found is None or found.weights[i].axis is None:
-                    transport.broadcast_variable(variable, group=self.group,
-                                                 instance=next_key(), timeout=self.timeout)
+                    broadcast_variable(variable, group=self.group,
+                                       instance=next_key(), timeout=self.timeout)
 
 
 def stage_split(spec: Any, bounds: Sequence[int], rules: Mapping[str, str],
@@ -213,10 +216,14 @@ def stage_split(spec: Any, bounds: Sequence[int], rules: Mapping[str, str],
             "Embedding and MultiHeadAttention).",
             received=f"tensor={group.size} with a {spec.flavour} model",
             expected="a Keras 3 model", fix="unset TF_USE_LEGACY_KERAS, or use --tensor 1"))
-    from tfdist.pipeline import keras_compat, stage
+    from tfdist.compat import models as keras_compat
+    from tfdist.pipeline import stage
 
     with keras_compat.abstract_build():
         whole = stage.assemble(spec)
     plan = plan_stages(whole, group.size, rules)
+    warning = check_coverage(plan, repr(spec.name))
+    if warning and group.members[0] == 0:  # the chief's tensor group: said once
+        _log.warning("%s\n%s", warning, plan.table())
     check_cuts(spec, bounds, plan)
     return StageSplit(plan, group, DEFAULT_TIMEOUT if timeout is None else float(timeout))

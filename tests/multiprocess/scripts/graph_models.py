@@ -42,6 +42,20 @@ def residual(nested=False):
     return keras.Model(x, keras.layers.Dense(1, name="out")(joined), name="residual")
 
 
+def with_ops():
+    """Dense layers joined by ``keras.ops`` calls, as KerasHub's graphs are (Gemma scales its
+    embedding with ``ops.multiply``, BERT pools with ``x[:, 0]``): each call is an operation
+    node, not a layer, in the functional graph."""
+    x = keras.Input((5,), name="x")
+    h = keras.layers.Dense(WIDTH, activation="tanh", name="d0")(x)
+    h = keras.ops.multiply(h, 1.5)
+    h = keras.layers.Dense(2 * WIDTH, activation="tanh", name="d1")(h)
+    h = keras.layers.Reshape((2, WIDTH), name="pairs")(h)
+    first = h[:, 0]
+    h = keras.ops.add(keras.layers.Dense(WIDTH, name="d2")(first), h[:, 1])
+    return keras.Model(x, keras.layers.Dense(1, name="out")(h), name="with_ops")
+
+
 def two_inputs():
     """Float features and an integer category (an Embedding), joined; a skip over the cut."""
     features = keras.Input((4,), name="features")
@@ -180,6 +194,7 @@ MODELS = {
     "residual_adam": (residual, residual_data, "mse", "adam"),
     "nested": (lambda: residual(nested=True), residual_data, "mse", "sgd"),
     "two_inputs": (two_inputs, two_input_data, "mse", "sgd"),
+    "ops": (with_ops, residual_data, "mse", "adam"),
     "transformer": (transformer, transformer_data, "sparse_ce_logits", "adam"),
     # float64 and a small step: with BatchNormalization in every block, rounding differences
     # grow fast (`FLOAT64`)
@@ -198,4 +213,5 @@ def compile_args(loss, optimizer):
 
 def layer_weights(model):
     """Every layer's weights, layers in the order the pipeline's spec lists them."""
-    return [w for layer in graph.read_graph(model).layers for w in layer.get_weights()]
+    return [w for layer in graph.read_graph(model).layers
+            for w in getattr(layer, "get_weights", list)()]  # an operation holds none

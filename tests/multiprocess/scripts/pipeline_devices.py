@@ -29,8 +29,9 @@ import numpy as np  # noqa: E402
 from pipeline_parity import GLOBAL, LR, build, data, sabotage_gradient_sends  # noqa: E402
 
 import tfdist  # noqa: E402
+from tfdist.compat import models as keras_compat  # noqa: E402
 from tfdist.core import flavour  # noqa: E402
-from tfdist.pipeline import keras_compat, local  # noqa: E402
+from tfdist.pipeline import local  # noqa: E402
 from tfdist.testing import report  # noqa: E402
 
 STEPS = 3

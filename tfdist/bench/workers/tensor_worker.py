@@ -46,7 +46,7 @@ def allreduce_seconds(strategy: Any, rows: int, seq: int, width: int) -> float:
     group (the activation all-reduce of a split block)."""
     import tensorflow as tf
 
-    from tfdist.tensor.collectives import all_reduce_sum
+    from tfdist.parallel.mappings import all_reduce_sum
 
     value = tf.random.normal([rows, seq, width])
     group = strategy.tensor_group

@@ -1,9 +1,11 @@
-"""What the pipeline needs from Keras that the two Kerases give differently.
+"""What the model-parallel engines need from Keras that the two Kerases give differently.
 
-Only the pipeline and tensor read these: a model described without allocating its weights
-(`abstract_build`), a stage's regularization terms (`weight_losses`, `call_losses`), an
-optimizer made outside the strategy's scope bound to it (`bind_unbuilt_optimizer`), and the
-step methods a model's own class overrides (`refuse_step_overrides`).
+The pipeline (`tfdist.pipeline`) and the tensor layers (`tfdist.tensor`, the tensor strategy)
+read these: a model described without allocating its weights (`abstract_build`), a stage's
+regularization terms (`weight_losses`, `call_losses`), and an optimizer made outside the
+strategy's scope bound to it (`bind_unbuilt_optimizer`) or built now (`build_optimizer`), and
+the step methods a model's own class overrides, which they would leave out
+(`refuse_step_overrides`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ axis) and has a rank on it; `Mesh.group` names it as a `ProcessGroup` with Tenso
 collective ``group_key``. Besides, each pair of processes has a group of two (sends and
 receives between neighbouring stages), and the whole job is one group (barriers). Every tfdist
 component that runs collectives (the pipeline's transport, the tensor layers, the data axis's
-gradient average) asks the mesh or these functions for its keys and never makes one itself.
+gradient average) asks the mesh or these functions for its group keys and never makes one itself
+(instance keys: `tfdist.parallel.keys`).
 
 Keys (unique per group in the job):
 
@@ -27,7 +28,8 @@ Keys (unique per group in the job):
 How a task learns its place: ``tfdist-launch`` writes the mesh's shape into every task's
 environment as ``TFDIST_MESH="data=2,pipe=1,tensor=2"`` (`MESH_ENV`, `Mesh.to_env`), and each
 task's rank is its place in TF_CONFIG's training tasks (the chief, if any, is rank 0, then the
-workers in index order). `Mesh.from_environment` reads both back and is what the strategies ask.
+workers in index order). `Mesh.from_environment` reads both back; the strategies ask
+`tfdist.parallel.place.process_place`, which reads it once per process.
 
 TensorFlow-free.
 
@@ -58,6 +60,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Literal, NamedTuple
 
+from tfdist.core import traits as builtin
 from tfdist.core.environ import peek_tf_config
 from tfdist.errors import StrategyConfigError, format_error
 
@@ -79,7 +82,7 @@ AXIS_KEY_BASE: Mapping[str, int] = MappingProxyType(
     {DATA: 1 << 19, PIPE: 1 << 18, TENSOR: 1 << 16})
 WORLD_KEY = 1 << 17
 
-MESH_ENV = "TFDIST_MESH"
+MESH_ENV = builtin.MESH_ENV
 """Set by ``tfdist-launch`` on every task of a job laid out on a mesh: its shape, as
 ``"data=2,pipe=1,tensor=2"`` (`Mesh.to_env`), when ``--stages`` or ``--tensor`` shaped it (a
 strategy takes them by naming them in its ``traits.launch_options``)."""

@@ -1,8 +1,8 @@
 """The Keras 3 shim table: what tfdist patches in Keras 3, why, and for which versions.
 
 Which Keras is in use is `tfdist.core.flavour`'s; which one a strategy trains with is its traits'
-(`tfdist.core.traits.StrategyTraits.check_keras`); the pipeline's own Keras differences are in
-`tfdist.pipeline.keras_compat`.
+(`tfdist.core.traits.StrategyTraits.check_keras`); what the model-parallel engines need that the
+two Kerases give differently is in `tfdist.compat.models`.
 
 Keras 3 shims (`KERAS3_SHIMS`): each names the upstream issue, the Keras versions it applies to,
 the versions it was checked against, and a probe of Keras's own code that says whether the bug is

@@ -1,0 +1,97 @@
+"""Instance keys of the job's collectives: one allocator, two spaces that never meet.
+
+TensorFlow matches the members' halves of one collective by ``(group_key, instance_key)``; a key
+used twice in a group with two shapes is refused, and two transfers that share one mix their
+tensors. Group keys come from the mesh (`tfdist.parallel.mesh`); every instance key of tfdist
+comes from here, as a 31-bit int in one of two spaces:
+
+* **named** (bit 30 clear): ``phase << 27 | kind << 24 | micro_batch << 12 | index``
+  (`instance_key`), for transfers that every member names the same way without having traced
+  the same code: a pipeline's activations and gradients between stages (``kind`` `ACTIVATION`,
+  `GRADIENT`), weights sent to the chief (`WEIGHTS`), averages over a group (`REDUCE`, `SHARE`,
+  `METRICS`), tied weights (`TIED`) and the exit and stop votes (`EXIT`). ``phase`` separates
+  training, evaluation, prediction and custom-loop steps (`TRAIN`, `EVALUATE`, `PREDICT`,
+  `CUSTOM`), whose tensors differ in shape;
+* **traced** (bit 30 set): ``TRACED | n`` (`next_key`), the ``n``-th collective this process
+  traced. The tensor-parallel layers use these: every member of a tensor group runs the same
+  script and traces the same functions in the same order, so the ``n``-th collective traced gets
+  the same key everywhere, and a retrace (a new shape) gets new keys.
+
+Example:
+    >>> instance_key(GRADIENT, micro_batch=1, index=0)
+    33558528
+    >>> space(instance_key(EXIT, micro_batch=1)), space(TRACED + 5)
+    ('named', 'traced')
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Literal
+
+from tfdist.errors import StrategyConfigError, format_error
+
+__all__ = ["TIED", "ACTIVATION", "GRADIENT", "WEIGHTS", "REDUCE", "SHARE", "METRICS", "EXIT",
+           "TRAIN", "EVALUATE", "PREDICT", "CUSTOM", "TRACED", "STOP_VOTE", "instance_key",
+           "next_key", "space"]
+
+TIED, ACTIVATION, GRADIENT, WEIGHTS, REDUCE, SHARE, METRICS, EXIT = range(8)
+"""The kinds of named transfers (3 bits). `TIED`: the sums (and initial copies) of weights tied
+across stages (`tfdist.pipeline.tied`), on the pair group of their two holders."""
+TRAIN, EVALUATE, PREDICT, CUSTOM = range(4)
+"""The phases of named transfers (3 bits)."""
+
+_FIELDS = {"index": 1 << 12, "micro_batch": 1 << 12, "kind": 1 << 3, "phase": 1 << 3}
+TRACED = 1 << 30
+"""The first traced key: above every named key (the largest is ``TRACED - 1``)."""
+_LAST = (1 << 31) - 1  # TensorFlow's instance keys are int32
+_counter = itertools.count()
+
+
+def instance_key(kind: int, micro_batch: int = 0, index: int = 0, phase: int = TRAIN) -> int:
+    """The named key of tensor ``index`` of a ``kind`` transfer for ``micro_batch``.
+
+    Raises:
+        StrategyConfigError: a field out of its bits (it would collide with another key).
+
+    Example:
+        >>> instance_key(ACTIVATION, micro_batch=2, index=1, phase=EVALUATE)
+        151003137
+    """
+    for name, value in (("kind", kind), ("micro_batch", micro_batch), ("index", index),
+                        ("phase", phase)):
+        if not 0 <= value < _FIELDS[name]:
+            raise StrategyConfigError(format_error(
+                f"A collective's {name} is out of the bits its instance key gives it.",
+                received=f"{name}={value}", expected=f"0 <= {name} < {_FIELDS[name]}",
+                fix="use fewer micro-batches or fewer tensors per transfer (at most 4096 each)"
+                if name in ("micro_batch", "index") else "this is a tfdist bug: report it"))
+    return phase << 27 | kind << 24 | micro_batch << 12 | index
+
+
+STOP_VOTE = instance_key(EXIT, micro_batch=1)
+"""The key of the vote after each step on stopping for SIGTERM, on the world group
+(`tfdist.pipeline.preemption`); `tfdist.parallel.runtime.exit_barrier` uses micro-batch 0 of
+the same kind."""
+
+
+def next_key() -> int:
+    """A fresh traced key (the next in this process's trace order).
+
+    Example:
+        >>> a, b = next_key(), next_key()
+        >>> b == a + 1 and space(a) == "traced"
+        True
+    """
+    key = TRACED + next(_counter)
+    if key > _LAST:
+        raise StrategyConfigError(format_error(
+            "This process traced more collectives than instance keys allow.",
+            received=f"key {key}", expected=f"at most {_LAST - TRACED + 1} traced collectives",
+            fix="retrace less (fixed input shapes), or restart the job"))
+    return key
+
+
+def space(key: int) -> Literal["named", "traced"]:
+    """Which space ``key`` is in."""
+    return "traced" if key >= TRACED else "named"

@@ -1,0 +1,199 @@
+"""Collectives on a `ProcessGroup` over TensorFlow's collective runtime.
+
+With collectives enabled on every process of the job (`tfdist.parallel.runtime`), these move
+tensors between the members of a group: send/recv (`Link`, a broadcast in a group of two),
+broadcast, all-reduce (sum, mean, max), all-gather and reduce-scatter. Each takes its group from
+the mesh (`tfdist.parallel.mesh`) and its instance key from `tfdist.parallel.keys` (a named key
+passed as ``instance``, or, when None, the next traced key); none makes a key of its own.
+
+``timeout`` is in seconds (0: wait forever) and applies as given, traced or not; the tensor
+mappings (`tfdist.parallel.mappings`) pass `op_timeout` of theirs, so that inside a traced step
+the step's own deadline rules (`tfdist.watchdog`).
+
+Inside a ``tf.function`` an op whose output nothing uses is pruned: a pruned send leaves its
+receiver waiting forever. Callers tie every send to the step's outputs
+(``tf.control_dependencies``); `Link.send` returns the op's output for that.
+
+Example:
+    >>> from tfdist.parallel.mesh import Mesh, pair_group
+    >>> link = Link(pair_group(3, 2))
+    >>> link.rank, link.peer, link.group.key
+    (3, 2, 1056771)
+    >>> alone = Mesh().group("tensor", rank=0)        # a group of one: every op is the identity
+    >>> float(all_reduce(tf.constant(2.0), alone, "max"))
+    2.0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import tensorflow as tf
+from tensorflow.python.ops import collective_ops
+
+from tfdist.errors import StrategyConfigError, format_error
+from tfdist.parallel.keys import REDUCE, TRAIN, instance_key, next_key
+from tfdist.parallel.mesh import ProcessGroup
+
+__all__ = ["DEFAULT_TIMEOUT", "Link", "op_timeout", "group_broadcast", "broadcast_variable",
+           "all_reduce", "all_reduce_mean", "all_gather", "reduce_scatter"]
+
+DEFAULT_TIMEOUT = 300.0
+"""Seconds a collective of the tensor layers waits for its group by default."""
+
+Reduction = Literal["sum", "mean", "max"]
+_MERGE = {"sum": "Add", "mean": "Add", "max": "Max"}
+
+
+def op_timeout(timeout: float) -> float:
+    """``timeout`` for an op run eagerly; 0 (none) inside a traced step, whose deadline is the
+    step watchdog's (`tfdist.watchdog`: TensorFlow's per-op timer is a thread sleeping for the
+    whole timeout, one per op run).
+
+    Example:
+        >>> op_timeout(30.0), float(tf.function(lambda: tf.constant(op_timeout(30.0)))())
+        (30.0, 0.0)
+    """
+    return timeout if tf.executing_eagerly() else 0.0
+
+
+def _key(instance: int | None) -> int:
+    return next_key() if instance is None else instance
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """Send and receive between this rank and its peer: a group of two.
+
+    Attributes:
+        group: The pair's group (`tfdist.parallel.mesh.Mesh.pair`).
+        timeout: Seconds each transfer may wait for the peer (0: forever).
+    """
+
+    group: ProcessGroup
+    timeout: float = 0.0
+
+    @property
+    def rank(self) -> int:
+        return self.group.members[self.group.rank]
+
+    @property
+    def peer(self) -> int:
+        return self.group.peer
+
+    def send(self, tensor: Any, kind: int, micro_batch: int = 0, index: int = 0,
+             phase: int = TRAIN) -> tf.Tensor:
+        """Sends ``tensor`` to the peer; tie the result to the step's outputs."""
+        return group_broadcast(tensor, None, tensor.dtype, group=self.group,
+                               instance=instance_key(kind, micro_batch, index, phase),
+                               timeout=self.timeout)
+
+    def recv(self, shape: Any, dtype: tf.DType, kind: int, micro_batch: int = 0,
+             index: int = 0, phase: int = TRAIN) -> tf.Tensor:
+        """Receives the tensor the peer sends with the same kind, micro-batch, index, phase."""
+        return group_broadcast(None, shape, dtype, group=self.group,
+                               instance=instance_key(kind, micro_batch, index, phase),
+                               timeout=self.timeout)
+
+
+def group_broadcast(value: Any | None, shape: Any, dtype: Any, *, group: ProcessGroup,
+                    instance: int | None = None, timeout: float = 0.0) -> tf.Tensor:
+    """``value`` from the one member that passes it to every member of ``group``.
+
+    The source passes ``value`` (and gets it back); the others pass None, with the ``shape``
+    (a tensor is fine) and ``dtype`` they expect.
+    """
+    if value is not None:
+        return collective_ops.broadcast_send_v2(
+            value, group_size=group.size, group_key=group.key, instance_key=_key(instance),
+            timeout=timeout)
+    return collective_ops.broadcast_recv_v2(
+        shape, dtype, group_size=group.size, group_key=group.key, instance_key=_key(instance),
+        timeout=timeout)
+
+
+def broadcast_variable(variable: Any, *, group: ProcessGroup, instance: int | None = None,
+                       timeout: float = 0.0) -> None:
+    """Gives ``variable`` on every member of ``group`` the value it has on group rank 0."""
+    if group.size == 1:
+        return
+    first = group.rank == 0
+    value = group_broadcast(tf.convert_to_tensor(variable) if first else None, variable.shape,
+                            tf.as_dtype(variable.dtype), group=group, instance=instance,
+                            timeout=timeout)
+    if not first:
+        variable.assign(value)
+
+
+def all_reduce(x: Any, group: ProcessGroup, op: Reduction = "sum", *,
+               instance: int | None = None, timeout: float = 0.0) -> Any:
+    """The element-wise ``op`` (``sum``, ``mean`` or ``max``) of ``x`` over ``group``.
+
+    No gradient rule of its own (the mappings, `tfdist.parallel.mappings`, give one).
+    """
+    if op not in _MERGE:
+        raise StrategyConfigError(format_error(
+            "Unknown all-reduce.", received=f"op={op!r}", expected=f"one of {tuple(_MERGE)}",
+            fix="pass 'sum', 'mean' or 'max'"))
+    if group.size == 1:
+        return x
+    total = collective_ops.all_reduce_v2(
+        x, group_size=group.size, group_key=group.key, instance_key=_key(instance),
+        merge_op=_MERGE[op], final_op="Id", timeout=timeout)
+    return total / group.size if op == "mean" else total
+
+
+def all_reduce_mean(tensors: Sequence[Any], *, group: ProcessGroup, kind: int = REDUCE,
+                    phase: int = TRAIN, timeout: float = 0.0) -> list[Any]:
+    """The element-wise mean of each tensor over ``group``; tensor ``i`` on the named key
+    ``instance_key(kind, 0, i, phase)``."""
+    return [all_reduce(t, group, "mean", instance=instance_key(kind, 0, i, phase),
+                       timeout=timeout) for i, t in enumerate(tensors)]
+
+
+def all_gather(x: Any, group: ProcessGroup, axis: int = 0, *, instance: int | None = None,
+               timeout: float = 0.0) -> tf.Tensor:
+    """The members' ``x`` concatenated along ``axis``, in group-rank order (no gradient rule).
+
+    Example:
+        >>> from tfdist.parallel.mesh import Mesh
+        >>> all_gather([[1.0, 2.0]], Mesh().group("tensor", 0), axis=1).shape
+        TensorShape([1, 2])
+    """
+    x = tf.convert_to_tensor(x)
+    if group.size == 1:
+        return x
+    order = [axis, *(i for i in range(len(x.shape)) if i != axis)]
+    moved = tf.transpose(x, order) if axis else x
+    gathered = collective_ops.all_gather_v2(
+        moved, group_size=group.size, group_key=group.key, instance_key=_key(instance),
+        timeout=timeout)
+    inverse = [order.index(i) for i in range(len(order))]
+    return tf.transpose(gathered, inverse) if axis else gathered
+
+
+def reduce_scatter(x: Any, group: ProcessGroup, axis: int = 0, *,
+                   instance: int | None = None, timeout: float = 0.0) -> tf.Tensor:
+    """This member's part (``group.rank``-th of ``group.size`` equal parts along ``axis``) of
+    the sum of ``x`` over ``group`` (no gradient rule).
+
+    TensorFlow's collective runtime has no reduce-scatter on CPU, so this all-reduces and keeps
+    a part: the same result, ``group.size`` times the bytes of a native one.
+
+    Raises:
+        StrategyConfigError: ``x``'s ``axis`` is not a multiple of the group's size.
+    """
+    x = tf.convert_to_tensor(x)
+    if group.size == 1:
+        return x
+    length = x.shape[axis]
+    if length is not None and length % group.size:
+        raise StrategyConfigError(format_error(
+            "reduce_scatter cuts the tensor into one equal part per member.",
+            received=f"shape {x.shape.as_list()}, axis={axis}, group of {group.size}",
+            expected=f"a length along axis {axis} that is a multiple of {group.size}",
+            fix="pad the tensor, or scatter along another axis"))
+    total = all_reduce(x, group, "sum", instance=instance, timeout=timeout)
+    return tf.split(total, group.size, axis=axis)[group.rank]
