@@ -48,6 +48,7 @@ MODULES = [
     "tfdist.launcher.supervisor",
     "tfdist.launcher.containment",
     "tfdist.strategies.backup_claim",
+    "tfdist.strategies.pipeline_backup",
     "tfdist.tensor.consistency",
     "tfdist.launcher.local",
     "tfdist.launcher.ray_runner",

@@ -69,6 +69,7 @@ from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.modes import PipelineMode, choose_mode
 from tfdist.strategies.base import TfdistStrategyMixin
 from tfdist.strategies.model_parallel import ModelParallelMixin
+from tfdist.strategies.pipeline_backup import PipelineBackupMixin
 from tfdist.strategies.startup import resolve_startup_timeout
 
 __all__ = ["PipelineStrategy", "STAGES_ENV", "MICRO_BATCHES_ENV", "SCHEDULE_ENV",
@@ -109,7 +110,7 @@ def _stage_model(model: Any, k: int) -> Any:
     return model if stages is None else stages[k]
 
 
-class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
+class PipelineStrategy(PipelineBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
                        tf.distribute.OneDeviceStrategy):
     """Pipeline (and data x pipeline) parallelism over the workers of TF_CONFIG.
 
@@ -341,39 +342,6 @@ class PipelineStrategy(ModelParallelMixin, TfdistStrategyMixin,
         return model
 
     # ----------------------------------------------------------------- preemption
-    def backup_layout(self) -> dict[str, Any]:
-        """What this process's backup depends on: the mesh, the chunks and (once the model is
-        split) the stage bounds; `tfdist.strategies.backup_claim` refuses any other.
-
-        Example:
-            >>> PipelineStrategy().backup_layout()["stages"]
-            1
-        """
-        layout = self.layout
-        return {"strategy": self.name, "processes": layout.processes, "data": layout.replicas,
-                "stages": layout.stages, "tensor": self.shards, "chunks": self.config.chunks,
-                "stage_bounds": None if self.bounds is None else list(self.bounds)}
-
-    def _step_backup(self, directory: str, **kwargs: Any) -> Any:
-        """``backup_callback``'s callback for this rank's ``directory``: saves at the step on
-        SIGTERM (`tfdist.strategies.pipeline_backup`); ``kwargs``: ``save_freq``,
-        ``delete_checkpoint``."""
-        from tfdist.strategies.pipeline_backup import step_backup
-
-        return step_backup(self, directory, **kwargs)
-
-    def preemption_handler(self, checkpoint: Any, directory: str | os.PathLike[str]) -> Any:
-        """For a custom loop over `train_step`: run each step as ``handler.run(step, x, y)``;
-        on SIGTERM every rank saves ``checkpoint`` in ``<directory>/rank-<r>`` at the same step
-        and exits 75. Creating it restores that checkpoint; ``handler.total_run_calls`` is then
-        the steps it holds (`tfdist.pipeline.preemption.PipelinePreemptionHandler`)."""
-        from tfdist.pipeline.preemption import PipelinePreemptionHandler
-        from tfdist.strategies.backup_claim import claim_backup
-
-        directory = os.fspath(directory)  # one job, the layout its backups were made for:
-        claim_backup(self, os.path.join(directory, f"rank-{self.worker_index}"), directory)
-        return PipelinePreemptionHandler(self, checkpoint, directory)
-
     def train_step(self, model: Any, loss: Any, optimizer: Any) -> Any:
         """The custom-loop path: a ``tf.function`` ``step(x, y, sample_weight=None) -> loss`` of
         one pipelined step.
