@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from tfdist.errors import StrategyConfigError
-from tfdist.strategies.backup_claim import claim_backup
+from tfdist.strategies.backup_claim import claim_backup, release_backup
 
 
 class _Rank:
@@ -83,3 +83,11 @@ def test_a_second_job_on_the_same_backup_directory_is_refused_while_the_first_ru
         first.stdin.close()
         first.wait(timeout=30)
     _claim(tmp_path, 0, None)  # the first job ended: its lock went with it
+
+
+def test_a_released_backup_leaves_nothing_and_can_be_claimed_again(tmp_path):
+    # tf-keras deletes only its checkpoint files: a finished fit must leave no lock or record.
+    _claim(tmp_path, 0, TENSOR_D1_T2)
+    release_backup(str(tmp_path / "rank-0"))
+    assert not (tmp_path / "rank-0").exists()
+    _claim(tmp_path, 0, TENSOR_D2_T2)  # no record left: any layout starts afresh

@@ -39,7 +39,7 @@ from typing import Any
 from tfdist.core import flavour
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.paths import directory_problem, file_problem
-from tfdist.strategies.backup_claim import claim_backup
+from tfdist.strategies.backup_claim import claim_backup, release_backup
 
 __all__ = ["backup_callback", "model_checkpoint_callback"]
 
@@ -203,6 +203,8 @@ def _tf_keras_backup(
             super().on_train_end(logs)
             if self.delete_checkpoint and per_rank:
                 shutil.rmtree(self.backup_dir, ignore_errors=True)
+            elif self.delete_checkpoint and strategy.is_chief:
+                release_backup(self.backup_dir)  # tf-keras deleted its checkpoint files only
 
     return TfdistBackupAndRestore()
 

@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -37,7 +38,7 @@ from typing import Any
 
 from tfdist.errors import StrategyConfigError, format_error
 
-__all__ = ["claim_backup", "LAYOUT_FILE", "LOCK_FILE"]
+__all__ = ["claim_backup", "release_backup", "LAYOUT_FILE", "LOCK_FILE"]
 
 LAYOUT_FILE = "layout.json"
 LOCK_FILE = ".tfdist-lock"
@@ -66,6 +67,21 @@ def claim_backup(strategy: Any, written: str, job_directory: str) -> None:
     with open(temporary, "w") as out:
         json.dump(layout, out, sort_keys=True)
     os.replace(temporary, os.path.join(written, LAYOUT_FILE))
+
+
+def release_backup(written: str) -> None:
+    """After the backup in ``written`` was deleted (a finished ``fit``): removes its record and
+    lock, and the directory if nothing else is left in it. A callback whose Keras deletes only
+    its own files (tf-keras) calls it; the others delete the whole directory."""
+    for name in (LAYOUT_FILE, LOCK_FILE):
+        path = os.path.join(written, name)
+        descriptor = _held.pop(os.path.realpath(path), None)
+        if descriptor is not None:
+            os.close(descriptor)
+        with contextlib.suppress(OSError):
+            os.remove(path)
+    with contextlib.suppress(OSError):
+        os.rmdir(written)
 
 
 def _lock(written: str, job_directory: str) -> None:
