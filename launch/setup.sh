@@ -30,6 +30,7 @@ HOROVOD_PATCHES="$ROOT/launch/horovod-patches"
 TF_VERSION="2.21.0"
 TF_KERAS_VERSION="2.21.0"  # tf-keras releases follow TensorFlow's
 TENSORBOARD_VERSION="2.21.0"  # so do tensorboard's; TF 2.21 no longer installs it
+KERAS_HUB_VERSION="0.32.0"  # the tensor tests' KerasHub models (built from configs, no download)
 
 # Runs pip with its output kept in a log, shown only if pip fails.
 pip_quiet() {
@@ -161,6 +162,23 @@ install_python_deps() {
   echo "$want" > "$stamp"
 }
 
+# KerasHub, for the tests that split its models: without its declared tensorflow-text (not needed
+# to build models from configs), so --no-deps and its other needs named.
+install_keras_hub() {
+  local stamp="$VENV/.tfdist-keras-hub" want="keras-hub==$KERAS_HUB_VERSION kagglesdk==0.1.28"
+  if [[ "$(cat "$stamp" 2>/dev/null)" == "$want" ]]; then return; fi
+  if "$VENV/bin/python" -c "from importlib.metadata import version as v
+import sys; sys.exit(v('keras-hub') != '$KERAS_HUB_VERSION')" 2>/dev/null; then
+    echo "$want" > "$stamp"  # installed before this step existed
+    return
+  fi
+  log "installing keras-hub $KERAS_HUB_VERSION (without tensorflow-text)"
+  pip_quiet install -q --no-deps "keras-hub==$KERAS_HUB_VERSION" regex kagglehub \
+    kagglesdk==0.1.28 tqdm rich markdown-it-py mdurl pygments tokenizers sentencepiece \
+    huggingface-hub fsspec filelock
+  echo "$want" > "$stamp"
+}
+
 # The import check loads TensorFlow (~9 s): a re-run skips it while the build key and the
 # installed TensorFlow and Horovod versions are those it last passed with.
 horovod_installed() {
@@ -281,6 +299,7 @@ main() {
   done
   create_venv
   install_python_deps
+  install_keras_hub
   install_horovod
   ensure_test_tools
   if [[ "$with_slurm" == "1" ]]; then ensure_slurm_tools; fi

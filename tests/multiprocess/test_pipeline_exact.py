@@ -59,6 +59,19 @@ def test_adam_with_an_embedding_matches_one_process(cluster_runner, micro_batche
         assert chief["dense_gap"] > 1e-3
 
 
+@pytest.mark.parametrize("micro_batches", [4, 8])
+def test_zero_bubble_split_backward_matches_one_process(cluster_runner, micro_batches):
+    # ZB-H1: each backward split into I (input gradient, sent at once) and W (weight
+    # gradients, deferred into the bubble); stage 1 defers one W to the end of the step.
+    sabotage = ["adam:w_drop=1"] if micro_batches == 4 else []  # last: its patch stays
+    results = run_cases(cluster_runner, micro_batches, "zb-h1", ["adam", "sgd", *sabotage])
+    cases = results["worker:0"]["cases"]
+    for case in ("adam", "sgd"):
+        assert_exact(cases[case])
+    if sabotage:  # the deferred W's gradients dropped: the weights differ
+        assert cases[sabotage[0]]["gap"] > 1e-3, cases[sabotage[0]]
+
+
 KERAS3_EXACT = ["adam:clipnorm=0.05", "adam:clipvalue=0.002", "adam:global_clipnorm=0.05",
                 "adamw:weight_decay=0.5:exclude=bias,emb", "adam:use_ema=1:ema_momentum=0.5",
                 "adam:gradient_accumulation_steps=2"]

@@ -127,6 +127,7 @@ class Candidate:
         stages: Pipeline stages K.
         micro_batches: Pipeline micro-batches M.
         tensor: Tensor shards T of each stage's layers.
+        schedule: The pipeline schedule (a name of `tfdist.pipeline.schedule.SCHEDULES`).
 
     Example:
         >>> Candidate("tensor", 4, tensor=2).label, Candidate("pipeline", 8, 2, 2, 4, 2).label
@@ -139,6 +140,7 @@ class Candidate:
     stages: int = 1
     micro_batches: int = 1
     tensor: int = 1
+    schedule: str = "gpipe"
 
     @property
     def replicas(self) -> int:
@@ -150,8 +152,9 @@ class Candidate:
         d = f"D={self.replicas} x " if self.replicas > 1 else ""
         t = f"T={self.tensor}" if self.tensor > 1 else ""
         if self.stages > 1:
+            schedule = "" if self.schedule == "gpipe" else f" {self.schedule}"
             return (f"{self.strategy} {d}K={self.stages}{' x ' + t if t else ''} "
-                    f"M={self.micro_batches}")
+                    f"M={self.micro_batches}{schedule}")
         if t:
             return f"{self.strategy} {d}{t}"
         return f"{self.strategy} x{self.processes}" + (f" +{self.ps}ps" if self.ps else "")
@@ -169,6 +172,7 @@ class Candidate:
             argv += ["--ps", str(self.ps)]
         if self.stages > 1:
             argv += ["--stages", str(self.stages), "--micro-batches", str(self.micro_batches)]
+            argv += ["--schedule", self.schedule] if self.schedule != "gpipe" else []
         if self.tensor > 1:
             argv += ["--tensor", str(self.tensor)]
         if self.processes == 1 and not self.ps:

@@ -9,11 +9,11 @@ Rabenseifner and Gropp, "Optimization of Collective Communication Operations in 
 * recursive halving-doubling: ``2 lg(p) alpha`` + the same bandwidth and reduction terms;
 * parameter servers, k shards, n workers: a worker pulls and pushes its ``M`` bytes, each ps
   serves ``n M / k``: ``2 (k alpha + max(M, n M / k) beta)`` per step;
-* pipeline, K stages, M micro-batches (GPipe): ``(M + K - 1)`` slots of the slowest stage's
-  forward + backward of one micro-batch, or of its two transfers where those take longer (tfdist's
-  engine sends and receives asynchronously, beside the compute; after it where a stage has one
-  inter-op thread); idle fraction (bubble)
-  ``(K - 1) / (M + K - 1)``;
+* pipeline, K stages, M micro-batches: ``M`` + the schedule's idle slots (GPipe and 1F1B:
+  ``K - 1``; each schedule's from its simulation, `tfdist.pipeline.schedule`) of the slowest
+  stage's forward + backward of one micro-batch, or of its two transfers where those take longer
+  (tfdist's engine sends and receives asynchronously, beside the compute; after it where a stage
+  has one inter-op thread); idle fraction (bubble) ``(K - 1) / (M + K - 1)`` for GPipe;
 * tensor parallelism, T shards (Megatron-LM): each layer's compute / T, plus per forward two
   all-reduces over the T processes of the block's activations (``batch x seq x hidden x 4``
   bytes each) per Transformer block, and two in the backward; each process holds
@@ -32,6 +32,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
+
+from tfdist.pipeline.schedule import schedule_class
 
 __all__ = ["Link", "ring_allreduce_s", "halving_doubling_s", "ps_traffic_s", "bubble",
            "pipeline_step_s", "data_parallel_memory", "ps_memory", "pipeline_memory",
@@ -110,19 +112,21 @@ def ps_traffic_s(nbytes: float, workers: int, shards: int, link: Link) -> float:
     return 2 * (shards * link.alpha + bottleneck * link.beta)
 
 
-def bubble(stages: int, micro_batches: int) -> float:
-    """The idle fraction of a GPipe step: ``(K - 1) / (M + K - 1)``.
+def bubble(stages: int, micro_batches: int, schedule: str = "gpipe") -> float:
+    """The idle fraction of a step of ``schedule`` (GPipe: ``(K - 1) / (M + K - 1)``).
 
     Example:
-        >>> bubble(2, 4)
-        0.2
+        >>> bubble(2, 4), round(bubble(2, 4, "zb-h1"), 3)
+        (0.2, 0.077)
     """
-    return (stages - 1) / (micro_batches + stages - 1)
+    return schedule_class(schedule)(stages, micro_batches).bubble()
 
 
 def pipeline_step_s(slowest_stage_s: float, stages: int, micro_batches: int,
-                    boundary_bytes: float, link: Link, overlap: bool = True) -> tuple[float, float]:
-    """(step seconds, exposed transfer seconds) of a K-stage pipeline of M micro-batches.
+                    boundary_bytes: float, link: Link, overlap: bool = True,
+                    idle_slots: float | None = None) -> tuple[float, float]:
+    """(step seconds, exposed transfer seconds) of a K-stage pipeline of M micro-batches whose
+    schedule leaves ``idle_slots`` (None: GPipe's ``K - 1``) slots idle.
 
     ``slowest_stage_s`` is the largest stage's forward + backward of one micro-batch;
     ``boundary_bytes`` the largest activation a stage sends per micro-batch (its gradient
@@ -143,7 +147,7 @@ def pipeline_step_s(slowest_stage_s: float, stages: int, micro_batches: int,
         (0.51, 0.01)
     """
     transfer = 2 * (link.alpha + boundary_bytes * link.beta) if stages > 1 else 0.0
-    slots = micro_batches + stages - 1
+    slots = micro_batches + (stages - 1 if idle_slots is None else idle_slots)
     exposed = max(0.0, transfer - slowest_stage_s) if overlap else transfer
     return slots * (slowest_stage_s + exposed), slots * exposed
 

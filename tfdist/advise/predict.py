@@ -31,6 +31,7 @@ from tfdist.advise.candidates import Candidate, Cluster
 from tfdist.advise.model import Link
 from tfdist.advise.profile import ModelProfile
 from tfdist.pipeline.partition import balanced_bounds, stage_costs
+from tfdist.pipeline.schedule import schedule_class
 
 __all__ = ["Term", "Prediction", "predict", "rank", "COSTS", "BACKEND_OF", "IN_GRAPH"]
 
@@ -205,17 +206,19 @@ def _pipeline(c: Candidate, prof: ModelProfile, links: Mapping[str, Link], clust
     slowest = slots[worst]
     boundary = max(prof.activation_bytes[b - 1] for b in bounds[1:-1]) * micro if k > 1 else 0.0
     # one inter-op thread: a stage sends and receives after its compute, not beside it
+    plan = schedule_class(c.schedule)(k, m)
     _, transfer = model.pipeline_step_s(slowest, k, m, boundary, link,
-                                        overlap=prof.inter_op_threads != 1)
+                                        overlap=prof.inter_op_threads != 1,
+                                        idle_slots=plan.idle_slots())
     # What the layers alone miss, shared by the K T processes; fit's loop, each runs whole.
     rest = (rest / (k * t) + prof.loop_s) * slow
     params = stage_costs(prof.bytes_per_shard(t), bounds)
     sync = model.ring_allreduce_s(d, max(params), link)
     terms = [Term("compute", m * compute[worst] + rest, _compute_detail(c, micro))]
     if k > 1:
-        idle = (k - 1) * slowest  # its slots' transfers: in the communication term
-        terms.append(Term("bubble", idle,
-                          f"(K-1)/(M+K-1) = {model.bubble(k, m):.0%} of the step idle"))
+        idle = plan.idle_slots() * slowest  # its slots' transfers: in the communication term
+        terms.append(Term("bubble", idle, f"{c.schedule}: {plan.bubble():.0%} of the step idle"
+                          f" ({plan.idle_slots():.3g} slots of the slowest stage)"))
     terms.append(Term("communication", transfer + sync,
                       _communication_detail(k, m, d, boundary, max(params), link)))
     if t > 1:
@@ -223,7 +226,7 @@ def _pipeline(c: Candidate, prof: ModelProfile, links: Mapping[str, Link], clust
                           _tensor_detail(prof, t, micro, in_graph, IN_GRAPH in links)))
     acts = [sum(prof.activation_bytes[a:b]) * micro for a, b in zip(bounds, bounds[1:],
                                                                      strict=False)]
-    memory = max(model.pipeline_memory(pb, prof.optimizer_slots, act, m)
+    memory = max(model.pipeline_memory(pb, prof.optimizer_slots, act, plan.in_flight())
                  for pb, act in zip(params, acts, strict=True))
     return terms, memory
 

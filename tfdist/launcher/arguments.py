@@ -30,6 +30,7 @@ from tfdist.launcher.hosts import HostOptions
 from tfdist.launcher.options import EXPORT_FORMATS, ExportOptions, JobOptions, StrategyOptions
 from tfdist.launcher.ray_options import RayOptions
 from tfdist.launcher.ssh import SshOptions
+from tfdist.pipeline.schedule import SCHEDULES
 
 __all__ = ["ENV_PREFIX", "ENVIRONMENT_DEFAULTS", "EXPORT_ONLY", "build_parser",
            "environment_problem", "job_options", "export_options", "ray_options",
@@ -177,9 +178,8 @@ def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
         "parallel replicas of the pipeline)")
     pipeline.add_argument("--micro-batches", type=_positive_int, metavar="M",
                           help="micro-batches per replica batch (default 1)")
-    pipeline.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"),
-                          help="gpipe (default), 1f1b (keeps fewer activations) or "
-                          "interleaved (1F1B over --chunks model chunks per process)")
+    pipeline.add_argument("--schedule", choices=tuple(SCHEDULES), help="; ".join(
+        f"{name}: {cls.summary}" for name, cls in SCHEDULES.items()))
     pipeline.add_argument("--chunks", type=_positive_int, metavar="V",
                           help="model chunks per process with --schedule interleaved (the "
                           "model is cut into K x V pieces)")

@@ -37,7 +37,7 @@ class StrategyOptions:
         tensor: ``--tensor T``: tensor-parallel shards of each stage's layers, one process each;
             ``--workers`` is D x K x T (the job's mesh, `tfdist.launcher.mesh_plan`).
         micro_batches: ``--micro-batches M``: micro-batches per replica batch.
-        schedule: ``--schedule``: ``gpipe``, ``1f1b`` or ``interleaved``.
+        schedule: ``--schedule``: a name of `tfdist.pipeline.schedule.SCHEDULES`.
         chunks: ``--chunks v``: model chunks per process (``--schedule interleaved``).
 
     Example:

@@ -137,6 +137,9 @@ def all_reduce(x: Any, group: ProcessGroup, op: Reduction = "sum", *,
         raise StrategyConfigError(format_error(
             "Unknown all-reduce.", received=f"op={op!r}", expected=f"one of {tuple(_MERGE)}",
             fix="pass 'sum', 'mean' or 'max'"))
+    local = getattr(group, "reduce_locally", None)  # `tfdist.tensor.check`: T shards, 1 process
+    if local is not None:
+        return local(x, op)
     if group.size == 1:
         return x
     total = collective_ops.all_reduce_v2(

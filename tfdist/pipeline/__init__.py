@@ -11,10 +11,14 @@ Words:
   parts of each global batch (data parallelism) and average each stage's gradients.
 
 Modules, by concept: `config` (the pipeline's settings, checked once; pure), `partition` (where
-to split; pure), `schedule` (which op runs when; pure), `groups` (collective groups by axis;
-pure), `layout` (which process holds which stages, and its groups; pure), `transport` (send/recv
-and all-reduce over TensorFlow collective ops), `stage` (building only this stage's layers),
-`engine` (one training step from a schedule, and the `PipelineEngine` interface), `keras_model`
+to split; pure), `schedule` (which op runs when: the schedule classes and their registry; pure),
+`simulator` (the ranks' actions run against each other on paper: order, step time; pure),
+`groups` (collective groups by axis; pure), `layout` (which process holds which stages, and its
+groups; pure), `transport` (send/recv and all-reduce over TensorFlow collective ops), `stage`
+(building only this stage's layers), `interface` (the `PipelineEngine` interface), `engine` (one
+training step from a schedule's actions, an op handler per op kind), `split_backward` (the
+input-gradient and weight-gradient halves of a split backward), `interleave` (several chunks
+per process), `keras_model`
 (``model.fit`` on a stage), `local` (all stages in one process, one per local device, tensors
 handed over in-process), `modes` (the two modes, one stage per process or all on devices,
 chosen once).

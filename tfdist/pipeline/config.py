@@ -39,13 +39,10 @@ from tfdist.errors import StrategyConfigError, format_error
 from tfdist.options import check_positive_number
 from tfdist.pipeline.layout import check_processes
 from tfdist.pipeline.partition import check_micro_batches, check_stages, read_layer_costs
-from tfdist.pipeline.schedule import SCHEDULES, check_interleaved
-
-ENGINE_SCHEDULES = (*SCHEDULES, "interleaved")
-"""The schedules the engine runs (``interleaved``: `tfdist.pipeline.interleave`)."""
+from tfdist.pipeline.schedule import SCHEDULES, PipelineSchedule, schedule_class
 
 __all__ = ["PipelineConfig", "STAGES_ENV", "MICRO_BATCHES_ENV", "SCHEDULE_ENV",
-           "LAYER_COSTS_ENV", "CHUNKS_ENV", "BATCH_NORM_POLICIES", "ENGINE_SCHEDULES"]
+           "LAYER_COSTS_ENV", "CHUNKS_ENV", "BATCH_NORM_POLICIES"]
 
 STAGES_ENV = PIPELINE_STAGES_ENV
 MICRO_BATCHES_ENV = PIPELINE_MICRO_BATCHES_ENV
@@ -98,11 +95,14 @@ class PipelineConfig:
         stages: K, the number of stages.
         micro_batches: M, micro-batches per replica batch (the global batch is cut into
             D x M equal parts).
-        schedule: ``"gpipe"`` (all forwards, then all backwards) or ``"1f1b"`` (one forward,
-            one backward: a stage keeps at most K - stage micro-batches' activations) or
-            ``"interleaved"`` (Megatron's interleaved 1F1B: each process holds ``chunks``
-            pieces of the model, the bubble shrinks v-fold; `tfdist.pipeline.interleave`).
-        chunks: v, the model chunks each process holds (``"interleaved"`` only; else 1).
+        schedule: A name of `tfdist.pipeline.schedule.SCHEDULES`: ``"gpipe"`` (all forwards,
+            then all backwards), ``"1f1b"`` (one forward, one backward: a stage keeps at most
+            K - stage micro-batches' activations), ``"interleaved"`` (Megatron's interleaved
+            1F1B: each process holds ``chunks`` pieces of the model, the bubble shrinks
+            v-fold) or ``"zb-h1"`` (zero bubble: 1F1B's backwards split, the weight gradients
+            moved into the bubble).
+        chunks: v, the model chunks each process holds (a multi-chunk schedule such as
+            ``"interleaved"`` only; else 1).
         split_points: The first layer of each stage but the first (layer names), or None to
             balance the stages by ``layer_costs``, else by parameter count.
         layer_costs: Measured seconds per layer, or None. A JSON file's path (a list, or
@@ -149,11 +149,6 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
     def __post_init__(self) -> None:
         check_stages(self.stages)
         check_micro_batches(self.micro_batches)
-        if self.schedule not in ENGINE_SCHEDULES:
-            raise StrategyConfigError(format_error(
-                "Unknown pipeline schedule.", received=f"schedule={self.schedule!r}",
-                expected=f"one of {', '.join(ENGINE_SCHEDULES)}",
-                fix="use 'gpipe' (simplest) or '1f1b' (keeps fewer activations)"))
         self._check_chunks()
         if self.batch_norm not in BATCH_NORM_POLICIES:
             raise StrategyConfigError(format_error(
@@ -171,19 +166,17 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
             "devices", self.devices, "device names", "['/gpu:0', '/gpu:1']",
             "pass a list of local device names, one per stage"))
 
+    @property
+    def schedule_class(self) -> type[PipelineSchedule]:
+        """The class of ``schedule`` (`tfdist.pipeline.schedule.SCHEDULES`)."""
+        return schedule_class(self.schedule)
+
     def _check_chunks(self) -> None:
-        if self.schedule == "interleaved":
-            check_interleaved(self.stages, self.micro_batches, self.chunks)
-        elif self.chunks != 1:
+        cls = self.schedule_class  # raises on an unknown name
+        cls.check(self.stages, self.micro_batches, self.chunks)
+        if cls.multi_chunk and self.devices is not None:
             raise StrategyConfigError(format_error(
-                "Model chunks per process are for the interleaved schedule.",
-                received=f"chunks={self.chunks!r}, schedule={self.schedule!r}",
-                expected="chunks=1, or schedule='interleaved'",
-                fix="pass schedule='interleaved' (tfdist-launch --schedule interleaved), or "
-                "drop chunks"))
-        if self.schedule == "interleaved" and self.devices is not None:
-            raise StrategyConfigError(format_error(
-                "The interleaved schedule runs one process per stage.",
+                f"The {self.schedule} schedule runs one process per stage.",
                 received=f"devices={self.devices!r}", expected="devices=None",
                 fix="drop devices, or use schedule='1f1b'"))
 
@@ -223,7 +216,7 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
             "stages": _from_env(environ, STAGES_ENV, _positive_int, "an int >= 1"),
             "micro_batches": _from_env(environ, MICRO_BATCHES_ENV, _positive_int, "an int >= 1"),
             "schedule": _from_env(environ, SCHEDULE_ENV, str,
-                                  f"one of {', '.join(ENGINE_SCHEDULES)}"),
+                                  f"one of {', '.join(SCHEDULES)}"),
             "chunks": _from_env(environ, CHUNKS_ENV, _positive_int, "an int >= 1"),
             "layer_costs": _from_env(environ, LAYER_COSTS_ENV, str, "a JSON file's path"),
         }

@@ -12,7 +12,9 @@ step inside the caller's ``tf.function`` (Keras's ``train_step``, or a custom lo
   schedule in order (1F1B then really keeps at most ``K - stage`` micro-batches' activations);
   sends and receives are asynchronous kernels outside that chain, so no stage waits for a send
   to be taken. Every send is tied to the step's outputs: one that nothing uses would be pruned
-  from the ``tf.function`` and its receiver would wait for ever.
+  from the ``tf.function`` and its receiver would wait for ever. Each op kind has its handler
+  (`OP_HANDLERS`): a split backward's ``("I", m)`` and ``("W", m)`` are in
+  `tfdist.pipeline.split_backward`.
 * `forward` runs forwards only (evaluate, predict).
 * A stage's losses beyond the compiled one (`LossTerms`): the weight regularizers are
   differentiated once per step (in `finish`); the losses a call adds (activity regularizers,
@@ -32,14 +34,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import tensorflow as tf
 
 from tfdist.parallel.mesh import DATA, PIPE, ProcessGroup
 from tfdist.pipeline import gradients, transport
 from tfdist.pipeline import schedule as schedules
+from tfdist.pipeline.interface import LossFn, LossTerms, PipelineEngine
 from tfdist.pipeline.layout import PipelineLayout
+from tfdist.pipeline.split_backward import input_gradient_op, weight_gradient_op
 from tfdist.pipeline.transport import (
     ACTIVATION,
     EVALUATE,
@@ -54,80 +58,19 @@ from tfdist.pipeline.transport import (
     send_boundary,
 )
 
-__all__ = ["PipelineEngine", "StageEngine", "StageStep", "LossTerms"]
+__all__ = ["PipelineEngine", "StageEngine", "StageStep", "LossTerms", "OP_HANDLERS", "run_actions"]
 
-LossFn = Callable[[Any, Any, Any], Any]
 TERMS_INDEX = 4095
 """The carried loss terms travel as the last tensor index (4095) of micro-batch 0's ACTIVATION
 transfer; the tensors a cut carries take indices ``0..n-1``."""
-
-
-@dataclasses.dataclass(frozen=True)
-class LossTerms:
-    """A stage's losses besides the compiled loss, as functions the engine calls in its graph.
-
-    Attributes:
-        weights: The sum of the losses that depend on variables only (weight regularizers),
-            or None if there are none; called once per step.
-        added: The sum of the losses the stage's last call added (activity regularizers,
-            ``add_loss`` in ``call``), or None; called right after each call.
-
-    Example:
-        >>> terms = LossTerms(weights=lambda: None, added=lambda: tf.constant(0.5))
-        >>> float(terms.added())
-        0.5
-    """
-
-    weights: Callable[[], Any]
-    added: Callable[[], Any]
-
-
-class PipelineEngine(Protocol):
-    """What a stage model (`tfdist.pipeline.keras_model`) and `PipelineStrategy.train_step` call
-    on the engine of this process's stages: the one interface of the pipeline's two modes.
-
-    `StageEngine` implements it for a process that holds one stage (its neighbours in other
-    processes); `tfdist.pipeline.local.LocalPipeline` for a process that holds all K stages on
-    its devices. ``calls``, ``variables`` and ``terms`` are what the model's ``stage_calls``,
-    ``stage_variables`` and ``stage_loss_terms`` give: one stage's, or a list of K.
-    """
-
-    @property
-    def layout(self) -> PipelineLayout:
-        """This process's place (``layout.is_last``: it holds the last stage and the loss)."""
-        ...
-
-    def train(self, calls: Any, variables: Any, x: Any, y: Any, loss_fn: LossFn,
-              sample_weight: Any = None, terms: Any = None, /
-              ) -> tuple[Any, list[Any], list[Any]]:
-        """One training step: ``(loss, gradients, outputs)`` (see `StageEngine.train`)."""
-        ...
-
-    def forward(self, calls: Any, x: Any, phase: int = EVALUATE, terms: Any = None, /
-                ) -> tuple[list[Any], Any | None]:
-        """A forward-only pass: ``(outputs, terms)`` (see `StageEngine.forward`)."""
-        ...
-
-    def replica_rows(self, tensor: Any) -> Any:
-        """This replica's rows of a global batch."""
-        ...
-
-    def average_over_replicas(self, tensors: Sequence[Any], kind: int = REDUCE,
-                              phase: int = TRAIN) -> list[Any]:
-        """The mean of each tensor over this stage's D replicas."""
-        ...
-
-    def share(self, values: Any | None, shape: Any, dtype: Any, index: int = 0,
-              phase: int = TRAIN) -> Any:
-        """The last stage's ``values`` on every stage of this replica."""
-        ...
 
 
 @dataclasses.dataclass
 class StageStep:
     """What one stage's step has built so far: per micro-batch tapes, inputs, outputs and losses,
     the summed gradients, the losses its calls added (already divided by M), the sends to tie
-    to the step's outputs, and the last op (``chain``)."""
+    to the step's outputs, and the last op (``chain``). A split backward keeps each micro-batch's
+    weight gradients and the ops only they need (``deferred``) from its I until its W."""
 
     call: Callable[[Any], Any]
     variables: list[Any]
@@ -145,6 +88,7 @@ class StageStep:
     losses: dict[int, Any] = dataclasses.field(default_factory=dict)
     sends: list[Any] = dataclasses.field(default_factory=list)
     chain: list[Any] = dataclasses.field(default_factory=list)
+    deferred: dict[int, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +101,7 @@ class StageEngine:
             ``()`` for stage 0, which reads the model's inputs).
         outputs: The tensors it sends to the next one (``()`` for the last stage).
         micro_batches: M.
-        schedule: ``"gpipe"`` or ``"1f1b"``.
+        schedule: A name of `tfdist.pipeline.schedule.SCHEDULES` (one chunk per process).
         timeout: Seconds each transfer may wait for its peer (0: no limit).
         connect: Makes the link ``connect(pair, timeout)`` to a neighbour from the pair's
             group (`PipelineLayout.pair`): `Link` (collectives between processes), or an
@@ -187,10 +131,14 @@ class StageEngine:
         nxt = self.layout.next
         return None if nxt is None else self.connect(self.layout.pair(nxt), self.timeout)
 
-    def ops(self) -> schedules.Schedule:
-        """This stage's schedule of one training step."""
-        return schedules.get_schedule(
-            self.schedule, self.layout.stages, self.micro_batches, self.layout.stage)
+    @property
+    def plan(self) -> schedules.PipelineSchedule:
+        """The schedule of this pipeline (one chunk per process)."""
+        return schedules.schedule_class(self.schedule)(self.layout.stages, self.micro_batches)
+
+    def ops(self) -> tuple[schedules.Action, ...]:
+        """This stage's actions of one training step."""
+        return self.plan.actions(self.layout.stage)
 
     # ----------------------------------------------------------------- data
     def replica_rows(self, tensor: Any) -> Any:
@@ -242,8 +190,7 @@ class StageEngine:
             of the step is a control input of ``loss`` and of each gradient.
         """
         step = self.begin(call, variables, x, y, loss_fn, sample_weight, terms)
-        for op, m in self.ops():
-            self.run_op(step, op, m)
+        run_actions([self], [step], self.ops())
         return self.finish(step)
 
     def begin(self, call: Callable[[Any], Any], variables: Sequence[Any], x: Any, y: Any,
@@ -261,13 +208,11 @@ class StageEngine:
             grads=[None] * len(variables), terms=terms)
 
     def run_op(self, step: StageStep, op: str, m: int) -> None:
-        """Builds one ``(op, micro_batch)`` of the schedule, after the stage's previous op."""
+        """Builds one ``(op, micro_batch)`` of the schedule, after the stage's previous op
+        (the op's handler: `OP_HANDLERS`)."""
         with tf.control_dependencies(step.chain):
-            if op == schedules.FORWARD:
-                marker = self._forward_op(step, m)
-            else:
-                marker = self._backward_op(step, m)
-        step.chain = [marker]
+            marker = OP_HANDLERS[op](self, step, m)
+        step.chain = tf.nest.flatten(marker)
 
     def finish(self, step: StageStep) -> tuple[Any, list[Any], list[Any]]:
         """``train``'s result from a step whose schedule has been built."""
@@ -339,7 +284,7 @@ class StageEngine:
                 step.losses[m] += tf.cast(added, step.losses[m].dtype)
         return out
 
-    def _differentiable(self, inputs: Sequence[Any]) -> list[Any]:
+    def differentiable(self, inputs: Sequence[Any]) -> list[Any]:
         """The received tensors whose gradients go back (`BoundaryTensor.gradient`)."""
         return [t for t, b in zip(inputs, self.inputs, strict=True) if b.gradient]
 
@@ -349,7 +294,7 @@ class StageEngine:
         tape = tf.GradientTape(persistent=False)
         with tape:
             if not self.layout.is_first:
-                tape.watch(self._differentiable(inp))
+                tape.watch(self.differentiable(inp))
             out = self._run(step, m, inp)
         return tape, out
 
@@ -372,34 +317,46 @@ class StageEngine:
         step.sends.extend(send_boundary(self.next, out, self.outputs, ACTIVATION, m))
         return out
 
-    def _backward_op(self, step: StageStep, m: int) -> Any:
-        layout, variables, grads = self.layout, step.variables, step.grads
-        inputs = [] if layout.is_first else self._differentiable(step.inputs[m])
-        sources = [*variables, *inputs]
+    def backward_heads(self, step: StageStep, m: int) -> tuple[Any, list[Any], Any]:
+        """Micro-batch ``m``'s tape and what its backward differentiates: ``(tape, targets,
+        heads)`` (the last stage: its loss, heads None; else its outputs and the losses its call
+        added, their gradients received from the next stage, or ones)."""
+        layout = self.layout
         if self.recompute:
             tape, output = self._taped(step, m, step.inputs[m])
             output = output if layout.is_last else tf.nest.flatten(output)
         else:
             tape, output = step.tapes.pop(m), step.outputs[m]
         if layout.is_last:
-            result = tape.gradient(step.losses[m], sources)
-        else:
-            upstream = recv_boundary(self.next, self.outputs, step.rows, GRADIENT, m)
-            pairs = [(t, g) for t, g in zip(output, upstream, strict=True) if g is not None]
-            targets, heads = [t for t, _ in pairs], [g for _, g in pairs]
-            if m in step.added:
-                targets.append(step.added[m])
-                heads.append(tf.ones_like(step.added[m]))
-            result = tape.gradient(targets, sources, output_gradients=heads)
+            return tape, step.losses[m], None
+        upstream = recv_boundary(self.next, self.outputs, step.rows, GRADIENT, m)
+        pairs = [(t, g) for t, g in zip(output, upstream, strict=True) if g is not None]
+        targets, heads = [t for t, _ in pairs], [g for _, g in pairs]
+        if m in step.added:
+            targets.append(step.added[m])
+            heads.append(tf.ones_like(step.added[m]))
+        return tape, targets, heads
+
+    def send_input_gradients(self, step: StageStep, m: int, inputs: Sequence[Any],
+                             result: Sequence[Any]) -> Any:
+        """Sends the gradients ``result`` of the differentiable ``inputs`` to the previous stage
+        (zeros where None); returns their group (the op's marker)."""
+        back = iter(tf.zeros_like(t) if g is None else g
+                    for t, g in zip(inputs, result, strict=True))
+        backs = [next(back) if b.gradient else None for b in self.inputs]
+        step.sends.extend(send_boundary(self.previous, backs, self.inputs, GRADIENT, m))
+        return tf.group([g for g in backs if g is not None])
+
+    def _backward_op(self, step: StageStep, m: int) -> Any:
+        layout, variables, grads = self.layout, step.variables, step.grads
+        inputs = [] if layout.is_first else self.differentiable(step.inputs[m])
+        tape, targets, heads = self.backward_heads(step, m)
+        result = tape.gradient(targets, [*variables, *inputs], output_gradients=heads)
         gradients.accumulate(grads, result[:len(variables)])
         if layout.is_first:
             done = [g for g in grads if g is not None]
             return tf.group(done) if done else tf.no_op()
-        back = iter(tf.zeros_like(t) if g is None else g
-                    for t, g in zip(inputs, result[len(variables):], strict=True))
-        backs = [next(back) if b.gradient else None for b in self.inputs]
-        step.sends.extend(send_boundary(self.previous, backs, self.inputs, GRADIENT, m))
-        return tf.group([g for g in backs if g is not None])
+        return self.send_input_gradients(step, m, inputs, result[len(variables):])
 
     def forward(self, call: Callable[[Any], Any], x: Any, phase: int = EVALUATE,
                 terms: LossTerms | None = None) -> tuple[list[Any], Any | None]:
@@ -466,3 +423,33 @@ class StageEngine:
             instance=instance_key(SHARE, 0, index, phase), timeout=self.timeout)
 
 
+def run_actions(engines: Sequence[StageEngine], steps: Sequence[StageStep],
+                actions: Sequence[schedules.Action]) -> None:
+    """Builds a process's ``actions`` in order, each ``(op, micro_batch, chunk)`` by its chunk's
+    engine on its chunk's step, each after the one before (whatever its chunk): the one loop of
+    a process holding one stage (one chunk) or several chunks (`tfdist.pipeline.interleave`).
+
+    Example:
+        >>> class Recorder:
+        ...     def run_op(self, step, op, m):
+        ...         step.chain = step.chain + [f"{op}{m}"]
+        >>> steps = [StageStep(None, [], None, None, None, None, None, []) for _ in range(2)]
+        >>> run_actions([Recorder(), Recorder()], steps, [("F", 0, 0), ("F", 0, 1), ("B", 0, 1)])
+        >>> steps[1].chain
+        ['F0', 'F0', 'B0']
+    """
+    chain: list[Any] = []
+    for op, m, c in actions:
+        steps[c].chain = chain
+        engines[c].run_op(steps[c], op, m)
+        chain = steps[c].chain
+
+
+OP_HANDLERS: dict[str, Callable[[StageEngine, StageStep, int], Any]] = {
+    schedules.FORWARD: StageEngine._forward_op,  # noqa: SLF001
+    schedules.BACKWARD: StageEngine._backward_op,  # noqa: SLF001
+    schedules.BACKWARD_INPUT: input_gradient_op,
+    schedules.BACKWARD_WEIGHT: weight_gradient_op,
+}
+"""What builds each op kind of a schedule's actions (`StageEngine.run_op`): a schedule with a
+new kind of op adds its handler here."""

@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from tfdist.parallel.mesh import Axis, ProcessGroup
 from tfdist.pipeline import schedule as schedules
-from tfdist.pipeline.engine import LossTerms, StageEngine
+from tfdist.pipeline.engine import LossTerms, StageEngine, run_actions
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.transport import EVALUATE, REDUCE, TRAIN, Link
 
@@ -152,11 +152,12 @@ class InterleavedPipeline:
     def layout(self) -> PipelineLayout:
         return self.process.layout
 
-    def ops(self) -> schedules.Schedule:
-        """This process's interleaved schedule: ``(op, micro_batch, chunk)``."""
+    def ops(self) -> tuple[schedules.Action, ...]:
+        """This process's actions ``(op, micro_batch, chunk)`` under its schedule."""
         layout = self.layout
-        return schedules.interleaved(layout.stages, self.process.micro_batches, layout.stage,
-                                     len(self.engines))
+        plan = schedules.schedule_class(self.process.schedule)(
+            layout.stages, self.process.micro_batches, len(self.engines))
+        return plan.actions(layout.stage)
 
     def train(self, calls: Sequence[Callable[[Any], Any]], variables: Sequence[Sequence[Any]],
               x: Any, y: Any, loss_fn: Any, sample_weight: Any = None,
@@ -167,11 +168,7 @@ class InterleavedPipeline:
         terms = terms or [None] * len(self.engines)
         steps = [engine.begin(calls[c], variables[c], x, y, loss_fn, sample_weight, terms[c])
                  for c, engine in enumerate(self.engines)]
-        chain: list[Any] = []
-        for op, m, c in self.ops():
-            steps[c].chain = chain
-            self.engines[c].run_op(steps[c], op, m)
-            chain = steps[c].chain
+        run_actions(self.engines, steps, self.ops())
         results = [engine.finish(step) for engine, step in zip(self.engines, steps, strict=True)]
         loss, _, outputs = results[-1]
         grads = [g for _, chunk_grads, _ in results for g in chunk_grads]

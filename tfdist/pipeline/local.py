@@ -126,7 +126,7 @@ class LocalPipeline:
             with tf.device(self.devices[k]):
                 steps.append(engine.begin(calls[k], variables[k], x, y, loss_fn, sample_weight,
                                           terms[k]))
-        for k, op, m in schedules.simulate([engine.ops() for engine in engines]):
+        for k, op, m, _ in schedules.simulate([engine.ops() for engine in engines]):
             with tf.device(self.devices[k]):
                 engines[k].run_op(steps[k], op, m)
         results = []

@@ -4,8 +4,8 @@
   `StageEngine` whose neighbours are other processes (collectives, `tfdist.pipeline.transport`).
 * `StagesOnDevices`: one process holds all K stages, stage ``k`` on local device ``k``; its
   engine is a `LocalPipeline` of K stage engines linked in-process.
-* `ChunksPerProcess` (``schedule="interleaved"``): each process of a job of D x K holds v of
-  the model's K x v pieces (`tfdist.pipeline.interleave`).
+* `ChunksPerProcess` (a multi-chunk schedule: ``"interleaved"``): each process of a job of D x K
+  holds v of the model's K x v pieces (`tfdist.pipeline.interleave`).
 
 Each answers the `PipelineMode` interface: the process's `PipelineLayout` (K stages in both; the
 second holds them all), its devices, a description of where its stages are, and the Keras model
@@ -240,10 +240,11 @@ def choose_mode(config: PipelineConfig, processes: int, rank: int,
         StrategyConfigError: devices that do not fit (`local.resolve_devices`) or given with
             ``tensor > 1``, or a process count that is not a multiple of K x T.
     """
-    if tensor > 1 and config.schedule == "interleaved":
+    multi_chunk = config.schedule_class.multi_chunk
+    if tensor > 1 and multi_chunk:
         raise StrategyConfigError(format_error(
-            "The interleaved schedule does not split stages by tensor parallelism.",
-            received=f"schedule='interleaved', tensor={tensor}", expected="tensor=1",
+            f"The {config.schedule} schedule does not split stages by tensor parallelism.",
+            received=f"schedule={config.schedule!r}, tensor={tensor}", expected="tensor=1",
             fix="use tensor=1, or schedule='1f1b' with tensor parallelism"))
     if tensor > 1:  # each stage on T processes: never all stages in one
         if config.devices is not None:
@@ -254,7 +255,7 @@ def choose_mode(config: PipelineConfig, processes: int, rank: int,
                 fix="drop devices (one process per shard of each stage), or use tensor=1"))
         return StagePerProcess(config, PipelineLayout(processes, config.stages, rank,
                                                       tensor=tensor))
-    if config.schedule == "interleaved":
+    if multi_chunk:
         return ChunksPerProcess(config, PipelineLayout(processes, config.stages, rank))
     devices = local.resolve_devices(config.devices, config.stages, processes)
     if devices:

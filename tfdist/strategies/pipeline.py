@@ -36,7 +36,6 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
 from tfdist.compat import models as keras_compat
@@ -47,13 +46,11 @@ from tfdist.options import check_positive_number
 from tfdist.parallel.mesh import DATA, PIPE, TENSOR
 from tfdist.pipeline import (
     batch_norm,
-    gather,
     optimizers,
     stage,
     tied,
     transport,
 )
-from tfdist.pipeline import schedule as schedule_lib
 from tfdist.pipeline.config import (
     LAYER_COSTS_ENV,
     MICRO_BATCHES_ENV,
@@ -70,6 +67,8 @@ from tfdist.pipeline.modes import PipelineMode, choose_mode
 from tfdist.strategies.base import TfdistStrategyMixin
 from tfdist.strategies.model_parallel import ModelParallelMixin
 from tfdist.strategies.pipeline_backup import PipelineBackupMixin
+from tfdist.strategies.pipeline_weights import StageWeightsMixin
+from tfdist.strategies.pipeline_weights import stage_model as _stage_model
 from tfdist.strategies.startup import resolve_startup_timeout
 
 __all__ = ["PipelineStrategy", "STAGES_ENV", "MICRO_BATCHES_ENV", "SCHEDULE_ENV",
@@ -104,25 +103,22 @@ def _warn_if_one_inter_op_thread() -> None:
             "or more (tf.config.threading.set_inter_op_parallelism_threads(2)).")
 
 
-def _stage_model(model: Any, k: int) -> Any:
-    """Stage ``k``'s model: ``model`` itself, or its ``k``-th when it holds every stage."""
-    stages = getattr(model, "pipeline_stages", None)
-    return model if stages is None else stages[k]
-
-
-class PipelineStrategy(PipelineBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
-                       tf.distribute.OneDeviceStrategy):
+class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixin,
+                       TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
     """Pipeline (and data x pipeline) parallelism over the workers of TF_CONFIG.
 
     Args:
         stages: K, the number of stages (None: ``$TFDIST_PIPELINE_STAGES``, else 1).
         micro_batches: M, micro-batches per replica batch (None: ``$TFDIST_PIPELINE_MICRO_BATCHES``,
             else 1). The global batch must be a multiple of D x M.
-        schedule: ``"gpipe"`` (all forwards, then all backwards) or ``"1f1b"`` (one forward, one
-            backward: a stage keeps at most K - stage micro-batches' activations). Both give
-            the same result. Or ``"interleaved"`` (Megatron-LM's interleaved 1F1B): each process
-            holds ``chunks`` pieces of the model (process k: pieces k, k + K, ...), the bubble
-            shrinks to (K-1)/(v M) for v times as many transfers; M a multiple of K.
+        schedule: A name of `tfdist.pipeline.schedule.SCHEDULES` (None:
+            ``$TFDIST_PIPELINE_SCHEDULE``, else ``"gpipe"``); all give the same result.
+            ``"gpipe"``: all forwards, then all backwards; ``"1f1b"``: one forward, one
+            backward (a stage keeps at most K - stage micro-batches' activations);
+            ``"interleaved"`` (Megatron-LM's): each process holds ``chunks`` pieces of the
+            model (process k: pieces k, k + K, ...), the bubble shrinks to (K-1)/(v M) for v
+            times as many transfers, M a multiple of K; ``"zb-h1"`` (zero bubble): 1F1B with
+            each backward split, the weight gradients computed in the bubble.
         chunks: v, model chunks per process with ``schedule="interleaved"`` (None:
             ``$TFDIST_PIPELINE_CHUNKS``, else 1).
         split_points: The first layer of each stage but the first (layer names); None balances
@@ -289,8 +285,8 @@ class PipelineStrategy(PipelineBackupMixin, ModelParallelMixin, TfdistStrategyMi
         """
         if self.config.chunks > 1:
             layers = len(stage.describe_model(model_or_fn).nodes)
-            schedule_lib.check_interleaved(self.stages, self.micro_batches, self.config.chunks,
-                                           layers)
+            self.config.schedule_class.check(self.stages, self.micro_batches,
+                                             self.config.chunks, layers)
         return stage.split_model(model_or_fn, self.config.pieces, self.micro_batches,
                                  self.config.split_points, self.config.layer_costs,
                                  self.config.batch_norm)
@@ -398,37 +394,6 @@ class PipelineStrategy(PipelineBackupMixin, ModelParallelMixin, TfdistStrategyMi
         if self.spec is not None and self.bounds is not None:
             tied.check_clipping(optimizer, self.spec, self.bounds)
 
-    def stage_report(self) -> dict[str, Any]:
-        """What this stage holds: layers and parameter bytes (this shard's, when split),
-        against the whole model."""
-        if self.spec is None or self.bounds is None:
-            raise StrategyConfigError(format_error(
-                "No model yet.", received="stage_report() before build_model()",
-                expected="build_model() first", fix="call strategy.build_model(...)"))
-        held = self.mode.pieces
-        layers = [lid for k in held for lid in stage.stage_layers(self.spec, self.bounds, k)]
-        layers = list(dict.fromkeys(layers))
-        return {
-            "stage": self.layout.stage, "pieces": list(held), "stages": self.stages,
-            "replica": self.layout.replica,
-            "devices": list(self.devices),
-            "layers": [self.spec.layers[lid].name for lid in layers],
-            "param_bytes": int(sum(self._held_bytes(lid) for lid in layers)),
-            "shard": self.layout.coordinates.tensor, "shards": self.shards,
-            "model_param_bytes": self.spec.total_param_bytes,
-            "largest_layer_bytes": max(self.spec.param_bytes),
-            "bounds": list(self.bounds),
-        }
-
-    def _held_bytes(self, layer_id: int) -> int:
-        """Bytes of layer ``layer_id``'s weights this process holds (its shard's, when split)."""
-        assert self.spec is not None
-        layer = self.spec.layers[layer_id]
-        split = None if self.split is None else self.split.split_of(layer.name)
-        if split is None:
-            return layer.param_bytes
-        return sum(w.bytes_per_process(self.shards) for w in split.weights)
-
     def check_rows(self, rows: int) -> None:
         """Raises unless a batch of ``rows`` rows divides into D replicas x M micro-batches."""
         parts = self.layout.replicas * self.micro_batches
@@ -466,42 +431,3 @@ class PipelineStrategy(PipelineBackupMixin, ModelParallelMixin, TfdistStrategyMi
             transport.broadcast_variable(
                 variable, group=group, instance=transport.instance_key(transport.WEIGHTS, 0, i),
                 timeout=self.timeout)
-
-    def gather_weights(self, model: Any) -> list[np.ndarray] | None:
-        """All stages' weights (replica 0) on the chief, in the whole model's order; None
-        elsewhere. A collective of replica 0's stages (other replicas return at once)."""
-        layout = self.layout
-        if layout.replica != 0:
-            return None
-        assert self.spec is not None and self.bounds is not None
-        spec, bounds = self.spec, self.bounds
-        if layout.holds_all:
-            if self.split is None:
-                return [np.asarray(w) for k in range(layout.stages) for w in stage.layer_weights(
-                    _stage_model(model, k), spec, stage.owned_layers(spec, bounds, k))]
-            # each stage is a shard: gather it whole from the tensor group (shard 0 keeps it)
-            whole = [w for k in range(layout.stages) for w in self.split.gather(
-                _stage_model(model, k), spec, stage.owned_layers(spec, bounds, k))]
-            return whole if layout.coordinates.tensor == 0 else None
-        if self.config.chunks > 1:
-            own = [np.asarray(w) for i, k in enumerate(self.mode.pieces) for w in
-                   stage.layer_weights(_stage_model(model, i), spec,
-                                       stage.owned_layers(spec, bounds, k))]
-            return gather.gather_pieces(own, spec, bounds, layout, self.config.chunks,
-                                        self.timeout)
-        owned = stage.owned_layers(spec, bounds, layout.stage)
-        if self.split is None:
-            own = [np.asarray(w) for w in stage.layer_weights(model, spec, owned)]
-        else:  # a collective of the stage's shards; shard 0 sends the whole weights
-            own = self.split.gather(model, spec, owned)
-            if layout.coordinates.tensor != 0:
-                return None
-        return gather.gather_stages(own, spec, bounds, layout, self.timeout)
-
-    def assemble(self, model: Any) -> Any | None:
-        """The whole model with the trained weights on the chief, None elsewhere (collective)."""
-        weights = self.gather_weights(model)
-        if weights is None or not self.is_chief:
-            return None
-        assert self.spec is not None
-        return stage.assemble(self.spec, weights)

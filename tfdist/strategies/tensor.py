@@ -42,6 +42,7 @@ from tfdist.parallel.ops import DEFAULT_TIMEOUT, broadcast_variable
 from tfdist.strategies.base import TfdistStrategyMixin
 from tfdist.strategies.model_parallel import ModelParallelMixin
 from tfdist.strategies.startup import resolve_startup_timeout
+from tfdist.tensor import blocks, nested
 from tfdist.tensor import build as shards_of
 from tfdist.tensor.model import TensorModel
 from tfdist.tensor.plan import TensorPlan, check_coverage
@@ -151,14 +152,18 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
 
     # ----------------------------------------------------------------- the model
     def plan_model(self, model_or_fn: Any) -> TensorPlan:
-        """The plan for a built model or the one a build function makes (no weights)."""
+        """The plan for a built model or the one a build function makes (no weights); a
+        model of blocks is planned through its layer tree (`tfdist.tensor.nested`, before
+        the block check `build_model` runs)."""
         if hasattr(model_or_fn, "layers"):
-            keras_compat.refuse_step_overrides(model_or_fn, "tensor")
-            return plan_model(model_or_fn, self.shards, self.rules)
-        with keras_compat.abstract_build():
-            abstract = model_or_fn()
+            abstract = model_or_fn
+        else:
+            with keras_compat.abstract_build():
+                abstract = model_or_fn()
+            self._abstract = abstract
         keras_compat.refuse_step_overrides(abstract, "tensor")
-        self._abstract = abstract
+        if nested.is_nested(abstract):
+            return nested.plan_nested(abstract, self.shards, self.rules)[0]
         return plan_model(abstract, self.shards, self.rules)
 
     def build_model(self, model_or_fn: Any) -> Any:
@@ -174,8 +179,10 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
         Returns:
             A `tfdist.tensor.model.TensorModel`.
         """
-        self.plan = self.plan_model(model_or_fn)
         built = hasattr(model_or_fn, "layers")
+        if self._of_blocks(model_or_fn):
+            return self._build_blocks(model_or_fn if built else model_or_fn(), built)
+        self.plan = self.plan_model(model_or_fn)
         source = model_or_fn if built else self._abstract
         self._abstract = source
         warning = check_coverage(self.plan, repr(source.name))
@@ -194,6 +201,47 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
         if self.is_chief:
             _log.info("%s\n%s", self.describe(), self.plan.table())
         return model
+
+    def _of_blocks(self, model_or_fn: Any) -> bool:
+        """Whether the model holds layers inside its layers (a KerasHub task, custom blocks):
+        planned and split through its whole layer tree (`tfdist.tensor.nested`)."""
+        if hasattr(model_or_fn, "layers"):
+            return nested.is_nested(model_or_fn)
+        with keras_compat.abstract_build():
+            self._abstract = model_or_fn()
+        return nested.is_nested(self._abstract)
+
+    def _build_blocks(self, model: Any, built: bool) -> Any:
+        """This process's shard of a model of blocks: the whole model (a copy of ``model``, or
+        the build function's, with rank 0's weights), planned, checked block by block, then
+        sharded in place (`tfdist.tensor.blocks`)."""
+        whole = blocks.copy_model(model) if built else model
+        if not built and self.mesh.size > 1:
+            for group in (self.tensor_group, self.data_group):
+                for variable in whole.weights:
+                    broadcast_variable(variable, group=group, instance=next_key(),
+                                       timeout=self.timeout)
+        plan, units = nested.plan_nested(whole, self.shards, self.rules)
+        plan, units, _ = blocks.checked_plan(whole, plan, units, self._agree)
+        self.plan, self._abstract = plan, blocks.WholeSource(whole)
+        warning = check_coverage(plan, repr(whole.name))
+        if self.is_chief:
+            _log.log(logging.WARNING if warning else logging.INFO, "%s\n%s",
+                     warning or self.describe(), plan.table())
+        tensor = self.tensor_group
+        shard = blocks.shard_model(whole, plan, units, tensor, self.timeout, TensorModel)
+        shard.attach(plan, tensor, self.data_group, shards_of.vocab_start(plan, tensor),
+                     self.timeout, first_timeout=self.first_step_timeout)
+        return shard
+
+    def _agree(self, values: Any) -> Any:
+        """The maximum of ``values`` over every process (so all keep the same blocks whole)."""
+        from tfdist.parallel.mappings import all_reduce_max
+
+        value = tf.constant(values)
+        for group in (self.tensor_group, self.data_group):
+            value = all_reduce_max(value, group, self.timeout)
+        return value.numpy()
 
     def _share_initial_weights(self, model: Any) -> None:
         """Replicated weights from shard 0, then everything from replica 0."""
@@ -285,4 +333,8 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
         weights = self.gather_weights(model)
         if not self.is_chief:
             return None
+        if isinstance(self._abstract, blocks.WholeSource):
+            whole = self._abstract.build()
+            shards_of.set_layer_weights(whole, weights)
+            return whole
         return shards_of.assemble(self._abstract, weights)

@@ -32,6 +32,7 @@ from tfdist.parallel.mappings import gather_axis
 from tfdist.parallel.mesh import ProcessGroup
 from tfdist.tensor import layers as split
 from tfdist.tensor.initializers import HeadsInitializer, ShardInitializer
+from tfdist.tensor.nested import entry_variables, layer_at
 from tfdist.tensor.plan import LayerSplit, TensorPlan
 
 __all__ = ["build_shard", "split_layer", "piece", "shard_weights", "gather_weights", "assemble",
@@ -120,8 +121,9 @@ def shard_weights(whole: Any, plan: TensorPlan, index: int) -> dict[str, list[np
 
 
 def set_layer_weights(model: Any, weights: dict[str, list[np.ndarray]]) -> None:
+    """Each named layer's weights (a name may be a path into nested layers: ``a/b``)."""
     for name, values in weights.items():
-        model.get_layer(name).set_weights(values)
+        layer_at(model, name).set_weights(values)
 
 
 def gather_weights(shard: Any, plan: TensorPlan, group: ProcessGroup,
@@ -132,7 +134,7 @@ def gather_weights(shard: Any, plan: TensorPlan, group: ProcessGroup,
     for layer in plan.layers:
         if not layer.weights:
             continue
-        values = shard.get_layer(layer.name).get_weights()
+        values = [v.numpy() for v in entry_variables(shard, layer)]
         gathered[layer.name] = [
             value if w.axis is None or group.size == 1
             else gather_axis(value, w.axis, group, timeout).numpy()

@@ -34,6 +34,7 @@ from tfdist.parallel.mesh import ProcessGroup
 from tfdist.tensor.clipping import clip_each, clip_global
 from tfdist.tensor.consistency import assert_same_batch
 from tfdist.tensor.loss import VocabParallelCrossEntropy
+from tfdist.tensor.nested import entry_variables
 from tfdist.tensor.plan import TensorPlan
 from tfdist.watchdog import StepDeadline, StepWatchdog
 
@@ -84,7 +85,7 @@ class TensorModel(keras.Model):
                                           first_seconds=first_timeout)
         self._home_strategy = tf.distribute.get_strategy()  # where the shard's variables live
         self._split_ids = {id(variable) for layer in plan.layers
-                           for variable, weight in zip(self.get_layer(layer.name).weights,
+                           for variable, weight in zip(entry_variables(self, layer),
                                                        layer.weights, strict=True)
                            if weight.axis is not None}
 

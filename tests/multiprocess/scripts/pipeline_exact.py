@@ -6,7 +6,8 @@ Args: ``steps micro_batches schedule case [case ...]``. A case is an optimizer n
 options, ``adam``, ``adam:clipnorm=0.05``, ``adam:weight_decay=0.1:exclude=out``,
 ``adam:loss_scale=1``... (see `make_optimizer`); ``local_norm=1`` breaks the mechanism under
 test for that case (each stage clips by its own gradients' norm: the sabotage of
-``global_clipnorm``). Stage 0 is the embedding (its gradient an ``IndexedSlices`` with repeated
+``global_clipnorm``); ``w_drop=1`` breaks the zero-bubble schedule's W (a stage's deferred W
+drop their gradients). Stage 0 is the embedding (its gradient an ``IndexedSlices`` with repeated
 rows: a small vocabulary), stage 1 the dense layers.
 
 With ``--recompute`` the stages recompute their activations in the backward. With
@@ -57,7 +58,7 @@ def make_optimizer(keras, case):
             exclude = value.split(",")
         elif key == "loss_scale":
             loss_scale = True
-        elif key == "local_norm":
+        elif key in ("local_norm", "w_drop"):
             continue
         else:
             kwargs[key] = value in ("1", "true") if key == "use_ema" else (
@@ -96,9 +97,29 @@ def stage_local_norm():
         optimizers._squared_sum(grads))
 
 
+def weight_pass_dropped_when_deferred():
+    """A split backward's W that drops the weight gradients of a micro-batch whose W a stage
+    defers to the end of the step (the sabotage of the zero-bubble schedule's W)."""
+    import tensorflow as tf
+
+    from tfdist.pipeline import engine
+
+    real = engine.OP_HANDLERS["W"]
+
+    def broken(stage_engine, step, m):
+        if m < stage_engine.layout.stage:  # stage k defers its first k W
+            step.deferred.pop(m)
+            return tf.no_op()
+        return real(stage_engine, step, m)
+
+    engine.OP_HANDLERS["W"] = broken
+
+
 def run_case(keras, strategy, initial, x, y, case):
     if "local_norm=1" in case:
         stage_local_norm()
+    if "w_drop=1" in case:
+        weight_pass_dropped_when_deferred()
     whole = build(keras)
     whole.set_weights(initial)
     model = strategy.build_model(whole)

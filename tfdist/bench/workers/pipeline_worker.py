@@ -2,11 +2,15 @@
 TF_CONFIG), ``multi_worker`` (same processes, data parallel) or ``default`` (one process).
 
 Usage: ``python -m tfdist.bench.workers.pipeline_worker --mode pipeline --micro-batches 4``
-(``--chunks 2``: interleaved 1F1B, two chunks per process, whose bound is ``(M + (K-1)/v)``
-times the process's work on one micro-batch over all its chunks).
+(``--schedule``: any of `tfdist.pipeline.schedule.SCHEDULES`; ``--chunks 2``: interleaved 1F1B,
+two chunks per process). A schedule's bound is ``(M + idle slots)`` times the process's work on
+one micro-batch over all its chunks, the idle slots simulated by the schedule
+(`PipelineSchedule.idle_slots`: ``K - 1`` for GPipe and 1F1B, ``(K-1)/v`` interleaved, about a
+third of ``K - 1`` for ZB-H1, whose forward, input gradient and weight gradient of a Dense layer
+are one matrix product each).
 Under ``pipeline`` each process times, in alternating rounds, its own stage alone (forward and
 backward of one micro-batch, no transfers) and the pipelined step of the custom-loop path
-(``strategy.train_step``): the GPipe bound of a step is ``(M + K - 1)`` times the slowest stage's
+(``strategy.train_step``): GPipe's bound of a step is ``(M + K - 1)`` times the slowest stage's
 time, and alternating keeps both medians under the same machine load (this machine is shared).
 Every mode then times one ``fit`` over ``--steps`` global batches (after a warm-up fit) with a
 callback that stamps each step's end: ``step_s`` is the median steady step (end to end, the
@@ -67,38 +71,72 @@ def stage_alone(model: Any, rows: int) -> Any:
     return step
 
 
-def interleaved(step: Any, alone: Any, slots: float, rounds: int = 6, per_round: int = 4
-                ) -> dict[str, float]:
-    """``step()`` and ``alone()`` timed in alternating rounds under the same machine load.
+def interleaved(step: Any, alone: Any, slots: float, rounds: int = 6, per_round: int = 4,
+                other: Any = None) -> dict[str, float]:
+    """``step()`` and ``alone()`` (and ``other()``, if given) timed in alternating rounds under
+    the same machine load.
 
     Returns the medians of both, and ``over_bound``: the median over rounds of one round's step
     median over ``slots`` times the stage median of the round just before it (the ratio of
-    neighbouring measurements is steadier than the ratio of medians on a shared machine).
+    neighbouring measurements is steadier than the ratio of medians on a shared machine); with
+    ``other``, its median (``other_step_s``) and ``over_other``, the median over rounds of the
+    step's median over ``other``'s in the same round.
     """
     step(), alone()
+    if other is not None:
+        other()
     steps: list[float] = []
     stages: list[float] = []
     ratios: list[float] = []
+    others: list[float] = []
+    against: list[float] = []
     for _ in range(rounds):
         stage_round = [time_call(alone) for _ in range(per_round)]
         step_round = [time_call(step) for _ in range(per_round)]
         ratios.append(median(step_round) / (slots * median(stage_round)))
         steps += step_round
         stages += stage_round
-    return {"loop_step_s": median(steps), "stage_s": median(stages),
-            "over_bound": median(ratios)}
+        if other is not None:
+            other_round = [time_call(other) for _ in range(per_round)]
+            against.append(median(step_round) / median(other_round))
+            others += other_round
+    result = {"loop_step_s": median(steps), "stage_s": median(stages),
+              "over_bound": median(ratios)}
+    if other is not None:
+        result.update(other_step_s=median(others), over_other=median(against))
+    return result
+
+
+def step_under(strategy: Any, model: Any, keras: Any, schedule: str) -> Any:
+    """The custom-loop step of the same stages under another one-chunk ``schedule``: the
+    model's engine swapped for the call that builds it (the step keeps the engine it was
+    built with), so both schedules are timed in one job, under the same load."""
+    import dataclasses
+
+    engine = model._engine  # noqa: SLF001
+    model._engine = dataclasses.replace(engine, schedule=schedule)  # noqa: SLF001
+    try:
+        return strategy.train_step(model, "mse", keras.optimizers.SGD(1e-4))
+    finally:
+        model._engine = engine  # noqa: SLF001
 
 
 def pipeline_seconds(strategy: Any, model: Any, keras: Any, x: Any, y: Any,
-                     micro_batches: int, rounds: int) -> dict[str, float]:
-    """The pipelined step (custom loop) and the stage alone, timed in alternating rounds."""
+                     micro_batches: int, rounds: int, compare: str | None = None
+                     ) -> dict[str, float]:
+    """The pipelined step (custom loop) and the stage alone (and the step under the schedule
+    ``compare``), timed in alternating rounds."""
     import tensorflow as tf
 
     step = strategy.train_step(model, "mse", keras.optimizers.SGD(1e-4))
+    other = None if compare is None else step_under(strategy, model, keras, compare)
     xs, ys = tf.constant(x), tf.constant(y)
     rows = len(x) // (micro_batches * strategy.num_replicas)
-    slots = micro_batches + (strategy.stages - 1) / strategy.config.chunks
-    return interleaved(lambda: float(step(xs, ys)), stage_alone(model, rows), slots, rounds)
+    config = strategy.config
+    slots = micro_batches + config.schedule_class(config.stages, micro_batches,
+                                                  config.chunks).idle_slots()
+    return interleaved(lambda: float(step(xs, ys)), stage_alone(model, rows), slots, rounds,
+                       other=None if other is None else lambda: float(other(xs, ys)))
 
 
 def fit_seconds(model: Any, keras: Any, x: Any, y: Any, batch: int) -> dict[str, float]:
@@ -128,6 +166,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                         required=True)
     parser.add_argument("--micro-batches", type=int, default=1)
     parser.add_argument("--chunks", type=int, default=1)
+    parser.add_argument("--schedule", default="gpipe")
+    parser.add_argument("--compare", default=None,
+                        help="pipeline: also time this schedule's step in the same rounds")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--depth", type=int, default=8)
@@ -142,9 +183,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     keras = flavour.get_keras()
     options: dict[str, Any] = {}
     if args.mode == "pipeline":
-        options["micro_batches"] = args.micro_batches
+        options.update(micro_batches=args.micro_batches, schedule=args.schedule)
     if args.chunks > 1:
-        options.update(schedule="interleaved", chunks=args.chunks)
+        options["chunks"] = args.chunks
     strategy = tfdist.get_strategy(args.mode, **options)
     model = strategy.build_model(lambda: build(keras, args.width, args.depth))
     result: dict[str, Any] = {"mode": args.mode, "processes": strategy.num_workers}
@@ -154,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.mode == "pipeline":
         result.update(pipeline_seconds(strategy, model, keras, x[: args.batch],
                                        target(x[: args.batch]), args.micro_batches,
-                                       args.rounds))
+                                       args.rounds, args.compare))
         result["stage"] = strategy.stage_report()
     model.compile(optimizer=keras.optimizers.SGD(1e-4), loss="mse")
     if args.mode == "multi_worker":  # each worker reads its half of every global batch
