@@ -32,8 +32,8 @@ from tensorflow.python.distribute.sharded_variable import ShardedVariable
 from tfdist.core import flavour
 from tfdist.errors import KerasCompatibilityError, StrategyConfigError, format_error
 
-__all__ = ["PerWorkerInput", "per_worker_dataset_fn", "FIT_ARGS", "EVALUATE_ARGS",
-           "coordinator_fit", "coordinator_evaluate"]
+__all__ = ["require_steps", "PerWorkerInput", "per_worker_dataset_fn", "FIT_ARGS",
+           "EVALUATE_ARGS", "coordinator_fit", "coordinator_evaluate"]
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 
@@ -144,13 +144,25 @@ def check_arguments(given: Mapping[str, Any], accepted: Sequence[str], what: str
             fix="batch, weight and shuffle samples in dataset_fn; drop the others"))
 
 
-def _needs(value: Any, name: str, what: str) -> int:
+def require_steps(value: Any, name: str, what: str,
+                  strategy: str = "ParameterServerStrategy", fix: str | None = None) -> int:
+    """``value`` as an int; raises when it is missing (``model.<what>`` needs ``name``).
+
+    Example:
+        >>> require_steps(4, "validation_steps", "fit")
+        4
+        >>> require_steps(None, "steps", "evaluate")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        tfdist.errors.StrategyConfigError: model.evaluate under ParameterServerStrategy needs ...
+    """
     if value is None:
         raise StrategyConfigError(format_error(
-            f"model.{what} under ParameterServerStrategy needs {name}.",
+            f"model.{what} under {strategy} needs {name}.",
             received=f"{name}=None", expected="a positive int",
-            fix=f"repeat the dataset in dataset_fn and pass {name}"))
+            fix=fix or f"repeat the dataset in dataset_fn and pass {name}"))
     return int(value)
+
 
 
 def coordinator_fit(model: Any, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
@@ -161,11 +173,11 @@ def coordinator_fit(model: Any, x: Any = None, y: Any = None, **kwargs: Any) -> 
             ``steps_per_epoch`` (``validation_steps`` with ``validation_data``) missing.
     """
     check_arguments({**kwargs, **({"y": y} if y is not None else {})}, FIT_ARGS, "fit")
-    steps = _needs(kwargs.get("steps_per_epoch"), "steps_per_epoch", "fit")
+    steps = require_steps(kwargs.get("steps_per_epoch"), "steps_per_epoch", "fit")
     strategy = model.distribute_strategy
     validation = kwargs.get("validation_data")
     if validation is not None:
-        validation_steps = _needs(kwargs.get("validation_steps"), "validation_steps", "fit")
+        validation_steps = require_steps(kwargs.get("validation_steps"), "validation_steps", "fit")
         validation = (worker_source(strategy, validation, "validation_data"), validation_steps)
     train = worker_source(strategy, x)
     build(model, strategy, train.element_spec)
@@ -181,7 +193,7 @@ def coordinator_evaluate(model: Any, x: Any = None, y: Any = None, **kwargs: Any
     scheduled on the workers; returns what Keras returns (a scalar, a list, or a dict)."""
     check_arguments({**kwargs, **({"y": y} if y is not None else {})}, EVALUATE_ARGS,
                     "evaluate")
-    steps = _needs(kwargs.get("steps"), "steps", "evaluate")
+    steps = require_steps(kwargs.get("steps"), "steps", "evaluate")
     strategy = model.distribute_strategy
     source = worker_source(strategy, x)
     build(model, strategy, source.element_spec)

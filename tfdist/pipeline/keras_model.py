@@ -156,6 +156,12 @@ def _resolve_metrics(keras: Any, metrics: Any, weighted_metrics: Any,
     return real
 
 
+def _real_data(args: tuple[Any, ...]) -> bool:
+    """Whether a call's first argument holds data (not a symbolic Keras tensor)."""
+    flat = tf.nest.flatten(args)
+    return bool(flat) and not any(type(v).__name__ == "KerasTensor" for v in flat)
+
+
 def _refuse_a_short_last_batch(dataset: tf.data.Dataset) -> None:
     """A finite dataset whose batches have no fixed size (``Dataset.batch`` without
     ``drop_remainder=True``) may end with a batch too short to cut into replicas x micro-batches:
@@ -181,7 +187,25 @@ class _StageModelMixin:
 
     def stage_calls(self, training: bool) -> Any:
         """What the engine runs on a micro-batch: this model, on the list of its inputs."""
-        return lambda a: self(list(a), training=training)  # type: ignore[operator]
+        return lambda a: self._call_stage(list(a), training)
+
+    def _call_stage(self, inputs: list[Any], training: bool) -> Any:
+        return super().__call__(inputs, training=training)  # type: ignore[misc]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The stage's call; refused eagerly on real data when this process holds only part of
+        the model: it would return this stage's activations as if they were the model's."""
+        engine = getattr(self, "_engine", None)
+        if engine is not None and self._pipeline.stages > 1 and not engine.layout.holds_all \
+                and tf.executing_eagerly() and _real_data(args[:1]):
+            raise StrategyConfigError(format_error(
+                f"model(x) on pipeline stage {engine.layout.stage} of {self._pipeline.stages} "
+                "would return this stage's activations, not the model's output.",
+                received=f"model(x) called on stage {engine.layout.stage}'s model",
+                expected="model.predict(x) (or evaluate) on every process",
+                fix="call model.predict(x) on every process: it runs the pipeline and returns "
+                    "the whole model's output everywhere"))
+        return super().__call__(*args, **kwargs)  # type: ignore[misc]
 
     def stage_variables(self) -> Any:
         """The variables the engine differentiates, in ``trainable_variables`` order."""

@@ -9,6 +9,8 @@ answers the questions a training script asks the same way for every backend:
 * how do I feed it: `input_context`, `distribute_dataset` (each worker gets its own shard;
   `tfdist.strategies.input`);
 * what does ``fit`` need: `callbacks`, `backup_callback`, `checkpoint_callback`;
+* what do ``compile``/``fit``/``evaluate``/``predict`` mean here: `check_model_call`,
+  `runs_locally` (`tfdist.strategies.model_calls`);
 * how do I save once: `write_path`, `save_model`, `save_checkpoint`, `restore_checkpoint`
   (`tfdist.strategies.saving`).
 
@@ -21,7 +23,9 @@ A backend changes behaviour by overriding a few primitives, never by checking na
 * `every_worker_saves`: whether a save is a collective every worker must join (True for
   MultiWorkerMirrored: non-chief workers write to a temporary directory that is then deleted) or a
   chief-only write (False: other workers skip it);
-* `callbacks`: what ``fit`` must be given (default: nothing).
+* `callbacks`: what ``fit`` must be given (default: nothing);
+* `check_model_call`, `runs_locally`: which model calls are refused, and which ``evaluate``/
+  ``predict`` run on this process alone (default: none; Keras runs them).
 
 Single-host strategies (``default``, ``mirrored``) report `SINGLE_HOST_CLUSTER`: a one-worker
 spec whose address is nominal (nothing listens on it; a `ClusterSpec` cannot be empty), with this
@@ -100,6 +104,10 @@ class TfdistStrategyMixin(InputMixin, SavingMixin):
     every_worker_saves: ClassVar[bool] = False
     """Whether saving is a collective that every worker must join (see module docstring)."""
 
+    collective_calls: ClassVar[tuple[str, ...]] = ()
+    """Model methods (``"evaluate"``, ``"predict"``) that are collectives of every process
+    under this strategy: called on one process alone, they fail (`explain_failed_call`)."""
+
     preemption_saves: ClassVar[bool] = False
     """Whether a SIGTERM makes training save at its current step (`tfdist.preemption`)."""
 
@@ -142,6 +150,9 @@ class TfdistStrategyMixin(InputMixin, SavingMixin):
     def _init_tfdist(self, cluster: ClusterSpec | None = None, task: Task | None = None) -> None:
         """Records where this process sits; ``cluster=None`` means `SINGLE_HOST_CLUSTER`."""
         exclude_tfdist()  # tfdist's step code inside tf.function: as written, not AutoGraph's
+        from tfdist.strategies import model_calls
+
+        model_calls.install()
         if cluster is None:
             cluster, task = SINGLE_HOST_CLUSTER, SINGLE_HOST_TASK
         self._tfdist_cluster = cluster
@@ -267,6 +278,59 @@ class TfdistStrategyMixin(InputMixin, SavingMixin):
             return model_or_fn
         with self.scope():  # type: ignore[attr-defined]
             return model_or_fn()
+
+    def check_model_call(self, model: Any, method: str, call: Mapping[str, Any]) -> None:
+        """Raises before ``model.<method>(**call)`` runs when, under this strategy, it would
+        not mean what it says (`tfdist.strategies.model_calls`). Default: every call is fine.
+
+        Args:
+            model: A Keras 3 model made in this strategy's scope.
+            method: ``"compile"``, ``"fit"``, ``"evaluate"`` or ``"predict"``.
+            call: The call's arguments by name (``x``, ``validation_data``...).
+
+        Example:
+            >>> import tfdist.strategies
+            >>> tfdist.strategies.get_strategy("default").check_model_call(None, "fit", {})
+        """
+
+    def explain_failed_call(self, method: str, error: Exception) -> None:
+        """Raises a clearer error than ``error`` (TensorFlow's, from ``model.<method>``) when a
+        misuse explains it; returns otherwise (the caller re-raises ``error``).
+
+        The misuse: a method of `collective_calls` called on some processes only (``if
+        strategy.is_chief: model.evaluate(...)``). The others have ended, and TensorFlow says
+        that their tasks "are unhealthy ... crashed", though they exited normally.
+
+        Example:
+            >>> import tfdist.strategies
+            >>> tfdist.strategies.get_strategy("default").explain_failed_call("fit", None)
+        """
+        if method not in self.collective_calls or not isinstance(
+                error, tf.errors.UnavailableError) or "unhealthy" not in str(error):
+            return
+        raise StrategyConfigError(format_error(
+            f"model.{method} under {self.name} is a collective of all {self.num_workers} "
+            "processes, and another one had ended (or failed) before joining it: was it "
+            "called on one process alone (if strategy.is_chief: ...)?",
+            received=f"model.{method} on {self.task}; TensorFlow's "
+                     f"{type(error).__name__}: a peer's tasks 'are unhealthy'",
+            expected=f"model.{method} called on every process",
+            fix=f"call model.{method} on every process: each returns the whole model's "
+                "result on the whole input")) from error
+
+    def runs_locally(self, method: str, x: Any = None) -> bool:
+        """Whether ``model.<method>(x)`` (``"evaluate"`` or ``"predict"``) runs on this process
+        alone, the strategy set aside: the whole model on the whole input, no collective, the
+        same result on every process (their weights are equal) and on the chief alone.
+        Default: False (Keras runs it as the strategy distributes it).
+
+        Example:
+            >>> import tfdist.strategies
+            >>> tfdist.strategies.get_strategy("default").runs_locally("predict")
+            False
+        """
+        del method, x
+        return False
 
     def callbacks(
         self, tensorboard: str | os.PathLike[str] | None = None, **tensorboard_options: Any

@@ -27,9 +27,10 @@ Per-step logs (``loss``, metrics) are this rank's; `callbacks` adds
 `tfdist.horovod.MetricAverageCallback` (epoch-end logs averaged over ranks) and
 `tfdist.horovod.BroadcastVariablesCallback` (a safety net for variables created outside scope).
 
-Limits: ``evaluate`` and ``predict`` also run on each rank's slice of every batch, so
-``evaluate`` returns this rank's metrics (average them, or evaluate inside ``fit`` with
-``validation_data`` and `callbacks`) and ``predict`` returns this rank's rows only. Every rank
+``evaluate`` and ``predict`` (Keras 3; ``validation_data`` in ``fit`` too) run on each rank
+alone, on the whole input (`runs_locally`): every rank returns the whole model's result, as one
+process would, and a call on rank 0 alone works (split into slices, each rank would return its
+own rows and metrics). Limits: every rank
 must create the same variables in the same order under ``scope()`` (each creation is a
 broadcast); build anything rank-specific outside it. Keras 3 applies ``clipnorm``/``clipvalue``
 to each replica's gradient before the all-reduce (as under ``MirroredStrategy``); tf-keras clips
@@ -255,6 +256,15 @@ class HorovodStrategy(TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
                                    split_batches=bool(split_batches))
         distribute_lib.Strategy.__init__(self, extended)
         self._init_tfdist(nominal_cluster(extended._size), Task("worker", extended._rank))
+
+    def runs_locally(self, method: str, x: Any = None) -> bool:
+        """``evaluate`` and ``predict`` run on this rank alone, whole (see the module docstring).
+
+        Example:
+            >>> HorovodStrategy().runs_locally("predict")
+            True
+        """
+        return method in ("evaluate", "predict")
 
     def _backend_callbacks(self) -> list[Any]:
         """``[BroadcastVariablesCallback(0), MetricAverageCallback()]`` for this Keras flavour.

@@ -37,6 +37,8 @@ class ModelParallelMixin:
     """Mixed into a `TfdistStrategyMixin` + ``OneDeviceStrategy`` subclass that defines
     ``assemble(model)`` (the whole model on the chief, None elsewhere)."""
 
+    collective_calls = ("evaluate", "predict")  # each process holds part of the model
+
     def _job_place(self, tf_config: str | Mapping[str, Any] | None, tensor: Shards | None,
                    default_tensor: Shards) -> tuple[Any, Any, MeshPlace]:
         """``(cluster, task, place)`` of this process (`tfdist.parallel.place.process_place`:
@@ -80,6 +82,28 @@ class ModelParallelMixin:
         call (tf-keras, 2 stages, 4 steps a call: 0.31 s a call against 0.15 s without)."""
         del options  # nothing to place: no device to fetch to but the one the data is on
         return dataset
+
+    def _mark_split(self, model: Any) -> Any:
+        """``model``, recorded as this strategy's split (`check_model_call` accepts it)."""
+        model._tfdist_split_by = self  # noqa: SLF001
+        return model
+
+    def check_model_call(self, model: Any, method: str, call: Mapping[str, Any]) -> None:
+        """Refuses, at ``compile``/``fit``/``evaluate``/``predict``, a model made in this
+        strategy's scope that `build_model` did not split: every process would train all of it,
+        unsplit, and `save_model` could not assemble it."""
+        if getattr(model, "_tfdist_split_by", None) is self:
+            return
+        name = self.name  # type: ignore[attr-defined]
+        raise StrategyConfigError(format_error(
+            f"Under {name!r} a model must come from strategy.build_model(...): this one was "
+            f"made whole in strategy.scope(), so model.{method} would run all of it on every "
+            "process, unsplit.",
+            received=f"a {type(model).__name__} made in the {name} strategy's scope",
+            expected="the model strategy.build_model(build_fn) returns",
+            fix="model = strategy.build_model(build_fn), where build_fn() builds the whole "
+                "model; then compile and fit that model (the same lines run under every "
+                "strategy)"))
 
     def save_model(self, model: Any, filepath: str | os.PathLike[str], **kwargs: Any) -> str | None:
         """Saves the whole model: every process calls it, the chief writes ``filepath``, a

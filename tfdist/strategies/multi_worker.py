@@ -27,6 +27,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist import compat
+from tfdist.coordinator_fit import require_steps
 from tfdist.core import traits as builtin
 from tfdist.options import check_choice, check_positive_int, check_positive_number
 from tfdist.strategies.base import TfdistStrategyMixin, cluster_resolver
@@ -88,6 +89,7 @@ class MultiWorkerMirroredStrategy(TfdistStrategyMixin, tf.distribute.MultiWorker
     traits = builtin.MULTI_WORKER
     every_worker_saves = True
     preemption_saves = True
+    collective_calls = ("evaluate",)  # predict runs on each worker alone (runs_locally)
 
     def __init__(
         self,
@@ -110,6 +112,25 @@ class MultiWorkerMirroredStrategy(TfdistStrategyMixin, tf.distribute.MultiWorker
             )
         self._init_tfdist(cluster, task)
         _warn_if_created_before(task)
+
+    def runs_locally(self, method: str, x: Any = None) -> bool:
+        """``predict`` runs on each worker alone, whole (Keras would split its batches and
+        gather the rows: a collective, which on the chief alone failed with "task:1 crashed").
+        ``evaluate`` stays a collective: every worker calls it (its metrics are summed across
+        workers when read)."""
+        return method == "predict"
+
+    def check_model_call(self, model: Any, method: str, call: Mapping[str, Any]) -> None:
+        """Refuses ``fit(validation_data=...)`` without ``validation_steps``: each worker
+        evaluates its shard of the data, and shards of unequal length make the workers run
+        different collectives at the end of the first epoch ("Collective instance ...
+        expected type ...")."""
+        if method == "fit" and call.get("validation_data") is not None:
+            require_steps(call.get("validation_steps"), "validation_steps", "fit",
+                          "MultiWorkerMirroredStrategy",
+                          fix="pass validation_steps=N (N batches every worker has, e.g. "
+                          "len(x_val) // global_batch), or validate after fit with "
+                          "model.evaluate on every worker")
 
 
 _created = 0

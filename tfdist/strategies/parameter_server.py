@@ -9,6 +9,7 @@ Keras: tf-keras's ``model.fit`` drives the coordinator itself. Keras 3's cannot 
 tfdist's shim routes Keras 3's ``model.fit``/``evaluate`` to its own coordinator loop
 (`tfdist.coordinator_fit`), which `tfdist.fit` also runs (``tfdist.fit(model,
 strategy.distribute_dataset(fn), epochs=..., steps_per_epoch=...)`` works with the shims off too).
+``predict``, and ``evaluate`` of in-memory data, run on the coordinator itself (`runs_locally`).
 
 Input: `distribute_dataset` returns a tf-keras ``DatasetCreator`` (Keras 3: a
 `tfdist.training.PerWorkerInput` for `tfdist.fit`); ``fit`` runs its
@@ -157,6 +158,23 @@ class ParameterServerStrategy(
     def coordinator(self) -> tf.distribute.experimental.coordinator.ClusterCoordinator:
         """The `ClusterCoordinator` of this strategy (the one tf-keras's ``fit`` uses too)."""
         return tf.distribute.experimental.coordinator.ClusterCoordinator(self)
+
+    def runs_locally(self, method: str, x: Any = None) -> bool:
+        """``predict``, and ``evaluate`` of in-memory data or a ``tf.data.Dataset``, run on the
+        coordinator alone (Keras 3): it reads the variables from the ps tasks and computes the
+        whole result itself. ``evaluate`` of `distribute_dataset`'s input runs on the workers.
+
+        Example:
+            >>> import numpy as np
+            >>> strategy = ParameterServerStrategy.__new__(ParameterServerStrategy)
+            >>> strategy.runs_locally("evaluate", np.zeros((4, 2)))
+            True
+        """
+        if method == "predict":
+            return True
+        return method == "evaluate" and not (
+            isinstance(x, PerWorkerInput) or callable(x)
+            or type(x).__name__ == "DatasetCreator")
 
     def _distribute_dataset_fn(self, dataset_fn: DatasetFn, options: Any) -> Any:
         worker_fn = per_worker_dataset_fn(dataset_fn, self.num_workers)

@@ -335,7 +335,7 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
                   self.describe(), spec.names[bounds[held[0]]],
                   spec.names[bounds[held[-1] + 1] - 1], size / 1e6, spec.total_param_bytes / 1e6,
                   100.0 * size / max(1, spec.total_param_bytes))
-        return model
+        return self._mark_split(model)
 
     # ----------------------------------------------------------------- preemption
     def train_step(self, model: Any, loss: Any, optimizer: Any) -> Any:

@@ -200,7 +200,7 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
             self._share_initial_weights(model)
         if self.is_chief:
             _log.info("%s\n%s", self.describe(), self.plan.table())
-        return model
+        return self._mark_split(model)
 
     def _of_blocks(self, model_or_fn: Any) -> bool:
         """Whether the model holds layers inside its layers (a KerasHub task, custom blocks):

@@ -113,6 +113,8 @@ class TensorModel(keras.Model):
         by keyword or at ``position``."""
         positional = len(args) > position
         given = args[position] if positional else kwargs.get("callbacks")
+        if isinstance(given, keras.callbacks.CallbackList):  # fit's, for its validation:
+            return args, kwargs  # made from fit's callbacks, which hold the deadline
         callbacks = list(given or [])
         if not any(isinstance(c, StepDeadline) for c in callbacks):
             callbacks.append(StepDeadline(self.step_watchdog))
@@ -228,6 +230,19 @@ class TensorModel(keras.Model):
             x, y, sample_weight, compute_loss, self.optimizer)
         self._loss_tracker.update_state(loss, sample_weight=rows)
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The shard's call; refused eagerly when the output logits are split by vocabulary:
+        this process would return its slice of them as if they were the model's."""
+        if self.tensor_plan.output_layer is not None and tf.executing_eagerly() and not \
+                isinstance(tf.nest.flatten(args[:1])[0] if args else None, keras.KerasTensor):
+            raise StrategyConfigError(format_error(
+                f"model(x) on a shard returns this process's slice of the logits (layer "
+                f"{self.tensor_plan.output_layer!r} is split by vocabulary), not the model's.",
+                received="model(x) called eagerly on a tensor-parallel shard",
+                expected="model.predict(x) on every process",
+                fix="call model.predict(x) on every process: it gathers the whole logits"))
+        return super().__call__(*args, **kwargs)
 
     def predict_step(self, data: Any) -> Any:
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
