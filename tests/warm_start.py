@@ -79,7 +79,7 @@ _NOT_WARM = ("SLURM_JOB_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 """Processes started by Slurm or MPI stay cold: their launchers own them in other ways (Gloo
 ranks of `horovodrun` run warm: it starts, signals and stops them as the launcher does)."""
 WARM_MODULES = frozenset({"tfdist.server"})
-"""Modules that run warm as tasks; not the launcher's own (``tfdist.launcher.remote`` watches
+"""Modules that run warm as tasks; not the launcher's own (``tfdist.launcher.hosts.remote`` watches
 its parent, which a forked task does not share)."""
 BENCH_WORKERS = ("tfdist.bench.workers.", "tfdist.probe.allreduce_worker")
 """The benchmark's worker modules run warm as tasks, one-process jobs and Horovod ranks too
@@ -141,7 +141,8 @@ def is_warm_task(command: dict[str, Any] | None, environ: dict[str, str]) -> boo
     Example:
         >>> is_warm_task(parse_command(["py", "-m", "tfdist.server"]), {"TF_CONFIG": "{}"})
         True
-        >>> is_warm_task(parse_command(["py", "-m", "tfdist.launcher.remote"]), {"TF_CONFIG": "{}"})
+        >>> remote = ["py", "-m", "tfdist.launcher.hosts.remote"]
+        >>> is_warm_task(parse_command(remote), {"TF_CONFIG": "{}"})
         False
         >>> is_warm_task(parse_command(["py", "-m", "tfdist.bench.workers.train_worker"]), {})
         True

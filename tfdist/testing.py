@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from tfdist.core.detect import RANK_VARIABLES, launch_strategy
 from tfdist.core.environ import peek_tf_config
 from tfdist.core.registry import strategy_traits
+from tfdist.core.traits import TaskKind
 from tfdist.errors import LaunchError
-from tfdist.launcher.process import ProcessGroup, TaskKind
+from tfdist.launcher.process import ProcessGroup
 
 if TYPE_CHECKING:
     from tfdist.cluster import ClusterSpec

@@ -33,7 +33,7 @@ import pytest
 
 from tests.horovod.conftest import REPO_ROOT, SCRIPTS
 from tests.horovod.scripts.elastic_data import COMMIT_EVERY, LR, MOMENTUM, STEPS, rows
-from tfdist.launcher.elastic import write_hosts
+from tfdist.launcher.horovodrun.elastic import write_hosts
 
 pytestmark = [pytest.mark.horovod, pytest.mark.multiprocess, pytest.mark.slow]
 

@@ -20,7 +20,7 @@ import yaml
 from tfdist.cluster import ClusterSpec, release_ports
 from tfdist.core import registry
 from tfdist.errors import ClusterConfigError
-from tfdist.launcher.export import export_job
+from tfdist.launcher.export.documents import export_job
 from tfdist.launcher.placement import place
 from tfdist.launcher.plan import JobOptions, plan_job
 

@@ -146,7 +146,7 @@ def test_a_crashing_evaluator_is_reported_and_training_goes_on(tmp_path):
 
 def test_a_task_that_cannot_start_stops_the_gang(tmp_path):
     from tfdist.cluster import Task
-    from tfdist.launcher.local import run_placement
+    from tfdist.launcher.local.tasks import run_placement
     from tfdist.launcher.placement import Placement, TaskPlan
     from tfdist.launcher.plan import JobOptions, plan_job
 

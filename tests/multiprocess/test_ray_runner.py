@@ -1,7 +1,7 @@
 """tfdist-launch --ray on a real local Ray cluster (``ray start --head``), one actor per task.
 
 The cluster (4 logical CPUs) and every launcher run live in one network namespace with only
-loopback (`tfdist.launcher.netns`), so nothing Ray or the tasks listen on can be reached from
+loopback (`tfdist.launcher.local.netns`), so nothing Ray or the tasks listen on can be reached from
 outside; Ray's own servers listen on every interface of the namespace they are in. The cluster
 also requires Ray's token authentication; the launcher gets the token by environment. The session
 fixture stops the head (``ray start --block`` stops what it started when it gets SIGTERM) and
@@ -40,7 +40,7 @@ import numpy as np
 import psutil
 import pytest
 
-from tfdist.launcher.netns import NetworkIsolationError, PrivateNetwork
+from tfdist.launcher.local.netns import NetworkIsolationError, PrivateNetwork
 from tfdist.testing import RESULT_DIR_ENV, _collect, wait_gone
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.multiprocess]

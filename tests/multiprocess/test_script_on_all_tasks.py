@@ -66,9 +66,9 @@ def test_the_flag_is_refused_where_every_task_runs_the_script(tmp_path, capsys):
 def test_exports_and_the_slurm_shim_run_the_script_on_every_task():
     import shlex
 
-    from tfdist.launcher import slurm_task
-    from tfdist.launcher.export import export_job
+    from tfdist.launcher.export.documents import export_job
     from tfdist.launcher.plan import JobOptions, plan_job
+    from tfdist.launcher.slurm import task as slurm_task
 
     options = JobOptions("train.py", workers=2, ps=1, script_on_all_tasks=True)
     plan = plan_job(options)
@@ -76,7 +76,7 @@ def test_exports_and_the_slurm_shim_run_the_script_on_every_task():
         ("python", "-u", "train.py")}
     sbatch = export_job(plan, "slurm", python="python", nodes=2)
     (srun,) = [line for line in sbatch.splitlines() if line.startswith("srun ")]
-    shim = slurm_task.parse_args(shlex.split(srun.split("tfdist.launcher.slurm_task", 1)[1]))
+    shim = slurm_task.parse_args(shlex.split(srun.split("tfdist.launcher.slurm.task", 1)[1]))
     assert shim.script_on_all_tasks
     env = {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_PROCID": "3"}
     ps = slurm_task.plan_slurm_task(shim.command, env, strategy="parameter_server", ps=1,

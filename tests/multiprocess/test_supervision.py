@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tfdist.launcher.local import LocalTasks
+from tfdist.launcher.local.tasks import LocalTasks
 from tfdist.launcher.plan import JobOptions, plan_job
 from tfdist.launcher.supervisor import Supervisor, run_attempts
 from tfdist.testing import wait_gone
@@ -131,7 +131,7 @@ def _groups(runner: str, request: pytest.FixtureRequest) -> Callable[[Any], Any]
     if runner == "local":
         return LocalTasks
     request.getfixturevalue("ray_cluster")
-    from tfdist.launcher.ray_runner import RayGang, RayOptions
+    from tfdist.launcher.ray.gang import RayGang, RayOptions
 
     return lambda plan: RayGang(plan, RayOptions(gang_timeout=60))
 

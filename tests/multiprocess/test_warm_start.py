@@ -103,7 +103,7 @@ def test_which_processes_start_warm():
     assert warm_start.is_warm_task(warm_start.parse_command(["py", "-u", "t.py", "a"]), task)
     assert warm_start.is_warm_task(warm_start.parse_command(["py", "-m", "tfdist.server"]), task)
     assert not warm_start.is_warm_task(
-        warm_start.parse_command(["py", "-m", "tfdist.launcher.remote"]), task)
+        warm_start.parse_command(["py", "-m", "tfdist.launcher.hosts.remote"]), task)
     assert not warm_start.is_warm_task(warm_start.parse_command(["py", "/elsewhere/t.py"]), {})
     assert warm_start.is_warm_task(
         warm_start.parse_command(["py", str(REPO / "keras_examples" / "deep_mlp.py")]), {})

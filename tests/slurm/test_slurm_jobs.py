@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tfdist.launcher.export import export_job
+from tfdist.launcher.export.documents import export_job
 from tfdist.launcher.plan import JobOptions, plan_job
 from tfdist.testing import RESULT_DIR_ENV, _collect
 
@@ -145,7 +145,7 @@ def test_horovod_job_over_srun_trains_like_the_local_run(
 
 
 _PLACES = (
-    "srun --label sh -c 'echo \"@$SLURMD_NODENAME $({python} -m tfdist.launcher.slurm_task "
+    "srun --label sh -c 'echo \"@$SLURMD_NODENAME $({python} -m tfdist.launcher.slurm.task "
     "--strategy parameter_server --ps 1 --chief --dry-run -- x)\"'"
 )
 
@@ -212,7 +212,7 @@ def _wait_for_script(slurm: SlurmCluster, host: int, script: Path, timeout: floa
                 argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
             except OSError:
                 continue
-            if str(script) in argv and "tfdist.launcher.slurm_task" not in argv:
+            if str(script) in argv and "tfdist.launcher.slurm.task" not in argv:
                 return pid
         time.sleep(0.2)
     raise AssertionError(f"{script.name} did not start on host {host}")

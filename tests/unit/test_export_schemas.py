@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tfdist.launcher.export import export_job
+from tfdist.launcher.export.documents import export_job
 from tfdist.launcher.plan import JobOptions, plan_job
 
 pytestmark = pytest.mark.unit

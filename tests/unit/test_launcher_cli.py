@@ -187,7 +187,7 @@ def test_each_environment_default_is_an_option_named_in_help(capsys):
     parser = cli.build_parser()
     flags = {flag for action in parser._actions for flag in action.option_strings}
     help_text = parser.format_help()
-    for name in arguments.ENVIRONMENT_DEFAULTS:
+    for name in arguments.environment_defaults():
         assert f"--{name.lower().replace('_', '-')}" in flags, name
         assert f"TFDIST_LAUNCH_{name}" in " ".join(help_text.split()), name
 
@@ -212,7 +212,7 @@ def test_pipeline_options_reach_the_tasks_as_the_strategy_reads_them(script, cap
 
 
 def test_plan_job_decides_auto_workers_and_layout_once_for_python_callers(script):
-    from tfdist.launcher.hosts import HostOptions
+    from tfdist.launcher.hosts.layout import HostOptions
     from tfdist.launcher.options import ExportOptions, StrategyOptions
     from tfdist.launcher.plan import JobOptions, LayoutError, plan_job
 

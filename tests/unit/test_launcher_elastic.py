@@ -14,7 +14,7 @@ import pytest
 
 from tfdist.core.registry import strategy_traits
 from tfdist.launcher import cli
-from tfdist.launcher.elastic import HOSTS_FILE_ENV, Discovery, write_hosts
+from tfdist.launcher.horovodrun.elastic import HOSTS_FILE_ENV, Discovery, write_hosts
 from tfdist.launcher.placement import place
 from tfdist.launcher.plan import JobOptions, plan_job
 
@@ -118,7 +118,7 @@ def test_discovery_directory_is_private():
 
 
 def test_private_network_holds_the_slots_loopback_addresses():
-    from tfdist.launcher.netns import NetworkIsolationError, PrivateNetwork
+    from tfdist.launcher.local.netns import NetworkIsolationError, PrivateNetwork
 
     try:
         network = PrivateNetwork(("127.0.1.1", "127.0.1.2")).start()

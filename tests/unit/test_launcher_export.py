@@ -17,10 +17,11 @@ import yaml
 from tfdist import startup_hook
 from tfdist.cluster import ClusterSpec
 from tfdist.errors import StrategyConfigError
-from tfdist.launcher import cli, slurm_task
-from tfdist.launcher.export import export_job as export_plan
+from tfdist.launcher import cli
+from tfdist.launcher.export.documents import export_job as export_plan
 from tfdist.launcher.placement import place
 from tfdist.launcher.plan import JobOptions, plan_job
+from tfdist.launcher.slurm import task as slurm_task
 
 KUBEFLOW = {"Chief": "chief", "Worker": "worker", "PS": "ps", "Evaluator": "evaluator"}
 JOBS = [
@@ -113,7 +114,7 @@ def _srun_shim_args(script: str) -> list[str]:
     """The arguments the sbatch script's srun line passes to the shim (bash quoting undone)."""
     (line,) = [line for line in script.splitlines() if line.startswith("srun ")]
     words = shlex.split(line.replace("${SLURM_SUBMIT_DIR:-.}/.tfdist-${SLURM_JOB_ID:-0}", "D"))
-    return words[words.index("tfdist.launcher.slurm_task") + 1:]
+    return words[words.index("tfdist.launcher.slurm.task") + 1:]
 
 
 @pytest.mark.parametrize(
@@ -132,7 +133,7 @@ def test_sbatch_is_valid_bash_and_each_rank_gets_the_tf_config_of_the_same_clust
     path.write_text(script)
     subprocess.run(["bash", "-n", str(path)], check=True)
     assert "#SBATCH --nodes=2\n#SBATCH --ntasks=4\n#SBATCH --ntasks-per-node=2\n" in script
-    assert "\nsrun --kill-on-bad-exit=1 --label python -m tfdist.launcher.slurm_task " in script
+    assert "\nsrun --kill-on-bad-exit=1 --label python -m tfdist.launcher.slurm.task " in script
     args = slurm_task.parse_args(_srun_shim_args(script))
     assert args.command == ["python", "-u", "train.py", *options.script_args]
     strategy = "parameter_server" if options.ps else "multi_worker"
@@ -166,7 +167,7 @@ def test_sbatch_keeps_the_submitter_s_pythonpath_after_the_job_s(tmp_path):
 def test_shim_dry_run_prints_the_rank_s_tf_config(tmp_path):
     env = {**SLURM_ENV, "SLURM_PROCID": "3", "PATH": "/usr/bin:/bin"}
     out = subprocess.run(
-        [sys.executable, "-m", "tfdist.launcher.slurm_task", "--strategy", "parameter_server",
+        [sys.executable, "-m", "tfdist.launcher.slurm.task", "--strategy", "parameter_server",
          "--ps", "1", "--chief", "--dry-run", "--", "python", "train.py"],
         env=env, capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2],
     ).stdout
@@ -180,8 +181,8 @@ def test_horovod_sbatch_serves_the_rendezvous_beside_srun_and_ranks_get_horovod_
     pytest.importorskip("horovod.runner", reason="Horovod is not installed")
     script = export_job(JobOptions("train.py", strategy="horovod", workers=4), "slurm", nodes=2)
     (line,) = [line for line in script.splitlines() if "srun" in line]
-    assert line.startswith("python -m tfdist.launcher.slurm_horovod -- srun --kill-on-bad-exit=1 ")
-    args = slurm_task.parse_args(line.split(" tfdist.launcher.slurm_task ")[1].split())
+    assert line.startswith("python -m tfdist.launcher.slurm.horovod -- srun --kill-on-bad-exit=1 ")
+    args = slurm_task.parse_args(line.split(" tfdist.launcher.slurm.task ")[1].split())
     env = {**SLURM_ENV, "SLURM_PROCID": "1", "SLURMD_NODENAME": "node2", "SLURM_LOCALID": "0",
            "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": "9"}
     plan = slurm_task.plan_slurm_task(args.command, env, strategy=args.strategy)
@@ -194,7 +195,7 @@ def test_horovod_sbatch_serves_the_rendezvous_beside_srun_and_ranks_get_horovod_
     assert plan.env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == "9"
     del env["HOROVOD_GLOO_RENDEZVOUS_PORT"]
     with pytest.raises(StrategyConfigError, match=r"need a rendezvous.*Fix: start srun through "
-                       r"`python -m tfdist.launcher.slurm_horovod -- srun"):
+                       r"`python -m tfdist.launcher.slurm.horovod -- srun"):
         slurm_task.plan_slurm_task(args.command, env, strategy=args.strategy)
 
 
@@ -255,7 +256,7 @@ def test_yaml_export_without_pyyaml_names_the_extra_and_slurm_still_works(monkey
 def test_slurm_horovod_doctests_and_dry_run(capsys):
     """Its examples start a real rendezvous on loopback (so they need Horovod)."""
     pytest.importorskip("horovod.runner", reason="Horovod is not installed")
-    from tfdist.launcher import slurm_horovod
+    from tfdist.launcher.slurm import horovod as slurm_horovod
 
     assert doctest.testmod(slurm_horovod).failed == 0
     env = {**SLURM_ENV, "SLURMD_NODENAME": "localhost"}

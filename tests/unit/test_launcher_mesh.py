@@ -182,7 +182,7 @@ def test_tensor_groups_split_over_hosts_are_warned_about(capsys, script):
 
 
 def test_placement_carries_the_warning_for_runners():
-    from tfdist.launcher.hosts import HostOptions
+    from tfdist.launcher.hosts.layout import HostOptions
 
     plan = plan_job(JobOptions("t.py", strategy=SPLIT, workers=4, hosts=HostOptions(
         hosts="198.51.100.1:1,198.51.100.2:3"), strategy_options=StrategyOptions(tensor=2)))

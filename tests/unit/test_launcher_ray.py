@@ -12,7 +12,8 @@ import pytest
 
 from tfdist.errors import MissingDependencyError
 from tfdist.horovod.rendezvous import GlooRendezvous, rank_order
-from tfdist.launcher import cli, ray_runner
+from tfdist.launcher import cli
+from tfdist.launcher.ray import gang as ray_runner
 
 
 @pytest.fixture

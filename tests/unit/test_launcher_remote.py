@@ -1,4 +1,5 @@
-"""`tfdist.launcher.remote`: the remote task stops with its ssh session (no TensorFlow, seconds)."""
+"""`tfdist.launcher.hosts.remote`: the remote task stops with its ssh session (no TensorFlow,
+seconds)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from tfdist.testing import wait_gone
 
-WRAPPER = [sys.executable, "-m", "tfdist.launcher.remote", "--grace", "2"]
+WRAPPER = [sys.executable, "-m", "tfdist.launcher.hosts.remote", "--grace", "2"]
 # A task that records its pid and its child's, then sleeps (a child in its group must die too).
 TASK = ("import os, subprocess, sys, time; c = subprocess.Popen(['sleep', '300']); "
         "open(sys.argv[1], 'w').write(f'{os.getpid()} {c.pid}'); time.sleep(300)")

@@ -13,10 +13,16 @@ import pytest
 
 from tfdist.errors import ClusterConfigError
 from tfdist.launcher import cli
-from tfdist.launcher.hosts import HostOptions
+from tfdist.launcher.hosts.layout import HostOptions
+from tfdist.launcher.hosts.ssh import (
+    SshOptions,
+    env_payload,
+    forwarded_env,
+    is_local_host,
+    ssh_command,
+)
 from tfdist.launcher.placement import place
 from tfdist.launcher.plan import JobOptions, plan_job
-from tfdist.launcher.ssh import SshOptions, env_payload, forwarded_env, is_local_host, ssh_command
 
 NASTY = {"TF_CONFIG": '{"task": {"type": "worker", "index": 1}}', "X": "it's $HOME; `id` \"q\""}
 
@@ -36,7 +42,7 @@ def test_ssh_command_checks_host_keys_and_puts_no_environment_on_the_command_lin
     assert argv[7:13] == ("-p", "2022", "-i", "/k/id", "--", "n2")
     words = shlex.split(argv[13])  # what the remote shell sees
     assert words == ["cd", "/my dir", "&&", "exec", sys.executable, "-m",
-                     "tfdist.launcher.remote", "--env-stdin", "--", "py", "t.py"]
+                     "tfdist.launcher.hosts.remote", "--env-stdin", "--", "py", "t.py"]
 
 
 def test_host_key_options_known_hosts_file_or_explicitly_off():
@@ -137,7 +143,7 @@ def test_horovodrun_on_remote_hosts_names_the_interface_and_wraps_each_rank(scri
     plan = place(plan_job(JobOptions(script, strategy="horovod", workers=2, hosts=hosts)))
     command = plan.tasks[0].command
     assert command[5:8] == ("--network-interfaces", "eth9", "--gloo")
-    assert command[8:12] == (sys.executable, "-m", "tfdist.launcher.remote", "--")
+    assert command[8:12] == (sys.executable, "-m", "tfdist.launcher.hosts.remote", "--")
     assert command[12:] == (sys.executable, "-u", script)
     assert "TF_CONFIG" not in plan.tasks[0].environ()  # horovodrun passes its env to the ranks
 

@@ -186,6 +186,23 @@ def test_every_module_is_in_a_layer() -> None:
     assert unplaced == []
 
 
+RUNNER_FAMILIES = ("local", "hosts", "horovodrun", "ray", "export", "slurm")
+"""The launcher's runner families, a folder each under ``tfdist/launcher/``."""
+
+
+def test_the_command_line_reaches_the_runners_through_their_registry() -> None:
+    """``tfdist-launch`` picks, checks, describes and runs a runner by its record
+    (`tfdist.launcher.runners`): the CLI imports no runner family, so it cannot branch on one."""
+    modules = read_package(ROOT)
+    families = tuple(f"tfdist.launcher.{family}" for family in RUNNER_FAMILIES)
+    assert all(family in modules for family in families)  # each a package of the launcher
+    assert all(layer_of(module, LAYERS) == layer_of("tfdist.launcher", LAYERS)
+               for module in modules if module.startswith(families))
+    direct = [f"{i.importer}:{i.line} imports {i.imported}" for i in collect_imports(modules)
+              if i.importer == "tfdist.launcher.cli" and i.imported.startswith(families)]
+    assert direct == []
+
+
 def test_function_level_and_relative_imports_count() -> None:
     sources = {
         "pkg": ("", True),

@@ -330,9 +330,11 @@ class ClusterSpec:
     def validate(self, strategy: str | None = None) -> ClusterSpec:
         """Checks that the cluster fits ``strategy``; returns ``self``.
 
-        Strategies: None (generic), ``"default"``, ``"mirrored"``, ``"multi_worker"``,
-        ``"parameter_server"`` (needs ps and a chief), ``"horovod"``. Only
-        ``"parameter_server"`` accepts ps tasks.
+        ``strategy`` is None (only the checks every cluster passes) or any name the strategy
+        registry knows (`tfdist.core.registry`: the built-ins, a registered name, or
+        ``package.module:Class``); its traits decide (`StrategyTraits.roles` and
+        ``required_roles``). Of the built-ins, only ``"parameter_server"`` accepts ps tasks (and
+        needs one, and a chief); ``"horovod"`` takes workers only.
 
         Example:
             >>> ClusterSpec(chief=["h:1"], ps=["h:2"]).validate("parameter_server").ps

@@ -1,7 +1,10 @@
 """The one map from a strategy name to its class and traits; nothing else branches on the name.
 
 Built-in names: ``"default"``, ``"mirrored"``, ``"multi_worker"``, ``"parameter_server"``,
-``"horovod"``, plus ``"auto"`` (chosen from the environment by `tfdist.core.detect`).
+``"horovod"``, ``"pipeline"``, ``"tensor"``, plus ``"auto"`` (chosen from the environment by
+`tfdist.core.detect`). Adding a built-in is its class's file under ``tfdist/strategies/``, its
+traits in `tfdist.core.traits` (so that they are known without TensorFlow) and one line in
+``_BUILTINS``; a strategy of your own is its file and one line (below).
 Three more ways to name a strategy, each accepted by `get_strategy` and ``tfdist-launch
 --strategy`` alike:
 

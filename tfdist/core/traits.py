@@ -100,7 +100,7 @@ class StrategyTraits:
         tensor_default: T when ``--tensor`` is not given: 1, or ``"all"`` (every training
             process of a pipeline; the tensor strategy's).
         elastic: Whether a running job can change its number of tasks (``--min-workers``,
-            ``--max-workers``: Horovod's elastic mode, `tfdist.launcher.elastic`).
+            ``--max-workers``: Horovod's elastic mode, `tfdist.launcher.horovodrun.elastic`).
         saves_on_sigterm: Whether its training tasks can save at the step they are in on
             SIGTERM and exit 75 (`tfdist.preemption`), which the launcher's messages say.
 

@@ -2,8 +2,8 @@
 
 ``horovodrun --gloo`` does two things for its ranks: it serves an HTTP rendezvous where the
 ranks meet, and it gives each rank ``HOROVOD_RANK``, ``HOROVOD_SIZE``, its local and cross ranks
-and the rendezvous address. A runner that starts the ranks itself (`tfdist.launcher.ray_runner`)
-and Slurm's srun (`tfdist.launcher.slurm_horovod`) do the same with `GlooRendezvous` and
+and the rendezvous address. A runner that starts the ranks itself (`tfdist.launcher.ray.gang`)
+and Slurm's srun (`tfdist.launcher.slurm.horovod`) do the same with `GlooRendezvous` and
 `rank_variables`. Unlike ``horovodrun``'s, this rendezvous listens on one
 address only (the one the ranks are told), not on every interface.
 

@@ -1,5 +1,6 @@
-"""``tfdist-launch``'s parser, one function per argument group (environment defaults named in
-``--help``: ``TFDIST_LAUNCH_<NAME>``), and `job_options`, which turns what it parsed into typed
+"""``tfdist-launch``'s parser, one function per argument group of the job (each runner adds its
+own: `tfdist.launcher.runners`; environment defaults named in ``--help``:
+``TFDIST_LAUNCH_<NAME>``), and `job_options`, which turns what it parsed into typed
 options (`tfdist.launcher.options`) at once: nothing after it reads the namespace.
 
 `environment_problem` checks the ``TFDIST_LAUNCH_*`` variables before the command line is read:
@@ -20,39 +21,49 @@ Example:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 from collections.abc import Mapping
 
-from tfdist.cluster.hosts import DEFAULT_BASE_PORT
 from tfdist.core.registry import available_strategies
-from tfdist.launcher.hosts import HostOptions
-from tfdist.launcher.options import EXPORT_FORMATS, ExportOptions, JobOptions, StrategyOptions
-from tfdist.launcher.ray_options import RayOptions
-from tfdist.launcher.ssh import SshOptions
+from tfdist.launcher.export import export_options
+from tfdist.launcher.hosts import host_options
+from tfdist.launcher.options import JobOptions, StrategyOptions
+from tfdist.launcher.ray import ray_options
+from tfdist.launcher.runners import ENV_PREFIX, environment_default, registered_runners
 from tfdist.pipeline.schedule import SCHEDULES
 
-__all__ = ["ENV_PREFIX", "ENVIRONMENT_DEFAULTS", "EXPORT_ONLY", "build_parser",
-           "environment_problem", "job_options", "export_options", "ray_options",
-           "host_options"]
+__all__ = ["ENV_PREFIX", "JOB_ENVIRONMENT", "build_parser", "environment_defaults",
+           "environment_problem", "job_options"]
 
-ENV_PREFIX = "TFDIST_LAUNCH_"
-ENVIRONMENT_DEFAULTS = (
+JOB_ENVIRONMENT = (
     "STRATEGY", "WORKERS", "EVALUATOR_GRACE", "TIMEOUT", "MAX_RESTARTS", "MAX_WORKER_RESTARTS",
-    "PREEMPTION_GRACE", "VERBOSE", "NETWORK", "HOSTS", "HOSTFILE", "SSH_PORT", "SSH_IDENTITY",
-    "SSH_KNOWN_HOSTS", "NETWORK_INTERFACE", "RAY")
-"""The options whose default ``TFDIST_LAUNCH_<NAME>`` sets (``--<name>``, ``_`` as ``-``)."""
+    "PREEMPTION_GRACE", "VERBOSE", "NETWORK")
+"""The job's options whose default ``TFDIST_LAUNCH_<NAME>`` sets (``--<name>``, ``_`` as ``-``);
+each runner names its own (`Runner.environment`)."""
 _SWITCH_VALUES = ("", "0", "1", "false", "true", "no", "yes")
 
 
+def environment_defaults() -> tuple[str, ...]:
+    """Every ``TFDIST_LAUNCH_<NAME>`` the parser reads: the job's, then each runner's.
+
+    Example:
+        >>> environment_defaults()[:2], environment_defaults()[-2:]
+        (('STRATEGY', 'WORKERS'), ('NETWORK_INTERFACE', 'RAY'))
+    """
+    return (*JOB_ENVIRONMENT, *(name for runner in registered_runners()
+                                for name in runner.environment))
+
+
 def _env_default(name: str, default: str) -> str:
-    assert name in ENVIRONMENT_DEFAULTS, name
-    return os.environ.get(ENV_PREFIX + name, default)
+    assert name in JOB_ENVIRONMENT, name
+    value = environment_default(name, default)
+    assert value is not None
+    return value
 
 
 def _env_or_none(name: str) -> str | None:
-    assert name in ENVIRONMENT_DEFAULTS, name
-    return os.environ.get(ENV_PREFIX + name) or None
+    assert name in JOB_ENVIRONMENT, name
+    return environment_default(name)
 
 
 def environment_problem(parser: argparse.ArgumentParser,
@@ -68,17 +79,18 @@ def environment_problem(parser: argparse.ArgumentParser,
         'TFDIST_LAUNCH_NETWROK is not a variable tfdist'
         >>> environment_problem(parser, {"TFDIST_LAUNCH_TIMEOUT": "90", "HOME": "/root"})
     """
-    options = {f"--{name.lower().replace('_', '-')}": name for name in ENVIRONMENT_DEFAULTS}
+    known = environment_defaults()
+    options = {f"--{name.lower().replace('_', '-')}": name for name in known}
     actions = {flag: action for action in parser._actions for flag in action.option_strings
                if flag in options}
     for variable in sorted(environ):
         if not variable.startswith(ENV_PREFIX):
             continue
         name = variable[len(ENV_PREFIX):]
-        if name not in ENVIRONMENT_DEFAULTS:
+        if name not in known:
             return (f"{variable} is not a variable tfdist-launch reads (a typo would be "
                     f"ignored). Fix: unset it, or use one of "
-                    f"{', '.join(ENV_PREFIX + known for known in ENVIRONMENT_DEFAULTS)}")
+                    f"{', '.join(ENV_PREFIX + each for each in known)}")
         flag = f"--{name.lower().replace('_', '-')}"
         expected = _value_problem(actions[flag], environ[variable])
         if expected:
@@ -111,16 +123,18 @@ _KINDS = {int: "an integer", float: "a number", _positive_int: "an integer >= 1"
 
 
 def build_parser(epilog: str = "") -> argparse.ArgumentParser:
-    """``tfdist-launch``'s whole parser; ``epilog`` (examples) is printed after ``--help``."""
+    """``tfdist-launch``'s whole parser: the job's groups, then each registered runner's
+    (`tfdist.launcher.runners`); ``epilog`` (examples) is printed after ``--help``."""
     parser = argparse.ArgumentParser(
         prog="tfdist-launch",
         description="Run a TensorFlow/Keras training script on a distributed topology.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=epilog,
     )
-    for add_group in (_add_job_arguments, _add_pipeline_arguments, _add_run_arguments,
-                      _add_export_arguments, _add_host_arguments, _add_ray_arguments):
+    for add_group in (_add_job_arguments, _add_pipeline_arguments, _add_run_arguments):
         add_group(parser)
+    for runner in registered_runners():
+        runner.add_arguments(parser)
     parser.add_argument("script", nargs="?", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return parser
@@ -251,72 +265,6 @@ def _add_run_switches(run: argparse._ArgumentGroup) -> None:
     run.add_argument("--check", action="store_true", help="report what is installed and exit")
 
 
-def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("export (write a scheduler job instead of running)")
-    group.add_argument("--export", choices=EXPORT_FORMATS,
-                       help="print (or --output) a Kubeflow TFJob, an MPIJob, or a Slurm script")
-    group.add_argument("--image", help="container image for kubeflow/mpijob (default "
-                       "tfdist:latest)")
-    group.add_argument("--output", help="write the export to this file instead of stdout")
-    group.add_argument("--name", help="job name (default: the script's name)")
-    group.add_argument("--nodes", type=int, help="slurm: nodes (default 1)")
-    group.add_argument("--slots-per-worker", type=int,
-                       help="mpijob: Horovod ranks per worker pod (default 1)")
-
-
-def _add_host_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("hosts (tasks on other machines, started over ssh)")
-    group.add_argument(
-        "--hosts", default=_env_or_none("HOSTS"), metavar="H1:SLOTS,H2:SLOTS",
-        help="run the tasks on these hosts, slots filled host-major: chief, workers, ps, "
-        "evaluator (env TFDIST_LAUNCH_HOSTS)",
-    )
-    group.add_argument(
-        "--hostfile", default=_env_or_none("HOSTFILE"), metavar="FILE",
-        help="like --hosts, one 'host:slots' or 'host slots=N' per line (env "
-        "TFDIST_LAUNCH_HOSTFILE)",
-    )
-    group.add_argument("--base-port", type=int, default=None,
-                       help="TF server port of each host's first slot; the next slots take the "
-                       f"next ports (default {DEFAULT_BASE_PORT})")
-    group.add_argument("--ssh-port", type=int, default=_env_or_none("SSH_PORT"),
-                       help="ssh port of the hosts (env TFDIST_LAUNCH_SSH_PORT; default: ssh's)")
-    group.add_argument("--ssh-identity", default=_env_or_none("SSH_IDENTITY"), metavar="KEY",
-                       help="private key for ssh -i (env TFDIST_LAUNCH_SSH_IDENTITY)")
-    group.add_argument("--ssh-known-hosts", default=_env_or_none("SSH_KNOWN_HOSTS"), metavar="FILE",
-                       help="check the hosts' keys against this file (default: ssh's own known "
-                       "hosts; env TFDIST_LAUNCH_SSH_KNOWN_HOSTS)")
-    group.add_argument("--no-host-key-check", action="store_true",
-                       help="accept any host key: only on a network you trust (a machine in the "
-                       "middle could impersonate the hosts)")
-    group.add_argument("--env", dest="env_names", action="append", default=[], metavar="NAME",
-                       help="also give remote tasks (--hosts, --ray) this variable of the "
-                       "launcher's environment (repeatable; never on a command line)")
-    group.add_argument("--network-interface", default=_env_or_none("NETWORK_INTERFACE"),
-                       metavar="IFACE",
-                       help="horovod: the interface the ranks talk over, same name on every host "
-                       "(env TFDIST_LAUNCH_NETWORK_INTERFACE; default: the one this machine "
-                       "reaches the first remote host by)")
-
-
-def _add_ray_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("ray (run the job on a Ray cluster)")
-    group.add_argument(
-        "--ray", nargs="?", const="auto", default=_env_or_none("RAY"),
-        metavar="ADDRESS",
-        help="run every task as a Ray actor of one placement group (all start or none): "
-        "ADDRESS is HOST:PORT of the head, 'auto' (the default when --ray has no value: "
-        "RAY_ADDRESS, else the cluster `ray start` began here) or 'local' (env TFDIST_LAUNCH_RAY)")
-    group.add_argument("--ray-cpus-per-task", type=float, default=1.0, metavar="CPUS",
-                       help="CPUs each task's bundle holds (default 1)")
-    group.add_argument("--ray-placement", choices=("SPREAD", "PACK"), default="SPREAD",
-                       help="SPREAD (default): tasks over as many nodes as have room; PACK: "
-                       "fill a node first")
-    group.add_argument("--ray-gang-timeout", type=float, default=60.0, metavar="SECONDS",
-                       help="seconds to wait for the cluster to answer, the gang's resources and "
-                       "its actors (default 60)")
-
-
 def job_options(args: argparse.Namespace) -> JobOptions:
     """The typed options of a parsed command line (a missing script is ``""``; the CLI's
     checks name it)."""
@@ -333,40 +281,4 @@ def job_options(args: argparse.Namespace) -> JobOptions:
                                          micro_batches=args.micro_batches,
                                          schedule=args.schedule, chunks=args.chunks),
         export=export_options(args), ray=ray_options(args),
-    )
-
-
-def export_options(args: argparse.Namespace) -> ExportOptions | None:
-    """``--export`` and its settings, defaults filled (None: no ``--export``)."""
-    if not args.export:
-        return None
-    defaults = ExportOptions(args.export)
-    given = {name: getattr(args, name) for name in EXPORT_ONLY if getattr(args, name) is not None}
-    return dataclasses.replace(defaults, **given)
-
-
-EXPORT_ONLY = ("image", "output", "name", "nodes", "slots_per_worker")
-"""Options that only mean something with ``--export`` (their defaults: `ExportOptions`)."""
-
-
-def ray_options(args: argparse.Namespace) -> RayOptions | None:
-    """``--ray`` and its settings (None: no ``--ray``; raises ValueError for a bad value)."""
-    if args.ray is None:
-        return None
-    return RayOptions(address=args.ray, cpus_per_task=args.ray_cpus_per_task,
-                      placement=args.ray_placement, gang_timeout=args.ray_gang_timeout,
-                      env_names=tuple(args.env_names))
-
-
-def host_options(args: argparse.Namespace) -> HostOptions | None:
-    """The `HostOptions` of parsed arguments (None when no hosts were given)."""
-    if not (args.hosts or args.hostfile):
-        return None
-    port = int(args.ssh_port) if args.ssh_port is not None else None
-    return HostOptions(
-        hosts=args.hosts or None, hostfile=args.hostfile or None,
-        base_port=args.base_port if args.base_port is not None else DEFAULT_BASE_PORT,
-        ssh=SshOptions(port=port, identity=args.ssh_identity, known_hosts=args.ssh_known_hosts,
-                       check_host_keys=not args.no_host_key_check),
-        network_interface=args.network_interface or None, env_names=tuple(args.env_names),
     )

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from tfdist.cluster.address import MAX_PORT
 from tfdist.core.environ import peek_tf_config
 from tfdist.errors import (
     ClusterConfigError,
@@ -35,12 +34,10 @@ from tfdist.errors import (
     TfdistError,
 )
 from tfdist.launcher import arguments
-from tfdist.launcher.arguments import EXPORT_ONLY, job_options, ray_options
-from tfdist.launcher.export import run_export
-from tfdist.launcher.mesh_plan import ray_spread_warning
+from tfdist.launcher.arguments import job_options
 from tfdist.launcher.options import JobOptions
-from tfdist.launcher.placement import place
 from tfdist.launcher.plan import JobPlan, LayoutError, plan_job
+from tfdist.launcher.runners import Runner, chosen_runner, runner_problem
 
 __all__ = ["Launch", "build_parser", "parse_args", "main"]
 
@@ -53,11 +50,16 @@ class Launch:
         plan: The job, decided (None with ``--check``); its ``options`` are the parsed ones.
         dry_run: Print what would run (or the export) instead.
         check: Report what is installed, and nothing else.
+        runner: The registered runner the command line asks for (`runners.chosen_runner`; None
+            with ``--check``).
+        runner_options: Its typed options (`Runner.options`).
     """
 
     plan: JobPlan | None
     dry_run: bool = False
     check: bool = False
+    runner: Runner | None = None
+    runner_options: Any = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,8 +72,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Launch:
     2 and a one-line message when invalid.
 
     Problems are named in this order: the ``TFDIST_LAUNCH_*`` variables
-    (`arguments.environment_problem`), ``--export`` and ``--ray`` arguments, an unknown strategy,
-    the job's own arguments, the tasks' layout for the strategy, the ``--hosts`` arguments.
+    (`arguments.environment_problem`), the runners' arguments checked before the plan
+    (``--export``, ``--ray``), an unknown strategy, the job's own arguments, the tasks' layout for
+    the strategy, the runners' arguments checked after it (``--hosts``), two runners at once.
     """
     parser = build_parser()
     problem = arguments.environment_problem(parser) or _tf_config_problem()
@@ -80,16 +83,17 @@ def parse_args(argv: Sequence[str] | None = None) -> Launch:
     args = parser.parse_args(argv)
     if args.check:
         return Launch(None, dry_run=args.dry_run, check=True)
-    problem = _export_problem(args) or _ray_problem(args)
+    problem = runner_problem(args, after_plan=False)
     if problem:
         parser.error(problem)
     plan = _plan(parser, job_options(args))
     layout = plan if isinstance(plan, str) else None
-    problem = _argument_problem(args) or layout or _host_problem(args)
+    problem = _argument_problem(args) or layout or runner_problem(args, after_plan=True)
     if problem:
         parser.error(problem)
     assert isinstance(plan, JobPlan)
-    return Launch(plan, dry_run=args.dry_run)
+    runner = chosen_runner(args)
+    return Launch(plan, dry_run=args.dry_run, runner=runner, runner_options=runner.options(args))
 
 
 def _plan(parser: argparse.ArgumentParser, options: JobOptions) -> JobPlan | str:
@@ -114,40 +118,6 @@ def _tf_config_problem() -> str | None:
     except ClusterConfigError as err:
         return (f"In tfdist-launch's own environment: {err.args[0].split(' Fix:')[0]} Fix: "
                 "unset TF_CONFIG (tfdist-launch writes each task's own)")
-    return None
-
-
-def _export_problem(args: argparse.Namespace) -> str | None:
-    """What is wrong with the ``--export`` arguments, or None."""
-    given = [name for name in EXPORT_ONLY if getattr(args, name) is not None]
-    if given and not args.export:
-        flag = "--" + given[0].replace("_", "-")
-        return (f"{flag} only applies with --export. Fix: add --export kubeflow|mpijob|slurm, "
-                f"or drop {flag}")
-    if args.image is not None and not args.image.strip():
-        return "--image is empty. Fix: name a container image that holds tfdist and the script"
-    if args.output is not None and os.path.isdir(args.output):
-        suffix = "sbatch" if args.export == "slurm" else "yaml"
-        return (f"--output {args.output!r} is a directory. Fix: name a file, e.g. "
-                f"{os.path.join(args.output, 'job.' + suffix)}")
-    return None
-
-
-def _ray_problem(args: argparse.Namespace) -> str | None:
-    """What is wrong with the ``--ray`` options, or None."""
-    if args.ray is None:
-        return None
-    if args.script is None and (args.ray.endswith(".py") or os.path.isfile(args.ray)):
-        return (f"--ray took {args.ray!r} as the cluster's ADDRESS, and no SCRIPT is left. Fix: "
-                f"name the address before the script (--ray auto {args.ray})")
-    if args.hosts or args.hostfile or args.export:
-        flag = "--export" if args.export else "--hosts/--hostfile"
-        return (f"--ray was given with {flag}: Ray places the tasks itself. Fix: drop one of "
-                "them")
-    try:
-        ray_options(args)
-    except ValueError as err:
-        return str(err)
     return None
 
 
@@ -196,86 +166,25 @@ def _unwritable_dir(path: str) -> str | None:
     return None
 
 
-def _host_problem(args: argparse.Namespace) -> str | None:
-    """What is wrong with the ``--hosts`` and ssh arguments, or None."""
-    for flag, value in (("--hosts", args.hosts), ("--hostfile", args.hostfile)):
-        if value is not None and not value.strip():
-            return (f"{flag} is empty (an unset shell variable?). Received: {flag} {value!r}. "
-                    f"Fix: name the hosts, e.g. --hosts node1:2,node2:2, or drop {flag}")
-    if args.hosts and args.hostfile:
-        return (f"--hosts and --hostfile were both given. Received: --hosts {args.hosts!r}, "
-                f"--hostfile {args.hostfile!r}. Fix: pass one of them")
-    on_hosts = bool(args.hosts or args.hostfile)
-    for flag, value in (("--base-port", args.base_port), ("--ssh-port", args.ssh_port),
-                        ("--ssh-identity", args.ssh_identity),
-                        ("--ssh-known-hosts", args.ssh_known_hosts),
-                        ("--no-host-key-check", args.no_host_key_check or None),
-                        ("--env", None if args.ray else args.env_names or None),
-                        ("--network-interface", args.network_interface)):
-        if value is not None and not on_hosts:
-            return f"{flag} only applies with --hosts or --hostfile. Fix: add one, or drop {flag}"
-    if args.ssh_port is not None and not 1 <= int(args.ssh_port) <= MAX_PORT:
-        return f"--ssh-port must be in 1..{MAX_PORT}. Received: {args.ssh_port}"
-    missing = [name for name in args.env_names if name not in os.environ]
-    if missing:
-        return (f"--env {missing[0]}: no such variable in the launcher's environment. Fix: export "
-                f"it first, or drop --env {missing[0]}")
-    if args.ssh_known_hosts is not None and not os.path.isfile(args.ssh_known_hosts):
-        return (f"--ssh-known-hosts file not found. Received: {args.ssh_known_hosts!r}. "
-                "Fix: pass an existing known_hosts file (ssh-keyscan -p PORT HOST >> FILE)")
-    if args.ssh_identity is not None and not os.path.isfile(args.ssh_identity):
-        return (f"--ssh-identity file not found. Received: {args.ssh_identity!r}. "
-                "Fix: pass the path of an existing private key")
-    return None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
+    """``tfdist-launch``: parses ``argv``, then runs the job with its runner (or prints what
+    would run: ``--dry-run``); the job's exit status, 2 for a job that cannot be placed."""
     launch = parse_args(argv)
-    if launch.check or launch.plan is None:
+    if launch.check or launch.plan is None or launch.runner is None:
         from tfdist.launcher.check import format_report, installed_report
 
         print(format_report(installed_report()))
         return 0
-    plan = launch.plan
     try:
-        if plan.options.export is not None:
-            return run_export(plan, dry_run=launch.dry_run)
-        if plan.options.ray is not None:
-            return _run_on_ray(plan, launch.dry_run)
-        placement = place(plan)
+        if launch.dry_run:
+            for line in launch.runner.describe(launch.plan, launch.runner_options):
+                print(line)
+            return 0
+        return launch.runner.run(launch.plan, launch.runner_options)
     except (ClusterConfigError, StrategyConfigError, MissingDependencyError) as err:
         print(f"tfdist-launch: error: {err}", file=sys.stderr)
         return 2
-    for warning in placement.warnings:
-        print(f"tfdist-launch: warning: {warning}", file=sys.stderr)
-    if launch.dry_run:
-        placement.release()
-        for line in placement.describe():
-            print(json.dumps(line))
-        return 0
-    from tfdist.launcher.local import run_job
-
-    try:
-        return run_job(plan, placement)
     except LaunchError as err:
-        print(f"tfdist-launch: error: {err}", file=sys.stderr)
-        return 1
-
-
-def _run_on_ray(plan: JobPlan, dry_run: bool) -> int:
-    from tfdist.launcher.ray_runner import describe, run_on_ray
-
-    assert plan.options.ray is not None
-    warning = ray_spread_warning(plan.mesh, plan.options.ray.placement)
-    if warning:
-        print(f"tfdist-launch: warning: {warning}", file=sys.stderr)
-    if dry_run:
-        for line in describe(plan, plan.options.ray):
-            print(json.dumps(line))
-        return 0
-    try:
-        return run_on_ray(plan, plan.options.ray)
-    except (LaunchError, MissingDependencyError) as err:
         print(f"tfdist-launch: error: {err}", file=sys.stderr)
         return 1
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from tfdist.launcher.hosts import HostOptions
-from tfdist.launcher.ray_options import RayOptions
+from tfdist.launcher.hosts.layout import HostOptions
+from tfdist.launcher.ray.options import RayOptions
 
 __all__ = ["EXPORT_FORMATS", "ExportOptions", "JobOptions", "StrategyOptions"]
 
@@ -100,7 +100,7 @@ class JobOptions:
         log_dir: Where each task's output is also written (None: nowhere).
         hosts: ``--hosts``/``--hostfile``: tasks on these machines (ssh).
         network: ``private``: a job on this machine alone runs in a network namespace with
-            only loopback (`tfdist.launcher.netns`); ``host``: on this machine's network.
+            only loopback (`tfdist.launcher.local.netns`); ``host``: on this machine's network.
         startup_timeout: Seconds each task waits for its peers (``TFDIST_STARTUP_TIMEOUT``;
             None: the tasks' default, 600 s).
         strategy_options: Options of the strategy itself (``--stages 2``); each reaches the
@@ -115,7 +115,7 @@ class JobOptions:
             ``worker`` and ``ps``), instead of ``python -m tfdist.server``: for a script that
             serves them itself, as TensorFlow's guide writes it.
         min_workers: Elastic Horovod: the fewest ranks the job goes on with (None: not elastic;
-            `tfdist.launcher.elastic`).
+            `tfdist.launcher.horovodrun.elastic`).
         max_workers: Elastic Horovod: the most ranks the job grows to.
         export: ``--export``: write the job for a scheduler (None: run it).
         ray: ``--ray``: run the job as a gang of Ray actors (None: not on Ray).

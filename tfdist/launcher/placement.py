@@ -18,29 +18,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from tfdist.cluster import ClusterSpec, Task, release_ports
 from tfdist.core.traits import TaskKind
-from tfdist.errors import StrategyConfigError
-from tfdist.horovod.checks import check_controller
-from tfdist.launcher.elastic import HOSTS_FILE_ENV, Discovery, elastic_args, slot_addresses
-from tfdist.launcher.hosts import (
-    has_remote_host,
-    horovodrun_host_args,
-    host_cluster,
-    rank_hosts,
-    task_command,
-)
+from tfdist.launcher.horovodrun.command import horovodrun_command
+from tfdist.launcher.horovodrun.elastic import Discovery, slot_addresses
+from tfdist.launcher.hosts.layout import host_cluster, task_command
 from tfdist.launcher.mesh_plan import describe_rank, tensor_hosts_warning
 from tfdist.launcher.plan import JobPlan
 from tfdist.parallel.mesh import TRAINING_ROLES, task_rank
 
-__all__ = ["TaskPlan", "Placement", "place", "horovodrun_path"]
+__all__ = ["TaskPlan", "Placement", "place"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,8 +126,9 @@ class Placement:
 
     @property
     def private_network(self) -> bool:
-        """Whether its processes should share a loopback-only network (`tfdist.launcher.netns`):
-        several processes, all on this machine, and ``network="private"``."""
+        """Whether its processes should share a loopback-only network
+        (`tfdist.launcher.local.netns`): several processes, all on this machine, and
+        ``network="private"``."""
         options = self.plan.options
         return options.network == "private" and options.hosts is None and (
             self.cluster is not None or bool(self.ranks))
@@ -201,72 +192,16 @@ def _mesh_warnings(plan: JobPlan, tasks: Sequence[TaskPlan]) -> tuple[str, ...]:
     return () if warning is None else (warning,)
 
 
-def horovodrun_path() -> str:
-    """``horovodrun`` on PATH, else the one beside this Python (a venv not on PATH)."""
-    beside = Path(sys.executable).parent / "horovodrun"
-    return shutil.which("horovodrun") or str(beside)
-
-
 def _horovodrun(plan: JobPlan) -> Placement:
-    """One ``horovodrun`` process; it starts the ranks (over its own ssh on other hosts).
-
-    Ranks get no TF_CONFIG (horovodrun passes its whole environment on). On other hosts each
-    rank runs under `tfdist.launcher.remote`, so it stops when horovodrun's ssh session closes:
-    horovodrun stops a rank by killing its local ssh client, which alone leaves the remote
-    process running.
-    """
-    if plan.options.elastic:
-        return _elastic_horovodrun(plan)
-    hosts, count = plan.options.hosts, plan.roles["worker"]
-    rank_command = plan.task_argv("worker")
-    host_names = ["localhost"] * count
-    host_args: tuple[str, ...] = ("-np", str(count))
-    if hosts is not None:
-        host_names = rank_hosts(hosts, count, plan.strategy)
-        host_args += horovodrun_host_args(hosts)
-        if has_remote_host(hosts):
-            rank_command = (sys.executable, "-m", "tfdist.launcher.remote", "--", *rank_command)
-    if plan.options.mpi:
-        _check_mpirun()
-    controller = "mpi" if plan.options.mpi else "gloo"
-    check_controller(controller)
-    return _horovodrun_placement(plan, (*host_args, f"--{controller}"), rank_command, host_names,
-                                 tuple(plan.env.items()))
-
-
-def _elastic_horovodrun(plan: JobPlan) -> Placement:
-    """``horovodrun`` in elastic mode: each slot a host of its own (`tfdist.launcher.elastic`)."""
-    options, count = plan.options, plan.roles["worker"]
-    assert options.min_workers is not None and options.max_workers is not None
-    check_controller("gloo")  # elastic Horovod runs on Gloo only; checked before any file exists
-    hosts = slot_addresses(count)
-    discovery = Discovery([f"{host}:1" for host in hosts])
-    args = ("-np", str(count),
-            *elastic_args(options.min_workers, options.max_workers, discovery.script), "--gloo")
-    env = (*plan.env.items(), (HOSTS_FILE_ENV, discovery.hosts_file))
-    return _horovodrun_placement(plan, args, plan.task_argv("worker"), hosts, env, discovery)
-
-
-def _horovodrun_placement(plan: JobPlan, args: tuple[str, ...], rank_command: tuple[str, ...],
-                          host_names: Sequence[str], env: tuple[tuple[str, str], ...],
-                          discovery: Discovery | None = None) -> Placement:
-    """The one ``horovodrun ARGS RANK_COMMAND`` task and the ranks it starts (for --dry-run);
-    no TF_CONFIG for either (horovodrun passes its whole environment on to the ranks)."""
-    runner = (horovodrun_path(), *args, *rank_command)
+    """The one ``horovodrun`` task (`horovodrun_command`) and the ranks it starts (for
+    ``--dry-run``); no TF_CONFIG for either (horovodrun passes its whole environment on)."""
+    command = horovodrun_command(plan)
     unset = ("TF_CONFIG",)
     ranks = tuple(
-        TaskPlan(f"rank:{r}", Task("worker", r), host, None, rank_command, env=env,
-                 unset_env=unset)
-        for r, host in enumerate(host_names)
+        TaskPlan(f"rank:{r}", Task("worker", r), host, None, command.rank_command,
+                 env=command.env, unset_env=unset)
+        for r, host in enumerate(command.hosts)
     )
-    runner_task = TaskPlan("horovodrun", None, "localhost", None, runner, env=env, unset_env=unset)
-    return Placement(plan, (runner_task,), ranks=ranks, discovery=discovery)
-
-
-def _check_mpirun() -> None:
-    """``horovodrun --mpi`` starts ranks with OpenMPI's mpirun (not needed to export a job)."""
-    if shutil.which("mpirun") is None:
-        raise StrategyConfigError(
-            "--mpi needs OpenMPI's mpirun, which is not on PATH. Fix: apt-get install "
-            "openmpi-bin libopenmpi-dev, then bash launch/setup.sh (Horovod is rebuilt with "
-            "MPI), or drop --mpi to use Gloo")
+    runner_task = TaskPlan("horovodrun", None, "localhost", None, command.argv, env=command.env,
+                           unset_env=unset)
+    return Placement(plan, (runner_task,), ranks=ranks, discovery=command.discovery)

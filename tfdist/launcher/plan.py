@@ -28,7 +28,7 @@ from tfdist.core.detect import launch_strategy
 from tfdist.core.registry import strategy_traits
 from tfdist.core.traits import STRATEGY_ENV, StrategyTraits, TaskKind
 from tfdist.errors import StrategyConfigError, TfdistError
-from tfdist.launcher.elastic import elastic_problem
+from tfdist.launcher.horovodrun.elastic import elastic_problem
 from tfdist.launcher.mesh_plan import (
     mesh_problem,
     option_fix,

@@ -28,7 +28,8 @@ fails, even if the job goes on (a sidecar, a task restarted alone).
 A task started with ``max_restarts=N`` that fails (a ParameterServer worker: TF's
 ``ClusterCoordinator`` re-dispatches its work once it is back) is restarted alone, with the same
 command and environment, up to N times; each restart is announced. Its next failure stops the job.
-Tasks started on other hosts are local ``ssh`` processes (`tfdist.launcher.ssh`) of this group.
+Tasks started on other hosts are local ``ssh`` processes (`tfdist.launcher.hosts.ssh`) of this
+group.
 """
 
 from __future__ import annotations
@@ -43,14 +44,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO
 
+from tfdist.core.traits import TaskKind
 from tfdist.errors import LaunchError
 from tfdist.launcher.containment import Containment
 from tfdist.launcher.output import LineFilter, RankFailure, TaskOutput
 from tfdist.launcher.supervisor import Member, Supervisor
-
-TaskKind = Literal["main", "service", "sidecar"]
 
 _PR_SET_PDEATHSIG = 1
 _TAIL_LINES = 40

@@ -25,9 +25,10 @@ after a success, a timeout, Ctrl-C or a preemption (`NOT_RESTARTED`).
 Adding a runner: write one class that implements `TaskGroup` (``launch``, ``members``, ``poll``,
 ``restart``, ``stop``, ``tail``, ``announce``, ``poll_interval``, and a context manager whose exit
 releases what one attempt holds; ``session`` if the runner must connect once for all attempts),
-constructed as ``Group(plan, options)``, and add one line to `RUNNERS`; `run_job` then runs it
-with this policy. The local runner (`tfdist.launcher.local.LocalTasks`, which also runs the ssh
-tasks of ``--hosts``) and the Ray runner (`tfdist.launcher.ray_runner.RayGang`) are the two.
+constructed as ``Group(plan, options)``, and name it as the ``task_group`` of the runner's record
+in `tfdist.launcher.runners`; `run_job` then runs it with this policy. The local runner
+(`tfdist.launcher.local.tasks.LocalTasks`, which also runs the ssh tasks of ``--hosts``) and the
+Ray runner (`tfdist.launcher.ray.gang.RayGang`) are the two.
 
 Example:
     >>> import sys
@@ -54,12 +55,13 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from tfdist.core.traits import TaskKind
 from tfdist.errors import LaunchError, TaskFailedError, TaskTimeoutError
+from tfdist.launcher.runners import runner_named
 from tfdist.preemption import PREEMPTED_EXIT_STATUS, PREEMPTED_MARKER
 
 if TYPE_CHECKING:
     from tfdist.launcher.plan import JobPlan
 
-__all__ = ["Member", "TaskGroup", "Supervisor", "RUNNERS", "NOT_RESTARTED", "run_job",
+__all__ = ["Member", "TaskGroup", "Supervisor", "NOT_RESTARTED", "run_job",
            "run_attempts", "exit_status"]
 
 SIGTERM_STATUS = 128 + signal.SIGTERM
@@ -71,12 +73,6 @@ NOT_STARTED_STATUS = 127
 NOT_RESTARTED = (0, TIMEOUT_STATUS, INTERRUPTED_STATUS, PREEMPTED_EXIT_STATUS, SIGTERM_STATUS)
 _FAILURE_LINES = 20
 _ALL_LINES = 40
-
-RUNNERS: dict[str, str] = {
-    "local": "tfdist.launcher.local:LocalTasks",
-    "ray": "tfdist.launcher.ray_runner:RayGang",
-}
-"""Runner name -> its `TaskGroup` class (``module:Class``, imported when used)."""
 
 OutputView = Literal["all", "filtered", "hidden"]
 """How much of a task's output is printed: every line, some (its last lines are shown when it
@@ -408,16 +404,17 @@ def run_attempts(supervisor: Supervisor, max_restarts: int, first: TaskGroup,
 
 
 def task_group_class(runner: str) -> Any:
-    """The `TaskGroup` class registered as ``runner`` in `RUNNERS`.
+    """The `TaskGroup` class of the runner registered as ``runner`` (`tfdist.launcher.runners`).
 
     Example:
         >>> task_group_class("local").__name__
         'LocalTasks'
     """
-    if runner not in RUNNERS:
-        raise ValueError(f"Unknown runner. Received: {runner!r}; expected one of "
-                         f"{sorted(RUNNERS)}. Fix: add its TaskGroup class to RUNNERS")
-    module, _, name = RUNNERS[runner].partition(":")
+    target = runner_named(runner).task_group
+    if target is None:
+        raise ValueError(f"Runner {runner!r} runs no tasks (an exporter). Fix: name a runner "
+                         "with a task_group")
+    module, _, name = target.partition(":")
     return getattr(importlib.import_module(module), name)
 
 
@@ -427,7 +424,7 @@ def run_job(plan: JobPlan, runner: str = "local", options: Any = None,
 
     Args:
         plan: The job.
-        runner: A key of `RUNNERS`.
+        runner: A registered runner with a ``task_group`` (`tfdist.launcher.runners`).
         options: The runner's own options (``RayOptions``; the local runner's: none).
         first: The first attempt's group, if already made (the local runner's first placement).
 

@@ -16,7 +16,7 @@ from typing import IO, Any
 
 import tfdist
 from tfdist.cluster import ClusterSpec, release_ports, reserve_ports
-from tfdist.launcher.placement import horovodrun_path
+from tfdist.launcher.horovodrun.command import horovodrun_path
 from tfdist.probe.common import RING_PORTS_ENV
 from tfdist.testing import run_cluster, run_tasks
 

@@ -8,13 +8,13 @@ only ``lo``: nothing they listen on can be reached from outside the job, not eve
 machine's own non-loopback address. Outbound network is gone too (a script that reads from
 cloud storage needs ``--network host``).
 
-How: a small holder process (``python -m tfdist.launcher.netns [ADDRESS...]``) calls
+How: a small holder process (``python -m tfdist.launcher.local.netns [ADDRESS...]``) calls
 ``unshare(CLONE_NEWNET)``, brings ``lo`` up, adds the extra loopback addresses the job asked for
-(an elastic Horovod job names each slot by its own, `tfdist.launcher.elastic`) and waits; each
-task joins its namespace (``setns``) between fork and exec. The namespace disappears with the
-last of them. This needs ``CAP_SYS_ADMIN`` (root, as in containers
-and CI); where it is missing, `PrivateNetwork.start` raises `NetworkIsolationError` and the
-launcher says so and runs the job on the host network.
+(an elastic Horovod job names each slot by its own, `tfdist.launcher.horovodrun.elastic`) and
+waits; each task joins its namespace (``setns``) between fork and exec. The namespace disappears
+with the last of them. This needs ``CAP_SYS_ADMIN`` (root, as in containers and CI); where it is
+missing, `PrivateNetwork.start` raises `NetworkIsolationError` and the launcher says so and runs
+the job on the host network.
 
 Example:
     >>> with PrivateNetwork() as net:  # doctest: +SKIP
@@ -124,7 +124,7 @@ class PrivateNetwork:
         from tfdist.launcher.process import _die_with_parent
 
         holder = subprocess.Popen(
-            [sys.executable, "-m", "tfdist.launcher.netns", *self._addresses],
+            [sys.executable, "-m", "tfdist.launcher.local.netns", *self._addresses],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             preexec_fn=_die_with_parent,
         )

@@ -1,4 +1,4 @@
-"""The Ray actor of one task of a job run by `tfdist.launcher.ray_runner` (runs on its node).
+"""The Ray actor of one task of a job run by `tfdist.launcher.ray.gang` (runs on its node).
 
 The runner creates one per task, inside the job's placement group. The actor reserves a port on
 its node's address (`locate`), then runs the task's command as a child process (`start`, through
@@ -52,7 +52,7 @@ class TaskActor:
         import ray
 
         from tfdist.cluster.ports import reserve_ports
-        from tfdist.launcher.hosts import interface_towards
+        from tfdist.launcher.hosts.layout import interface_towards
 
         address = ray.util.get_node_ip_address()
         return {"address": address, "port": reserve_ports(1, host=address)[0],

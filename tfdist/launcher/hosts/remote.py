@@ -1,4 +1,4 @@
-"""``python -m tfdist.launcher.remote -- ARGV``: the remote side of a task started over ssh.
+"""``python -m tfdist.launcher.hosts.remote -- ARGV``: the remote side of a task started over ssh.
 
 Killing a local ``ssh`` client does not kill the command it started on the remote host: sshd
 closes the session and exits, but sends the command no signal (there is no terminal), so the task
@@ -19,9 +19,10 @@ parent), closes that gap:
   passes back to the launcher.
 
 Example:
-    Run by `tfdist.launcher.ssh`, not by hand::
+    Run by `tfdist.launcher.hosts.ssh`, not by hand::
 
-        ssh n2 'cd /work && exec env TF_CONFIG=... python -m tfdist.launcher.remote -- python t.py'
+        ssh n2 'cd /work && exec env TF_CONFIG=... \
+            python -m tfdist.launcher.hosts.remote -- python t.py'
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ def run(argv: Sequence[str], *, grace: float = 5.0, watch_stdin: bool = False,
             preexec_fn=_die_with_parent, env={**os.environ, **(env or {})},
         )
     except OSError as error:
-        print(f"[tfdist.launcher.remote] cannot start {argv[0]!r}: {error}", file=sys.stderr)
+        print(f"[tfdist.launcher.hosts.remote] cannot start {argv[0]!r}: {error}", file=sys.stderr)
         return 127
     stopper = _Stopper(child, grace)
 
@@ -159,7 +160,7 @@ def run(argv: Sequence[str], *, grace: float = 5.0, watch_stdin: bool = False,
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if stopper.reason is not None:
-        print(f"[tfdist.launcher.remote] stopped the task: {stopper.reason}", file=sys.stderr,
+        print(f"[tfdist.launcher.hosts.remote] stopped the task: {stopper.reason}", file=sys.stderr,
               flush=True)
     return 128 - code if code < 0 else code
 
@@ -172,7 +173,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ['python', '-u', 't.py']
     """
     parser = argparse.ArgumentParser(
-        prog="python -m tfdist.launcher.remote",
+        prog="python -m tfdist.launcher.hosts.remote",
         description="Run a task; stop its whole process group when this wrapper's parent (the "
         "ssh session) exits, on SIGTERM/SIGHUP/SIGINT, or (--watch-stdin) when stdin closes.",
     )
@@ -188,8 +189,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.command[:1] == ["--"]:
         args.command = args.command[1:]
     if not args.command:
-        parser.error("missing the task's command. Received: nothing after '--'. "
-                     "Expected: -- ARGV. Fix: python -m tfdist.launcher.remote -- python t.py")
+        parser.error("missing the task's command. Received: nothing after '--'. Expected: "
+                     "-- ARGV. Fix: python -m tfdist.launcher.hosts.remote -- python t.py")
     return args
 
 
@@ -201,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             env = read_env_line()
         except ValueError as err:
-            print(f"[tfdist.launcher.remote] cannot read the task's environment: {err}",
+            print(f"[tfdist.launcher.hosts.remote] cannot read the task's environment: {err}",
                   file=sys.stderr)
             return 2
     return run(args.command, grace=args.grace, watch_stdin=args.watch_stdin, env=env)

@@ -4,11 +4,11 @@
 store that the ranks meet at) and gives each rank its variables (``HOROVOD_RANK``,
 ``HOROVOD_LOCAL_RANK``, ...). Under Slurm, ``srun`` starts the ranks, so the two are split:
 
-* ``python -m tfdist.launcher.slurm_horovod -- srun ...`` (in the batch script, on the first
+* ``python -m tfdist.launcher.slurm.horovod -- srun ...`` (in the batch script, on the first
   node): serves Horovod's rendezvous on this node's address (``SLURMD_NODENAME``), prepared for
   the allocation's slots, runs the ``srun`` line with ``HOROVOD_GLOO_RENDEZVOUS_ADDR``/``PORT``
   set, and stops the rendezvous when ``srun`` ends (returning its status).
-* `rank_env` (used by ``tfdist.launcher.slurm_task`` on each task): the variables of the rank
+* `rank_env` (used by ``tfdist.launcher.slurm.task`` on each task): the variables of the rank
   on this task's slot (`tfdist.cluster.slurm.slurm_slot`, so any ``--distribution`` works),
   with Gloo's interface the one that routes to the rendezvous.
 
@@ -17,8 +17,8 @@ Ranks are numbered host-major, as ``horovodrun`` numbers them.
 Example:
     In a batch script (what ``tfdist-launch --strategy horovod --export slurm`` writes)::
 
-        python -m tfdist.launcher.slurm_horovod -- srun --kill-on-bad-exit=1 \\
-            python -m tfdist.launcher.slurm_task --strategy horovod -- python -u train.py
+        python -m tfdist.launcher.slurm.horovod -- srun --kill-on-bad-exit=1 \\
+            python -m tfdist.launcher.slurm.task --strategy horovod -- python -u train.py
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from tfdist.horovod.rendezvous import (
     rank_variables,
     slot_plan,
 )
-from tfdist.launcher.hosts import interface_towards
+from tfdist.launcher.hosts.layout import interface_towards
 
 __all__ = ["RENDEZVOUS_ADDR", "RENDEZVOUS_PORT", "rank_env", "main"]
 
@@ -56,7 +56,7 @@ def rank_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
 
     Raises:
         StrategyConfigError: the rendezvous variables are missing (not started through
-            ``python -m tfdist.launcher.slurm_horovod``).
+            ``python -m tfdist.launcher.slurm.horovod``).
         ClusterConfigError: the Slurm variables do not describe this task.
 
     Example:
@@ -73,8 +73,8 @@ def rank_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
             "Horovod ranks under srun need a rendezvous, and none is set.",
             received=f"{RENDEZVOUS_ADDR}={env.get(RENDEZVOUS_ADDR)!r}, "
                      f"{RENDEZVOUS_PORT}={env.get(RENDEZVOUS_PORT)!r}",
-            expected="both set by python -m tfdist.launcher.slurm_horovod",
-            fix="start srun through `python -m tfdist.launcher.slurm_horovod -- srun ...` "
+            expected="both set by python -m tfdist.launcher.slurm.horovod",
+            fix="start srun through `python -m tfdist.launcher.slurm.horovod -- srun ...` "
                 "(tfdist-launch --strategy horovod --export slurm writes it)"))
     slot = _slot_plan(env)[slurm_slot(env, slurm_host_slots(env))]
     return rank_variables(slot, env[RENDEZVOUS_ADDR], env[RENDEZVOUS_PORT],
@@ -109,14 +109,14 @@ def run_srun(command: Sequence[str], env: Mapping[str, str] | None = None) -> in
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tfdist.launcher.slurm_horovod [--dry-run] -- srun ...``; srun's status."""
+    """``python -m tfdist.launcher.slurm.horovod [--dry-run] -- srun ...``; srun's status."""
     args = list(sys.argv[1:] if argv is None else argv)
     dry_run = args[:1] == ["--dry-run"]
     args = args[dry_run:]
     if args[:1] == ["--"]:
         args = args[1:]
     if not args:
-        print("usage: python -m tfdist.launcher.slurm_horovod [--dry-run] -- srun ... (the "
+        print("usage: python -m tfdist.launcher.slurm.horovod [--dry-run] -- srun ... (the "
               "ranks' step; --dry-run prints where the rendezvous would listen)", file=sys.stderr)
         return 2
     if dry_run:

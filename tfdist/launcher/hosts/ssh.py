@@ -1,11 +1,11 @@
 """Start a task on another host: the ``ssh`` command line for one task of a `JobPlan`.
 
 A remote task runs the same Python, in the same working directory, under
-`tfdist.launcher.remote`, which stops the task when the ssh connection closes (killing a local
+`tfdist.launcher.hosts.remote`, which stops the task when the ssh connection closes (killing a local
 ``ssh`` client alone would leave the remote process running)::
 
     ssh -o BatchMode=yes -o StrictHostKeyChecking=yes ... [-p PORT] [-i KEY] HOST \\
-        'cd /work && exec /venv/bin/python -m tfdist.launcher.remote --env-stdin -- ARGV'
+        'cd /work && exec /venv/bin/python -m tfdist.launcher.hosts.remote --env-stdin -- ARGV'
 
 Its environment (TF_CONFIG and the rest) is sent as one JSON line on the ssh channel's stdin
 (`env_payload`), never on a command line, where ``ps`` would show it on both machines. Only what
@@ -19,7 +19,7 @@ address bound to one of its interfaces) run their tasks without ssh.
 Example:
     >>> options = SshOptions(port=2022, identity="/keys/id")
     >>> argv = ssh_command("n2", ["python", "t.py"], options, cwd="/w", ssh="ssh")
-    >>> argv[-2], argv[-1].endswith(" -m tfdist.launcher.remote --env-stdin -- python t.py")
+    >>> argv[-2], argv[-1].endswith(" -m tfdist.launcher.hosts.remote --env-stdin -- python t.py")
     ('n2', True)
 """
 
@@ -173,13 +173,13 @@ def remote_shell_command(argv: Sequence[str], *, cwd: str, python: str | None = 
     Args:
         argv: The task's command.
         cwd: The working directory on the remote host (the launcher's: a shared filesystem).
-        python: The interpreter that runs `tfdist.launcher.remote` (default: this one).
+        python: The interpreter that runs `tfdist.launcher.hosts.remote` (default: this one).
 
     Example:
         >>> remote_shell_command(["py", "a b.py"], cwd="/w", python="py")
-        "cd /w && exec py -m tfdist.launcher.remote --env-stdin -- py 'a b.py'"
+        "cd /w && exec py -m tfdist.launcher.hosts.remote --env-stdin -- py 'a b.py'"
     """
-    wrapper = [python or sys.executable, "-m", "tfdist.launcher.remote", "--env-stdin", "--",
+    wrapper = [python or sys.executable, "-m", "tfdist.launcher.hosts.remote", "--env-stdin", "--",
                *argv]
     return f"cd {shlex.quote(cwd)} && exec {shlex.join(wrapper)}"
 

@@ -9,9 +9,9 @@ places (same roles, same counts, same commands, same environment):
 * ``mpijob``: a Kubeflow ``MPIJob`` (``kubeflow.org/v2beta1``) for Horovod: a launcher pod runs
   ``horovodrun --gloo`` over the operator's hostfile; worker pods run sshd.
 * ``slurm``: a batch script. ``srun`` starts one Slurm task per TensorFlow task (or Horovod
-  rank), each through ``python -m tfdist.launcher.slurm_task``, which builds its TF_CONFIG (or
+  rank), each through ``python -m tfdist.launcher.slurm.task``, which builds its TF_CONFIG (or
   its Horovod variables) from Slurm's. For Horovod the ``srun`` line runs inside
-  ``python -m tfdist.launcher.slurm_horovod``, which serves Gloo's rendezvous beside it.
+  ``python -m tfdist.launcher.slurm.horovod``, which serves Gloo's rendezvous beside it.
 
 The Slurm script is run by a real ``slurmctld``/``slurmd`` in ``tests/slurm``; the Kubernetes
 documents are validated against the Kubeflow TFJob and MPIJob schemas
@@ -173,7 +173,7 @@ def _export_line(name: str, value: str) -> str:
 def _srun_line(plan: JobPlan, export: ExportOptions) -> str:
     """The batch script's ``srun`` line: every task through the ``slurm_task`` shim."""
     roles = plan.roles
-    shim = [export.python, "-m", "tfdist.launcher.slurm_task", "--strategy", plan.strategy,
+    shim = [export.python, "-m", "tfdist.launcher.slurm.task", "--strategy", plan.strategy,
             "--ps", str(roles.get("ps", 0))]
     if not plan.traits.single_process:
         shim += ["--chief"] * ("chief" in roles) + ["--evaluator"] * ("evaluator" in roles)
@@ -184,7 +184,7 @@ def _srun_line(plan: JobPlan, export: ExportOptions) -> str:
     command = shlex.join(shim) + done + " -- " + shlex.join(plan.task_argv("chief", export.python))
     srun = f"srun --kill-on-bad-exit=1 --label {command}"
     if plan.traits.launch == "ranks":  # Gloo's rendezvous, served on this node beside srun
-        srun = f"{export.python} -m tfdist.launcher.slurm_horovod -- {srun}"
+        srun = f"{export.python} -m tfdist.launcher.slurm.horovod -- {srun}"
     return srun
 
 

@@ -2,7 +2,7 @@
 
 Tasks fill the hosts' slots host-major in canonical order (chief, workers, ps, evaluator; see
 `ClusterSpec.from_hosts`), each on port ``--base-port`` plus its slot on that host. A task on a
-host that is this machine starts directly; any other starts over ssh (`tfdist.launcher.ssh`).
+host that is this machine starts directly; any other starts over ssh (`tfdist.launcher.hosts.ssh`).
 Horovod jobs pass the hosts to ``horovodrun -H`` instead, which does its own ssh.
 
 Example:
@@ -23,7 +23,7 @@ from tfdist.cluster import ClusterSpec, parse_hosts, read_hostfile
 from tfdist.cluster.address import join_address
 from tfdist.cluster.hosts import DEFAULT_BASE_PORT, HostSlots
 from tfdist.errors import ClusterConfigError, format_error
-from tfdist.launcher.ssh import (
+from tfdist.launcher.hosts.ssh import (
     SshOptions,
     env_payload,
     find_ssh,
@@ -155,7 +155,7 @@ def task_command(
 
     A host that is this machine runs ``argv`` itself (``env`` is set by the process group). Any
     other runs the ssh command, and gets ``env`` plus the forwarded variables as a JSON line on
-    stdin (`tfdist.launcher.ssh.env_payload`), never on a command line.
+    stdin (`tfdist.launcher.hosts.ssh.env_payload`), never on a command line.
 
     Example:
         >>> task_command(HostOptions(hosts="localhost:1"), "localhost", ["python", "t.py"], {})

@@ -1,4 +1,4 @@
-"""``python -m tfdist.launcher.slurm_task -- COMMAND``: one TensorFlow task of a Slurm job step.
+"""``python -m tfdist.launcher.slurm.task -- COMMAND``: one TensorFlow task of a Slurm job step.
 
 ``srun`` starts this shim once per Slurm task (see ``tfdist-launch --export slurm``). It lays the
 job out on the allocation with `ClusterSpec.from_slurm` (every node's tasks, host-major: chief,
@@ -11,7 +11,7 @@ workers, ps, evaluator), finds its own task with `slurm_task` (by node and local
 * the evaluator: COMMAND as a sidecar: its failure is reported and this task exits 0;
 * single-process strategies (default, mirrored): COMMAND without TF_CONFIG;
 * Horovod ranks: COMMAND without TF_CONFIG, with the rank's Horovod variables
-  (`tfdist.launcher.slurm_horovod.rank_env`; the batch script serves the rendezvous).
+  (`tfdist.launcher.slurm.horovod.rank_env`; the batch script serves the rendezvous).
 
 COMMAND runs as a child of the shim: when it fails, the shim names the task, its Slurm rank and
 node before exiting with its status (128 + N for signal N); SIGTERM and SIGINT are passed on.
@@ -25,7 +25,7 @@ Example:
     Print what rank 3 of a 2x2 allocation would run::
 
         SLURM_JOB_NODELIST='node[1-2]' SLURM_TASKS_PER_NODE='2(x2)' SLURM_PROCID=3 \\
-            python -m tfdist.launcher.slurm_task --chief --dry-run -- python train.py
+            python -m tfdist.launcher.slurm.task --chief --dry-run -- python train.py
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from tfdist.cluster import ClusterSpec, Task, slurm_task
 from tfdist.core.registry import strategy_traits
 from tfdist.core.traits import STRATEGY_ENV
 from tfdist.errors import TfdistError
-from tfdist.launcher.slurm_horovod import rank_env
+from tfdist.launcher.slurm.horovod import rank_env
 
 __all__ = ["SlurmTaskPlan", "plan_slurm_task", "parse_args", "main"]
 
@@ -113,7 +113,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ['python', 't.py']
     """
     parser = argparse.ArgumentParser(
-        prog="python -m tfdist.launcher.slurm_task",
+        prog="python -m tfdist.launcher.slurm.task",
         description="Run one task of a TensorFlow job inside a Slurm job step (under srun).",
     )
     layout = parser.add_argument_group("layout (the same on every task)")
@@ -197,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                base_port=args.base_port,
                                script_on_all_tasks=args.script_on_all_tasks)
     except TfdistError as err:
-        print(f"tfdist.launcher.slurm_task: {err}", file=sys.stderr)
+        print(f"tfdist.launcher.slurm.task: {err}", file=sys.stderr)
         return 2
     if args.dry_run:
         print(json.dumps(plan.describe()))

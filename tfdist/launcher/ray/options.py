@@ -1,4 +1,4 @@
-"""The options of a job run on Ray (`tfdist.launcher.ray_runner`); ``--ray`` and its flags are
+"""The options of a job run on Ray (`tfdist.launcher.ray.gang`); ``--ray`` and its flags are
 parsed in `tfdist.launcher.arguments`.
 
 Example:

@@ -6,10 +6,10 @@ restore the last ``state.commit()`` and carry on with fewer ranks (never fewer t
 discovery script lists a slot again, a new rank starts there, receives the state from rank 0 and
 the job grows back (never beyond B).
 
-Horovod leaves out a *host* whose rank failed. On one machine every slot is therefore a host of
-its own, named by its own loopback address (``127.0.1.1``, ``127.0.1.2``, ...), which tfdist adds
-to ``lo`` in the job's private network namespace (`tfdist.launcher.netns`), so Horovod sees each as
-this machine and starts its rank without ssh. A failed slot is left out for a cooldown
+Horovod leaves out a *host* whose rank failed. On one machine every slot is therefore a host of its
+own, named by its own loopback address (``127.0.1.1``, ``127.0.1.2``, ...), which tfdist adds to
+``lo`` in the job's private network namespace (`tfdist.launcher.local.netns`), so Horovod sees each
+as this machine and starts its rank without ssh. A failed slot is left out for a cooldown
 (`COOLDOWN_SECONDS`: 2-3 s after a first failure, doubling after each, at most 60 s), then used
 again while the discovery lists it.
 

@@ -25,7 +25,7 @@ so the whole gang is scheduled together or not at all:
    killed and the placement group removed on the way out.
 
 Tasks run with the node's environment, the job's variables (`JobPlan.env`), the variables a
-remote task of ``--hosts`` would get (`tfdist.launcher.ssh.forwarded_env`: ``PYTHONPATH`` and
+remote task of ``--hosts`` would get (`tfdist.launcher.hosts.ssh.forwarded_env`: ``PYTHONPATH`` and
 ``TFDIST_*``), and their TF_CONFIG; nothing secret is put on a command line. The script, the
 Python and this working directory must exist on every node (a shared filesystem or one image).
 
@@ -53,11 +53,11 @@ from tfdist.cluster.address import join_address
 from tfdist.core.traits import TaskKind
 from tfdist.errors import LaunchError, MissingDependencyError, TaskFailedError, format_error
 from tfdist.launcher import supervisor
+from tfdist.launcher.hosts.ssh import forwarded_env
 from tfdist.launcher.output import LineFilter, shown_tasks, task_filters
 from tfdist.launcher.plan import JobPlan
-from tfdist.launcher.ray_actor import TaskActor
-from tfdist.launcher.ray_options import RayOptions
-from tfdist.launcher.ssh import forwarded_env
+from tfdist.launcher.ray.actor import TaskActor
+from tfdist.launcher.ray.options import RayOptions
 from tfdist.launcher.supervisor import Member, log
 
 __all__ = ["RayOptions", "GangUnschedulableError", "RayGang", "run_on_ray", "describe"]

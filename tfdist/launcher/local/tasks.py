@@ -22,7 +22,7 @@ import json
 
 from tfdist.errors import LaunchError
 from tfdist.launcher import supervisor
-from tfdist.launcher.netns import NetworkIsolationError, PrivateNetwork
+from tfdist.launcher.local.netns import NetworkIsolationError, PrivateNetwork
 from tfdist.launcher.output import LineFilter, shown_tasks, task_filters
 from tfdist.launcher.placement import Placement, TaskPlan, place
 from tfdist.launcher.plan import JobPlan
