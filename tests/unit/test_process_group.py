@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import signal
 import subprocess
 import sys
@@ -149,6 +150,78 @@ def test_children_die_when_the_launching_process_is_sigkilled(tmp_path: Path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert wait_gone(pids) == [], "tasks outlived their SIGKILLed launcher"
+
+
+# A task that starts a child in its own process group and one in a new session (``setsid``), a
+# grandchild that left its parent's group, prints their pids and either exits or sleeps.
+_DETACH = (
+    "import subprocess, sys, time; sleep = [sys.executable, '-c', 'import time; time.sleep(120)']; "
+    "same = subprocess.Popen(sleep); left = subprocess.Popen(sleep, start_new_session=True); "
+    "print(same.pid, left.pid, flush=True); time.sleep({linger})"
+)
+
+
+def _printed_pids(task, timeout: float = 20) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while not task.tail and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [int(pid) for pid in task.tail[0].split()]
+
+
+def test_processes_that_left_their_task_group_end_with_the_job():
+    # Before the job's cgroup, the setsid child of a task that exited 0 lived on.
+    group = ProcessGroup(stream=io.StringIO(), grace_period=1)
+    done = group.start("worker:0", [PY, "-c", _DETACH.format(linger=0.5)])
+    running = group.start("worker:1", [PY, "-c", _DETACH.format(linger=120)], kind="service")
+    pids = _printed_pids(done) + _printed_pids(running)
+    assert alive(pids) == pids
+    cgroup = group._containment.path
+    assert group.wait(timeout=30)["worker:0"] == 0
+    assert wait_gone(pids, timeout=5) == [], "descendants outlived the job"
+    assert cgroup is None or not cgroup.exists(), f"the job's cgroup {cgroup} was left behind"
+
+
+@pytest.mark.parametrize("cgroup", [True, False])
+def test_every_descendant_ends_when_the_launching_process_is_sigkilled(tmp_path: Path, cgroup):
+    """Same-group children, setsid grandchildren and the tasks: all end with a SIGKILLed launcher.
+
+    Without a cgroup (not root) the guardian still ends each task's process group; only the
+    processes that left it (setsid) may outlive the launcher, as the docs say.
+    """
+    pid_file = tmp_path / "pids"
+    launcher = textwrap.dedent(
+        f"""
+        import sys, time
+        import tfdist.launcher.containment as containment
+        if not {cgroup}:
+            containment.cgroup2_directory = lambda: None
+        from tfdist.launcher.process import ProcessGroup
+        group = ProcessGroup()
+        detach = [sys.executable, "-c", {_DETACH.format(linger=120)!r}]
+        tasks = [group.start(f"worker:{{i}}", detach) for i in range(2)]
+        while not all(t.tail for t in tasks):
+            time.sleep(0.05)
+        pids = [t.pid for t in tasks] + [int(p) for t in tasks for p in t.tail[0].split()]
+        open({str(pid_file)!r}, "w").write(" ".join(map(str, pids)))
+        time.sleep(120)
+        """
+    )
+    proc = subprocess.Popen([PY, "-c", launcher], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline, "launcher did not start its tasks"
+        time.sleep(0.05)
+    pids = [int(p) for p in pid_file.read_text().split()]
+    assert len(pids) == 6 and alive(pids) == pids
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    tasks_and_their_group, left_group = pids[:2] + pids[2::2], pids[3::2]
+    try:
+        assert wait_gone(pids if cgroup else tasks_and_their_group, timeout=10) == [], (
+            "processes outlived their SIGKILLed launcher")
+    finally:
+        for pid in alive(left_group):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_run_tasks_collects_each_tasks_report():

@@ -3,7 +3,9 @@
 The pipeline (`tfdist.pipeline`) and the tensor layers (`tfdist.tensor`, the tensor strategy)
 read these: a model described without allocating its weights (`abstract_build`), a stage's
 regularization terms (`weight_losses`, `call_losses`), and an optimizer made outside the
-strategy's scope bound to it (`bind_unbuilt_optimizer`) or built now (`build_optimizer`).
+strategy's scope bound to it (`bind_unbuilt_optimizer`) or built now (`build_optimizer`), and
+the step methods a model's own class overrides, which they would leave out
+(`refuse_step_overrides`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,12 @@ from typing import Any
 from tfdist.core.flavour import KerasFlavour, flavour_of, get_keras, keras_flavour  # noqa: F401 - get_keras: the examples
 
 __all__ = ["abstract_build", "bind_unbuilt_optimizer", "build_optimizer", "call_losses",
-           "functional_class", "metrics_scope", "weight_losses"]
+           "functional_class", "metrics_scope", "refuse_step_overrides", "step_overrides",
+           "weight_losses"]
+
+STEP_METHODS = ("train_step", "test_step", "predict_step", "compute_loss")
+"""What a model class may override to change what ``fit``/``evaluate``/``predict`` do."""
+_KERAS_PACKAGES = ("keras", "tf_keras", "keras_hub")
 
 
 def bind_unbuilt_optimizer(optimizer: Any, strategy: Any) -> bool:
@@ -206,3 +213,46 @@ def functional_class(flavour: KerasFlavour) -> type:
     else:
         from keras.src.models.functional import Functional
     return Functional
+
+
+def step_overrides(model: Any) -> list[str]:
+    """The `STEP_METHODS` that ``model``'s class defines outside Keras (``Class.method``).
+
+    Example:
+        >>> keras = get_keras()
+        >>> class Custom(keras.Model):
+        ...     def train_step(self, data):
+        ...         return super().train_step(data)
+        >>> inputs = keras.Input((2,))
+        >>> step_overrides(Custom(inputs, keras.layers.Dense(1)(inputs)))
+        ['Custom.train_step']
+        >>> step_overrides(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
+        []
+    """
+    found = []
+    for method in STEP_METHODS:
+        owner = next((cls for cls in type(model).__mro__ if method in vars(cls)), None)
+        if owner is not None and owner.__module__.split(".")[0] not in _KERAS_PACKAGES:
+            found.append(f"{owner.__name__}.{method}")
+    return found
+
+
+def refuse_step_overrides(model: Any, strategy: str) -> None:
+    """Refuses a model whose class overrides a step method: ``strategy`` builds its shards or
+    stages from the layers' configs, so the override would be silently left out.
+
+    Raises:
+        StrategyConfigError: naming each override.
+    """
+    from tfdist.errors import StrategyConfigError, format_error
+
+    overrides = step_overrides(model)
+    if overrides:
+        raise StrategyConfigError(format_error(
+            f"The {strategy} strategy builds its own model from the layers of yours, and runs "
+            f"its own steps: {', '.join(overrides)} would be silently ignored.",
+            received=f"a {type(model).__name__} overriding {', '.join(overrides)}",
+            expected="a keras.Model or keras.Sequential whose steps are Keras's own",
+            fix="move what the override adds into layers (a loss into the compiled loss, a "
+                "penalty into add_loss), or train it with a data-parallel strategy "
+                "(multi_worker, horovod), which runs your train_step"))

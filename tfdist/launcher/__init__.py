@@ -15,7 +15,8 @@ The command line and what every runner shares:
   checks, options, dry run and run); the CLI reads only this.
 * `tfdist.launcher.supervisor`: the one failure policy, over any runner's `TaskGroup`.
 * `tfdist.launcher.process`: the process group that starts and stops a job's tasks together;
-  `tfdist.launcher.output`: which of their lines are shown.
+  `tfdist.launcher.output`: which of their lines are shown; `tfdist.launcher.containment`:
+  the job's cgroup and the guardian that ends every process of it with the launcher.
 * `tfdist.launcher.check`: ``--check``, what is installed.
 
 The runner families, a folder each (its ``__init__`` holds its record, ``RUNNER``):

@@ -7,7 +7,9 @@ every task (SIGTERM, then SIGKILL after a grace period) when one fails, when the
 when the group is left.
 
 Children also ask the kernel to kill them if the process that started them dies
-(``PR_SET_PDEATHSIG``), so a launcher that is itself SIGKILLed leaves no task behind.
+(``PR_SET_PDEATHSIG``), and each task runs in a cgroup of the job (`tfdist.launcher.containment`)
+whose guardian kills it when the launcher ends or dies: so nothing a task starts, even a process
+that left its group (``setsid``), outlives the job or a SIGKILLed launcher.
 
 `wait` supervises the tasks with the one failure policy of every runner
 (`tfdist.launcher.supervisor.Supervisor`; the group is its local `TaskGroup`). Tasks have a *kind*:
@@ -46,6 +48,7 @@ from typing import IO
 
 from tfdist.core.traits import TaskKind
 from tfdist.errors import LaunchError
+from tfdist.launcher.containment import Containment
 from tfdist.launcher.output import LineFilter, RankFailure, TaskOutput
 from tfdist.launcher.supervisor import Member, Supervisor
 
@@ -143,6 +146,7 @@ class ProcessGroup:
         self._log_dir = os.fspath(log_dir) if log_dir is not None else None
         self._join_network = join_network
         self._lock = threading.Lock()
+        self._containment: Containment | None = None
         self.tasks: dict[str, TaskProcess] = {}
         self.sidecar_failures: dict[str, int] = {}
         self.output_failures: dict[str, str] = {}
@@ -198,6 +202,9 @@ class ProcessGroup:
         stdin: str | None = None,
         show: LineFilter | None = None,
     ) -> tuple[subprocess.Popen[bytes], threading.Thread]:
+        if self._containment is None:
+            self._containment = Containment().start()
+        join_cgroup = self._containment.joiner(name)
         popen = subprocess.Popen(
             list(argv),
             env=dict(env) if env is not None else None,
@@ -206,8 +213,9 @@ class ProcessGroup:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=self._prepare_child,
+            preexec_fn=lambda: self._prepare_child(join_cgroup),
         )
+        self._containment.watch_group(name, popen.pid)
         if stdin is not None:
             assert popen.stdin is not None
             try:
@@ -221,8 +229,9 @@ class ProcessGroup:
         )
         return popen, reader
 
-    def _prepare_child(self) -> None:  # pragma: no cover - runs in the child before exec
+    def _prepare_child(self, join_cgroup: Callable[[], None]) -> None:  # pragma: no cover
         _die_with_parent()
+        join_cgroup()
         if self._join_network is not None:
             self._join_network()
 
@@ -233,6 +242,8 @@ class ProcessGroup:
         """
         task = self.tasks[name]
         _signal_group(task.popen, signal.SIGKILL)  # leftovers of its process group
+        if self._containment is not None:
+            self._containment.kill(name)  # and those that left it
         task.reader.join(timeout=5)
         task.restarts += 1
         task.popen, task.reader = self._spawn(
@@ -362,7 +373,8 @@ class ProcessGroup:
     def stop(self, grace_period: float | None = None) -> dict[str, int | None]:
         """Stops every task that is still running: SIGTERM, then SIGKILL after the grace period.
 
-        Signals go to each task's whole process group, so its own children stop too.
+        Signals go to each task's whole process group, so its own children stop too; then
+        every process left in the job's cgroup (one that left its group) is SIGKILLed.
 
         Returns:
             Each task's exit status.
@@ -381,9 +393,21 @@ class ProcessGroup:
             # Also reaps leftovers of tasks that exited but left children in their group.
             _signal_group(task.popen, signal.SIGKILL)
             task.popen.wait()
+        self._end_containment()
         for task in self.tasks.values():
             task.reader.join(timeout=5)
         return {name: task.popen.returncode for name, task in self.tasks.items()}
+
+    def _end_containment(self) -> None:
+        """Kills what is left in the job's cgroup, ends its guardian, removes the cgroup."""
+        containment, self._containment = self._containment, None
+        if containment is None:
+            return
+        left = containment.kill()
+        containment.close()
+        if left:
+            self.announce(f"warning: processes {left} of the job did not end within seconds of "
+                          "SIGKILL (stuck in the kernel?); they may outlive the job")
 
 
 def _signal_group(popen: subprocess.Popen[bytes], sig: signal.Signals) -> None:

@@ -28,7 +28,12 @@ from tfdist.parallel.keys import EXIT
 from tfdist.parallel.mesh import ProcessGroup
 from tfdist.parallel.ops import all_reduce_mean
 
-__all__ = ["enable_collectives", "exit_barrier", "join"]
+__all__ = ["EXIT_KEY", "announce", "announced", "enable_collectives", "exit_barrier", "join"]
+
+EXIT_KEY = "tfdist/exit/{rank}"
+"""Set in the coordination service by each process at its exit (a normal one or not), so that a
+process waiting for it in a rendezvous (`tfdist.strategies.model_parallel`'s ``save_model``)
+stops waiting at once."""
 
 
 def enable_collectives(cluster: ClusterSpec, task: Task) -> None:
@@ -83,10 +88,32 @@ def join(cluster: ClusterSpec, task: Task, world: ProcessGroup,
     _wait_for_every_process_at_exit(world)
 
 
+def announce(key: str) -> None:
+    """Sets ``key`` in the job's coordination service (a key-value store on task 0)."""
+    from tensorflow.python.eager import context
+
+    try:
+        context.context().set_config_key_value(key, "1")
+    except Exception:  # noqa: BLE001 - at exit, with the service gone: nothing to tell
+        pass
+
+
+def announced(key: str, wait_ms: int) -> bool:
+    """Whether ``key`` is set in the coordination service (waiting up to ``wait_ms`` ms)."""
+    from tensorflow.python.eager import context
+
+    try:
+        context.context().get_config_key_value(key, max(1, wait_ms))
+        return True
+    except Exception:  # noqa: BLE001 - not set within the wait (DeadlineExceeded, NotFound)
+        return False
+
+
 @functools.cache  # once per process, like enable_collectives: one barrier, one instance key
 def _wait_for_every_process_at_exit(world: ProcessGroup) -> None:
-    """At a normal exit, `exit_barrier`; not after an uncaught exception (the launcher should
-    hear of a failure at once, not after the barrier's timeout)."""
+    """At exit, says so (`EXIT_KEY`), then, at a normal exit, `exit_barrier`; not after an
+    uncaught exception (the launcher should hear of a failure at once, not after the
+    barrier's timeout)."""
     failed = []
     previous_hook = sys.excepthook
 
@@ -94,5 +121,10 @@ def _wait_for_every_process_at_exit(world: ProcessGroup) -> None:
         failed.append(exc_info[0])
         previous_hook(*exc_info)
 
+    def at_exit() -> None:
+        announce(EXIT_KEY.format(rank=world.rank))
+        if not failed:
+            exit_barrier(world)
+
     sys.excepthook = record_failure
-    atexit.register(lambda: failed or exit_barrier(world))
+    atexit.register(at_exit)

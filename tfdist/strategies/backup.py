@@ -39,6 +39,7 @@ from typing import Any
 from tfdist.core import flavour
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.paths import directory_problem, file_problem
+from tfdist.strategies.backup_claim import claim_backup, release_backup
 
 __all__ = ["backup_callback", "model_checkpoint_callback"]
 
@@ -89,8 +90,10 @@ def backup_callback(
         **kwargs: Passed to Keras's ``BackupAndRestore`` (e.g. ``save_freq``).
 
     Raises:
-        StrategyConfigError: ``save_before_preemption=True`` where it cannot work, or a
-            ``directory`` that cannot be written (checked now, not after the first epoch).
+        StrategyConfigError: ``save_before_preemption=True`` where it cannot work, a
+            ``directory`` that cannot be written (checked now, not after the first epoch), one
+            another running job uses, or one whose backups were written for another layout
+            (`tfdist.strategies.backup_claim`).
     """
     directory = os.fspath(directory)
     problem = directory_problem(directory)
@@ -101,8 +104,11 @@ def backup_callback(
             fix="pass backup_callback a directory path that is not under a file"))
     preempt = _preemption_wanted(strategy, save_before_preemption)
     per_rank = bool(getattr(strategy, "per_rank_backups", False))
+    job_directory = directory
     if per_rank:  # worker_index: chief 0, then the workers (task_index repeats across roles)
         directory = os.path.join(directory, f"rank-{strategy.worker_index}")
+    if per_rank or strategy.is_chief:  # the processes that write it
+        claim_backup(strategy, directory, job_directory)
     if preempt and hasattr(strategy, "_step_backup"):  # the pipeline's, either Keras
         return strategy._step_backup(directory, **kwargs)
     keras = flavour.get_keras()
@@ -197,6 +203,8 @@ def _tf_keras_backup(
             super().on_train_end(logs)
             if self.delete_checkpoint and per_rank:
                 shutil.rmtree(self.backup_dir, ignore_errors=True)
+            elif self.delete_checkpoint and strategy.is_chief:
+                release_backup(self.backup_dir)  # tf-keras deleted its checkpoint files only
 
     return TfdistBackupAndRestore()
 

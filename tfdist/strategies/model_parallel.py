@@ -9,6 +9,7 @@ collective's resolution), and saves the whole model from the chief.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,6 +29,9 @@ from tfdist.parallel.place import (
 from tfdist.strategies.startup import startup_deadline
 
 __all__ = ["ModelParallelMixin", "tensor_shards"]
+
+_SAVE_KEY = "tfdist/save_model/{call}/{rank}"
+_PROBE_MS = 200
 
 
 class ModelParallelMixin:
@@ -56,6 +60,7 @@ class ModelParallelMixin:
         name = type(self).__name__
         runtime.join(cluster, task, world,
                      startup_deadline(deadline, cluster, task, f"{name} on {task}"))
+        self._tfdist_world = world
 
     @staticmethod
     def _device() -> str:
@@ -105,14 +110,48 @@ class ModelParallelMixin:
         """Saves the whole model: every process calls it, the chief writes ``filepath``, a
         ``.keras`` file that ``keras.models.load_model`` opens in one process.
 
+        Where ``filepath`` cannot be written the model is saved to a new temporary directory
+        and the error names it (`SavingMixin.save_model`).
+
         Returns:
             ``filepath`` on the chief, None elsewhere.
+
+        Raises:
+            StrategyConfigError: A process of the job reached its end (or failed) without
+                calling it: gathering the model needs every process. Or ``filepath`` cannot be
+                written (the model is then saved elsewhere, named in the message).
         """
+        self._every_process_saves()
         whole = self.assemble(model)  # type: ignore[attr-defined]
         if whole is None:
             return None
         path = os.fspath(filepath)
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        whole.save(path, **kwargs)
+        self._save_or_rescue(whole, path, path, kwargs,  # type: ignore[attr-defined]
+                             collective=False)
         report_written("model", path)
         return path
+
+    def _every_process_saves(self) -> None:
+        """Waits until every process of the job has called `save_model` (this is its Nth call);
+        refuses at once when one of them reached its exit instead (`runtime.EXIT_KEY`)."""
+        world: ProcessGroup | None = getattr(self, "_tfdist_world", None)
+        if world is None or world.size < 2:
+            return
+        self._tfdist_saves = getattr(self, "_tfdist_saves", 0) + 1
+        call = self._tfdist_saves
+        runtime.announce(_SAVE_KEY.format(call=call, rank=world.rank))
+        limit = self.timeout or 300.0  # the pipeline's 0: transfers wait without a limit
+        deadline = time.monotonic() + limit
+        for peer in (r for r in range(world.size) if r != world.rank):
+            while not runtime.announced(_SAVE_KEY.format(call=call, rank=peer), _PROBE_MS):
+                exited = runtime.announced(runtime.EXIT_KEY.format(rank=peer), 1)
+                if exited or time.monotonic() > deadline:
+                    raise StrategyConfigError(format_error(
+                        f"save_model gathers the model from every process of the job, but "
+                        f"the process of rank {peer} "
+                        + ("reached the end of the script (or failed) without calling it"
+                           if exited else f"did not call it within {limit:g} s") + ".",
+                        received=f"save_model call {call} on rank {world.rank} only",
+                        expected="every process calls save_model (the chief writes the file)",
+                        fix="call strategy.save_model(model, path) on every process, not under "
+                            "`if strategy.is_chief` (it returns None on the others)"))

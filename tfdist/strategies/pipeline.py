@@ -67,6 +67,7 @@ from tfdist.pipeline.modes import PipelineMode, choose_mode
 from tfdist.strategies.base import TfdistStrategyMixin
 from tfdist.strategies.initial_weights import stages_initial_weights
 from tfdist.strategies.model_parallel import ModelParallelMixin
+from tfdist.strategies.pipeline_backup import PipelineBackupMixin
 from tfdist.strategies.pipeline_weights import StageWeightsMixin
 from tfdist.strategies.pipeline_weights import stage_model as _stage_model
 from tfdist.strategies.startup import resolve_startup_timeout
@@ -103,8 +104,8 @@ def _warn_if_one_inter_op_thread() -> None:
             "or more (tf.config.threading.set_inter_op_parallelism_threads(2)).")
 
 
-class PipelineStrategy(StageWeightsMixin, ModelParallelMixin, TfdistStrategyMixin,
-                       tf.distribute.OneDeviceStrategy):
+class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixin,
+                       TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
     """Pipeline (and data x pipeline) parallelism over the workers of TF_CONFIG.
 
     Args:
@@ -339,23 +340,6 @@ class PipelineStrategy(StageWeightsMixin, ModelParallelMixin, TfdistStrategyMixi
         return self._mark_split(model)
 
     # ----------------------------------------------------------------- preemption
-    def _step_backup(self, directory: str, **kwargs: Any) -> Any:
-        """``backup_callback``'s callback for this rank's ``directory``: saves at the step on
-        SIGTERM (`tfdist.strategies.pipeline_backup`); ``kwargs``: ``save_freq``,
-        ``delete_checkpoint``."""
-        from tfdist.strategies.pipeline_backup import step_backup
-
-        return step_backup(self, directory, **kwargs)
-
-    def preemption_handler(self, checkpoint: Any, directory: str | os.PathLike[str]) -> Any:
-        """For a custom loop over `train_step`: run each step as ``handler.run(step, x, y)``;
-        on SIGTERM every rank saves ``checkpoint`` in ``<directory>/rank-<r>`` at the same step
-        and exits 75. Creating it restores that checkpoint; ``handler.total_run_calls`` is then
-        the steps it holds (`tfdist.pipeline.preemption.PipelinePreemptionHandler`)."""
-        from tfdist.pipeline.preemption import PipelinePreemptionHandler
-
-        return PipelinePreemptionHandler(self, checkpoint, os.fspath(directory))
-
     def train_step(self, model: Any, loss: Any, optimizer: Any) -> Any:
         """The custom-loop path: a ``tf.function`` ``step(x, y, sample_weight=None) -> loss`` of
         one pipelined step.

@@ -14,19 +14,24 @@
 * ``on_train_end``: SIGTERM is fatal again and, unless ``delete_checkpoint=False``, the rank's
   backup is deleted (a finished job starts afresh, as Keras's callback does).
 
+`PipelineBackupMixin` gives `tfdist.strategies.pipeline.PipelineStrategy` its backup methods:
+this callback, the custom loop's ``preemption_handler``, and ``backup_layout`` (what a rank's
+backup depends on, which `tfdist.strategies.backup_claim` checks before ``fit``).
+
 The input is re-read from its start each epoch (arrays, or a finite dataset). One step per
 train-function call: ``steps_per_execution`` must be 1.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from typing import Any
 
 from tfdist.core import flavour
 from tfdist.errors import StrategyConfigError, format_error
 
-__all__ = ["step_backup"]
+__all__ = ["PipelineBackupMixin", "step_backup"]
 
 
 def step_backup(strategy: Any, directory: str, save_freq: int | str = "epoch",
@@ -87,6 +92,50 @@ def step_backup(strategy: Any, directory: str, save_freq: int | str = "epoch",
                 shutil.rmtree(directory, ignore_errors=True)
 
     return PipelineBackupAndRestore()
+
+
+class PipelineBackupMixin:
+    """The backup half of `tfdist.strategies.pipeline.PipelineStrategy` (which supplies
+    ``layout``, ``shards``, ``config``, ``bounds``, ``name`` and ``worker_index``)."""
+
+    layout: Any
+    shards: int
+    config: Any
+    bounds: Any
+    name: str
+    worker_index: int
+
+    def backup_layout(self) -> dict[str, Any]:
+        """What this process's backup depends on: the mesh, the chunks and (once the model is
+        split) the stage bounds; `tfdist.strategies.backup_claim` refuses any other.
+
+        Example:
+            >>> from tfdist.strategies.pipeline import PipelineStrategy
+            >>> PipelineStrategy().backup_layout()["stages"]
+            1
+        """
+        layout = self.layout
+        return {"strategy": self.name, "processes": layout.processes, "data": layout.replicas,
+                "stages": layout.stages, "tensor": self.shards, "chunks": self.config.chunks,
+                "stage_bounds": None if self.bounds is None else list(self.bounds)}
+
+    def _step_backup(self, directory: str, **kwargs: Any) -> Any:
+        """``backup_callback``'s callback for this rank's ``directory``: saves at the step on
+        SIGTERM (`tfdist.strategies.pipeline_backup`); ``kwargs``: ``save_freq``,
+        ``delete_checkpoint``."""
+        return step_backup(self, directory, **kwargs)
+
+    def preemption_handler(self, checkpoint: Any, directory: str | os.PathLike[str]) -> Any:
+        """For a custom loop over `train_step`: run each step as ``handler.run(step, x, y)``;
+        on SIGTERM every rank saves ``checkpoint`` in ``<directory>/rank-<r>`` at the same step
+        and exits 75. Creating it restores that checkpoint; ``handler.total_run_calls`` is then
+        the steps it holds (`tfdist.pipeline.preemption.PipelinePreemptionHandler`)."""
+        from tfdist.pipeline.preemption import PipelinePreemptionHandler
+        from tfdist.strategies.backup_claim import claim_backup
+
+        directory = os.fspath(directory)  # one job, the layout its backups were made for:
+        claim_backup(self, os.path.join(directory, f"rank-{self.worker_index}"), directory)
+        return PipelinePreemptionHandler(self, checkpoint, directory)
 
 
 def _check_save_freq(save_freq: Any) -> None:

@@ -81,8 +81,13 @@ class StageWeightsMixin:
         assert self.spec is not None and self.bounds is not None
         spec, bounds = self.spec, self.bounds
         if layout.holds_all:
-            return [np.asarray(w) for k in range(layout.stages) for w in stage.layer_weights(
+            if self.split is None:
+                return [np.asarray(w) for k in range(layout.stages) for w in stage.layer_weights(
+                    stage_model(model, k), spec, stage.owned_layers(spec, bounds, k))]
+            # each stage is a shard: gather it whole from the tensor group (shard 0 keeps it)
+            whole = [w for k in range(layout.stages) for w in self.split.gather(
                 stage_model(model, k), spec, stage.owned_layers(spec, bounds, k))]
+            return whole if layout.coordinates.tensor == 0 else None
         if self.config.chunks > 1:
             own = [np.asarray(w) for i, k in enumerate(self.mode.pieces) for w in
                    stage.layer_weights(stage_model(model, i), spec,

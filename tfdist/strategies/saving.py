@@ -152,27 +152,47 @@ class SavingMixin:
         written = self.write_path(filepath)
         if written is None:
             return None
-        problem = file_problem(written)
-        target = written if problem is None else _rescue_path(written)
-        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-        with self._writing():  # every process saves even to a rescue path: it is a collective
-            model.save(target, **kwargs)
-        if problem is not None:
-            self._refuse_unwritable_save(os.fspath(filepath), problem, target)
+        # every process saves, even to a rescue path: under MultiWorkerMirrored it is a collective
+        self._save_or_rescue(model, written, os.fspath(filepath), kwargs, collective=True)
         self._discard(written)
         if self.is_chief:
             report_written("model", written)
         return written if self.is_chief else None
+
+    def _save_or_rescue(self, model: Any, written: str, filepath: str, kwargs: dict[str, Any],
+                        collective: bool) -> None:
+        """``model.save(written)``; where ``written`` cannot be written, saves to a new
+        temporary directory instead and raises an error that names it: the trained model is
+        never lost to a bad path. The one save path of every strategy.
+
+        A write that fails only while writing (a read-only file system) is rescued too, unless
+        the save is ``collective`` (the other processes are inside the same save).
+        """
+        problem = file_problem(written)
+        target = written if problem is None else _rescue_path(written)
+        try:
+            os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+            with self._writing():
+                model.save(target, **kwargs)
+        except OSError as err:
+            if collective or problem is not None:
+                raise
+            problem, target = f"{type(err).__name__}: {err}", _rescue_path(written)
+            model.save(target, **kwargs)
+        if problem is not None:
+            self._refuse_unwritable_save(filepath, problem, target)
 
     def _refuse_unwritable_save(self, filepath: str, problem: str, rescued: str) -> None:
         if not self.is_chief:
             shutil.rmtree(os.path.dirname(rescued), ignore_errors=True)
         where = (f"the trained model was saved to {rescued} instead" if self.is_chief
                  else "the chief saved the trained model elsewhere (its error names where)")
+        move = rescued if self.is_chief else "where the chief's error names"
         raise StrategyConfigError(format_error(
             f"save_model cannot write {filepath!r}: {problem}; {where}.", received=filepath,
-            expected="a path whose directories can be created and written",
-            fix="save to a path that is not under a file (move the rescued model there)"))
+            expected="a path of a new file whose directories can be created and written",
+            fix=f"move the rescued model from {move} to where you want it; next time save to a "
+                "new file in a writable directory (not a directory, not under a file)"))
 
     def save_checkpoint(
         self,

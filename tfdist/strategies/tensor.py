@@ -162,6 +162,7 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
             with keras_compat.abstract_build():
                 abstract = model_or_fn()
             self._abstract = abstract
+        keras_compat.refuse_step_overrides(abstract, "tensor")
         if nested.is_nested(abstract):
             return nested.plan_nested(abstract, self.shards, self.rules)[0]
         return plan_model(abstract, self.shards, self.rules)
@@ -318,6 +319,17 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
         """Every layer's whole weights (a collective of the tensor group)."""
         return shards_of.gather_weights(model, model.tensor_plan, self.tensor_group,
                                         self.timeout)
+
+    def backup_layout(self) -> dict[str, Any]:
+        """What this process's backup depends on: the mesh (its shards are ``1/T`` of a layer,
+        of replica ``rank // T``); `tfdist.strategies.backup_claim` refuses any other.
+
+        Example:
+            >>> TensorStrategy().backup_layout()
+            {'strategy': 'tensor', 'processes': 1, 'data': 1, 'tensor': 1}
+        """
+        return {"strategy": self.name, "processes": self.mesh.size, "data": self.mesh.data,
+                "tensor": self.mesh.tensor}
 
     def assemble(self, model: Any) -> Any | None:
         """The whole model with the trained weights on the chief, None elsewhere (every

@@ -4,6 +4,7 @@ shards in step.
 `TensorModel` is a functional ``keras.Model`` of one shard (`tfdist.tensor.build.build_shard`).
 Every process of the job is given the same global batches. A training step:
 
+0. checks that it is so over the tensor group (`tfdist.tensor.consistency`);
 1. takes this data replica's rows of the batch (``D`` replicas: ``1/D`` of the rows each);
 2. runs the shard forward and backward: the split layers' collectives (`tfdist.tensor.
    collectives`) make every shard's gradients exact, and the replicated variables' gradients
@@ -31,6 +32,7 @@ from tfdist.errors import StrategyConfigError, format_error
 from tfdist.parallel.mappings import all_reduce_sum, gather_axis, gather_last_axis
 from tfdist.parallel.mesh import ProcessGroup
 from tfdist.tensor.clipping import clip_each, clip_global
+from tfdist.tensor.consistency import assert_same_batch
 from tfdist.tensor.loss import VocabParallelCrossEntropy
 from tfdist.tensor.nested import entry_variables
 from tfdist.tensor.plan import TensorPlan
@@ -135,16 +137,36 @@ class TensorModel(keras.Model):
 
     # ------------------------------------------------------------------- steps
     def replica_rows(self, value: Any) -> Any:
-        """This data replica's rows of a global batch (the whole batch when D = 1)."""
+        """This data replica's rows of a global batch (the whole batch when D = 1): replica
+        ``d`` of D takes rows ``[n d // D, n (d + 1) // D)``, so every row of an uneven
+        batch is some replica's (`replica_share` weighs each replica's loss by its rows)."""
         group = self.data_group
         if value is None or group.size == 1:
             return value
 
         def rows(t: Any) -> Any:
-            size = tf.shape(t)[0] // group.size
-            return t[group.rank * size:(group.rank + 1) * size]
+            n = tf.shape(t)[0]
+            return t[n * group.rank // group.size:n * (group.rank + 1) // group.size]
 
         return tf.nest.map_structure(rows, value)
+
+    def replica_share(self, x: Any) -> Any:
+        """D x this replica's share of the global batch's rows (1.0 where they split evenly):
+        its mean loss times this, averaged over the D replicas, is the whole batch's mean.
+
+        Raises:
+            InvalidArgumentError: (at the step) a batch with fewer rows than replicas.
+        """
+        group = self.data_group
+        n = tf.shape(tf.nest.flatten(x)[0])[0]
+        if group.size == 1:
+            return tf.constant(1.0)
+        with tf.control_dependencies([tf.debugging.assert_greater_equal(
+                n, group.size, message=f"A global batch has fewer rows than the {group.size} "
+                "data-parallel replicas of the tensor strategy. Fix: batch at least that many "
+                "rows (drop_remainder=True drops a short last batch)")]):
+            rows = n * (group.rank + 1) // group.size - n * group.rank // group.size
+        return tf.cast(rows * group.size, tf.float32) / tf.cast(n, tf.float32)
 
     def average_gradients(self, gradients: list[Any]) -> list[Any]:
         """Each gradient's mean over the data axis; row slices stay row slices."""
@@ -176,10 +198,17 @@ class TensorModel(keras.Model):
     def apply_step(self, x: Any, y: Any, sample_weight: Any, compute_loss: Any,
                    optimizer: Any) -> Any:
         """One step on this replica's rows; returns the global batch's loss."""
+        checks = assert_same_batch({"x": x, "y": y, "sample_weight": sample_weight},
+                                   self.tensor_group, optimizer.iterations + 1,
+                                   self.tensor_timeout)
+        with tf.control_dependencies(checks):  # no step on batches that differ
+            x = tf.nest.map_structure(tf.identity, x)
+        share = self.replica_share(x)
         x, y, sample_weight = (self.replica_rows(v) for v in (x, y, sample_weight))
         with tf.GradientTape() as tape:
             y_pred = self(x, training=True)
             loss = compute_loss(x, y, y_pred, sample_weight)
+            loss = loss * tf.cast(share, loss.dtype)
         gradients = self.clip(self.average_gradients(
             tape.gradient(loss, self.trainable_weights)), optimizer)
         with clipping_off(optimizer):
@@ -196,9 +225,9 @@ class TensorModel(keras.Model):
             return self._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
                                       training=True)
 
+        rows = tf.shape(tf.nest.flatten(x)[0])[0]  # the global batch's
         loss, y_pred, (x, y, sample_weight) = self.apply_step(
             x, y, sample_weight, compute_loss, self.optimizer)
-        rows = tf.shape(tf.nest.flatten(x)[0])[0] * self.data_group.size
         self._loss_tracker.update_state(loss, sample_weight=rows)
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 

@@ -53,6 +53,9 @@ _MHA_OPTIONS = {"output_shape": None, "use_gate": False, "sliding_window": None}
 _FIX_REPLICATE = "or replicate it: rules={{{name!r}: 'replicated'}}"
 
 
+_CONSTRAINTS = ("kernel_constraint", "bias_constraint", "embeddings_constraint")
+
+
 def _class(layer: Any) -> str:
     return type(layer).__name__
 
@@ -79,6 +82,10 @@ def _why_not_split(layer: Any) -> str | None:
     if any(config.get(key) for key in ("kernel_regularizer", "bias_regularizer",
                                        "embeddings_regularizer", "activity_regularizer")):
         return "has a regularizer (its loss would be summed per shard)"
+    constraints = [config.get(key) for key in _CONSTRAINTS]
+    if any(c and (not isinstance(c, dict) or c.get("class_name") != "NonNeg")
+           for c in constraints):  # NonNeg is per element: the same on a shard
+        return "has a constraint (it would be applied to each shard, not the whole weight)"
     if _is_keras(layer, "MultiHeadAttention"):
         axes = config.get("attention_axes")
         if any(config.get(key, default) != default for key, default in _MHA_OPTIONS.items()) \

@@ -1,0 +1,54 @@
+"""What tensor and pipeline would silently change, refused or made exact before training: a
+step override, a constraint on a split weight."""
+
+from __future__ import annotations
+
+import keras
+import pytest
+
+from tfdist.errors import StrategyConfigError
+from tfdist.strategies.pipeline import PipelineStrategy
+from tfdist.strategies.tensor import TensorStrategy
+from tfdist.tensor.rules import plan_model
+
+
+class _OwnStep(keras.Model):
+    """A model whose train_step adds to what Keras's does (both strategies once ignored it)."""
+
+    def train_step(self, data):
+        return super().train_step(data)
+
+
+def _model(cls=keras.Model, constraint=None) -> keras.Model:
+    inputs = keras.Input((8,))
+    hidden = keras.layers.Dense(16, activation="relu", name="up",
+                                kernel_constraint=constraint)(inputs)
+    hidden = keras.layers.Dense(8, name="down")(hidden)
+    return cls(inputs, keras.layers.Dense(1, name="head")(hidden))
+
+
+@pytest.mark.parametrize("strategy", [TensorStrategy, PipelineStrategy])
+def test_a_train_step_override_is_refused_naming_it(strategy):
+    for model_or_fn in (_model(_OwnStep), lambda: _model(_OwnStep)):
+        with pytest.raises(StrategyConfigError) as refused:
+            strategy().build_model(model_or_fn)
+        message = str(refused.value)
+        assert "_OwnStep.train_step would be silently ignored" in message
+        assert "Fix: move what the override adds into layers" in message
+    assert strategy().build_model(_model()) is not None  # Keras's own steps: accepted
+
+
+def test_a_constrained_layer_is_kept_whole_and_the_plan_says_why():
+    # MaxNorm on a split Dense pair was applied per shard (a weight gap of 0.334).
+    kinds = {layer.name: layer.kind for layer in plan_model(
+        _model(constraint=keras.constraints.MaxNorm(0.3)), 2).layers}
+    assert kinds == {"up": "replicated", "down": "replicated", "head": "replicated"}
+    table = plan_model(_model(constraint=keras.constraints.MaxNorm(0.3)), 2).table()
+    assert "has a constraint (it would be applied to each shard, not the whole weight)" in table
+    # An element-wise constraint is the same on a shard: the pair is still split.
+    kinds = {layer.name: layer.kind for layer in plan_model(
+        _model(constraint=keras.constraints.NonNeg()), 2).layers}
+    assert (kinds["up"], kinds["down"]) == ("column", "row")
+    with pytest.raises(StrategyConfigError, match=r"Layer 'up' cannot be split .*constraint"):
+        plan_model(_model(constraint=keras.constraints.MaxNorm(0.3)), 2,
+                   {"up": "column", "down": "row"})
