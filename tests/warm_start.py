@@ -262,6 +262,7 @@ def _spawn_detached(argv: list[str], env: dict[str, str], cwd: str, log: str,
             os.close(read_end)
             os.setsid()
             _join_network_of(owner, ctypes.CDLL("libc.so.6", use_errno=True))
+            _join_cgroup_of(owner)
             server = os.fork()
             if server == 0:
                 os.close(write_end)
@@ -534,6 +535,27 @@ def _join_network_of(pid: int, libc: ctypes.CDLL) -> None:
             raise OSError(ctypes.get_errno(), "setns into the shim's network namespace failed")
     finally:
         os.close(fd)
+
+
+def _join_cgroup_of(pid: int) -> None:
+    """Moves this process into ``pid``'s cgroup v2, where there is one: not the cgroup of the
+    task that started the server (the launcher kills a task's cgroup when it ends or restarts
+    alone, `tfdist.launcher.containment`: the server and every warm task of the suite with it)."""
+    try:
+        own = next((line[3:] for line in open(f"/proc/{pid}/cgroup").read().splitlines()
+                    if line.startswith("0::")), None)
+        mounts = open("/proc/self/mountinfo").read().splitlines()
+    except OSError:
+        return
+    mount = next((fields[4] for fields in map(str.split, mounts)
+                  if "-" in fields and fields[fields.index("-") + 1] == "cgroup2"), None)
+    if own is None or mount is None:
+        return
+    try:
+        with open(os.path.join(mount, own.lstrip("/"), "cgroup.procs"), "w") as procs:
+            procs.write(str(os.getpid()))
+    except OSError:
+        pass  # not root, or a cgroup that takes no processes: the server stays where it is
 
 
 def _log_census_start() -> None:

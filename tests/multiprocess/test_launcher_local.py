@@ -54,7 +54,7 @@ def test_every_task_runs_with_prefixed_output(tmp_path):
     assert proc.returncode == 0, out
     for task in ("chief:0", "worker:0", "worker:1"):
         assert f"[{task}] task {task} mode ok" in out
-    assert "job finished: 3 task(s) succeeded" in out
+    assert ": 3 tasks succeeded" in out and "job finished in " in out
 
 
 def test_a_failing_task_stops_the_job_with_its_status_and_last_lines(tmp_path):
@@ -141,7 +141,7 @@ def test_a_crashing_evaluator_is_reported_and_training_goes_on(tmp_path):
     assert "sidecar evaluator:0 exited with status 4; job goes on" in out
     for task in ("chief:0", "worker:0", "worker:1"):
         assert f"[{task}] {task} trained" in out
-    assert "job finished: 4 task(s) succeeded" in out
+    assert ": 4 tasks succeeded" in out and "job finished in " in out
 
 
 def test_a_task_that_cannot_start_stops_the_gang(tmp_path):

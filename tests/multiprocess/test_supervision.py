@@ -58,7 +58,7 @@ SCENARIOS = {
     "a_sidecar_crashes_and_training_goes_on": Scenario(
         "fail_evaluator", {"workers": 2, "evaluator": True}, 0,
         ("[tfdist] sidecar evaluator:0 exited with status 4; job goes on. Its last lines:",
-         "evaluator gives up", "job finished: 3 task(s) succeeded")),
+         "evaluator gives up", ": 3 tasks succeeded")),
     "a_ps_worker_is_restarted_alone": Scenario(
         "restart_worker1", PS_JOB, 0,
         (f"[tfdist] {RESTARTED_ALONE}. Its last lines:", "worker 1 dies",
@@ -71,7 +71,7 @@ SCENARIOS = {
     "max_restarts_reruns_the_gang": Scenario(
         "fail_once", {"workers": 2, "max_restarts": 1}, 0,
         ("task worker:1 failed first (exit status 5)",
-         "restarting the whole job (1/1) after exit status 5", "job finished: 2 task(s)"),
+         "restarting the whole job (1/1) after exit status 5", ": 2 tasks succeeded"),
         starts={"worker:0": 2, "worker:1": 2}),
     "the_job_times_out": Scenario(
         "sleep", {"workers": 2, "timeout": 3}, 124,
@@ -89,7 +89,7 @@ SCENARIOS = {
         ("job stopped by SIGTERM; every task stopped. Not saved on SIGTERM: worker:1 (exit "
          "status -9)",), signal=signal.SIGTERM, ready=2),
     "ctrl_c_stops_the_job": Scenario(
-        "save_on_sigterm", {"workers": 2}, 130, ("interrupted; stopping every task",),
+        "save_on_sigterm", {"workers": 2}, 130, ("Ctrl-C: stopping every task", "interrupted (Ctrl-C) after "),
         signal=signal.SIGINT, ready=2),
 }
 
