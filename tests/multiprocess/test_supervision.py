@@ -89,7 +89,8 @@ SCENARIOS = {
         ("job stopped by SIGTERM; every task stopped. Not saved on SIGTERM: worker:1 (exit "
          "status -9)",), signal=signal.SIGTERM, ready=2),
     "ctrl_c_stops_the_job": Scenario(
-        "save_on_sigterm", {"workers": 2}, 130, ("Ctrl-C: stopping every task", "interrupted (Ctrl-C) after "),
+        "save_on_sigterm", {"workers": 2}, 130,
+        ("Ctrl-C: stopping every task", "interrupted (Ctrl-C) after "),
         signal=signal.SIGINT, ready=2),
 }
 
