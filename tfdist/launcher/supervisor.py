@@ -179,15 +179,19 @@ def _ignoring(signum: int) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _sigterm_is_preemption() -> Iterator[None]:
-    """SIGTERM raises `_Preempted` in the main thread (elsewhere signals cannot be handled)."""
+    """SIGTERM raises `_Preempted` in the main thread (elsewhere signals cannot be handled);
+    SIGINT raises ``KeyboardInterrupt`` even where the launcher was started with it ignored (a
+    script's background job inherits SIG_IGN): a SIGINT sent to the launcher stops the job."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.signal(signal.SIGTERM, _raise_preempted)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 @dataclasses.dataclass
