@@ -11,14 +11,15 @@ the step methods a model's own class overrides, which they would leave out
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tfdist.core.flavour import KerasFlavour, flavour_of, get_keras, keras_flavour  # noqa: F401 - get_keras: the examples
 
 __all__ = ["abstract_build", "bind_unbuilt_optimizer", "build_optimizer", "call_losses",
-           "functional_class", "metrics_scope", "refuse_step_overrides", "step_overrides",
-           "weight_losses"]
+           "functional_class", "in_own_thread", "metrics_scope", "refuse_step_overrides",
+           "step_overrides", "weight_losses"]
 
 STEP_METHODS = ("train_step", "test_step", "predict_step", "compute_loss")
 """What a model class may override to change what ``fit``/``evaluate``/``predict`` do."""
@@ -256,3 +257,28 @@ def refuse_step_overrides(model: Any, strategy: str) -> None:
             fix="move what the override adds into layers (a loss into the compiled loss, a "
                 "penalty into add_loss), or train it with a data-parallel strategy "
                 "(multi_worker, horovod), which runs your train_step"))
+
+
+def in_own_thread(call: Callable[[], Any], name: str) -> Any:
+    """``call()`` in a thread of its own, whose distribution context is the default one (a
+    strategy's scope belongs to the thread that entered it); its exception re-raised here.
+
+    Example:
+        >>> in_own_thread(lambda: 1 + 1, "example")
+        2
+    """
+    result: list[Any] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(call())
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+            failure.append(err)
+
+    thread = threading.Thread(target=run, name=name)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return result[0]

@@ -17,7 +17,6 @@ a single device loads with ``keras.models.load_model``.
 from __future__ import annotations
 
 import functools
-import threading
 from typing import Any
 
 import tensorflow as tf
@@ -416,19 +415,9 @@ class _LocalStagesMixin(_StageModelMixin):
         it (so that each sits on its stage's device), and Keras wants the optimizer's slots made
         where the variables were. It runs in a thread of its own, whose distribution context is
         the default one."""
-        failure: list[BaseException] = []
-
-        def compile_here() -> None:
-            try:
-                super(_LocalStagesMixin, self).compile(*args, **kwargs)
-            except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
-                failure.append(err)
-
-        thread = threading.Thread(target=compile_here, name="tfdist-pipeline-compile")
-        thread.start()
-        thread.join()
-        if failure:
-            raise failure[0]
+        keras_compat.in_own_thread(
+            lambda: super(_LocalStagesMixin, self).compile(*args, **kwargs),
+            "tfdist-pipeline-compile")
 
     def _adopt_optimizer(self) -> None:
         """Builds the optimizer now, eagerly: its slots then sit with their variables, on each

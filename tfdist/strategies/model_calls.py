@@ -33,6 +33,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfdist.compat.models import in_own_thread
+
 __all__ = ["install", "run_locally", "model_strategy", "call_arguments"]
 
 _TRAINERS = {  # flavour: (module, class whose methods are wrapped)
@@ -86,25 +88,6 @@ def _distributed(x: Any) -> bool:
     return isinstance(x, tf.distribute.DistributedDataset)
 
 
-def _in_a_thread(call: Callable[[], Any]) -> Any:
-    """``call()`` in a thread of its own, whose distribution context is the default one."""
-    result: list[Any] = []
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            result.append(call())
-        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
-            failure.append(err)
-
-    thread = threading.Thread(target=run, name="tfdist-local-call")
-    thread.start()
-    thread.join()
-    if failure:
-        raise failure[0]
-    return result[0]
-
-
 def run_locally(model: Any, call: Callable[[], Any]) -> Any:
     """``call()`` (an ``evaluate``/``predict`` of ``model``) on this process alone: the model's
     strategy set aside, so Keras neither splits the batches nor starts a collective.
@@ -119,7 +102,8 @@ def run_locally(model: Any, call: Callable[[], Any]) -> Any:
     for name in (*aside, *_FUNCTIONS):
         setattr(model, name, None)
     try:
-        return _in_a_thread(call) if tf.distribute.has_strategy() else call()
+        return in_own_thread(call, "tfdist-local-call") if tf.distribute.has_strategy() \
+            else call()
     finally:
         for name, value in saved.items():
             setattr(model, name, value)
