@@ -11,7 +11,7 @@ inside a traced step therefore run without a timeout (`tfdist.parallel.mappings`
 ends (a function's first batch, which traces it, gets the start-up deadline if longer). A batch
 that runs past the deadline (a peer died or stopped) has its collectives aborted
 (``abort_collective_ops``): the step fails with an error naming the deadline, instead of waiting
-forever. The pipeline's stop vote after each step (`tfdist.pipeline.preemption`) holds its
+forever. The pipeline's stop vote after each step (`tfdist.resilience.pipeline_vote`) holds its
 deadline the same way.
 
 Example:

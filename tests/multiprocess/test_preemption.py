@@ -143,7 +143,7 @@ def test_a_custom_loop_with_the_preemption_handler_resumes_at_the_step_it_saved(
 
 
 def test_keras3_fit_saves_at_the_step_and_the_rerun_ends_like_an_uninterrupted_run(tmp_path):
-    """Keras 3: tfdist's step backup (`tfdist.strategies.keras3_backup`) saves where tf-keras's
+    """Keras 3: tfdist's step backup (`tfdist.resilience.keras3_backup`) saves where tf-keras's
     does; the rerun calls the saved steps of the epoch without running them (its step callbacks
     still see them), and its input resumes at the saved step."""
     keras3 = {"TF_USE_LEGACY_KERAS": "0"}

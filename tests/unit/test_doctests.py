@@ -48,8 +48,8 @@ MODULES = [
     "tfdist.launcher.hosts.remote",
     "tfdist.launcher.supervisor",
     "tfdist.launcher.containment",
-    "tfdist.strategies.backup_claim",
-    "tfdist.strategies.pipeline_backup",
+    "tfdist.resilience.claim",
+    "tfdist.resilience.pipeline_backup",
     "tfdist.tensor.consistency",
     "tfdist.launcher.local.tasks",
     "tfdist.launcher.ray.gang",
@@ -60,7 +60,8 @@ MODULES = [
     "tfdist.launcher.ray",
     "tfdist.launcher.export",
     "tfdist.horovod.rendezvous",
-    "tfdist.preemption",
+    "tfdist.resilience.preemption",
+    "tfdist.resilience",
 ]
 
 

@@ -23,11 +23,11 @@ ROOT = Path(__file__).resolve().parents[2] / "tfdist"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("tfdist.errors", "tfdist.options", "tfdist.paths", "tfdist.core", "tfdist.logs"),  # TF-free
-    ("tfdist.cluster", "tfdist.preemption"),  # cluster specs and TF_CONFIG: pure data
+    ("tfdist.cluster",),  # cluster specs and TF_CONFIG: pure data
     ("tfdist.compat", "tfdist.startup_hook"),  # the Keras shims and differences, start-up hook
     ("tfdist.parallel",),  # the model-parallel substrate: mesh, place, keys, collectives
     ("tfdist.pipeline", "tfdist.tensor", "tfdist.horovod", "tfdist.training", "tfdist.watchdog",
-     "tfdist.coordinator_fit"),  # what strategies are built from
+     "tfdist.coordinator_fit", "tfdist.resilience"),  # what strategies are built from
     ("tfdist.strategies", "tfdist.evaluator", "tfdist.server"),  # what a training process runs
     ("tfdist.launcher", "tfdist.testing"),  # starting jobs
     ("tfdist.probe",),  # measurements the benchmark and the advisor share

@@ -23,8 +23,8 @@ keras = flavour.get_keras()
 EPOCHS, STEPS, BATCH = 2, 4, 4
 
 
-@pytest.mark.parametrize("name", ["tfdist.pipeline.preemption",
-                                  "tfdist.strategies.pipeline_backup"])
+@pytest.mark.parametrize("name", ["tfdist.resilience.pipeline_vote",
+                                  "tfdist.resilience.pipeline_backup"])
 def test_docstring_examples(name):
     assert doctest.testmod(importlib.import_module(name)).failed == 0
 
@@ -74,7 +74,7 @@ def sigterm_restored():
 
 def test_a_fit_resumed_mid_epoch_ends_like_an_uninterrupted_one(tmp_path, monkeypatch,
                                                                 sigterm_restored):
-    from tfdist.strategies import pipeline_backup
+    from tfdist.resilience import pipeline_backup
 
     plain, _ = _fit(tmp_path / "plain")
     with pytest.raises(_Crash):  # saved at step 6 (save_freq), then lost step 7

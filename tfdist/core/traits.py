@@ -102,7 +102,7 @@ class StrategyTraits:
         elastic: Whether a running job can change its number of tasks (``--min-workers``,
             ``--max-workers``: Horovod's elastic mode, `tfdist.launcher.horovodrun.elastic`).
         saves_on_sigterm: Whether its training tasks can save at the step they are in on
-            SIGTERM and exit 75 (`tfdist.preemption`), which the launcher's messages say.
+            SIGTERM and exit 75 (`tfdist.resilience.preemption`), which the launcher's messages say.
 
     Example:
         >>> PARAMETER_SERVER.task_kind("ps"), PARAMETER_SERVER.task_kind("chief")

@@ -107,7 +107,7 @@ class JobOptions:
         strategy_options: Options of the strategy itself (``--stages 2``); each reaches the
             tasks as the variable its ``traits.launch_options`` names.
         preemption_grace: Seconds tasks get, after the launcher forwards a SIGTERM, to save and
-            exit before they are SIGKILLed (`tfdist.preemption`).
+            exit before they are SIGKILLed (`tfdist.resilience.preemption`).
         mpi: Horovod ranks talk over MPI (``horovodrun --mpi``: shared memory between ranks on
             one host) instead of Gloo.
         verbose: Print every line of every task, and each task's plan, as they come (default:

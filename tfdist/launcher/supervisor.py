@@ -17,10 +17,10 @@ output). The policy, in the order the supervisor applies it at each poll:
 `Supervisor.run` returns the job's exit status: 0; the failed task's (a task killed by signal N:
 128+N; 1 if it exited 0 too early); 124 when ``timeout`` passed; 130 on Ctrl-C; 127 when a task
 could not start (the gang starts whole or not at all). SIGTERM to the launcher is a preemption
-(`tfdist.preemption`): it is forwarded to every task with ``preemption_grace`` seconds to save,
-and the job exits `PREEMPTED_EXIT_STATUS` (75) when every training task saved, 143 when one did
-not. `run_attempts` reruns the whole gang up to ``--max-restarts`` times after a failure, never
-after a success, a timeout, Ctrl-C or a preemption (`NOT_RESTARTED`).
+(`tfdist.resilience.preemption`): it is forwarded to every task with ``preemption_grace``
+seconds to save, and the job exits `PREEMPTED_EXIT_STATUS` (75) when every training task
+saved, 143 when one did not. `run_attempts` reruns the whole gang up to ``--max-restarts``
+times after a failure, never after a success, a timeout, Ctrl-C or a preemption (`NOT_RESTARTED`).
 
 Adding a runner: write one class that implements `TaskGroup` (``launch``, ``members``, ``poll``,
 ``restart``, ``stop``, ``tail``, ``announce``, ``poll_interval``, and a context manager whose exit
@@ -58,7 +58,7 @@ from tfdist.core.traits import TaskKind
 from tfdist.errors import LaunchError, TaskFailedError, TaskTimeoutError
 from tfdist.launcher import summary
 from tfdist.launcher.runners import runner_named
-from tfdist.preemption import PREEMPTED_EXIT_STATUS, PREEMPTED_MARKER
+from tfdist.resilience.preemption import PREEMPTED_EXIT_STATUS, PREEMPTED_MARKER
 
 if TYPE_CHECKING:
     from tfdist.launcher.plan import JobPlan

@@ -71,7 +71,7 @@ def instance_key(kind: int, micro_batch: int = 0, index: int = 0, phase: int = T
 
 STOP_VOTE = instance_key(EXIT, micro_batch=1)
 """The key of the vote after each step on stopping for SIGTERM, on the world group
-(`tfdist.pipeline.preemption`); `tfdist.parallel.runtime.exit_barrier` uses micro-batch 0 of
+(`tfdist.resilience.pipeline_vote`); `tfdist.parallel.runtime.exit_barrier` uses micro-batch 0 of
 the same kind."""
 
 

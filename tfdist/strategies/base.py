@@ -109,7 +109,8 @@ class TfdistStrategyMixin(InputMixin, SavingMixin):
     under this strategy: called on one process alone, they fail (`explain_failed_call`)."""
 
     preemption_saves: ClassVar[bool] = False
-    """Whether a SIGTERM makes training save at its current step (`tfdist.preemption`)."""
+    """Whether a SIGTERM makes training save at its current step
+    (`tfdist.resilience.preemption`)."""
 
     _tfdist_cluster: ClusterSpec
     _tfdist_task: Task | None

@@ -55,7 +55,7 @@ def _sharded(dataset_fn: DatasetFn) -> DatasetFn:
 
 def _resumable(dataset_fn: DatasetFn, skip: tf.Variable) -> DatasetFn:
     def resumable_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        from tfdist.preemption import skip_at_start
+        from tfdist.resilience.preemption import skip_at_start
 
         return skip_at_start(dataset_fn(context), skip)
 

@@ -64,10 +64,10 @@ from tfdist.pipeline.keras_model import (
 )
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.modes import PipelineMode, choose_mode
+from tfdist.resilience.pipeline_backup import PipelineBackupMixin
 from tfdist.strategies.base import TfdistStrategyMixin
 from tfdist.strategies.initial_weights import stages_initial_weights
 from tfdist.strategies.model_parallel import ModelParallelMixin
-from tfdist.strategies.pipeline_backup import PipelineBackupMixin
 from tfdist.strategies.pipeline_weights import StageWeightsMixin
 from tfdist.strategies.pipeline_weights import stage_model as _stage_model
 from tfdist.strategies.startup import resolve_startup_timeout

@@ -33,7 +33,7 @@ class SavingMixin:
         """A Keras ``BackupAndRestore`` for ``model.fit`` that is safe under this backend.
 
         Pass the same ``directory`` on every process; a restarted job resumes from its last
-        completed epoch. See `tfdist.strategies.backup` for how each backend lays it out.
+        completed epoch. See `tfdist.resilience.backup` for how each backend lays it out.
 
         Example:
             >>> import tempfile, tfdist.strategies
@@ -42,7 +42,7 @@ class SavingMixin:
             >>> type(callback).__name__
             'BackupAndRestore'
         """
-        from tfdist.strategies.backup import backup_callback
+        from tfdist.resilience.backup import backup_callback
 
         callback = backup_callback(self, directory, **kwargs)
         if self.is_chief:
@@ -58,7 +58,7 @@ class SavingMixin:
         over a `distribute_dataset` start where that step left the input; so create it before
         the iterator. Run each step as ``handler.run(train_step, next(iterator))``
         (one step per call); track the step in a variable of ``checkpoint``
-        (`tfdist.preemption` says what happens on SIGTERM).
+        (`tfdist.resilience.preemption` says what happens on SIGTERM).
 
         Raises:
             StrategyConfigError: this strategy does not save on SIGTERM (`preemption_saves`).
@@ -71,14 +71,14 @@ class SavingMixin:
             ...
             tfdist.errors.StrategyConfigError: This strategy cannot save ... Received: ...
         """
-        from tfdist.preemption import preemption_handler
+        from tfdist.resilience.preemption import preemption_handler
 
         return preemption_handler(self, checkpoint, os.fspath(directory))
 
     def checkpoint_callback(self, filepath: str | os.PathLike[str], **kwargs: Any) -> Any:
         """A Keras ``ModelCheckpoint`` that writes ``filepath`` once, from the chief.
 
-        Pass it on every process (see `tfdist.strategies.backup.model_checkpoint_callback`).
+        Pass it on every process (see `tfdist.resilience.backup.model_checkpoint_callback`).
 
         Example:
             >>> import tempfile, tfdist.strategies
@@ -88,7 +88,7 @@ class SavingMixin:
             >>> type(callback).__name__
             'ModelCheckpoint'
         """
-        from tfdist.strategies.backup import model_checkpoint_callback
+        from tfdist.resilience.backup import model_checkpoint_callback
 
         return model_checkpoint_callback(self, filepath, **kwargs)
 

@@ -322,7 +322,7 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
 
     def backup_layout(self) -> dict[str, Any]:
         """What this process's backup depends on: the mesh (its shards are ``1/T`` of a layer,
-        of replica ``rank // T``); `tfdist.strategies.backup_claim` refuses any other.
+        of replica ``rank // T``); `tfdist.resilience.claim` refuses any other.
 
         Example:
             >>> TensorStrategy().backup_layout()

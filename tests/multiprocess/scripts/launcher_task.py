@@ -17,7 +17,7 @@ import time
 
 from markers import wait_for_marker
 
-from tfdist.preemption import PREEMPTED_EXIT_STATUS, marker_line
+from tfdist.resilience.preemption import PREEMPTED_EXIT_STATUS, marker_line
 
 tf_config = json.loads(os.environ.get("TF_CONFIG", '{"task": {"type": "chief", "index": 0}}'))
 task = f"{tf_config['task']['type']}:{tf_config['task']['index']}"

@@ -23,7 +23,7 @@ import time
 
 from markers import wait_for_marker
 
-from tfdist.preemption import PREEMPTED_EXIT_STATUS, marker_line
+from tfdist.resilience.preemption import PREEMPTED_EXIT_STATUS, marker_line
 
 mode, marker_dir = sys.argv[1], sys.argv[2]
 spec = json.loads(os.environ["TF_CONFIG"])["task"]

@@ -7,9 +7,10 @@ ParameterServer ``worker``) is restarted alone (same TF_CONFIG, same port) up to
 a sidecar: its crash is reported and training goes on; once the training tasks are done it gets up
 to ``--evaluator-grace`` seconds to evaluate the last checkpoint and exit, then it is stopped.
 
-SIGTERM to the launcher is a preemption (`tfdist.preemption`): every task gets SIGTERM and up to
-``--preemption-grace`` seconds to save at its current step; the launcher exits with
-`PREEMPTED_EXIT_STATUS` when every training task did, else with 143, and never restarts the job.
+SIGTERM to the launcher is a preemption (`tfdist.resilience.preemption`): every task gets
+SIGTERM and up to ``--preemption-grace`` seconds to save at its current step; the launcher
+exits with `PREEMPTED_EXIT_STATUS` when every training task did, else with 143, and never
+restarts the job.
 
 The policy is `tfdist.launcher.supervisor.Supervisor`'s, the same for every runner; this module
 is the local runner's `TaskGroup`, `LocalTasks`: one `ProcessGroup` for a `Placement`'s processes

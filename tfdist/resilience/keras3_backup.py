@@ -10,7 +10,7 @@ Keras 3's ``BackupAndRestore`` knows epochs only. tf-keras's saves at the step t
   is the global step ``g``: one run per step. ``fit`` then starts at epoch ``g // steps``, the
   first ``g % steps`` calls of that epoch's train function return without running (the model
   and optimizer already hold them), and the input resumes at step ``g``
-  (``strategy._resume_input_at``, `tfdist.preemption.skip_at_start`).
+  (``strategy._resume_input_at``, `tfdist.resilience.preemption.skip_at_start`).
 * ``on_train_batch_end``: one run counted; the handler saves and exits here if a worker was
   SIGTERMed. ``on_epoch_end`` saves too, so a crash (not a SIGTERM) resumes at the epoch.
 * ``on_train_end``: the watcher stops, SIGTERM ends the process again, and the chief deletes
@@ -38,7 +38,7 @@ def step_backup(strategy: Any, directory: str) -> Any:
     keras = flavour.get_keras("keras3")
 
     class StepBackupAndRestore(keras.callbacks.Callback):
-        """Saves at the step on SIGTERM and resumes there (`tfdist.strategies.keras3_backup`)."""
+        """Saves at the step on SIGTERM and resumes there (`tfdist.resilience.keras3_backup`)."""
 
         def __init__(self) -> None:
             super().__init__()
@@ -88,7 +88,7 @@ def _check_one_step_per_call(model: Any) -> None:
 def _handler(strategy: Any, model: Any, directory: str) -> Any:
     import tensorflow as tf
 
-    from tfdist.preemption import termination_config
+    from tfdist.resilience.preemption import termination_config
 
     checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
     made: list[Any] = []

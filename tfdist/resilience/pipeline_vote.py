@@ -6,10 +6,10 @@ the job (all stages of all replicas) adds its note to one sum over the job
 (`SigtermVote.agreed`, a collective with a deadline, on the same runtime as the pipeline's
 transfers). Every process gets the same sum after the same step: when it is not 0, all save
 their own stage (`StepCheckpoint`, one directory per rank) and exit with
-`tfdist.preemption.PREEMPTED_EXIT_STATUS`. The rerun restores
+`tfdist.resilience.preemption.PREEMPTED_EXIT_STATUS`. The rerun restores
 each rank's checkpoint and the count of steps it holds, and goes on from the next step.
 
-Two bindings: the ``fit`` callback (`tfdist.strategies.pipeline_backup`) and, for a custom loop
+Two bindings: the ``fit`` callback (`tfdist.resilience.pipeline_backup`) and, for a custom loop
 over ``strategy.train_step``, `PipelinePreemptionHandler`.
 
 Example:
@@ -30,7 +30,7 @@ import tensorflow as tf
 from tfdist.parallel.keys import STOP_VOTE
 from tfdist.parallel.mesh import ProcessGroup
 from tfdist.parallel.ops import all_reduce
-from tfdist.preemption import exit_preempted
+from tfdist.resilience.preemption import exit_preempted
 from tfdist.watchdog import StepWatchdog
 
 __all__ = ["SigtermVote", "StepCheckpoint", "PipelinePreemptionHandler", "VOTE_TIMEOUT",

@@ -18,15 +18,16 @@ Keras's own callback is multi-worker aware only in tf-keras, and only for the st
 * The pipeline keeps per-rank backups too (each stage holds different weights). A rank is the
   process's ``worker_index``: with ``--chief``, chief:0 is rank 0 and worker:i rank i+1. Its
   callback, in either Keras, saves at the step on SIGTERM once every stage agreed on it
-  (`tfdist.strategies.pipeline_backup`); with ``save_before_preemption=False`` it is Keras's own.
+  (`tfdist.resilience.pipeline_backup`); with ``save_before_preemption=False`` it is Keras's own.
 
-Saving on SIGTERM (`tfdist.preemption`), where the strategy's ``preemption_saves`` says so
-(MultiWorkerMirrored, tf-keras): tf-keras can save at the step a worker is in through TF's
+Saving on SIGTERM (`tfdist.resilience.preemption`), where the strategy's ``preemption_saves``
+says so (MultiWorkerMirrored, tf-keras): tf-keras can save at the step a worker is in through TF's
 ``PreemptionCheckpointHandler`` (``save_before_preemption``), but switches it on only on Google
 Cloud. tfdist switches it on everywhere, with its own termination config (save at the next step
 all workers agree on, exit 75), and on restore makes the input resume at that step as well
-(`tfdist.preemption.skip_at_start`). Keras 3's callback restores only the epoch; under Keras 3
-tfdist's own callback saves and resumes at the step (`tfdist.strategies.keras3_backup`).
+(`tfdist.resilience.preemption.skip_at_start`). Keras 3's callback restores only the epoch;
+under Keras 3 tfdist's own callback saves and resumes at the step
+(`tfdist.resilience.keras3_backup`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from typing import Any
 from tfdist.core import flavour
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.paths import directory_problem, file_problem
-from tfdist.strategies.backup_claim import claim_backup, release_backup
+from tfdist.resilience.claim import claim_backup, release_backup
 
 __all__ = ["backup_callback", "model_checkpoint_callback"]
 
@@ -93,7 +94,7 @@ def backup_callback(
         StrategyConfigError: ``save_before_preemption=True`` where it cannot work, a
             ``directory`` that cannot be written (checked now, not after the first epoch), one
             another running job uses, or one whose backups were written for another layout
-            (`tfdist.strategies.backup_claim`).
+            (`tfdist.resilience.claim`).
     """
     directory = os.fspath(directory)
     problem = directory_problem(directory)
@@ -114,7 +115,7 @@ def backup_callback(
     keras = flavour.get_keras()
     if flavour.keras_flavour() == "keras3":
         if preempt:
-            from tfdist.strategies.keras3_backup import step_backup
+            from tfdist.resilience.keras3_backup import step_backup
 
             return step_backup(strategy, directory)
         if strategy.is_chief or per_rank:
@@ -214,7 +215,7 @@ def _watch_for_sigterm(state: Any, strategy: Any, model: Any) -> None:
     import tensorflow as tf
     from tf_keras.src.distribute import distributed_file_utils
 
-    from tfdist.preemption import termination_config
+    from tfdist.resilience.preemption import termination_config
 
     read, write = state.read_checkpoint_manager, state.write_checkpoint_manager
 

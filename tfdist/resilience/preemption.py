@@ -15,10 +15,10 @@ What happens, end to end:
 
 Two thin bindings share this module: ``strategy.backup_callback(dir)`` for ``model.fit``
 (tf-keras's ``BackupAndRestore`` with its handler switched on off Google Cloud, see
-`tfdist.strategies.backup`) and ``strategy.preemption_handler(checkpoint, dir)`` for custom
+`tfdist.resilience.backup`) and ``strategy.preemption_handler(checkpoint, dir)`` for custom
 loops. Which strategies support it is their ``preemption_saves`` attribute. The pipeline has its
 own bindings with the same names, whose stages agree on the step by a vote after each step
-(`tfdist.pipeline.preemption`).
+(`tfdist.resilience.pipeline_vote`).
 
 This module imports TensorFlow only inside the functions that need it, so the launcher can read
 the constants.

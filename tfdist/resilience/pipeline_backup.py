@@ -2,21 +2,22 @@
 
 `step_backup` is what ``strategy.backup_callback(dir)`` gives a pipeline stage (each rank keeps
 ``<dir>/rank-<r>``, as the stages hold different weights). What it does
-(`tfdist.pipeline.preemption` for the vote and the checkpoint):
+(`tfdist.resilience.pipeline_vote` for the vote and the checkpoint):
 
 * ``on_train_begin``: restores this rank's checkpoint of the model and optimizer and ``g``, the
   steps it holds. ``fit`` then starts at epoch ``g // steps``, and the first ``g % steps`` calls
   of that epoch's train function take their batch from the input without running it (the
   weights already hold those steps): the rerun reads the same batches as an uninterrupted run.
 * ``on_train_batch_end``: every process votes; on an agreed SIGTERM every rank saves and exits
-  75 (`tfdist.preemption.PREEMPTED_EXIT_STATUS`). ``save_freq=N`` saves every N steps too.
+  75 (`tfdist.resilience.preemption.PREEMPTED_EXIT_STATUS`). ``save_freq=N`` saves every N
+  steps too.
 * ``on_epoch_end``: saves, so a crash (not a SIGTERM) resumes at the last epoch.
 * ``on_train_end``: SIGTERM is fatal again and, unless ``delete_checkpoint=False``, the rank's
   backup is deleted (a finished job starts afresh, as Keras's callback does).
 
 `PipelineBackupMixin` gives `tfdist.strategies.pipeline.PipelineStrategy` its backup methods:
 this callback, the custom loop's ``preemption_handler``, and ``backup_layout`` (what a rank's
-backup depends on, which `tfdist.strategies.backup_claim` checks before ``fit``).
+backup depends on, which `tfdist.resilience.claim` checks before ``fit``).
 
 The input is re-read from its start each epoch (arrays, or a finite dataset). One step per
 train-function call: ``steps_per_execution`` must be 1.
@@ -46,7 +47,7 @@ def step_backup(strategy: Any, directory: str, save_freq: int | str = "epoch",
 
     class PipelineBackupAndRestore(keras.callbacks.Callback):
         """Per-rank backup that saves at the step on SIGTERM
-        (`tfdist.strategies.pipeline_backup`)."""
+        (`tfdist.resilience.pipeline_backup`)."""
 
         def __init__(self) -> None:
             super().__init__()
@@ -55,7 +56,7 @@ def step_backup(strategy: Any, directory: str, save_freq: int | str = "epoch",
             self._steps = 0
 
         def on_train_begin(self, logs: Any = None) -> None:
-            from tfdist.pipeline.preemption import SigtermVote, StepCheckpoint, vote_timeout
+            from tfdist.resilience.pipeline_vote import SigtermVote, StepCheckpoint, vote_timeout
 
             _check_one_step_per_call(self.model)
             per_epoch = _steps_per_epoch(self.params)
@@ -71,7 +72,7 @@ def step_backup(strategy: Any, directory: str, save_freq: int | str = "epoch",
             self._vote.start()
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-            from tfdist.pipeline.preemption import stop_here
+            from tfdist.resilience.pipeline_vote import stop_here
 
             self._steps += 1
             if self._steps <= self._restored:  # a step the checkpoint holds; nothing ran
@@ -107,7 +108,7 @@ class PipelineBackupMixin:
 
     def backup_layout(self) -> dict[str, Any]:
         """What this process's backup depends on: the mesh, the chunks and (once the model is
-        split) the stage bounds; `tfdist.strategies.backup_claim` refuses any other.
+        split) the stage bounds; `tfdist.resilience.claim` refuses any other.
 
         Example:
             >>> from tfdist.strategies.pipeline import PipelineStrategy
@@ -121,7 +122,7 @@ class PipelineBackupMixin:
 
     def _step_backup(self, directory: str, **kwargs: Any) -> Any:
         """``backup_callback``'s callback for this rank's ``directory``: saves at the step on
-        SIGTERM (`tfdist.strategies.pipeline_backup`); ``kwargs``: ``save_freq``,
+        SIGTERM (`tfdist.resilience.pipeline_backup`); ``kwargs``: ``save_freq``,
         ``delete_checkpoint``."""
         return step_backup(self, directory, **kwargs)
 
@@ -129,9 +130,9 @@ class PipelineBackupMixin:
         """For a custom loop over `train_step`: run each step as ``handler.run(step, x, y)``;
         on SIGTERM every rank saves ``checkpoint`` in ``<directory>/rank-<r>`` at the same step
         and exits 75. Creating it restores that checkpoint; ``handler.total_run_calls`` is then
-        the steps it holds (`tfdist.pipeline.preemption.PipelinePreemptionHandler`)."""
-        from tfdist.pipeline.preemption import PipelinePreemptionHandler
-        from tfdist.strategies.backup_claim import claim_backup
+        the steps it holds (`tfdist.resilience.pipeline_vote.PipelinePreemptionHandler`)."""
+        from tfdist.resilience.claim import claim_backup
+        from tfdist.resilience.pipeline_vote import PipelinePreemptionHandler
 
         directory = os.fspath(directory)  # one job, the layout its backups were made for:
         claim_backup(self, os.path.join(directory, f"rank-{self.worker_index}"), directory)

@@ -1,4 +1,4 @@
-"""Backups claimed by one job, for one layout (`tfdist.strategies.backup_claim`)."""
+"""Backups claimed by one job, for one layout (`tfdist.resilience.claim`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from tfdist.errors import StrategyConfigError
-from tfdist.strategies.backup_claim import claim_backup, release_backup
+from tfdist.resilience.claim import claim_backup, release_backup
 
 
 class _Rank:
@@ -65,7 +65,7 @@ def test_the_same_layout_resumes_and_a_pipeline_names_its_stages(tmp_path):
 def test_a_second_job_on_the_same_backup_directory_is_refused_while_the_first_runs(tmp_path):
     holder = textwrap.dedent(f"""
         import sys, time
-        from tfdist.strategies.backup_claim import claim_backup
+        from tfdist.resilience.claim import claim_backup
         class Rank:
             per_rank_backups, is_chief, worker_index = True, True, 0
         claim_backup(Rank(), {str(tmp_path / 'rank-0')!r}, {str(tmp_path)!r})
