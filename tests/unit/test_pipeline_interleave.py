@@ -68,9 +68,12 @@ class _Recorder:
 
 
 def _engine(rank, chunk, chunks=2, stages=2, micro_batches=4):
-    return interleave.ChunkEngine(
+    from tfdist.pipeline.engine import StageEngine
+
+    return StageEngine(
         layout=interleave.ChunkLayout(PipelineLayout(stages, stages, rank), chunk, chunks),
-        inputs=(), outputs=(), micro_batches=micro_batches, connect=_Recorder)
+        inputs=(), outputs=(), micro_batches=micro_batches, connect=_Recorder,
+        keyed_by_edge=True)
 
 
 def test_each_edge_has_its_own_micro_batch_numbers_both_sides_agree():
@@ -142,8 +145,8 @@ def test_every_chunk_recomputes_when_asked():
                                 recompute=recompute)
         model = choose_mode(config, processes=2, rank=1).build(spec, bounds, strategy=None)
         engine = model._engine  # noqa: SLF001
-        assert [e.recompute for e in engine.engines] == [recompute] * 2
-        assert [e.layout.stage for e in engine.engines] == [1, 3]
+        assert [e.recompute for e in engine.chunk_engines] == [recompute] * 2
+        assert [e.layout.stage for e in engine.chunk_engines] == [1, 3]
 
 
 def test_tensor_parallel_stages_are_refused_interleaved():

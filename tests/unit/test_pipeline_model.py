@@ -209,7 +209,7 @@ def test_fit_iterates_the_dataset_itself(monkeypatch):
 def test_both_engines_and_both_modes_answer_their_written_interface():
     import dataclasses
 
-    from tfdist.pipeline import engine, interleave, local, modes
+    from tfdist.pipeline import engine, local, modes
 
     def asked(protocol):
         return {name for name in vars(protocol) if not name.startswith("_")}
@@ -219,7 +219,7 @@ def test_both_engines_and_both_modes_answer_their_written_interface():
 
     assert asked(engine.PipelineEngine) == {
         "layout", "train", "forward", "replica_rows", "average_over_replicas", "share"}
-    for cls in (engine.StageEngine, local.LocalPipeline, interleave.InterleavedPipeline):
+    for cls in (engine.StageEngine, local.LocalPipeline):
         assert asked(engine.PipelineEngine) <= offered(cls), cls
     assert asked(modes.PipelineMode) == {"layout", "devices", "pieces", "where", "build",
                                          "sync_tied"}

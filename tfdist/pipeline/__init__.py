@@ -15,10 +15,11 @@ to split; pure), `schedule` (which op runs when: the schedule classes and their 
 `simulator` (the ranks' actions run against each other on paper: order, step time; pure),
 `groups` (collective groups by axis; pure), `layout` (which process holds which stages, and its
 groups; pure), `transport` (send/recv and all-reduce over TensorFlow collective ops), `stage`
-(building only this stage's layers), `interface` (the `PipelineEngine` interface), `engine` (one
-training step from a schedule's actions, an op handler per op kind), `split_backward` (the
-input-gradient and weight-gradient halves of a split backward), `interleave` (several chunks
-per process), `keras_model`
+(building only this stage's layers), `interface` (the `PipelineEngine` interface), `engine` (the
+one engine: a training step from any schedule's actions, one chunk per process or several, an
+op handler per op kind), `split_backward` (the input-gradient and weight-gradient halves of a
+split backward), `interleave` (which chunks a process holds, how each sees the pipeline),
+`keras_model`
 (``model.fit`` on a stage), `local` (all stages in one process, one per local device, tensors
 handed over in-process), `modes` (the two modes, one stage per process or all on devices,
 chosen once).

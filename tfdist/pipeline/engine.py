@@ -1,8 +1,13 @@
-"""One pipelined training step of one stage, built from a schedule (graph code, no Keras API).
+"""One pipelined training step of a process's stages, built from a schedule (graph code, no
+Keras API): the one engine of every schedule, one chunk per process or several.
 
 `StageEngine` holds what a stage process knows: its `PipelineLayout`, the tensors the cuts at
-its boundaries, the number of micro-batches and its schedule. Its methods build the ops of a
-step inside the caller's ``tf.function`` (Keras's ``train_step``, or a custom loop):
+its boundaries, the number of micro-batches and its schedule. A process that holds several
+chunks (interleaved 1F1B) has one `StageEngine` per chunk (each seeing the pipeline as ``K v``
+stages, `tfdist.pipeline.interleave.ChunkLayout`) in its own engine's ``chunk_engines``; the
+schedule's actions ``(op, micro_batch, chunk)`` run on their chunk's engine, in one loop
+(`run_actions`), whatever the schedule. Its methods build the ops of a step inside the caller's
+``tf.function`` (Keras's ``train_step``, or a custom loop):
 
 * `train` runs the schedule: for ``("F", m)`` it takes micro-batch ``m`` (stage 0) or receives it
   from the previous stage, runs the stage under a ``GradientTape`` and sends the output on (or,
@@ -41,7 +46,8 @@ import tensorflow as tf
 from tfdist.parallel.mesh import DATA, PIPE, ProcessGroup
 from tfdist.pipeline import gradients, transport
 from tfdist.pipeline import schedule as schedules
-from tfdist.pipeline.interface import LossFn, LossTerms, PipelineEngine
+from tfdist.pipeline.interface import LossFn, LossTerms, PipelineEngine, StageStep
+from tfdist.pipeline.interleave import ChunkLink
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.split_backward import input_gradient_op, weight_gradient_op
 from tfdist.pipeline.transport import (
@@ -65,32 +71,6 @@ TERMS_INDEX = 4095
 transfer; the tensors a cut carries take indices ``0..n-1``."""
 
 
-@dataclasses.dataclass
-class StageStep:
-    """What one stage's step has built so far: per micro-batch tapes, inputs, outputs and losses,
-    the summed gradients, the losses its calls added (already divided by M), the sends to tie
-    to the step's outputs, and the last op (``chain``). A split backward keeps each micro-batch's
-    weight gradients and the ops only they need (``deferred``) from its I until its W."""
-
-    call: Callable[[Any], Any]
-    variables: list[Any]
-    loss_fn: LossFn
-    rows: Any
-    xs: list[Any] | None
-    ys: list[Any] | None
-    weights: list[Any] | None
-    grads: list[Any]
-    terms: LossTerms | None = None
-    added: dict[int, Any] = dataclasses.field(default_factory=dict)
-    tapes: dict[int, Any] = dataclasses.field(default_factory=dict)
-    inputs: dict[int, Any] = dataclasses.field(default_factory=dict)
-    outputs: dict[int, Any] = dataclasses.field(default_factory=dict)
-    losses: dict[int, Any] = dataclasses.field(default_factory=dict)
-    sends: list[Any] = dataclasses.field(default_factory=list)
-    chain: list[Any] = dataclasses.field(default_factory=list)
-    deferred: dict[int, Any] = dataclasses.field(default_factory=dict)
-
-
 @dataclasses.dataclass(frozen=True)
 class StageEngine:
     """The step-building logic of one stage process.
@@ -109,6 +89,10 @@ class StageEngine:
         recompute: Keep only each micro-batch's stage input between its forward and its
             backward, which runs the stage again under a tape (GPipe's re-materialisation):
             less activation memory for one more forward per micro-batch.
+        chunk_engines: A process holding v > 1 chunks: chunk ``c``'s engine (piece ``c K + k``);
+            this engine (no cut of its own) runs them. Empty: the engine is its one stage's.
+        keyed_by_edge: A chunk's engine: two processes share several edges, so each edge's
+            transfers are numbered apart (`tfdist.pipeline.interleave.ChunkLink`).
     """
 
     layout: PipelineLayout
@@ -119,25 +103,33 @@ class StageEngine:
     timeout: float = 0.0
     connect: Callable[[ProcessGroup, float], Any] = Link
     recompute: bool = False
+    chunk_engines: tuple[StageEngine, ...] = ()
+    keyed_by_edge: bool = False
 
     # ----------------------------------------------------------------- links
+    def _link(self, peer: int | None, piece: int) -> Link | ChunkLink | None:
+        """The link to ``peer`` across the cut after ``piece`` (None: no neighbour there)."""
+        if peer is None:
+            return None
+        link = self.connect(self.layout.pair(peer), self.timeout)
+        return ChunkLink(link, piece * self.micro_batches) if self.keyed_by_edge else link
+
     @property
     def previous(self) -> Link | None:
-        prev = self.layout.previous
-        return None if prev is None else self.connect(self.layout.pair(prev), self.timeout)
+        return self._link(self.layout.previous, self.layout.stage - 1)
 
     @property
     def next(self) -> Link | None:
-        nxt = self.layout.next
-        return None if nxt is None else self.connect(self.layout.pair(nxt), self.timeout)
+        return self._link(self.layout.next, self.layout.stage)
 
     @property
     def plan(self) -> schedules.PipelineSchedule:
-        """The schedule of this pipeline (one chunk per process)."""
-        return schedules.schedule_class(self.schedule)(self.layout.stages, self.micro_batches)
+        """The schedule of this pipeline (v = the chunks this process holds)."""
+        return schedules.schedule_class(self.schedule)(
+            self.layout.stages, self.micro_batches, len(self.chunk_engines) or 1)
 
     def ops(self) -> tuple[schedules.Action, ...]:
-        """This stage's actions of one training step."""
+        """This process's actions ``(op, micro_batch, chunk)`` of one training step."""
         return self.plan.actions(self.layout.stage)
 
     # ----------------------------------------------------------------- data
@@ -162,18 +154,21 @@ class StageEngine:
     # ----------------------------------------------------------------- steps
     def train(
         self,
-        call: Callable[[Any], Any],
-        variables: Sequence[Any],
+        call: Any,
+        variables: Any,
         x: Any,
         y: Any,
         loss_fn: LossFn,
         sample_weight: Any = None,
-        terms: LossTerms | None = None,
+        terms: Any = None,
     ) -> tuple[Any, list[Any], list[Any]]:
-        """Builds one pipelined step of this stage (inside a ``tf.function``).
+        """Builds one pipelined step of this process's stage or chunks (inside a
+        ``tf.function``).
 
         Args:
-            call: Runs this stage on a micro-batch (``lambda a: model(a, training=True)``).
+            call: Runs this stage on a micro-batch (``lambda a: model(a, training=True)``);
+                with ``chunk_engines``, a list of one per chunk (so are ``variables`` and
+                ``terms``).
             variables: The stage's trainable variables, in the order of the returned gradients.
             x: This replica's input rows (used by stage 0; its row count by every stage).
             y: This replica's targets (used by the last stage).
@@ -186,12 +181,25 @@ class StageEngine:
             ``(loss, gradients, outputs)``: on the last stage the replica's mean loss (with
             every stage's terms) and its
             outputs per micro-batch; elsewhere ``loss`` is None and ``outputs`` empty. The
-            gradients are summed over micro-batches, not yet averaged over replicas. Every send
-            of the step is a control input of ``loss`` and of each gradient.
+            gradients are summed over micro-batches, not yet averaged over replicas (every
+            chunk's, in chunk order). Every send of the step is a control input of ``loss``
+            and of each gradient.
         """
-        step = self.begin(call, variables, x, y, loss_fn, sample_weight, terms)
-        run_actions([self], [step], self.ops())
-        return self.finish(step)
+        engines, calls, variables, terms = self._per_chunk(call, variables, terms)
+        steps = [engine.begin(calls[c], variables[c], x, y, loss_fn, sample_weight, terms[c])
+                 for c, engine in enumerate(engines)]
+        run_actions(engines, steps, self.ops())
+        results = [engine.finish(step) for engine, step in zip(engines, steps, strict=True)]
+        loss, _, outputs = results[-1]
+        return loss, [g for _, grads, _ in results for g in grads], outputs
+
+    def _per_chunk(self, calls: Any, variables: Any = None, terms: Any = None
+                   ) -> tuple[Sequence[StageEngine], list[Any], list[Any], list[Any]]:
+        """The engines that run this process's chunks, and their calls, variables and terms."""
+        if not self.chunk_engines:
+            return (self,), [calls], [variables], [terms]
+        return (self.chunk_engines, list(calls), list(variables or []),
+                list(terms or [None] * len(self.chunk_engines)))
 
     def begin(self, call: Callable[[Any], Any], variables: Sequence[Any], x: Any, y: Any,
               loss_fn: LossFn, sample_weight: Any = None,
@@ -358,18 +366,34 @@ class StageEngine:
             return tf.group(done) if done else tf.no_op()
         return self.send_input_gradients(step, m, inputs, result[len(variables):])
 
-    def forward(self, call: Callable[[Any], Any], x: Any, phase: int = EVALUATE,
-                terms: LossTerms | None = None) -> tuple[list[Any], Any | None]:
+    def forward(self, call: Any, x: Any, phase: int = EVALUATE,
+                terms: Any = None) -> tuple[list[Any], Any | None]:
         """Builds a forward-only pass (evaluate, predict); the last stage gets the outputs.
 
         With ``terms`` (evaluate), the stages' loss terms are carried to the last stage, which
-        adds them to the loss as Keras's ``evaluate`` does.
+        adds them to the loss as Keras's ``evaluate`` does. With ``chunk_engines``, ``call``
+        and ``terms`` are lists of one per chunk, run in chunk order.
 
         Returns:
             ``(outputs, terms)``: the outputs per micro-batch and the sum of every stage's
             terms (None without ``terms``) on the last stage; elsewhere ``[marker]``, a
             `tf.no_op` with every send as a control input, and None.
         """
+        if not self.chunk_engines:
+            return self._forward_stage(call, x, phase, terms)
+        engines, calls, _, terms = self._per_chunk(call, None, terms)
+        results = [engine._forward_stage(calls[c], x, phase, terms[c])  # noqa: SLF001
+                   for c, engine in enumerate(engines)]
+        markers = [t for result in results[:-1] for t in tf.nest.flatten(result[0])]
+        outs, carried = results[-1]
+        if not self.layout.is_last:
+            return [tf.group([*markers, *outs])], None
+        with tf.control_dependencies(markers):
+            return tf.nest.map_structure(tf.identity, outs), carried
+
+    def _forward_stage(self, call: Callable[[Any], Any], x: Any, phase: int,
+                       terms: LossTerms | None) -> tuple[list[Any], Any | None]:
+        """`forward` of this engine's one stage."""
         layout = self.layout
         rows = self._micro_rows(tf.shape(tf.nest.flatten(x)[0])[0])
         xs = self._split_inputs(x) if layout.is_first else None
@@ -427,7 +451,7 @@ def run_actions(engines: Sequence[StageEngine], steps: Sequence[StageStep],
                 actions: Sequence[schedules.Action]) -> None:
     """Builds a process's ``actions`` in order, each ``(op, micro_batch, chunk)`` by its chunk's
     engine on its chunk's step, each after the one before (whatever its chunk): the one loop of
-    a process holding one stage (one chunk) or several chunks (`tfdist.pipeline.interleave`).
+    every schedule, for a process holding one stage (one chunk) or several chunks.
 
     Example:
         >>> class Recorder:

@@ -1,6 +1,7 @@
 """The engine's interface: what a stage model and the custom loop call on the engine of this
-process's stages (`PipelineEngine`), and a stage's losses besides the compiled one
-(`LossTerms`). `tfdist.pipeline.engine` implements it (and re-exports both names).
+process's stages (`PipelineEngine`), a stage's losses besides the compiled one (`LossTerms`),
+and what one stage's step has built so far (`StageStep`, which the op handlers fill).
+`tfdist.pipeline.engine` implements it (and re-exports the three names).
 
 Example:
     >>> LossTerms(weights=lambda: None, added=lambda: None).weights() is None
@@ -16,7 +17,7 @@ from typing import Any, Protocol
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.transport import EVALUATE, REDUCE, TRAIN
 
-__all__ = ["LossFn", "LossTerms", "PipelineEngine"]
+__all__ = ["LossFn", "LossTerms", "PipelineEngine", "StageStep"]
 
 LossFn = Callable[[Any, Any, Any], Any]
 """``loss_fn(y, y_pred, sample_weight)`` -> the mean loss of a micro-batch."""
@@ -40,6 +41,32 @@ class LossTerms:
 
     weights: Callable[[], Any]
     added: Callable[[], Any]
+
+
+@dataclasses.dataclass
+class StageStep:
+    """What one stage's step has built so far: per micro-batch tapes, inputs, outputs and losses,
+    the summed gradients, the losses its calls added (already divided by M), the sends to tie
+    to the step's outputs, and the last op (``chain``). A split backward keeps each micro-batch's
+    weight gradients and the ops only they need (``deferred``) from its I until its W."""
+
+    call: Callable[[Any], Any]
+    variables: list[Any]
+    loss_fn: LossFn
+    rows: Any
+    xs: list[Any] | None
+    ys: list[Any] | None
+    weights: list[Any] | None
+    grads: list[Any]
+    terms: LossTerms | None = None
+    added: dict[int, Any] = dataclasses.field(default_factory=dict)
+    tapes: dict[int, Any] = dataclasses.field(default_factory=dict)
+    inputs: dict[int, Any] = dataclasses.field(default_factory=dict)
+    outputs: dict[int, Any] = dataclasses.field(default_factory=dict)
+    losses: dict[int, Any] = dataclasses.field(default_factory=dict)
+    sends: list[Any] = dataclasses.field(default_factory=list)
+    chain: list[Any] = dataclasses.field(default_factory=list)
+    deferred: dict[int, Any] = dataclasses.field(default_factory=dict)
 
 
 class PipelineEngine(Protocol):

@@ -5,7 +5,8 @@
 * `StagesOnDevices`: one process holds all K stages, stage ``k`` on local device ``k``; its
   engine is a `LocalPipeline` of K stage engines linked in-process.
 * `ChunksPerProcess` (a multi-chunk schedule: ``"interleaved"``): each process of a job of D x K
-  holds v of the model's K x v pieces (`tfdist.pipeline.interleave`).
+  holds v of the model's K x v pieces (`tfdist.pipeline.interleave`); its engine is a
+  `StageEngine` that runs one `StageEngine` per chunk (the same engine, the same action loop).
 
 Each answers the `PipelineMode` interface: the process's `PipelineLayout` (K stages in both; the
 second holds them all), its devices, a description of where its stages are, and the Keras model
@@ -204,13 +205,24 @@ class ChunksPerProcess:
         model = local_stages_model(spec.flavour, chunks, (self.device,) * len(chunks),
                                    spec.name)
         cuts = [spec.boundary(tensors) for tensors in spec.cuts(bounds)]
-        process = StageEngine(layout=self.layout, inputs=(), outputs=(),
-                              micro_batches=self.config.micro_batches,
-                              schedule=self.config.schedule, timeout=self.config.timeout or 0.0,
-                              recompute=self.config.recompute)
-        model._init_pipeline(  # noqa: SLF001
-            interleave.interleaved_engine(process, self.config.chunks, cuts), strategy)
+        model._init_pipeline(self.engine(cuts), strategy)  # noqa: SLF001
         return model
+
+    def engine(self, cuts: list[tuple[Any, ...]]) -> StageEngine:
+        """This process's engine running its chunks' engines; ``cuts[p]``: the
+        `BoundaryTensor`s the cut after piece ``p`` carries."""
+        config, chunks = self.config, []
+        settings = dict(micro_batches=config.micro_batches, schedule=config.schedule,
+                        timeout=config.timeout or 0.0, recompute=config.recompute)
+        for c in range(config.chunks):
+            layout = interleave.ChunkLayout(self.layout, c, config.chunks)
+            p = layout.stage
+            chunks.append(StageEngine(
+                layout=layout, inputs=tuple(cuts[p - 1]) if p > 0 else (),  # type: ignore[arg-type]
+                outputs=tuple(cuts[p]) if p < len(cuts) else (), keyed_by_edge=True,
+                **settings))
+        return StageEngine(layout=self.layout, inputs=(), outputs=(),
+                           chunk_engines=tuple(chunks), **settings)
 
     def sync_tied(self, model: Any) -> None:
         del model  # `build` refuses weights shared between pieces
