@@ -279,13 +279,38 @@ def mesh_builds(sources: Mapping[str, tuple[str, bool]]) -> list[str]:
     return found
 
 
-def test_the_substrate_imports_neither_pipeline_nor_tensor() -> None:
+ENGINES = ("tfdist.pipeline", "tfdist.tensor")
+"""The model-parallel engines the substrate is below."""
+
+
+def engine_imports_from_below(imports: Iterable[Import],
+                              layers: Sequence[Sequence[str]]) -> list[str]:
+    """Every import of `ENGINES` by a module of the substrate's layer or a layer below it, as
+    ``importer:line imports imported``."""
+    floor = layer_of(SUBSTRATE, layers)
+    assert floor is not None
+    return [f"{i.importer}:{i.line} imports {i.imported}" for i in imports
+            if i.imported.startswith(ENGINES) and
+            (layer_of(i.importer, layers) or 0) <= floor]
+
+
+def test_nothing_at_or_below_the_substrate_imports_pipeline_or_tensor() -> None:
     imports = collect_imports(read_package(ROOT))
-    upward = [f"{i.importer}:{i.line} imports {i.imported}" for i in imports
-              if i.importer.startswith(SUBSTRATE) and
-              i.imported.startswith(("tfdist.pipeline", "tfdist.tensor"))]
     assert [i for i in imports if i.importer.startswith(SUBSTRATE + ".")]  # it was parsed
-    assert upward == []
+    below = {m for m in read_package(ROOT)
+             if (layer_of(m, LAYERS) or 0) < layer_of(SUBSTRATE, LAYERS)}  # type: ignore[operator]
+    assert {"tfdist.core", "tfdist.cluster", "tfdist.compat"} <= below  # the floors it covers
+    assert engine_imports_from_below(imports, LAYERS) == []
+
+
+def test_an_engine_imported_from_below_the_substrate_is_reported() -> None:
+    sources = {"tfdist.compat.models": ("from tfdist.pipeline import stage\n", False),
+               "tfdist.parallel.ops": ("def f():\n    import tfdist.tensor.plan\n", False),
+               "tfdist.strategies.tensor": ("import tfdist.tensor.plan\n", False),
+               "tfdist.pipeline.stage": ("", False), "tfdist.tensor.plan": ("", False)}
+    assert engine_imports_from_below(collect_imports(sources), LAYERS) == [
+        "tfdist.compat.models:1 imports tfdist.pipeline.stage",
+        "tfdist.parallel.ops:2 imports tfdist.tensor.plan"]
 
 
 def test_only_the_mesh_package_and_the_launchers_planner_build_a_mesh_from_counts() -> None:
