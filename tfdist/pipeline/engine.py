@@ -73,7 +73,7 @@ transfer; the tensors a cut carries take indices ``0..n-1``."""
 
 @dataclasses.dataclass(frozen=True)
 class StageEngine:
-    """The step-building logic of one stage process.
+    """The step-building logic of a process's one stage, or of its chunks (``chunk_engines``).
 
     Attributes:
         layout: Where this process sits (stage, replica, neighbours).
@@ -115,11 +115,11 @@ class StageEngine:
         return ChunkLink(link, piece * self.micro_batches) if self.keyed_by_edge else link
 
     @property
-    def previous(self) -> Link | None:
+    def previous(self) -> Link | ChunkLink | None:
         return self._link(self.layout.previous, self.layout.stage - 1)
 
     @property
-    def next(self) -> Link | None:
+    def next(self) -> Link | ChunkLink | None:
         return self._link(self.layout.next, self.layout.stage)
 
     @property
