@@ -31,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -65,7 +66,7 @@ from tfdist.pipeline.keras_model import (
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.modes import PipelineMode, choose_mode
 from tfdist.strategies.base import TfdistStrategyMixin
-from tfdist.strategies.initial_weights import stages_initial_weights
+from tfdist.strategies.initial_weights import stages_drawn_when_made, stages_initial_weights
 from tfdist.strategies.model_parallel import ModelParallelMixin
 from tfdist.strategies.pipeline_backup import PipelineBackupMixin
 from tfdist.strategies.pipeline_weights import StageWeightsMixin
@@ -313,12 +314,14 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
                                      self.timeout or None)
             if self.is_chief:
                 _log.info("%s\n%s", self.describe(), self.split.plan.table())
-        model = self.mode.build(spec, bounds, self,
-                                None if self.split is None else self.split.layer_maker)
+        built = hasattr(model_or_fn, "layers")
+        with contextlib.nullcontext() if built else stages_drawn_when_made(self, spec):
+            model = self.mode.build(spec, bounds, self,
+                                    None if self.split is None else self.split.layer_maker)
         batch_norm.check_stage(model, self.micro_batches, self.config.batch_norm,
                                self.layout.group(PIPE), self.timeout)
         held = self.mode.pieces
-        if hasattr(model_or_fn, "layers"):
+        if built:
             set_weights = stage.set_layer_weights if self.split is None else \
                 self.split.set_weights
             for i, k in enumerate(held):
