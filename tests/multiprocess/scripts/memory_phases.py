@@ -1,11 +1,13 @@
 """Resident memory of one training process, phase by phase: a pipeline stage, a tensor shard,
 or with ``--single`` one process training the whole model (the reference).
 
-Args: ``kind width layers micro_batches schedule optimizer [--single] [--save DIR]``, ``kind``
-``pipeline`` or ``tensor``. The model is an MLP of ``layers`` square ``width`` layers (pairs of
-them, so the tensor rules split every pair: columns, then rows). Each phase reports this
-process's resident memory after it (``rss``) and its peak during it (``peak``), both above the
-memory before the model (TensorFlow imported, the strategy made, one op run): ``build`` (the strategy's
+Args: ``kind width layers micro_batches schedule optimizer [--single] [--whole-batch]
+[--save DIR]`` (``--whole-batch``: the pipeline's ``weight_gradients="whole_batch"``; ``--save
+""``: a temporary folder), ``kind``
+``pipeline`` or ``tensor``. The model is an MLP of ``layers`` square ``width`` layers, seeded (one
+process and the stages start from the same weights). Each phase reports this process's resident
+memory after it (``rss``) and its peak during it (``peak``), both above the memory before the
+model (TensorFlow imported, the strategy made, one op run): ``build`` (the strategy's
 `build_model`, or building the whole model), ``compile``, ``first`` (the first step: tracing),
 ``steady`` (``STEPS`` more), ``save`` (``model.save``; the chief writes it). The report's
 ``peak`` is the highest of them.
@@ -30,6 +32,7 @@ FEATURES, GLOBAL, STEPS = 16, 64, 3
 
 
 def build(keras, width, layers):
+    keras.utils.set_random_seed(0)
     stack = [keras.Input((FEATURES,)), keras.layers.Dense(width, activation="relu", name="in")]
     for i in range(layers):
         stack.append(keras.layers.Dense(width, activation="relu", name=f"h{i}"))
@@ -69,12 +72,9 @@ def main(argv):
         import tfdist
 
         options = {"micro_batches": micro, "schedule": schedule} if kind == "pipeline" else {}
+        if "--whole-batch" in argv:
+            options["weight_gradients"] = "whole_batch"
         strategy = tfdist.get_strategy("auto", **options)
-    import os
-    if os.environ.get("MEM_SUB"):
-        sys.path.insert(0, "/tmp/mem")
-        import sub
-        sub.install()
     tf.constant(0.0) + 1
     phases = Phases()
     if strategy is None:
@@ -94,7 +94,7 @@ def main(argv):
         "where": "one process" if strategy is None else strategy.describe(),
         "weight_bytes": weight_bytes, "phases": phases.rows,
         "peak": max(r["peak"] for r in phases.rows.values()),
-        "loss": history.history["loss"], "sub": sub.LOG if os.environ.get("MEM_SUB") else [],
+        "loss": history.history["loss"],
     })
 
 
