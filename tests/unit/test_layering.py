@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tfdist.pipeline", "tfdist.tensor", "tfdist.horovod", "tfdist.training", "tfdist.watchdog",
      "tfdist.coordinator_fit"),  # what strategies are built from
     ("tfdist.strategies", "tfdist.evaluator", "tfdist.server"),  # what a training process runs
+    ("tfdist.kdist",),  # keras.distribution on TensorFlow, over the strategies
     ("tfdist.launcher", "tfdist.testing"),  # starting jobs
     ("tfdist.probe",),  # measurements the benchmark and the advisor share
     ("tfdist.advise", "tfdist.bench"),  # tools over everything
