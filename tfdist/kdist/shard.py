@@ -37,7 +37,7 @@ def sharded_class(cls: type) -> type:
         def save(self: Any, filepath: Any, *args: Any, **kwargs: Any) -> Any:
             """Every process calls it; the chief writes the whole model."""
             del args
-            return self._distribute_strategy.save_model(self, filepath, **kwargs)
+            return self._tfdist_strategy.save_model(self, filepath, **kwargs)
 
         _classes[cls] = type(cls.__name__, (TensorModel, cls), {
             "save": save, "__module__": cls.__module__,
@@ -93,24 +93,24 @@ def _shard(model: Any, layout: Any, strategy: Any) -> None:
     from tfdist.tensor.inplace import shard_in_place as shard_layers
     from tfdist.tensor.plan import check_coverage
 
-    with strategy.scope():
-        for group in (strategy.tensor_group, strategy.data_group):
-            if group.size > 1:
-                for variable in model.weights:
-                    broadcast_variable(variable, group=group, instance=next_key(),
-                                       timeout=strategy.timeout)
-        plan, units, _ = blocks.checked_plan(model, layout.plan, layout.units, strategy._agree)
-        _refuse_demoted(layout.plan, plan)
-        check_coverage(plan, repr(model.name))
-        source = blocks.WholeSource(model)
-        tensor = strategy.tensor_group
-        shard_layers(model, plan, units, tensor, strategy.timeout)
-        model.__class__ = sharded_class(type(model))
-        model.attach(plan, tensor, strategy.data_group, shards_of.vocab_start(plan, tensor),
-                     strategy.timeout, first_timeout=strategy.first_step_timeout)
-    model._distribute_strategy = strategy
+    # outside the strategy's scope, as `TensorStrategy.build_model` makes a model of blocks:
+    # the shard's replicated variables and the optimizer's slots stay plain variables
+    for group in (strategy.tensor_group, strategy.data_group):
+        if group.size > 1:
+            for variable in model.weights:
+                broadcast_variable(variable, group=group, instance=next_key(),
+                                   timeout=strategy.timeout)
+    plan, units, _ = blocks.checked_plan(model, layout.plan, layout.units, strategy._agree)
+    _refuse_demoted(layout.plan, plan)
+    check_coverage(plan, repr(model.name))
+    source = blocks.WholeSource(model)
+    tensor = strategy.tensor_group
+    shard_layers(model, plan, units, tensor, strategy.timeout)
+    model.__class__ = sharded_class(type(model))
+    model.attach(plan, tensor, strategy.data_group, shards_of.vocab_start(plan, tensor),
+                 strategy.timeout, first_timeout=strategy.first_step_timeout)
+    model._tfdist_strategy = strategy
     strategy.plan, strategy._abstract = plan, source
-    strategy._mark_split(model)
     if strategy.is_chief:
         _log.warning("keras.distribution.ModelParallel on tfdist: %s\n%s%s", strategy.describe(),
                      plan.table(), "".join(f"\n  note: {n}" for n in layout.notes))
@@ -157,6 +157,16 @@ def _wrap_compile(original: Any) -> Any:
     return compile
 
 
+def _unbuilt(value: Any) -> Any:
+    """An optimizer built for the whole model's variables (Keras, or tfdist's shim, builds it
+    before the first fit) as a new one of the same config, for the shard's variables."""
+    import keras
+
+    if isinstance(value, keras.optimizers.Optimizer) and value.built:
+        return type(value).from_config(value.get_config())
+    return value
+
+
 def _wrap_call(original: Any, state: Any) -> Any:
     @functools.wraps(original)
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -164,7 +174,8 @@ def _wrap_call(original: Any, state: Any) -> Any:
             _convert(self, state)
             if hasattr(self, "tensor_plan") and hasattr(self, "_tfdist_compile_args"):
                 compile_args, compile_kwargs = self._tfdist_compile_args
-                self.compile(*compile_args, **compile_kwargs)
+                self.compile(*[_unbuilt(a) for a in compile_args],
+                             **{k: _unbuilt(v) for k, v in compile_kwargs.items()})
             return getattr(self, original.__name__)(*args, **kwargs)  # the shard's own
         return original(self, *args, **kwargs)
 
