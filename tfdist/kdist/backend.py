@@ -4,6 +4,9 @@
 ``num_processes``, ``process_id``, ``distribute_tensor``, ...) and wraps
 ``set_distribution`` (which ``Distribution.scope()`` calls too):
 
+Made (or set), a distribution joins the job: TensorFlow allows that only before its first
+operation, as JAX's ``initialize`` must come before any computation.
+
 * ``DataParallel``: this process joins the job as a tfdist ``multi_worker`` replica, and the
   strategy is made TensorFlow's default while the distribution is set, so a model created
   then is mirrored and ``model.fit`` all-reduces its gradients;
@@ -154,8 +157,21 @@ def _mesh_of(distribution: Any) -> tuple[str, Mesh]:
 
 
 def _make_strategy(kind: str, mesh: Mesh) -> Any:
-    if mesh.size == 1:
-        return None
+    try:
+        return _new_strategy(kind, mesh)
+    except RuntimeError as err:
+        if "at program startup" not in str(err):
+            raise
+        raise StrategyConfigError(format_error(
+            "This process joins the job's collectives when its Keras distribution is made, and "
+            "TensorFlow allows that only before its first operation runs.",
+            received=f"a {kind} distribution made after TensorFlow ran ({err})",
+            expected="keras.distribution.initialize() and the Distribution first",
+            fix="make the DataParallel/ModelParallel (and set_distribution) at the top of the "
+                "script, before building datasets, tensors or models")) from err
+
+
+def _new_strategy(kind: str, mesh: Mesh) -> Any:
     if kind == "tensor":
         from tfdist.strategies.tensor import TensorStrategy
 
@@ -174,6 +190,8 @@ def active_strategy(distribution: Any) -> Any:
             the job for another kind of distribution or another mesh.
     """
     kind, mesh = _mesh_of(distribution)
+    if mesh.size == 1:
+        return None
     if state.kind is None:
         state.strategy = _make_strategy(kind, mesh)
         state.kind, state.mesh = kind, mesh
@@ -220,6 +238,19 @@ def _wrap_set_distribution(original: Any) -> Any:
     return set_distribution
 
 
+def _wrap_init(original: Any) -> Any:
+    if getattr(original, "__tfdist__", False):
+        return original
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        active_strategy(self)  # join the job now: before TensorFlow runs anything
+
+    __init__.__doc__ = original.__doc__
+    __init__.__tfdist__ = True  # type: ignore[attr-defined]
+    return __init__
+
+
 def _wrap_distribute_dataset(original: Any) -> Any:
     def distribute_dataset(self: Any, dataset: Any) -> Any:
         """ModelParallel: the global batches (every tensor process reads them; the engine
@@ -259,6 +290,8 @@ def install() -> None:
         module = sys.modules.get(name)
         if module is not None and hasattr(module, "set_distribution"):
             module.set_distribution = keras_lib.set_distribution
+    for cls in (keras_lib.DataParallel, keras_lib.ModelParallel):
+        cls.__init__ = _wrap_init(cls.__init__)
     base = keras_lib.Distribution
     if not getattr(base.distribute_dataset, "__tfdist__", False):
         base.distribute_dataset = _wrap_distribute_dataset(base.distribute_dataset)

@@ -33,15 +33,15 @@ def compile_model(model):
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
 
-rng = np.random.default_rng(0)
-x = rng.normal(size=(GLOBAL_BATCH * STEPS, 6)).astype("float32")
-y = rng.integers(0, 3, size=(GLOBAL_BATCH * STEPS,)).astype("int64")
-dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
-
 keras.distribution.initialize()
 devices = keras.distribution.list_devices()
 data_parallel = keras.distribution.DataParallel(devices=devices)
 keras.distribution.set_distribution(data_parallel)
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(GLOBAL_BATCH * STEPS, 6)).astype("float32")
+y = rng.integers(0, 3, size=(GLOBAL_BATCH * STEPS,)).astype("int64")
+dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
 keras.utils.set_random_seed(1)
 model = create_model()
 initial = model.get_weights()

@@ -119,8 +119,8 @@ result = {
 }
 if saved:
     whole = keras.models.load_model(saved)
-    result["gap"] = float(max(np.max(np.abs(a - b)) for a, b in zip(
-        whole.get_weights(), reference.get_weights(), strict=True)))
+    result["gaps"] = {v.path: float(np.max(np.abs(v.numpy() - w))) for v, w in zip(
+        whole.weights, reference.get_weights(), strict=True)}
 task = json.loads(os.environ.get("TF_CONFIG", '{"task": {"type": "worker", "index": 0}}'))["task"]
 with open(os.path.join(out_dir, f"{task['type']}_{task['index']}.json"), "w") as file:
     json.dump(result, file)

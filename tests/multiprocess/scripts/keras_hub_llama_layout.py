@@ -35,6 +35,13 @@ def compile_model(model):
                   weighted_metrics=None)
 
 
+keras.distribution.initialize()
+devices = keras.distribution.list_devices()
+shape = tuple(int(s) for s in (sys.argv[sys.argv.index("--mesh") + 1].split(",")
+                               if "--mesh" in sys.argv else (1, len(devices))))
+mesh = keras.distribution.DeviceMesh(shape=shape, axis_names=("batch", "model"), devices=devices)
+layout_map = keras_hub.models.LlamaBackbone.get_layout_map(mesh)
+distribution = keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
 rng = np.random.default_rng(0)
 tokens = rng.integers(1, VOCAB, size=(GLOBAL_BATCH * STEPS, SEQ + 1)).astype("int32")
 mask = np.ones((GLOBAL_BATCH * STEPS, SEQ), "int32")
@@ -44,13 +51,6 @@ weights = (mask * rng.uniform(0.5, 1.5, size=mask.shape)).astype("float32")
 dataset = tf.data.Dataset.from_tensor_slices((features, tokens[:, 1:], weights)).batch(
     GLOBAL_BATCH)
 
-keras.distribution.initialize()
-devices = keras.distribution.list_devices()
-shape = tuple(int(s) for s in (sys.argv[sys.argv.index("--mesh") + 1].split(",")
-                               if "--mesh" in sys.argv else (1, len(devices))))
-mesh = keras.distribution.DeviceMesh(shape=shape, axis_names=("batch", "model"), devices=devices)
-layout_map = keras_hub.models.LlamaBackbone.get_layout_map(mesh)
-distribution = keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
 keras.utils.set_random_seed(1)
 with distribution.scope():
     model = create_model()
@@ -82,8 +82,8 @@ result = {
 }
 if saved:
     whole = keras.models.load_model(saved)
-    result["gap"] = float(max(np.max(np.abs(a - b)) for a, b in zip(
-        whole.get_weights(), reference.get_weights(), strict=True)))
+    result["gaps"] = {v.path: float(np.max(np.abs(v.numpy() - w))) for v, w in zip(
+        whole.weights, reference.get_weights(), strict=True)}
 task = json.loads(os.environ.get("TF_CONFIG", '{"task": {"type": "worker", "index": 0}}'))["task"]
 with open(os.path.join(out_dir, f"{task['type']}_{task['index']}.json"), "w") as file:
     json.dump(result, file)
