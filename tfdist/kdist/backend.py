@@ -253,18 +253,16 @@ def _wrap_init(original: Any) -> Any:
 
 def _wrap_distribute_dataset(original: Any) -> Any:
     def distribute_dataset(self: Any, dataset: Any) -> Any:
-        """ModelParallel: the global batches (every tensor process reads them; the engine
-        takes each data replica's rows). DataParallel: this process's shard (Keras's own),
-        marked not to be sharded again by the strategy."""
+        """The global batches, as ``fit`` takes them here: ``DataParallel``'s multi_worker
+        strategy gives each process its rows of every global batch inside ``fit``, and
+        ``ModelParallel``'s tensor engine gives each data replica its rows (every process of a
+        tensor group reads the same batch). Keras's own (JAX) form, each process its shard, fed
+        to those would shard twice."""
         import tensorflow as tf
-        from keras.distribution import ModelParallel
 
-        if isinstance(self, ModelParallel):
-            return dataset.prefetch(tf.data.AUTOTUNE)
-        shard = original(self, dataset)
-        options = tf.data.Options()
-        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        return shard.with_options(options)
+        if self.num_processes == 1:
+            return original(self, dataset)
+        return dataset.prefetch(tf.data.AUTOTUNE)
 
     distribute_dataset.__tfdist__ = True  # type: ignore[attr-defined]
     return distribute_dataset

@@ -3,8 +3,8 @@
 Written from the guide's description ("Distributed training with Keras 3"): initialize the
 job, list its devices, make a ``DataParallel`` over them and set it globally, create and
 compile the model, ``fit`` and ``evaluate`` on a batched ``tf.data`` dataset of the global batch
-size, then ``distribute_dataset`` as the guide shows it (each process its shard of every global
-batch) for a second ``fit``.
+size, then a second ``fit`` on ``distribution.distribute_dataset(dataset)`` as the guide shows
+it.
 
 After that (the test's part): the same steps without any distribution in this process, from the
 same initial weights, on the same global batches: the reference. Each process writes what it

@@ -84,6 +84,40 @@ if saved:
     whole = keras.models.load_model(saved)
     result["gaps"] = {v.path: float(np.max(np.abs(v.numpy() - w))) for v, w in zip(
         whole.weights, reference.get_weights(), strict=True)}
+if "--then-sabotage" in sys.argv:
+    # The test's sabotage: the hidden-unit split of q/k/v without its all-reduces across the
+    # processes (the one-process block check still runs them whole), trained again.
+    from tfdist.parallel import mappings
+    from tfdist.tensor import inplace
+
+    hidden = inplace._WRAPS["hidden"]
+
+    def skipping(layer, group, timeout):
+        hidden(layer, group, timeout)
+        if not hasattr(group, "reduce_locally"):
+            call = layer.call
+
+            def alone(inputs, training=None):
+                saved = mappings.copy_to_group
+                mappings.copy_to_group = lambda x, *_: x
+                try:
+                    return call(inputs, training)
+                finally:
+                    mappings.copy_to_group = saved
+
+            layer.call = alone
+
+    inplace._WRAPS["hidden"] = skipping
+    keras.distribution.set_distribution(distribution)
+    model = create_model()
+    model.set_weights(initial)
+    compile_model(model)
+    model.fit(dataset, epochs=1, verbose=0)
+    saved = model.save(path)
+    if saved:
+        whole = keras.models.load_model(saved)
+        result["sabotage_gap"] = float(max(np.max(np.abs(a - b)) for a, b in zip(
+            whole.get_weights(), reference.get_weights(), strict=True)))
 task = json.loads(os.environ.get("TF_CONFIG", '{"task": {"type": "worker", "index": 0}}'))["task"]
 with open(os.path.join(out_dir, f"{task['type']}_{task['index']}.json"), "w") as file:
     json.dump(result, file)
