@@ -117,7 +117,10 @@ def test_kerashubs_own_llama_layout_map_equals_one_process(llama):
     for rank in range(2):
         result = found[f"worker_{rank}"]
         assert abs(result["loss"][0] - result["reference_loss"][0]) <= PARITY_ATOL
-        assert result["held_bytes"] == result["implied_bytes"]
+        # as the LayoutMap implies, but for the untied output embedding: the map leaves it
+        # unnamed (replicated on JAX), tfdist splits it with its embedding (the plan says so)
+        assert result["held_bytes"] == result["implied_bytes"] - \
+            result["reverse_embeddings_bytes"] // 2
         assert result["held_bytes"] <= 0.55 * result["whole_bytes"]
 
 

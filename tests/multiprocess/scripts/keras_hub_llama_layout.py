@@ -75,6 +75,9 @@ result = {
     "loss": history.history["loss"], "reference_loss": reference_history.history["loss"],
     "held_bytes": held_bytes, "implied_bytes": int(implied),
     "whole_bytes": int(sum(w.nbytes for w in initial)), "saved": saved,
+    "reverse_embeddings_bytes": int(sum(w.nbytes for v, w in zip(reference.weights, initial,
+                                                                  strict=True)
+                                        if v.path.endswith("reverse_embeddings"))),
     "kinds": sorted({layer.kind for layer in getattr(model, "tensor_plan", None).layers})
     if hasattr(model, "tensor_plan") else [],
     "moved": float(max(np.max(np.abs(a - b)) for a, b in zip(
