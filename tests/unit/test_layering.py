@@ -257,7 +257,8 @@ def test_the_declared_layers_name_real_modules() -> None:
 SUBSTRATE = "tfdist.parallel"
 MESH_BUILDERS = ("tfdist.parallel", "tfdist.launcher.mesh_plan", "tfdist.kdist.mesh")
 """The modules that may build a `Mesh` from counts: the mesh package, the launcher's planner and
-the one that lays a Keras ``DeviceMesh`` out on the job (`tfdist.kdist.mesh`). Everyone else asks for its place (`tfdist.parallel.place.process_place`, `place_of`)."""
+the one that lays a Keras ``DeviceMesh`` out on the job (`tfdist.kdist.mesh`). Everyone else
+asks for its place (`tfdist.parallel.place.process_place`, `place_of`)."""
 
 
 def mesh_builds(sources: Mapping[str, tuple[str, bool]]) -> list[str]:
