@@ -251,3 +251,11 @@ def test_under_model_parallel_fit_refuses_a_bad_layout_before_training():
     with pytest.raises(StrategyConfigError, match="'d9/kernel' matches no variable"):
         model.fit(np.ones((4, 4), "float32"), np.ones((4, 2), "float32"), verbose=0)
     assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True))
+
+
+def test_importing_tfdist_installs_the_backend_functions_keras_lacks():
+    from keras.src.backend.tensorflow import distribution_lib
+
+    assert distribution_lib.initialize is backend.initialize
+    assert distribution_lib.distribute_tensor is backend.distribute_tensor
+    assert getattr(keras.distribution.set_distribution, "__tfdist__", False)
