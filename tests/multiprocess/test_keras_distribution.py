@@ -75,6 +75,7 @@ def llama(tmp_path_factory):
 
 
 def test_data_parallel_trains_as_multi_worker_to_one_processs_weights(data_parallel):
+    print("data parallel:", {k: v for k, v in data_parallel["worker_0"].items() if k != "weights"})
     for rank in range(2):
         result = data_parallel[f"worker_{rank}"]
         assert result["devices"] == ["cpu:0", "cpu:1"] and result["num_processes"] == 2
@@ -95,6 +96,7 @@ def parity(gaps: dict[str, float]) -> float:
 def test_model_parallel_with_a_layout_map_equals_one_process(model_parallel):
     out, found = model_parallel
     chief = found["worker_0"]
+    print("model parallel:", {k: v for k, v in chief.items() if k != "gaps"}, parity(chief["gaps"]))
     assert "block/ffn_up                      Dense               column" in out.stdout
     assert chief["moved"] > 1e-2
     assert parity(chief["gaps"]) <= PARITY_ATOL, chief["gaps"]
@@ -111,6 +113,7 @@ def test_model_parallel_with_a_layout_map_equals_one_process(model_parallel):
 def test_kerashubs_own_llama_layout_map_equals_one_process(llama):
     out, found = llama
     chief = found["worker_0"]
+    print("llama:", {k: v for k, v in chief.items() if k != "gaps"}, parity(chief["gaps"]))
     assert "hidden" in chief["kinds"] and "by hidden units, heads after the sum" in out.stdout
     assert chief["moved"] > 1e-2
     assert parity(chief["gaps"]) <= PARITY_ATOL, chief["gaps"]
