@@ -161,4 +161,5 @@ def test_kerass_tensorflow_backend_alone_fails_on_the_same_calls():
     found = json.loads(out.stdout.strip().splitlines()[-1])
     backend = "module 'keras.src.backend.tensorflow.distribution_lib' has no attribute"
     assert found["initialize"] == f"AttributeError: {backend} 'initialize'"
-    assert found["model_parallel"] == f"AttributeError: {backend} 'distribute_tensor'"
+    assert found["model_parallel"].startswith("AttributeError: ")
+    assert f"{backend} 'distribute_tensor'" in found["model_parallel"]

@@ -259,3 +259,12 @@ def test_importing_tfdist_installs_the_backend_functions_keras_lacks():
     assert distribution_lib.initialize is backend.initialize
     assert distribution_lib.distribute_tensor is backend.distribute_tensor
     assert getattr(keras.distribution.set_distribution, "__tfdist__", False)
+
+
+@pytest.mark.parametrize("name", ["tfdist.kdist.job", "tfdist.kdist.mesh", "tfdist.kdist.layout"])
+def test_the_docstring_examples_run(name):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0

@@ -26,6 +26,19 @@ honoured on the model axis; the weight is held whole on each data replica, and t
 (tfdist does not shard weights over the data axis). Entries ending in ``/output`` are Keras's
 activation layouts: the engine places activations itself, so they are accepted as hints when
 they name a layer, refused when they name none.
+
+Example:
+    >>> import keras
+    >>> inputs = keras.Input((4,))
+    >>> hidden = keras.layers.Dense(8, activation="relu", name="d1")(inputs)
+    >>> model = keras.Model(inputs, keras.layers.Dense(2, name="d2")(hidden))
+    >>> mesh = keras.distribution.DeviceMesh((1, 2), ["batch", "model"], ["cpu:0", "cpu:1"])
+    >>> layout_map = keras.distribution.LayoutMap(mesh)
+    >>> layout_map["d1/kernel"] = (None, "model")
+    >>> layout_map["d2/kernel"] = ("model", None)
+    >>> found = plan_from_layout(model, layout_map, "model", "batch", shards=2)
+    >>> [(layer.name, layer.kind) for layer in found.plan.layers]
+    [('d1', 'column'), ('d2', 'row')]
 """
 
 from __future__ import annotations
