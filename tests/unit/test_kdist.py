@@ -268,3 +268,44 @@ def test_the_docstring_examples_run(name):
 
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+def llama_plan():
+    keras_hub = pytest.importorskip("keras_hub")
+    backbone = keras_hub.models.LlamaBackbone(
+        vocabulary_size=16, num_layers=1, num_query_heads=4, num_key_value_heads=2, hidden_dim=8,
+        intermediate_dim=16)
+    mesh = keras.distribution.DeviceMesh((1, 2), ["batch", "model"], ["cpu:0", "cpu:1"])
+    return backbone, layout.plan_from_layout(
+        backbone, keras_hub.models.LlamaBackbone.get_layout_map(mesh), "model", "batch", 2)
+
+
+def test_the_hidden_split_gives_the_whole_blocks_outputs_and_gradients(monkeypatch):
+    """The block check (T shards in this process, forward and backward) on Llama's hidden-unit
+    q/k/v split; and skipping the split's all-reduces (sabotage) makes the check fail."""
+    from tfdist.parallel import mappings
+    from tfdist.tensor import blocks, inplace
+    from tfdist.tensor.check import TOLERANCE
+
+    backbone, result = llama_plan()
+    plan, _, gaps = blocks.checked_plan(backbone, result.plan, result.units)
+    assert gaps and max(gaps.values()) <= TOLERANCE, gaps
+    assert [e.kind for e in plan.layers if "self_attention/" in e.name] == \
+        ["hidden", "hidden", "hidden", "row"]
+
+    hidden = inplace._WRAPS["hidden"]
+
+    def skipping(layer, group, timeout):
+        hidden(layer, group, timeout)
+        call = layer.call
+
+        def alone(inputs, training=None):
+            with monkeypatch.context() as patch:
+                patch.setattr(mappings, "copy_to_group", lambda x, *_: x)
+                return call(inputs, training)
+
+        layer.call = alone
+
+    monkeypatch.setitem(inplace._WRAPS, "hidden", skipping)
+    _, _, broken = blocks.checked_plan(backbone, result.plan, result.units)
+    assert max(broken.values()) > 100 * TOLERANCE, broken

@@ -30,7 +30,7 @@ from tfdist.kdist import job as job_lib
 from tfdist.kdist.mesh import job_mesh, model_axis_of
 from tfdist.parallel.mesh import Mesh
 
-__all__ = ["install", "state", "active_strategy", "job_devices"]
+__all__ = ["install", "state", "active_strategy", "job_devices", "mesh_of"]
 
 
 @dataclasses.dataclass
@@ -143,7 +143,8 @@ _FUNCTIONS = (initialize, num_processes, process_id, list_devices, get_device_co
 
 
 # ---------------------------------------------------------------- distributions
-def _mesh_of(distribution: Any) -> tuple[str, Mesh]:
+def mesh_of(distribution: Any) -> tuple[str, Mesh]:
+    """``(kind, mesh)``: the tfdist strategy and process mesh ``distribution`` runs on."""
     from keras.distribution import ModelParallel
 
     device_mesh = distribution.device_mesh
@@ -189,7 +190,7 @@ def active_strategy(distribution: Any) -> Any:
         StrategyConfigError: the mesh does not fit the job, or this process already joined
             the job for another kind of distribution or another mesh.
     """
-    kind, mesh = _mesh_of(distribution)
+    kind, mesh = mesh_of(distribution)
     if mesh.size == 1:
         return None
     if state.kind is None:

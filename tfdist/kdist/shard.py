@@ -121,13 +121,13 @@ def _converted(model: Any) -> bool:
 
 
 def _convert(model: Any, state: Any) -> None:
-    from tfdist.kdist.backend import active_strategy
+    from tfdist.kdist.backend import active_strategy, mesh_of
 
     distribution = getattr(model, _ATTRIBUTE, None)
     if distribution is None or _converted(model):
         return
     strategy = active_strategy(distribution)
-    shard_in_place(model, distribution, strategy, state.mesh)
+    shard_in_place(model, distribution, strategy, mesh_of(distribution)[1])
 
 
 def _wrap_init(original: Any) -> Any:
