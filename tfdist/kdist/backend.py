@@ -294,7 +294,7 @@ def install() -> None:
     base = keras_lib.Distribution
     if not getattr(base.distribute_dataset, "__tfdist__", False):
         base.distribute_dataset = _wrap_distribute_dataset(base.distribute_dataset)
-    shard.install(state)
+    shard.install()
     _installed.append(True)
 
 

@@ -120,7 +120,7 @@ def _converted(model: Any) -> bool:
     return hasattr(model, "_tfdist_layout_plan")
 
 
-def _convert(model: Any, state: Any) -> None:
+def _convert(model: Any) -> None:
     from tfdist.kdist.backend import active_strategy, mesh_of
 
     distribution = getattr(model, _ATTRIBUTE, None)
@@ -167,11 +167,11 @@ def _unbuilt(value: Any) -> Any:
     return value
 
 
-def _wrap_call(original: Any, state: Any) -> Any:
+def _wrap_call(original: Any) -> Any:
     @functools.wraps(original)
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(self, _ATTRIBUTE, None) is not None and not _converted(self):
-            _convert(self, state)
+            _convert(self)
             if hasattr(self, "tensor_plan") and hasattr(self, "_tfdist_compile_args"):
                 compile_args, compile_kwargs = self._tfdist_compile_args
                 self.compile(*[_unbuilt(a) for a in compile_args],
@@ -183,7 +183,7 @@ def _wrap_call(original: Any, state: Any) -> Any:
     return method
 
 
-def install(state: Any) -> None:
+def install() -> None:
     """Records the ModelParallel a model is created under and its compile arguments; shards it
     at its first fit, evaluate or predict (the Keras 3 trainer's methods, on the class that
     defines each)."""
@@ -195,4 +195,4 @@ def install(state: Any) -> None:
         if getattr(current, "__tfdist_kdist__", False):
             continue
         wrap = {"__init__": _wrap_init, "compile": _wrap_compile}.get(name)
-        setattr(owner, name, wrap(current) if wrap else _wrap_call(current, state))
+        setattr(owner, name, wrap(current) if wrap else _wrap_call(current))
