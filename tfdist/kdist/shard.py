@@ -112,8 +112,9 @@ def _shard(model: Any, layout: Any, strategy: Any) -> None:
     model._tfdist_strategy = strategy
     strategy.plan, strategy._abstract = plan, source
     if strategy.is_chief:
-        _log.warning("keras.distribution.ModelParallel on tfdist: %s\n%s%s", strategy.describe(),
-                     plan.table(), "".join(f"\n  note: {n}" for n in layout.notes))
+        _log.log(logging.WARNING if layout.notes else logging.INFO,
+                 "keras.distribution.ModelParallel on tfdist: %s\n%s%s", strategy.describe(),
+                 plan.table(), "".join(f"\n  note: {n}" for n in layout.notes))
 
 
 def _converted(model: Any) -> bool:
