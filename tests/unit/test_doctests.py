@@ -50,7 +50,7 @@ MODULES = [
     "tfdist.launcher.containment",
     "tfdist.strategies.backup_claim",
     "tfdist.strategies.pipeline_backup",
-    "tfdist.tensor.consistency",
+    "tfdist.parallel.consistency",
     "tfdist.launcher.local.tasks",
     "tfdist.launcher.ray.gang",
     "tfdist.launcher.ray.actor",

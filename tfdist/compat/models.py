@@ -5,7 +5,8 @@ read these: a model described without allocating its weights (`abstract_build`),
 regularization terms (`weight_losses`, `call_losses`), and an optimizer made outside the
 strategy's scope bound to it (`bind_unbuilt_optimizer`) or built now (`build_optimizer`), and
 the step methods a model's own class overrides, which they would leave out
-(`refuse_step_overrides`).
+(`refuse_step_overrides`), and the states of the layers' random seed generators
+(`seed_states`), which the tensor strategy makes the same on every shard.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from tfdist.core.flavour import KerasFlavour, flavour_of, get_keras, keras_flavo
 
 __all__ = ["abstract_build", "bind_unbuilt_optimizer", "build_optimizer", "call_losses",
            "functional_class", "in_own_thread", "metrics_scope", "refuse_step_overrides",
-           "step_overrides", "weight_losses"]
+           "seed_states", "step_overrides", "weight_losses"]
 
 STEP_METHODS = ("train_step", "test_step", "predict_step", "compute_loss")
 """What a model class may override to change what ``fit``/``evaluate``/``predict`` do."""
@@ -257,6 +258,25 @@ def refuse_step_overrides(model: Any, strategy: str) -> None:
             fix="move what the override adds into layers (a loss into the compiled loss, a "
                 "penalty into add_loss), or train it with a data-parallel strategy "
                 "(multi_worker, horovod), which runs your train_step"))
+
+
+def seed_states(model: Any) -> list[Any]:
+    """The state variables of the random seed generators of ``model``'s layers (a ``Dropout``
+    draws its masks from its generator's state), in layer order; ``[]`` under tf-keras, whose
+    layers draw from TensorFlow's global seed instead.
+
+    Example:
+        >>> keras = get_keras()
+        >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dropout(0.5),
+        ...                           keras.layers.Dense(1)])
+        >>> [v.name for v in seed_states(model)]
+        ['seed_generator_state']
+    """
+    flatten = getattr(model, "_flatten_layers", None)
+    if flatten is None or flavour_of(model) != "keras3":
+        return []
+    return [generator.state for layer in flatten(include_self=True)
+            for generator in getattr(layer, "_seed_generators", [])]
 
 
 def in_own_thread(call: Callable[[], Any], name: str) -> Any:

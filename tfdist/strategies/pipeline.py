@@ -58,6 +58,7 @@ from tfdist.pipeline.config import (
     STAGES_ENV,
     PipelineConfig,
 )
+from tfdist.pipeline.consistency import gated, step_checks
 from tfdist.pipeline.keras_model import (
     apply_step,
     mean_loss,
@@ -374,6 +375,9 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
         @tf.function
         def step(x: Any, y: Any, sample_weight: Any = None) -> Any:
             self.check_batch(x)
+            checks = step_checks(engine.layout, model.stage_variables(), x, y, sample_weight,
+                                 optimizer.iterations + 1, self.timeout)
+            x, y, sample_weight = gated(checks, x, y, sample_weight)
             total, _ = apply_step(model, engine, optimizer, engine.replica_rows(x),
                                   engine.replica_rows(y), loss_fn,
                                   engine.replica_rows(sample_weight))

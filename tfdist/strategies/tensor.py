@@ -202,6 +202,7 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
         else:
             shard_initial_weights(self, model, source)
             self._share_initial_weights(model)
+        self._agree_seeds(model)
         if self.is_chief:
             _log.info("%s\n%s", self.describe(), self.plan.table())
         return self._mark_split(model)
@@ -236,7 +237,17 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
         shard = blocks.shard_model(whole, plan, units, tensor, self.timeout, TensorModel)
         shard.attach(plan, tensor, self.data_group, shards_of.vocab_start(plan, tensor),
                      self.timeout, first_timeout=self.first_step_timeout)
+        self._agree_seeds(shard)
         return shard
+
+    def _agree_seeds(self, model: Any) -> None:
+        """Every shard of the tensor group draws the same random numbers in its layers: the
+        seed generators' states from shard 0 (an unseeded ``Dropout`` drew its own masks on
+        each shard, and the replicated weights after it drifted apart). Data replicas keep
+        their own draws, as the rows of one batch do on one process."""
+        for state in keras_compat.seed_states(model):
+            broadcast_variable(state, group=self.tensor_group, instance=next_key(),
+                               timeout=self.timeout)
 
     def _agree(self, values: Any) -> Any:
         """The maximum of ``values`` over every process (so all keep the same blocks whole)."""
