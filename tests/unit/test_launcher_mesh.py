@@ -139,6 +139,15 @@ def test_tensor_is_not_written_as_a_pipeline_variable():
     (["--strategy", SPLIT, "--workers", "2", "--stages", "2", "--tensor", "4"],
      ["--tensor 4 is more than the job's 2 process(es)", "use --workers 8"]),
     (["--strategy", SPLIT, "--workers", "4", "--tensor", "0"], ["--tensor: must be 1 or more"]),
+    # the chief is a process of the mesh: the fix once suggested the --workers 2 already given
+    (["--strategy", "tensor", "--chief", "--workers", "2", "--tensor", "2"],
+     ["--tensor 2 with 3 process(es) (--workers 2 and the chief",
+      "Fix: use --workers 1 with --chief, or --workers 2 without it"]),
+    # refused at the launcher, not 49 s later inside the tasks
+    (["--strategy", "pipeline", "--workers", "4", "--stages", "2", "--micro-batches", "4",
+      "--schedule", "interleaved", "--tensor", "2"],
+     ["--schedule interleaved --tensor 2: the interleaved schedule puts several chunks",
+      "Fix: use --schedule 1f1b (or gpipe) with --tensor"]),
 ])
 def test_a_mesh_that_cannot_be_is_refused_before_start_with_the_fix(argv, fragments, script,
                                                                      capsys):

@@ -52,3 +52,13 @@ def test_a_constrained_layer_is_kept_whole_and_the_plan_says_why():
     with pytest.raises(StrategyConfigError, match=r"Layer 'up' cannot be split .*constraint"):
         plan_model(_model(constraint=keras.constraints.MaxNorm(0.3)), 2,
                    {"up": "column", "down": "row"})
+
+
+@pytest.mark.parametrize("strategy", [TensorStrategy, PipelineStrategy])
+def test_an_invalid_rule_pattern_is_refused_when_the_strategy_is_made(strategy):
+    # it once surfaced as a bare re.error from inside build_model
+    with pytest.raises(StrategyConfigError) as info:
+        strategy(rules={"ffn_[": "replicated"})
+    message = str(info.value)
+    assert "Tensor rule 'ffn_[' is not a valid regular expression" in message
+    assert "Fix: escape special characters (re.escape(name))" in message

@@ -194,6 +194,10 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
             "startup_timeout_seconds", resolve_startup_timeout(startup_timeout_seconds))
         self._check_keras()
         cluster, task, place = self._job_place(tf_config, tensor, self.traits.tensor_default)
+        if rules:
+            from tfdist.tensor.rules import check_rules
+
+            rules = check_rules(rules)
         self.rules = dict(rules or {})
         self.mode: PipelineMode = choose_mode(self.config, place.mesh.size, place.rank,
                                               place.size_of(TENSOR))

@@ -47,7 +47,7 @@ from tfdist.tensor import blocks, nested
 from tfdist.tensor import build as shards_of
 from tfdist.tensor.model import TensorModel
 from tfdist.tensor.plan import TensorPlan, check_coverage
-from tfdist.tensor.rules import plan_model
+from tfdist.tensor.rules import check_rules, plan_model
 
 __all__ = ["TensorStrategy", "TENSOR_SHARDS_ENV"]
 
@@ -96,7 +96,7 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
         # a function's first batch traces and compiles it too: it may take the start-up deadline
         self.first_step_timeout = max(self.timeout, float(deadline or 0.0))
         cluster, task, self.place = self._job_place(tf_config, shards, self.traits.tensor_default)
-        self.rules = dict(rules or {})
+        self.rules = check_rules(rules)
         if self.mesh.size > 1:
             self._join_collectives(deadline, cluster, task, self.place.world())
         super().__init__(self._device())
