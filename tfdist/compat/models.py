@@ -19,8 +19,9 @@ from typing import Any
 from tfdist.core.flavour import KerasFlavour, flavour_of, get_keras, keras_flavour  # noqa: F401 - get_keras: the examples
 
 __all__ = ["abstract_build", "bind_unbuilt_optimizer", "build_optimizer", "call_losses",
-           "functional_class", "in_own_thread", "metrics_scope", "refuse_step_overrides",
-           "seed_states", "step_overrides", "weight_losses"]
+           "functional_class", "in_own_thread", "is_graph_model", "metrics_scope",
+           "refuse_model_shape", "refuse_step_overrides", "seed_states", "step_overrides",
+           "weight_losses"]
 
 STEP_METHODS = ("train_step", "test_step", "predict_step", "compute_loss")
 """What a model class may override to change what ``fit``/``evaluate``/``predict`` do."""
@@ -258,6 +259,55 @@ def refuse_step_overrides(model: Any, strategy: str) -> None:
             fix="move what the override adds into layers (a loss into the compiled loss, a "
                 "penalty into add_loss), or train it with a data-parallel strategy "
                 "(multi_worker, horovod), which runs your train_step"))
+
+
+def is_graph_model(model: Any) -> bool:
+    """Whether ``model`` is a graph of layers (functional, or ``Sequential``), not a subclass
+    whose ``call`` is Python code the model-parallel engines cannot read.
+
+    Example:
+        >>> keras = get_keras()
+        >>> class Sub(keras.Model):
+        ...     def call(self, x):
+        ...         return x
+        >>> is_graph_model(Sub()), is_graph_model(keras.Sequential([keras.Input((2,))]))
+        (False, True)
+    """
+    if getattr(model, "_is_graph_network", False):  # tf-keras
+        return True
+    return any(cls.__name__ in ("Functional", "Sequential")
+               and cls.__module__.split(".")[0] in _KERAS_PACKAGES
+               for cls in type(model).__mro__)
+
+
+def refuse_model_shape(model: Any, strategy: str, single_output: bool = False) -> None:
+    """Refuses, before anything is built or waits, a model ``strategy`` cannot split: a
+    subclassed model (no layer graph; it once failed with ``AttributeError: ... 'outputs'``),
+    one overriding a step method (`refuse_step_overrides`) and, with ``single_output``, a
+    model of several outputs (it once failed with raw Keras errors).
+
+    Raises:
+        StrategyConfigError: naming what the model is and the fix.
+    """
+    from tfdist.errors import StrategyConfigError, format_error
+
+    if not is_graph_model(model):
+        raise StrategyConfigError(format_error(
+            f"The {strategy} strategy splits a model by its graph of layers; a subclassed "
+            f"{type(model).__name__} computes in Python code (its call), which has none.",
+            received=f"a {type(model).__name__} subclassing keras.Model",
+            expected="a functional keras.Model (built from keras.Input) or keras.Sequential",
+            fix="build the same layers with the functional API, or train it with a "
+                "data-parallel strategy (multi_worker, horovod), which runs any model"))
+    refuse_step_overrides(model, strategy)
+    outputs = getattr(model, "outputs", None) or []
+    if single_output and len(outputs) > 1:
+        raise StrategyConfigError(format_error(
+            f"The {strategy} strategy trains a model of one output: its last stage computes "
+            "the one loss.", received=f"{model.name!r} with {len(outputs)} outputs",
+            expected="a model with one output",
+            fix="concatenate the outputs into one (and split it in a single loss), or train "
+                "the model with a data-parallel strategy (multi_worker, horovod)"))
 
 
 def seed_states(model: Any) -> list[Any]:

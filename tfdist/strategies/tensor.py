@@ -162,7 +162,7 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
             with keras_compat.abstract_build():
                 abstract = model_or_fn()
             self._abstract = abstract
-        keras_compat.refuse_step_overrides(abstract, "tensor")
+        keras_compat.refuse_model_shape(abstract, "tensor")
         if nested.is_nested(abstract):
             return nested.plan_nested(abstract, self.shards, self.rules)[0]
         return plan_model(abstract, self.shards, self.rules)
@@ -211,9 +211,11 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
         """Whether the model holds layers inside its layers (a KerasHub task, custom blocks):
         planned and split through its whole layer tree (`tfdist.tensor.nested`)."""
         if hasattr(model_or_fn, "layers"):
+            keras_compat.refuse_model_shape(model_or_fn, "tensor")
             return nested.is_nested(model_or_fn)
         with keras_compat.abstract_build():
             self._abstract = model_or_fn()
+        keras_compat.refuse_model_shape(self._abstract, "tensor")
         return nested.is_nested(self._abstract)
 
     def _build_blocks(self, model: Any, built: bool) -> Any:
