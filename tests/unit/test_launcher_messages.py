@@ -173,3 +173,33 @@ def test_ctrl_c_stops_the_output_at_once_and_says_what_was_stopped_and_saved(tmp
     assert after[-1].startswith("[tfdist-launch] interrupted (Ctrl-C) after ")
     assert after[-1].endswith(": stopped worker:0 (exit status 0), worker:1 (exit status 0). "
                               f"Wrote: backups {tmp_path / 'backup'}")
+
+
+PREEMPTED_TASK = """
+import pathlib, signal, sys, time
+def saved(*_):
+    print("saved at the step", flush=True)
+    sys.exit(75)
+signal.signal(signal.SIGTERM, saved)
+pathlib.Path(sys.argv[1]).write_text("ready")
+time.sleep(60)
+"""
+FIRST_PREEMPTED = """
+import pathlib, sys, time
+while not pathlib.Path(sys.argv[1]).exists():
+    time.sleep(0.05)
+sys.exit(75)
+"""
+
+
+def test_a_task_preempted_on_its_own_stops_the_job_as_a_preemption(capsys, tmp_path):
+    # SIGTERM to one pipeline task once read "worker:0 failed first (exit status 75)"
+    ready = str(tmp_path / "ready")
+    group = ProcessGroup(stream=io.StringIO())
+    group.start("worker:0", [PY, "-c", FIRST_PREEMPTED, ready])
+    group.start("worker:1", [PY, "-c", PREEMPTED_TASK, ready])
+    assert Supervisor(timeout=60, preemption_grace=20).run(group) == 75
+    err = capsys.readouterr().err
+    assert "worker:0 exited with status 75: it was preempted (SIGTERM) and saved" in err
+    assert "job preempted: every training task saved a checkpoint" in err
+    assert "failed first" not in err

@@ -160,6 +160,10 @@ class _Preempted(Exception):
     """The launcher received SIGTERM."""
 
 
+class _TaskPreempted(Exception):
+    """A training task (its args) exited 75 on its own: SIGTERM reached it, not the launcher."""
+
+
 def _raise_preempted(signum: int, frame: FrameType | None) -> None:
     raise _Preempted
 
@@ -251,6 +255,11 @@ class Supervisor:
                 log(f"received SIGTERM: forwarding it to every task; {self.preemption_grace:g} s "
                     "to save and exit")
                 return self._preemption_outcome(group, group.stop(self.preemption_grace))
+            except _TaskPreempted as err:  # SIGTERM reached a task, not the launcher
+                log(f"{err.args[0]} exited with status {PREEMPTED_EXIT_STATUS}: it was preempted "
+                    "(SIGTERM) and saved at its step; forwarding SIGTERM to every other task; "
+                    f"{self.preemption_grace:g} s to save and exit")
+                return self._preemption_outcome(group, group.stop(self.preemption_grace))
             except KeyboardInterrupt:
                 return self._interrupted(group, started)
             except OSError as err:  # a task could not be started: the gang starts whole or not
@@ -279,6 +288,8 @@ class Supervisor:
             while True:
                 codes = dict(group.poll())
                 failed = self._first_failure(group, members, codes)
+                if failed in main and codes[failed] == PREEMPTED_EXIT_STATUS:
+                    raise _TaskPreempted(failed)
                 if failed is not None:
                     raise TaskFailedError(*group.failed_within(failed) or (
                         failed, codes[failed] or 0, group.tail(failed)),
