@@ -236,3 +236,18 @@ def test_ray_spreading_a_tensor_group_is_warned_about(capsys, script):
     assert "Fix: --ray-placement PACK" in err
     assert cli.main([*argv[:-1], "--ray-placement", "PACK", script]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_a_stale_tensor_shards_variable_in_the_shell_changes_nothing():
+    # TFDIST_TENSOR_SHARDS=1 left in the shell once made --strategy tensor --workers 2 data
+    # parallel: the launcher writes T in the mesh, and a task reads the mesh first
+    from tfdist.parallel.place import process_place
+
+    stale = {"TFDIST_TENSOR_SHARDS": "1"}
+    plan = plan_job(JobOptions("t.py", strategy="tensor", workers=2), environ=stale)
+    assert plan.env[MESH_ENV] == "data=1,pipe=1,tensor=2"
+    tf_config = {"cluster": {"worker": ["localhost:1", "localhost:2"]},
+                 "task": {"type": "worker", "index": 1}}
+    task = process_place(tf_config, default_tensor="all",
+                         environ={**stale, MESH_ENV: plan.env[MESH_ENV]})
+    assert task.size_of("tensor") == 2 and task.size_of("data") == 1
