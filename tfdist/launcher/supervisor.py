@@ -425,8 +425,8 @@ class Supervisor:
         """How to make this job's tasks save at the step next time."""
         if not self.saves_on_sigterm:
             return (f"The {self.strategy} strategy does not save at the step on SIGTERM "
-                    "(multi_worker and pipeline do); raise --preemption-grace if tasks were "
-                    "SIGKILLed (exit status -9) before their own handling ended.")
+                    "(multi_worker, pipeline and tensor do); raise --preemption-grace if tasks "
+                    "were SIGKILLed (exit status -9) before their own handling ended.")
         return ("Fix: give model.fit strategy.backup_callback(dir), or use "
                 "strategy.preemption_handler(checkpoint, dir) in a custom loop; raise "
                 "--preemption-grace if a save was cut short (SIGKILL: exit status -9).")

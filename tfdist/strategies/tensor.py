@@ -42,6 +42,7 @@ from tfdist.parallel.ops import DEFAULT_TIMEOUT, broadcast_variable
 from tfdist.strategies.base import TfdistStrategyMixin
 from tfdist.strategies.initial_weights import shard_initial_weights
 from tfdist.strategies.model_parallel import ModelParallelMixin
+from tfdist.strategies.pipeline_backup import StepBackupMixin
 from tfdist.strategies.startup import resolve_startup_timeout
 from tfdist.tensor import blocks, nested
 from tfdist.tensor import build as shards_of
@@ -55,7 +56,7 @@ TENSOR_SHARDS_ENV = builtin.TENSOR_SHARDS_ENV
 _log = logging.getLogger("tfdist")
 
 
-class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
+class TensorStrategy(StepBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
                      tf.distribute.OneDeviceStrategy):
     """Tensor (and data x tensor) parallelism over the workers of TF_CONFIG.
 
@@ -83,6 +84,7 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
     name = "tensor"
     traits = builtin.TENSOR
     per_rank_backups = True  # each process holds different shards
+    preemption_saves = True  # every rank votes after each step; on SIGTERM all save there
 
     def __init__(self, shards: int | None = None, rules: Mapping[str, str] | None = None,
                  timeout_seconds: float | None = None,
