@@ -203,3 +203,19 @@ def test_a_task_preempted_on_its_own_stops_the_job_as_a_preemption(capsys, tmp_p
     assert "worker:0 exited with status 75: it was preempted (SIGTERM) and saved" in err
     assert "job preempted: every training task saved a checkpoint" in err
     assert "failed first" not in err
+
+
+def test_a_stuck_peer_is_named_not_the_task_that_timed_out_waiting_for_it(capsys):
+    # a shard alive but not joining made the launcher blame worker:0, whose step deadline fired
+    from tfdist.errors import STEP_DEADLINE_MARKER
+
+    group = ProcessGroup(stream=io.StringIO())
+    timed_out = (f"import sys, time; time.sleep(1); print({STEP_DEADLINE_MARKER!r} + ' of 1 s "
+                 "waiting for its tensor group of 2', file=sys.stderr, flush=True); sys.exit(1)")
+    group.start("worker:0", [PY, "-c", timed_out])
+    group.start("worker:1", [PY, "-c", "import time; time.sleep(60)"])  # stuck, alive
+    assert Supervisor(timeout=60).run(group) == 1
+    err = capsys.readouterr().err
+    assert "task worker:1 did not join the step that task worker:0 waited for" in err
+    assert "task worker:0 failed at its step deadline (exit status 1)" in err
+    assert "failed first" not in err

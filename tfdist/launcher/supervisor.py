@@ -291,9 +291,11 @@ class Supervisor:
                 if failed in main and codes[failed] == PREEMPTED_EXIT_STATUS:
                     raise _TaskPreempted(failed)
                 if failed is not None:
-                    raise TaskFailedError(*group.failed_within(failed) or (
-                        failed, codes[failed] or 0, group.tail(failed)),
-                        stopped=tuple(group.stopped()))
+                    task, code, tail = group.failed_within(failed) or (
+                        failed, codes[failed] or 0, group.tail(failed))
+                    running = [n for n in main if codes.get(n) is None and n != failed]
+                    raise TaskFailedError(task, code, tail, stopped=tuple(group.stopped()),
+                                          waited_for=summary.waited_for(tail, running))
                 if all(codes.get(name) == 0 for name in main):
                     break
                 if time.monotonic() > deadline:
@@ -376,20 +378,7 @@ class Supervisor:
                 "for a hang (a wrong address in TF_CONFIG waits forever for its peers).")
 
     def _failure_message(self, err: TaskFailedError) -> str:
-        reason = self.fatal(err.task.split(":", 1)[0])
-        if reason:
-            return (
-                f"{err.task} died: {reason}. Restart the job (--max-restarts N reruns it; with "
-                f"BackupAndRestore in the script, training resumes from the last backup). Exit "
-                f"status {err.returncode}; every task stopped. Its last lines:\n{err.output_tail}"
-            )
-        if err.stopped:
-            return (f"task {', '.join(err.stopped)} stopped making progress (its process was "
-                    "stopped: SIGSTOP, a debugger or job control), and task "
-                    f"{err.task} failed waiting for it (exit status {err.returncode}); every "
-                    f"task stopped. Last lines of {err.task}:\n{err.output_tail}")
-        return (f"task {err.task} failed first (exit status {err.returncode}); every task "
-                f"stopped. Its last lines:\n{err.output_tail}")
+        return summary.failure_text(err, self.fatal(err.task.split(":", 1)[0]))
 
     @staticmethod
     def _hidden_tail(group: TaskGroup, member: Member) -> str:
