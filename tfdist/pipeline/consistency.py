@@ -69,7 +69,7 @@ def step_checks(layout: PipelineLayout, variables: list[Any], x: Any, y: Any,
             _named(variables), layout.group(DATA), step,
             subject="weights of the replicas of a stage",
             fix=WEIGHTS_FIX, describe=describe, instance=instance_key(WEIGHTS, 0, 0, CHECK),
-            timeout=timeout)
+            timeout=timeout, tolerance=consistency.WEIGHT_TOLERANCE)
 
     return checks + consistency.when_due(step, every, weights)
 

@@ -122,13 +122,12 @@ class TensorModel(keras.Model):
         def weights() -> list[Any]:
             trainable = self.trainable_weights
             replicated = {v.path: v for v in trainable if id(v) not in self._split_ids}
-            return [*consistency.assert_agree(
-                replicated, self.tensor_group, step, subject="replicated weights",
-                fix=_WEIGHTS_FIX, describe=self.describe_rank, timeout=timeout),
-                *consistency.assert_agree(
-                    {v.path: v for v in trainable}, self.data_group, step,
-                    subject="weights of a data replica", fix=_WEIGHTS_FIX,
-                    describe=self.describe_rank, timeout=timeout)]
+            same = {"fix": _WEIGHTS_FIX, "describe": self.describe_rank, "timeout": timeout,
+                    "tolerance": consistency.WEIGHT_TOLERANCE}
+            return [*consistency.assert_agree(replicated, self.tensor_group, step,
+                                              subject="replicated weights", **same),
+                    *consistency.assert_agree({v.path: v for v in trainable}, self.data_group,
+                                              step, subject="weights of a data replica", **same)]
 
         return checks + consistency.when_due(step, self.check_every, weights)
 
