@@ -43,7 +43,7 @@ def describe_rank(layout: PipelineLayout, rank: int) -> str:
     return f"rank {rank} (stage {first} of replica {place.data}{shard})"
 
 
-def _named(variables: list[Any]) -> dict[str, Any]:
+def _named(variables: Any) -> dict[str, Any]:
     named: dict[str, Any] = {}
     for i, variable in enumerate(variables):
         name = str(getattr(variable, "path", None) or variable.name)
@@ -51,12 +51,13 @@ def _named(variables: list[Any]) -> dict[str, Any]:
     return named
 
 
-def step_checks(layout: PipelineLayout, variables: list[Any], x: Any, y: Any,
+def step_checks(layout: PipelineLayout, variables: Any, x: Any, y: Any,
                 sample_weight: Any, step: Any, timeout: float,
                 every: int | None = None) -> list[Any]:
     """The assertions of one training step (inside its ``tf.function``), on the global batch
     (``x``, ``y``, ``sample_weight`` before a replica takes its rows) and on this process's
-    ``variables``; ``every`` is the weight check's interval (None: `consistency.check_every`)."""
+    ``variables`` (its model's ``trainable_variables``, every chunk's); ``every`` is the
+    weight check's interval (None: `consistency.check_every`)."""
     describe: Callable[[int], str] = lambda rank: describe_rank(layout, rank)  # noqa: E731
     checks = consistency.assert_agree(
         {"x": x, "y": y, "sample_weight": sample_weight}, layout.world(), step,

@@ -357,7 +357,7 @@ class _StageModelMixin:
 
     def train_step(self, data: Any) -> dict[str, Any]:
         x, y, weight = self._unpack(data, by_replica=False)  # the global batch, checked:
-        checks = step_checks(self._engine.layout, self.stage_variables(), x, y, weight,
+        checks = step_checks(self._engine.layout, self.trainable_variables, x, y, weight,
                              self.optimizer.iterations + 1, self._pipeline.timeout)
         x, y, weight = (self._engine.replica_rows(v) for v in gated(checks, x, y, weight))
         loss, outs = apply_step(self, self._engine, self.optimizer, x, y, self._pipeline_loss,

@@ -379,7 +379,7 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
         @tf.function
         def step(x: Any, y: Any, sample_weight: Any = None) -> Any:
             self.check_batch(x)
-            checks = step_checks(engine.layout, model.stage_variables(), x, y, sample_weight,
+            checks = step_checks(engine.layout, model.trainable_variables, x, y, sample_weight,
                                  optimizer.iterations + 1, self.timeout)
             x, y, sample_weight = gated(checks, x, y, sample_weight)
             total, _ = apply_step(model, engine, optimizer, engine.replica_rows(x),
