@@ -6,7 +6,8 @@ Argument: the backup directory. ``PAUSE_AT_STEP=k``: after global step k (1-base
 prints ``paused after step k`` and waits 4 s (the test sends SIGTERM meanwhile) before its
 backup callback runs: rank 0 is then already past step k, waiting in the vote. Reports the
 (epoch, batch) of every step fit called, the optimizer's step count and the whole model's
-weights (chief).
+weights; with ``REFERENCE=1`` the chief also trains the model in one process, uninterrupted,
+and reports its weights.
 """
 
 import os
@@ -60,8 +61,13 @@ backup = strategy.backup_callback(sys.argv[1], delete_checkpoint=False)
 model.fit(x, y, batch_size=GLOBAL, epochs=EPOCHS, shuffle=False, verbose=0,
           callbacks=[steps, backup])
 weights = strategy.gather_weights(model)
-tfdist.testing.report({
-    "ran": steps.ran,
-    "iterations": int(model.optimizer.iterations.numpy()),
-    "weights": [np.asarray(w).tolist() for name in sorted(weights) for w in weights[name]],
-})
+result = {"ran": steps.ran, "iterations": int(model.optimizer.iterations.numpy()),
+          "weights": [np.asarray(w).tolist() for name in sorted(weights) for w in weights[name]]}
+if strategy.is_chief and os.environ.get("REFERENCE"):  # one process, never interrupted
+    keras.utils.set_random_seed(3)
+    reference = build()
+    reference.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    reference.fit(x, y, batch_size=GLOBAL, epochs=EPOCHS, shuffle=False, verbose=0)
+    result["reference"] = [w.tolist() for name in sorted(weights)
+                           for w in reference.get_layer(name).get_weights()]
+tfdist.testing.report(result)
