@@ -52,3 +52,51 @@ def test_a_constrained_layer_is_kept_whole_and_the_plan_says_why():
     with pytest.raises(StrategyConfigError, match=r"Layer 'up' cannot be split .*constraint"):
         plan_model(_model(constraint=keras.constraints.MaxNorm(0.3)), 2,
                    {"up": "column", "down": "row"})
+
+
+@pytest.mark.parametrize("strategy", [TensorStrategy, PipelineStrategy])
+def test_an_invalid_rule_pattern_is_refused_when_the_strategy_is_made(strategy):
+    # it once surfaced as a bare re.error from inside build_model
+    with pytest.raises(StrategyConfigError) as info:
+        strategy(rules={"ffn_[": "replicated"})
+    message = str(info.value)
+    assert "Tensor rule 'ffn_[' is not a valid regular expression" in message
+    assert "Fix: escape special characters (re.escape(name))" in message
+
+
+class _Subclassed(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(1, name="dense")
+
+    def call(self, x):
+        return self.dense(x)
+
+
+def _subclassed():
+    model = _Subclassed()
+    model(keras.ops.ones((1, 4)))
+    return model
+
+
+@pytest.mark.parametrize("strategy", [TensorStrategy, PipelineStrategy])
+@pytest.mark.parametrize("as_function", [False, True])
+def test_a_subclassed_model_is_refused_with_the_fix(strategy, as_function):
+    # under tensor it once failed with AttributeError: '_Subclassed' object has no 'outputs'
+    with pytest.raises(StrategyConfigError) as info:
+        strategy().build_model(_subclassed if as_function else _subclassed())
+    message = str(info.value)
+    assert "splits a model by its graph of layers; a subclassed _Subclassed" in message
+    assert "Fix: build the same layers with the functional API" in message
+
+
+def test_a_two_output_model_is_refused_by_the_pipeline():
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(8, name="hidden")(inputs)
+    model = keras.Model(inputs, [keras.layers.Dense(1, name="a")(hidden),
+                                 keras.layers.Dense(1, name="b")(hidden)], name="two")
+    with pytest.raises(StrategyConfigError) as info:
+        PipelineStrategy().build_model(model)
+    message = str(info.value)
+    assert "trains a model of one output" in message and "'two' with 2 outputs" in message
+    assert "Fix: concatenate the outputs into one" in message

@@ -63,13 +63,19 @@ class Cluster:
                 "Cluster speed must be a positive number.", received=f"speed={self.speed!r}",
                 expected="a number > 0 (1.0: the profile's speed)",
                 fix="leave it out (1.0), or pass a measured ratio of step times"))
-        for name in ("processes", "hosts", "cores"):
+        for name in ("processes", "hosts"):
             value = getattr(self, name)
-            kinds = (int, float) if name == "cores" else int
-            if isinstance(value, bool) or not isinstance(value, kinds) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise AdviseError(format_error(
                     f"Cluster {name} must be a positive int.", received=f"{name}={value!r}",
                     expected="an int >= 1", fix=f"pass {name}=2"))
+        # a measurement on a busy machine: a process may get less than one core (0.997)
+        if isinstance(self.cores, bool) or not isinstance(self.cores, (int, float)) or not (
+                self.cores > 0):
+            raise AdviseError(format_error(
+                "Cluster cores must be a positive number.", received=f"cores={self.cores!r}",
+                expected="a number > 0 (cores measured on a busy machine may be fractional)",
+                fix="pass cores=2, or leave it out (this machine's count)"))
         if self.device_memory is not None and not self.device_memory > 0:
             raise AdviseError(format_error(
                 "device_memory must be a positive number of bytes.",

@@ -278,5 +278,6 @@ TENSOR = StrategyTraits(
     "MultiHeadAttention",
     launch_options=MappingProxyType({"tensor": MESH_ENV}),
     tensor_default="all",
+    saves_on_sigterm=True,
 )
 """Keras 3 only: the split layers (`tfdist.tensor.layers`) subclass Keras 3's layers."""

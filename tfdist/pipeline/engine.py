@@ -44,7 +44,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist.parallel.mesh import DATA, PIPE, ProcessGroup
-from tfdist.pipeline import gradients, transport
+from tfdist.pipeline import batch_weights, gradients, transport
 from tfdist.pipeline import schedule as schedules
 from tfdist.pipeline.interface import LossFn, LossTerms, PipelineEngine, StageStep
 from tfdist.pipeline.interleave import ChunkLink
@@ -93,6 +93,9 @@ class StageEngine:
             this engine (no cut of its own) runs them. Empty: the engine is its one stage's.
         keyed_by_edge: A chunk's engine: two processes share several edges, so each edge's
             transfers are numbered apart (`tfdist.pipeline.interleave.ChunkLink`).
+        whole_batch_weights: Compute the weight gradients once per step over the replica
+            batch instead of summing them over micro-batches (`tfdist.pipeline.batch_weights`):
+            no sums held through the step, for one more forward of the stage.
     """
 
     layout: PipelineLayout
@@ -105,6 +108,7 @@ class StageEngine:
     recompute: bool = False
     chunk_engines: tuple[StageEngine, ...] = ()
     keyed_by_edge: bool = False
+    whole_batch_weights: bool = False
 
     # ----------------------------------------------------------------- links
     def _link(self, peer: int | None, piece: int) -> Link | ChunkLink | None:
@@ -218,13 +222,18 @@ class StageEngine:
     def run_op(self, step: StageStep, op: str, m: int) -> None:
         """Builds one ``(op, micro_batch)`` of the schedule, after the stage's previous op
         (the op's handler: `OP_HANDLERS`)."""
+        handler = OP_HANDLERS[op]
+        if self.whole_batch_weights and op == schedules.BACKWARD:
+            handler = batch_weights.backward_op
         with tf.control_dependencies(step.chain):
-            marker = OP_HANDLERS[op](self, step, m)
+            marker = handler(self, step, m)
         step.chain = tf.nest.flatten(marker)
 
     def finish(self, step: StageStep) -> tuple[Any, list[Any], list[Any]]:
         """``train``'s result from a step whose schedule has been built."""
         layout, micro = self.layout, self.micro_batches
+        if self.whole_batch_weights:
+            batch_weights.weight_gradients(self, step)
         own = self._weight_terms(step)
         if not layout.is_last:
             own += list(step.added.values())

@@ -13,10 +13,11 @@ package through their methods (``strategy.backup_callback``, ``strategy.preempti
 * `tfdist.resilience.backup`: ``strategy.backup_callback(dir)`` under every strategy and both
   Kerases (who writes, who restores, per-rank directories), tf-keras's save at the step;
 * `tfdist.resilience.keras3_backup`: Keras 3's save at the step (MultiWorkerMirrored);
-* `tfdist.resilience.pipeline_vote`: a pipeline's stages agree on the step to stop at (a vote
-  after each step), each saves its own stage (`StepCheckpoint`), the custom-loop handler;
-* `tfdist.resilience.pipeline_backup`: the pipeline's ``fit`` callback over that vote, and the
-  strategy mixin that hands it out;
+* `tfdist.resilience.pipeline_vote`: the processes of a model-parallel job (pipeline stages,
+  tensor shards) agree on the step to stop at (a vote after each step), each saves its own
+  part (`StepCheckpoint`), the custom-loop handler;
+* `tfdist.resilience.pipeline_backup`: the ``fit`` callback over that vote, and the strategy
+  mixins that hand it out (`StepBackupMixin`: pipeline and tensor; `PipelineBackupMixin`);
 * `tfdist.resilience.claim`: a backup directory claimed by one job, for the layout (mesh, stages)
   its per-rank backups were written for.
 
