@@ -1,0 +1,116 @@
+"""One process of a ZeRO job (``get_strategy("multi_worker", zero=stage)``, D processes):
+trains a small model with an ``Embedding`` (sparse gradients), Adam with decoupled weight decay
+(biases excluded) and norm clipping, and sample weights, with ``model.fit``, once per phase in
+the same job, and reports what the test checks.
+
+Args: ``steps DIR``. Phases, each on a fresh model from the same seeded build function:
+stages 1, 2 and 3 with ``global_clipnorm``; stage 2 with ``clipnorm`` (each weight's own norm);
+stage 1 with the all-gather after the update skipped (sabotage: parity must fail). Stage 3's
+model is saved whole to ``DIR/zero3.keras`` (every process calls it; the chief writes it).
+The chief also trains the same model in one process on the same global batches (Keras's own
+``fit``, no strategy) for each optimizer: the references. Each phase reports the trained
+weights, the loss per epoch, and the bytes held (model weights with values, the pieces, the
+optimizer's slots) against the partition's plan.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tfdist
+from tfdist.strategies.zero import ZeroStrategy
+from tfdist.testing import exit_after_report, report
+
+GLOBAL, VOCAB, SEQ, WIDTH, CLASSES, LR = 8, 128, 4, 8, 4, 0.01
+SEED = 5
+CLIP = {"global_clipnorm": 0.05, "clipnorm": 0.02}
+
+
+def build():
+    keras.utils.set_random_seed(SEED)
+    tokens = keras.Input((SEQ,), dtype="int32", name="tokens")
+    x = keras.layers.Embedding(VOCAB, WIDTH, name="emb")(tokens)
+    x = keras.layers.Flatten(name="flat")(x)
+    x = keras.layers.Dense(WIDTH, activation="tanh", name="hidden")(x)
+    logits = keras.layers.Dense(CLASSES, name="out")(x)
+    return keras.Model(tokens, logits, name="tiny")
+
+
+def optimizer(clip):
+    adam = keras.optimizers.Adam(LR, weight_decay=0.05, **{clip: CLIP[clip]})
+    adam.exclude_from_weight_decay(var_names=["bias"])
+    return adam
+
+
+def batches(steps):
+    rng = np.random.default_rng(7)
+    x = rng.integers(0, VOCAB, (steps * GLOBAL, SEQ)).astype("int32")
+    y = rng.integers(0, CLASSES, (steps * GLOBAL,)).astype("int32")
+    weights = rng.uniform(0.2, 2.0, (steps * GLOBAL,)).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((x, y, weights)).batch(GLOBAL)
+
+
+def compile_and_fit(model, clip, steps):
+    model.compile(optimizer=optimizer(clip),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(batches(steps), epochs=2, shuffle=False, verbose=0)
+    return history.history["loss"]
+
+
+def reference(clip, steps):
+    model = build()
+    loss = compile_and_fit(model, clip, steps)
+    slots = sum(int(v.numpy().nbytes) for v in model.optimizer.variables)
+    return {"weights": [w.tolist() for w in model.get_weights()], "loss": loss,
+            "slots": slots}
+
+
+def phase(stage, clip, steps, sabotage=None, save=None):
+    if sabotage:  # a test-only option of the class get_strategy makes
+        strategy = ZeroStrategy(stage, sabotage=sabotage)
+    else:
+        strategy = tfdist.get_strategy("multi_worker", zero=stage)
+    model = strategy.build_model(build)
+    engine = model.zero_engine
+    held_before = engine.held_bytes()
+    start = time.perf_counter()
+    loss = compile_and_fit(model, clip, steps)
+    seconds = time.perf_counter() - start
+    held = engine.held_bytes()
+    result = {"loss": loss, "held_before": held_before, "held": held, "seconds": seconds,
+              "owned": engine.plan.owned_bytes(), "total": engine.plan.total_bytes,
+              "largest": engine.plan.largest_variable_bytes(),
+              "pieces": [[p.variable, p.start, p.stop, p.owner] for p in engine.plan.pieces],
+              "describe": strategy.describe()}
+    if save:
+        result["saved"] = strategy.save_model(model, save)
+    if stage == 3:
+        engine.materialize()
+    result["weights"] = [w.tolist() for w in model.get_weights()]
+    return result
+
+
+def main():
+    steps, folder = int(sys.argv[1]), sys.argv[2]
+    phases = {"zero1": phase(1, "global_clipnorm", steps),
+              "zero2": phase(2, "global_clipnorm", steps),
+              "zero3": phase(3, "global_clipnorm", steps, save=f"{folder}/zero3.keras"),
+              "zero2_clipnorm": phase(2, "clipnorm", steps),
+              "sabotage": phase(1, "global_clipnorm", steps, sabotage="skip_gather")}
+    result = {"phases": phases, "initial": [w.tolist() for w in build().get_weights()]}
+    if phases["zero1"]["describe"].endswith("chief") or "process 0 " in \
+            phases["zero1"]["describe"]:
+        result["reference"] = {clip: reference(clip, steps) for clip in CLIP}
+        loaded = keras.models.load_model(f"{folder}/zero3.keras")
+        result["loaded"] = [w.tolist() for w in loaded.get_weights()]
+    report(result)
+    exit_after_report()
+
+
+if __name__ == "__main__":
+    main()
