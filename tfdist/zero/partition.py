@@ -40,11 +40,13 @@ def check_stage(stage: object, field: str = "zero") -> int:
     """
     if stage is None or stage == "" or stage == 0 or stage == "0":
         return 0
-    try:
-        value = int(stage)  # type: ignore[call-overload]
-    except (TypeError, ValueError):
+    if isinstance(stage, str) and stage.strip().isdigit():
+        value = int(stage)
+    elif isinstance(stage, int) and not isinstance(stage, bool):
+        value = stage
+    else:
         value = -1
-    if isinstance(stage, bool) or value not in STAGES:
+    if value not in STAGES:
         raise StrategyConfigError(format_error(
             "Unknown ZeRO stage.", received=f"{field}={stage!r}",
             expected="1 (optimizer state sharded), 2 (also the gradients) or 3 (also the "

@@ -1,0 +1,115 @@
+"""ZeRO without a cluster: the partition by bytes, the options (stage, D, strategy) refused with
+the field, the value and the fix before anything trains, and ``--zero`` reaching the tasks."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tfdist.errors import StrategyConfigError
+from tfdist.launcher import cli
+from tfdist.zero.partition import check_stage, partition
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> str:
+    path = tmp_path / "train.py"
+    path.write_text("print('never run')\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("parts", [2, 3, 4])
+def test_the_parts_cover_every_row_once_and_are_balanced_within_a_row(parts):
+    shapes = [(128, 8), (32, 8), (8,), (), (8, 4), (4,)]
+    plan = partition(shapes, itemsize=4, parts=parts)
+    for index, shape in enumerate(shapes):
+        pieces = plan.of_variable(index)
+        rows = shape[0] if shape else 1
+        assert [p.start for p in pieces] == [0, *(p.stop for p in pieces[:-1])]
+        assert pieces[-1].stop == rows
+    owned = plan.owned_bytes()
+    assert sum(owned) == plan.total_bytes
+    widest_row = max(math.prod(s[1:]) if s else 1 for s in shapes) * 4
+    assert max(abs(b - plan.total_bytes / parts) for b in owned) <= widest_row
+    assert len(plan.of_variable(0)) > 1  # the large embedding is split across owners
+
+
+def test_sabotaged_balance_would_be_seen():
+    plan = partition([(100, 1)], itemsize=4, parts=2)
+    assert plan.owned_bytes() == [200, 200]
+    lopsided = partition([(100, 1)], itemsize=4, parts=1).owned_bytes()
+    assert lopsided == [400]
+
+
+@pytest.mark.parametrize("stage", [4, -1, "two", 1.5, True])
+def test_an_unknown_stage_is_refused_with_the_fix(stage):
+    with pytest.raises(StrategyConfigError) as error:
+        check_stage(stage)
+    message = str(error.value)
+    assert f"zero={stage!r}" in message and "Fix: pass zero=1, 2 or 3" in message
+
+
+def test_a_shape_that_is_not_known_is_refused_by_name():
+    with pytest.raises(StrategyConfigError, match=r"trainable weight 1 of shape \(None, 3\)"):
+        partition([(2, 3), (None, 3)], itemsize=4, parts=2)
+
+
+def test_weights_of_two_dtypes_are_refused_naming_the_odd_one():
+    import keras
+
+    from tfdist.zero.engine import check_partitionable
+
+    odd = keras.Variable([1, 2], dtype="int32", name="steps")
+    with pytest.raises(StrategyConfigError) as error:
+        check_partitionable([keras.Variable([1.0], name="kernel"), odd])
+    assert "steps: int32" in str(error.value) and "Fix:" in str(error.value)
+    with pytest.raises(StrategyConfigError, match="0 trainable weights"):
+        check_partitionable([])
+
+
+def test_get_strategy_refuses_zero_on_one_process_and_where_it_does_not_apply(monkeypatch):
+    from tfdist import get_strategy
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("TFDIST_ZERO", raising=False)
+    with pytest.raises(StrategyConfigError) as error:
+        get_strategy("multi_worker", zero=2)
+    assert "zero=2 with D=1" in str(error.value) and "--workers 2" in str(error.value)
+    with pytest.raises(StrategyConfigError, match="zero=2 with implementation"):
+        get_strategy("multi_worker", zero=2, implementation="ring")
+    for name in ("parameter_server", "horovod"):
+        with pytest.raises(StrategyConfigError, match=r"Unknown option\(s\).*zero=1"):
+            get_strategy(name, zero=1)
+    monkeypatch.setenv("TFDIST_ZERO", "7")
+    with pytest.raises(StrategyConfigError, match="TFDIST_ZERO='7'"):
+        get_strategy("multi_worker")
+
+
+def test_zero_reaches_every_task_of_a_multi_worker_job(script, capsys):
+    assert cli.main(["--dry-run", "--zero", "3", "--workers", "2", script]) == 0
+    tasks = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [t["env"]["TFDIST_STRATEGY"] for t in tasks] == ["multi_worker"] * 2
+    assert [t["env"]["TFDIST_ZERO"] for t in tasks] == ["3", "3"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--zero", "2", "--strategy", "horovod", "--workers", "2"],
+     "--zero was given with --strategy horovod, which does not take it"),
+    (["--zero", "2", "--strategy", "parameter_server", "--ps", "1", "--workers", "2"],
+     "--zero was given with --strategy parameter_server"),
+    (["--zero", "1", "--strategy", "multi_worker", "--workers", "1"],
+     "--zero 1 with 1 training process (D=1)"),
+    (["--zero", "4", "--workers", "2"], "invalid choice: 4"),
+])
+def test_bad_zero_options_are_refused_before_start(script, capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--dry-run", *argv, script])
+    assert exit_info.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert message in err
+    assert "Fix:" in err or "invalid choice" in err
