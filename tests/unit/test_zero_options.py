@@ -113,3 +113,25 @@ def test_bad_zero_options_are_refused_before_start(script, capsys, argv, message
     err = " ".join(capsys.readouterr().err.split())
     assert message in err
     assert "Fix:" in err or "invalid choice" in err
+
+
+def test_a_backup_of_another_data_size_or_stage_is_refused(tmp_path):
+    from tfdist.strategies.backup_claim import claim_backup
+    from tfdist.strategies.zero import ZeroStrategy
+
+    class Written:  # the layout a ZeroStrategy records, without a cluster
+        per_rank_backups, worker_index, is_chief, name = True, 0, True, "multi_worker"
+
+        def __init__(self, stage, data):
+            self.stage, self.num_replicas = stage, data
+
+        backup_layout = ZeroStrategy.backup_layout
+
+    claim_backup(Written(2, 2), str(tmp_path / "rank-0"), str(tmp_path))
+    for stage, data in ((2, 3), (3, 2)):
+        with pytest.raises(StrategyConfigError) as error:
+            claim_backup(Written(stage, data), str(tmp_path / "rank-0"), str(tmp_path))
+        message = str(error.value)
+        assert '"data": 2' in message and f'"zero": {stage}' in message
+        assert "Fix: resume with the layout it was written for (--strategy multi_worker " \
+            "--workers 2 --zero 2)" in message

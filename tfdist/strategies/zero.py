@@ -174,19 +174,39 @@ class ZeroStrategy(ModelParallelMixin, TfdistStrategyMixin, tf.distribute.OneDev
     def save_model(self, model: Any, filepath: str | os.PathLike[str],
                    **kwargs: Any) -> str | None:
         """Saves the whole model as one process's ``.keras`` file (every process calls it; the
-        chief writes ``filepath``). The optimizer's state is not in it: it is in parts, one per
-        process (`backup_callback` keeps those)."""
+        chief writes ``filepath``): whole weights, and the optimizer whole, its slots gathered
+        from their owners (``keras.models.load_model`` resumes it in one process).
+
+        Returns:
+            ``filepath`` on the chief, None elsewhere.
+        """
         engine: ZeroEngine = model.zero_engine
+        optimizer = getattr(model, "optimizer", None)
         if engine.stage == 3:
             engine.materialize()
+        whole = engine.whole_optimizer(optimizer) if getattr(optimizer, "built", False) \
+            else None
         swapped, model.__class__ = model.__class__, original_class(model)
-        kwargs.setdefault("include_optimizer", False)
+        if whole is not None:
+            model.optimizer = whole
         try:
             return super().save_model(model, filepath, **kwargs)
         finally:
             model.__class__ = swapped
+            if whole is not None:
+                model.optimizer = optimizer
             if engine.stage == 3:
                 engine.drop_whole()
+
+    def backup_layout(self) -> dict[str, Any]:
+        """What this process's backup depends on (its part of the optimizer state): a resume
+        with another D or stage is refused (`tfdist.strategies.backup_claim`), not re-sharded.
+
+        Example:
+            >>> ZeroStrategy.backup_layout.__doc__ is not None
+            True
+        """
+        return {"strategy": self.name, "zero": self.stage, "data": self.num_replicas}
 
 
 def _refuse_tf_keras(stage: int) -> None:

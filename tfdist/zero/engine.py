@@ -79,6 +79,26 @@ def check_partitionable(variables: Sequence[Any]) -> str:
     return dtypes[0]
 
 
+@contextlib.contextmanager
+def _recording_slots(optimizer: Any) -> Iterator[list[tuple[Any, int, str]]]:
+    """Records each slot ``optimizer`` makes from a reference variable: (slot, index of the
+    reference among those built on, slot name). Keras 3 makes every slot this way."""
+    made: list[tuple[Any, int, str]] = []
+    original = optimizer.add_variable_from_reference
+    order: dict[int, int] = {}
+
+    def recording(reference: Any, name: Any = None, *args: Any, **kwargs: Any) -> Any:
+        slot = original(reference, name, *args, **kwargs)
+        made.append((slot, order.setdefault(id(reference), len(order)), str(name)))
+        return slot
+
+    optimizer.add_variable_from_reference = recording
+    try:
+        yield made
+    finally:
+        del optimizer.add_variable_from_reference
+
+
 def _rows(value: Any, piece: Piece, shape: tuple[int, ...]) -> Any:
     """A piece's rows of a whole weight (a scalar is its own one row)."""
     return value if not shape else value[piece.start:piece.stop]
@@ -127,11 +147,12 @@ class ZeroEngine:
         """Stage 3: the model's weights whole again (a collective: every process calls it),
         for saving or evaluating outside a step; `drop_whole` undoes it."""
         whole = self.gather_whole()
-        for variable, value in zip(self.variables, whole, strict=True):
-            if variable._value is None:  # noqa: SLF001
-                variable._initialize(value)  # noqa: SLF001
-            else:
-                variable.assign(value)
+        with self.home.scope():  # where the model's variables were made
+            for variable, value in zip(self.variables, whole, strict=True):
+                if variable._value is None:  # noqa: SLF001
+                    variable._initialize(value)  # noqa: SLF001
+                else:
+                    variable.assign(value)
         self.dropped = False
 
     def held_bytes(self) -> dict[str, int]:
@@ -146,19 +167,59 @@ class ZeroEngine:
 
     def build_optimizer(self, optimizer: Any) -> None:
         """Builds ``optimizer`` on this process's pieces (a no-op once built): its slots are
-        1/D of the model's. Weights excluded from weight decay by variable stay excluded."""
+        1/D of the model's. Weights excluded from weight decay by variable stay excluded. Each
+        slot is recorded with its piece and name (`whole_optimizer` gathers them by it)."""
         excluded = getattr(optimizer, "_exclude_from_weight_decay", None)
         if excluded:
             for piece, part in zip(self.pieces, self.mine, strict=True):
                 if id(self.variables[part.variable]) in excluded:
                     excluded.add(id(piece))
         bind_unbuilt_optimizer(optimizer, self.home)  # made outside the strategy's scope
-        build_optimizer(optimizer, self.pieces, self.home)
+        with _recording_slots(optimizer) as slots:
+            build_optimizer(optimizer, self.pieces, self.home)
+        if slots:
+            self.slots = slots
+
+    def take_pieces(self) -> None:
+        """This process's pieces from the model's whole weights (after loading them)."""
+        for piece, part in zip(self.pieces, self.mine, strict=True):
+            whole = self.variables[part.variable]
+            piece.assign(_rows(whole.value, part, self.plan.shapes[part.variable]))
+
+    def allocate_whole(self) -> None:
+        """Stage 3: room (zeros) for the whole weights, without a collective (to load into)."""
+        with self.home.scope():
+            for variable, shape in zip(self.variables, self.plan.shapes, strict=True):
+                if variable._value is None:  # noqa: SLF001
+                    variable._initialize(tf.zeros(shape, self.dtype))  # noqa: SLF001
+        self.dropped = False
+
+    def whole_optimizer(self, optimizer: Any) -> Any | None:
+        """A copy of ``optimizer`` built on the whole model, its slots gathered from every
+        owner's parts and its iterations the same (a collective: every process calls it);
+        None if the optimizer's slots are not one per piece and name."""
+        recorded = getattr(self, "slots", [])
+        names = sorted({name for _, _, name in recorded})
+        by_piece = {(index, name): slot for slot, index, name in recorded}
+        if not names or any((i, n) not in by_piece for i in range(len(self.pieces))
+                            for n in names):
+            return None
+        whole = type(optimizer).from_config(optimizer.get_config())
+        bind_unbuilt_optimizer(whole, self.home)
+        with _recording_slots(whole) as targets:
+            build_optimizer(whole, self.variables, self.home)
+        gathered = {name: self.gather_whole([by_piece[(i, name)] for i in
+                                             range(len(self.pieces))]) for name in names}
+        for slot, index, name in targets:
+            slot.assign(gathered[name][index])
+        whole.iterations.assign(optimizer.iterations)
+        return whole
 
     # ------------------------------------------------------------- collectives
-    def gather_whole(self) -> list[Any]:
-        """Every trainable weight's whole value, gathered from its owners' pieces."""
-        mine = [tf.reshape(tf.convert_to_tensor(v), [-1]) for v in self.pieces]
+    def gather_whole(self, parts: Sequence[Any] | None = None) -> list[Any]:
+        """Every trainable weight's whole value, gathered from its owners' pieces (or from
+        ``parts``, one tensor per piece of this process, e.g. an optimizer slot's)."""
+        mine = [tf.reshape(tf.convert_to_tensor(v), [-1]) for v in (parts or self.pieces)]
         flat = tf.concat([*mine, tf.zeros([self.longest - sum(p.size for p in self.mine)],
                                           self.dtype)], 0)
         everyone = tf.reshape(all_gather(flat, self.group, timeout=self._timeout()),

@@ -116,6 +116,31 @@ class ZeroModelMixin:
     def train_step(self, data: Any) -> Any:
         return train_step(self, data)
 
+    def save_weights(self, *args: Any, **kwargs: Any) -> Any:
+        """Keras's, with this process's optimizer slots (a per-process backup's): stage 3
+        gathers the whole weights for it (every process saves at once, as its backup does)."""
+        engine = self.zero_engine
+        if engine.stage == 3:
+            engine.materialize()
+        try:
+            return super().save_weights(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            if engine.stage == 3:
+                engine.drop_whole()
+
+    def load_weights(self, *args: Any, **kwargs: Any) -> Any:
+        """Keras's, then this process's pieces taken from the loaded weights (no collective)."""
+        engine = self.zero_engine
+        if engine.dropped:
+            engine.allocate_whole()
+        try:
+            result = super().load_weights(*args, **kwargs)  # type: ignore[misc]
+            engine.take_pieces()
+        finally:
+            if engine.stage == 3:
+                engine.drop_whole()
+        return result
+
     def test_step(self, data: Any) -> Any:
         engine = self.zero_engine
         whole = engine.gather_whole() if engine.stage == 3 else None

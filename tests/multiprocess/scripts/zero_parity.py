@@ -55,11 +55,36 @@ def batches(steps):
     return tf.data.Dataset.from_tensor_slices((x, y, weights)).batch(GLOBAL)
 
 
-def compile_and_fit(model, clip, steps):
+def compile_and_fit(model, clip, steps, callbacks=()):
     model.compile(optimizer=optimizer(clip),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    history = model.fit(batches(steps), epochs=2, shuffle=False, verbose=0)
+    history = model.fit(batches(steps), epochs=2, shuffle=False, verbose=0,
+                        callbacks=list(callbacks))
     return history.history["loss"]
+
+
+class Crash(keras.callbacks.Callback):
+    """Fails as the second epoch begins (after the first epoch's backup), on every process."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == 1:
+            raise RuntimeError("crash for the test")
+
+
+def resumed(stage, clip, steps, folder):
+    """Trains one epoch with per-process backups and crashes; a fresh model then resumes from
+    the backups and trains the second epoch."""
+    strategy = tfdist.get_strategy("multi_worker", zero=stage)
+    backups = f"{folder}/backups"
+    try:
+        compile_and_fit(strategy.build_model(build), clip, steps,
+                        [strategy.backup_callback(backups), Crash()])
+    except RuntimeError as error:
+        assert "crash for the test" in str(error)
+    model = strategy.build_model(build)
+    loss = compile_and_fit(model, clip, steps, [strategy.backup_callback(backups)])
+    model.zero_engine.materialize()
+    return {"weights": [w.tolist() for w in model.get_weights()], "loss": loss}
 
 
 def reference(clip, steps):
@@ -67,7 +92,7 @@ def reference(clip, steps):
     loss = compile_and_fit(model, clip, steps)
     slots = sum(int(v.numpy().nbytes) for v in model.optimizer.variables)
     return {"weights": [w.tolist() for w in model.get_weights()], "loss": loss,
-            "slots": slots}
+            "slots": slots, "optimizer": [v.numpy().tolist() for v in model.optimizer.variables]}
 
 
 def phase(stage, clip, steps, sabotage=None, save=None):
@@ -101,13 +126,15 @@ def main():
               "zero2": phase(2, "global_clipnorm", steps),
               "zero3": phase(3, "global_clipnorm", steps, save=f"{folder}/zero3.keras"),
               "zero2_clipnorm": phase(2, "clipnorm", steps),
-              "sabotage": phase(1, "global_clipnorm", steps, sabotage="skip_gather")}
+              "sabotage": phase(1, "global_clipnorm", steps, sabotage="skip_gather"),
+              "zero3_resumed": resumed(3, "global_clipnorm", steps, folder)}
     result = {"phases": phases, "initial": [w.tolist() for w in build().get_weights()]}
     if phases["zero1"]["describe"].endswith("chief") or "process 0 " in \
             phases["zero1"]["describe"]:
         result["reference"] = {clip: reference(clip, steps) for clip in CLIP}
         loaded = keras.models.load_model(f"{folder}/zero3.keras")
         result["loaded"] = [w.tolist() for w in loaded.get_weights()]
+        result["loaded_optimizer"] = [v.numpy().tolist() for v in loaded.optimizer.variables]
     report(result)
     exit_after_report()
 
