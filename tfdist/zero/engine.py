@@ -215,6 +215,25 @@ class ZeroEngine:
         whole.iterations.assign(optimizer.iterations)
         return whole
 
+    def step_traffic(self) -> dict[str, int]:
+        """Bytes each process sends in one step's collectives of dense weights and gradients
+        (ring model: an all-reduce of ``b`` bytes sends ``2 (D-1)/D b``, a reduce-scatter or an
+        all-gather ``(D-1)/D b``; the buffers are padded to the largest part), against
+        ``replicated``: one all-reduce of the gradients. An embedding's row slices are
+        gathered besides, in proportion to the batch (not counted).
+
+        Example:
+            >>> ZeroEngine.step_traffic.__doc__ is not None
+            True
+        """
+        size = self.group.size
+        buffer = size * self.longest * tf.as_dtype(self.dtype).size
+        share = (size - 1) / size
+        scatter = 2 * share * buffer if self.stage == 1 else share * buffer
+        return {"reduce": int(scatter), "gather": int(share * buffer),
+                "sent": int(scatter + share * buffer),
+                "replicated": int(2 * share * self.plan.total_bytes)}
+
     # ------------------------------------------------------------- collectives
     def gather_whole(self, parts: Sequence[Any] | None = None) -> list[Any]:
         """Every trainable weight's whole value, gathered from its owners' pieces (or from
