@@ -135,3 +135,33 @@ def test_a_backup_of_another_data_size_or_stage_is_refused(tmp_path):
         assert '"data": 2' in message and f'"zero": {stage}' in message
         assert "Fix: resume with the layout it was written for (--strategy multi_worker " \
             "--workers 2 --zero 2)" in message
+
+
+def test_the_advisor_offers_a_zero_stage_where_replicated_does_not_fit():
+    from tfdist.advise import network
+    from tfdist.advise.advisor import advise
+    from tfdist.advise.candidates import Cluster
+    from tfdist.advise.cli import parse_args
+    from tfdist.advise.curve import Line
+    from tfdist.advise.model import Link
+    from tfdist.advise.profile import ModelProfile
+
+    assert parse_args(["json:loads", "--memory-per-process", "150MB"]).device_memory == 150e6
+    prof = ModelProfile(
+        names=("a", "b"), params=(1, 1), param_bytes=(24_000_000,) * 2,
+        activation_bytes=(4000, 400), forward=(Line(0, 1e-5),) * 2,
+        backward=(Line(0, 2e-5),) * 2, step=Line(0.002, 1e-4), optimizer_slots=2,
+        embeddings=(), threads=1, batch=64)
+    link = Link(alpha=1e-4, beta=1 / 2e9, gamma=0.0)
+    net = network.Constants(link, {"tf": link, "horovod": link}, 2e-10, 2, {}, {})
+    report = advise(None, Cluster(8, device_memory=150e6), batch=64, constants=net,
+                    profile=prof)
+    replicated = report.prediction("multi_worker x8")
+    assert not replicated.fits and replicated.memory_bytes >= 4 * 48e6   # weights, grads, Adam
+    stage2 = report.prediction("multi_worker x8 zero=2")
+    assert stage2.fits
+    # 2 x 48 MB (weights, own gradients) + 1/8 summed + 1/8 of weights and Adam's slots
+    assert stage2.memory_bytes == pytest.approx(96e6 + 6e6 + 18e6, rel=1e-3)
+    assert stage2.candidate.launch_argv()[-3:] == ["--zero", "2", "train.py"]
+    stage1 = report.prediction("multi_worker x8 zero=1")
+    assert stage1.step_s > stage2.step_s   # it all-reduces: the gradients' bytes twice over
