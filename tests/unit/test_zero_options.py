@@ -165,3 +165,14 @@ def test_the_advisor_offers_a_zero_stage_where_replicated_does_not_fit():
     assert stage2.candidate.launch_argv()[-3:] == ["--zero", "2", "train.py"]
     stage1 = report.prediction("multi_worker x8 zero=1")
     assert stage1.step_s > stage2.step_s   # it all-reduces: the gradients' bytes twice over
+
+
+def test_a_model_with_fewer_rows_than_processes_is_refused():
+    from tfdist.zero.engine import _refuse_empty_parts
+
+    plan = partition([(1, 8)], itemsize=4, parts=2)
+    with pytest.raises(StrategyConfigError) as error:
+        _refuse_empty_parts(plan, ["kernel"])
+    message = str(error.value)
+    assert "1 rows in all, D=2 (processes [1] would own nothing)" in message
+    assert "Fix: use fewer processes" in message

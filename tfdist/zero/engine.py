@@ -124,6 +124,7 @@ class ZeroEngine:
         self.plan: ZeroPartition = partition([tuple(v.shape) for v in self.variables],
                                              tf.as_dtype(self.dtype).size, group.size)
         self.mine = self.plan.of_owner(group.rank)
+        _refuse_empty_parts(self.plan, self.variables)
         self.longest = max(sum(p.size for p in self.plan.of_owner(d))
                            for d in range(group.size))
         self.pieces = [keras.Variable(_rows(self.variables[p.variable].value, p,
@@ -273,27 +274,33 @@ class ZeroEngine:
         else:
             summed = tf.reshape(reduce_scatter(buffer, self.group, timeout=self._timeout()), [-1])
         summed = summed / size
+        # every process gathers every sparse gradient (owner or not: the collectives match)
+        gathered = {i: self._gather_slices(g) for i, g in enumerate(gradients)
+                    if isinstance(g, tf.IndexedSlices)}
         out, offset = [], 0
         for piece in self.mine:
-            gradient = gradients[piece.variable]
             if piece.variable in dense:
                 shape = self.plan.shapes[piece.variable]
                 part_shape = [piece.stop - piece.start, *shape[1:]] if shape else []
                 out.append(tf.reshape(summed[offset:offset + piece.size], part_shape))
                 offset += piece.size
-            elif gradient is None:
-                out.append(None)
+            elif piece.variable in gathered:
+                out.append(self._own_slices(*gathered[piece.variable], piece))
             else:
-                out.append(self._own_slices(gradient, piece))
+                out.append(None)
         return out
 
-    def _own_slices(self, gradient: tf.IndexedSlices, piece: Piece) -> tf.IndexedSlices:
-        """The slices of ``piece``'s rows among every process's, averaged (indices from 0)."""
+    def _gather_slices(self, gradient: tf.IndexedSlices) -> tuple[Any, Any]:
+        """Every process's row slices of one weight's gradient, averaged."""
         values = all_gather(gradient.values, self.group, timeout=self._timeout())
         indices = all_gather(gradient.indices, self.group, timeout=self._timeout())
+        return values / self.group.size, indices
+
+    def _own_slices(self, values: Any, indices: Any, piece: Piece) -> tf.IndexedSlices:
+        """The slices of ``piece``'s rows (indices from its first row)."""
         keep = tf.logical_and(indices >= piece.start, indices < piece.stop)
         shape = self.plan.shapes[piece.variable]
-        return tf.IndexedSlices(tf.boolean_mask(values, keep) / self.group.size,
+        return tf.IndexedSlices(tf.boolean_mask(values, keep),
                                 tf.boolean_mask(indices, keep) - piece.start,
                                 tf.constant([piece.stop - piece.start, *shape[1:]]))
 
@@ -334,6 +341,21 @@ class ZeroEngine:
             most = tf.maximum(l2norm, clipnorm)
             clipped.append(_map_values(g, lambda v, m=most: v * clipnorm / m))
         return clipped
+
+
+def _refuse_empty_parts(plan: ZeroPartition, variables: Sequence[Any]) -> None:
+    """Refuses a model with fewer rows than processes: some process would own nothing."""
+    empty = [d for d in range(plan.parts) if not plan.of_owner(d)]
+    if empty:
+        rows = sum(shape[0] if shape else 1 for shape in plan.shapes)
+        raise StrategyConfigError(format_error(
+            "ZeRO cannot give every process a part: the model's trainable weights have fewer "
+            "rows than there are processes.",
+            received=f"{len(variables)} trainable weights, {rows} rows in all, "
+                     f"D={plan.parts} (processes {empty} would own nothing)",
+            expected=f"at least one row per process ({plan.parts} rows)",
+            fix="use fewer processes for this model, or drop zero (it is small enough to "
+                "replicate)"))
 
 
 def _values(gradient: Any) -> Any:

@@ -1,5 +1,6 @@
 """One process of a ZeRO job (``get_strategy("multi_worker", zero=stage)``, D processes):
-trains a small model with an ``Embedding`` (sparse gradients), Adam with decoupled weight decay
+trains a small model with two ``Embedding`` layers (sparse gradients; the first split
+between the processes, the second owned by one), Adam with decoupled weight decay
 (biases excluded) and norm clipping, and sample weights, with ``model.fit``, once per phase in
 the same job, and reports what the test checks.
 
@@ -37,6 +38,11 @@ def build():
     x = keras.layers.Embedding(VOCAB, WIDTH, name="emb")(tokens)
     x = keras.layers.Flatten(name="flat")(x)
     x = keras.layers.Dense(WIDTH, activation="tanh", name="hidden")(x)
+    # a second embedding, after the cut: one process owns none of its rows (and must still
+    # take part in gathering its sparse gradient)
+    small = keras.layers.Flatten(name="flat_small")(
+        keras.layers.Embedding(VOCAB, 2, name="emb_small")(tokens))
+    x = keras.layers.Concatenate(name="join")([x, small])
     logits = keras.layers.Dense(CLASSES, name="out")(x)
     return keras.Model(tokens, logits, name="tiny")
 
