@@ -3,9 +3,9 @@ with an ``Embedding`` (sparse gradients), Adam with decoupled weight decay and n
 (``global_clipnorm``; ``clipnorm`` at stage 2), and sample weights, to the weights one process
 reaches on the same global batches with Keras's own ``fit``; skipping the all-gather after the
 update breaks it. A job that crashes after its first epoch resumes from its per-process
-backups to the same weights. Each process holds 1/D of the optimizer slots (stage 3: 1/D of the weights
-outside a step), counted from the variables; stage 3's model saved whole reloads with the
-trained weights. One launch, six phases (`scripts/zero_parity.py`)."""
+backups to the same weights. Each process holds 1/D of the optimizer slots (stage 3: 1/D of the
+weights outside a step), counted from the variables; stage 3's model saved whole reloads with
+the trained weights and optimizer. One launch, six phases (`scripts/zero_parity.py`)."""
 
 from __future__ import annotations
 
@@ -35,8 +35,9 @@ def zero_job(tmp_path_factory):
     folder = tmp_path_factory.mktemp("zero")
     spec = ClusterSpec.local(workers=2)
     try:
-        return run_cluster(spec, SCRIPT, ["3", str(folder)], env={"PYTHONPATH": str(REPO)},
-                           strategy="multi_worker", timeout=400)
+        env = {"PYTHONPATH": str(REPO), "TFDIST_STRATEGY": "multi_worker", "TFDIST_ZERO": "1"}
+        return run_cluster(spec, SCRIPT, ["3", str(folder)], env=env, strategy="multi_worker",
+                           timeout=400)
     finally:
         release_ports(spec.ports())
 
@@ -56,6 +57,12 @@ def test_each_stage_at_two_processes_equals_one_process(zero_job, phase):
         print(f"{phase} {task}: gap {gap:.1e}, {result['seconds']:.1f} s")
         assert gap <= PARITY_ATOL
         np.testing.assert_allclose(result["loss"], reference["loss"], atol=PARITY_ATOL)
+
+
+def test_auto_reads_the_stage_the_launcher_writes(zero_job):
+    phases = zero_job["worker:1"]["phases"]
+    assert {phases[p]["class"] for p in STAGES} == {"ZeroStrategy"}
+    assert phases["zero1"]["describe"] == "multi_worker, ZeRO stage 1: process 1 of 2"
 
 
 def test_skipping_the_all_gather_breaks_parity(zero_job):

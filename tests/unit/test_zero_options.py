@@ -176,3 +176,14 @@ def test_a_model_with_fewer_rows_than_processes_is_refused():
     message = str(error.value)
     assert "1 rows in all, D=2 (processes [1] would own nothing)" in message
     assert "Fix: use fewer processes" in message
+
+
+def test_tf_keras_is_refused_with_the_fix_before_any_cluster(monkeypatch):
+    from tfdist.errors import KerasCompatibilityError
+    from tfdist.strategies import zero
+
+    monkeypatch.setattr(zero, "keras_flavour", lambda: "tf_keras")
+    with pytest.raises(KerasCompatibilityError) as error:
+        zero.ZeroStrategy(2)
+    assert "zero=2 with tf-keras" in str(error.value)
+    assert "Fix: unset TF_USE_LEGACY_KERAS" in str(error.value)

@@ -4,7 +4,9 @@ between the processes, the second owned by one), Adam with decoupled weight deca
 (biases excluded) and norm clipping, and sample weights, with ``model.fit``, once per phase in
 the same job, and reports what the test checks.
 
-Args: ``steps DIR``. Phases, each on a fresh model from the same seeded build function:
+Args: ``steps DIR``. The stage in ``$TFDIST_ZERO`` (as ``tfdist-launch --zero`` writes it) is
+made by ``get_strategy("auto")``, the others by ``get_strategy("multi_worker", zero=stage)``.
+Phases, each on a fresh model from the same seeded build function:
 stages 1, 2 and 3 with ``global_clipnorm``; stage 2 with ``clipnorm`` (each weight's own norm);
 stage 1 with the all-gather after the update skipped (sabotage: parity must fail). Stage 3's
 model is saved whole to ``DIR/zero3.keras`` (every process calls it; the chief writes it).
@@ -16,6 +18,7 @@ optimizer's slots) against the partition's plan.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -104,6 +107,8 @@ def reference(clip, steps):
 def phase(stage, clip, steps, sabotage=None, save=None):
     if sabotage:  # a test-only option of the class get_strategy makes
         strategy = ZeroStrategy(stage, sabotage=sabotage)
+    elif stage == int(os.environ.get("TFDIST_ZERO", 0)):  # as tfdist-launch --zero leaves it
+        strategy = tfdist.get_strategy("auto")
     else:
         strategy = tfdist.get_strategy("multi_worker", zero=stage)
     model = strategy.build_model(build)
@@ -113,7 +118,8 @@ def phase(stage, clip, steps, sabotage=None, save=None):
     loss = compile_and_fit(model, clip, steps)
     seconds = time.perf_counter() - start
     held = engine.held_bytes()
-    result = {"loss": loss, "held_before": held_before, "held": held, "seconds": seconds,
+    result = {"class": type(strategy).__name__, "loss": loss, "held_before": held_before,
+              "held": held, "seconds": seconds,
               "owned": engine.plan.owned_bytes(), "total": engine.plan.total_bytes,
               "largest": engine.plan.largest_variable_bytes(),
               "pieces": [[p.variable, p.start, p.stop, p.owner] for p in engine.plan.pieces],
