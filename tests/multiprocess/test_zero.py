@@ -1,11 +1,11 @@
 """ZeRO stages 1, 2 and 3 at D=2 (``get_strategy("multi_worker", zero=stage)``) train a model
-with an ``Embedding`` (sparse gradients), Adam with decoupled weight decay and norm clipping
-(``global_clipnorm``; ``clipnorm`` at stage 2), and sample weights, to the weights one process
-reaches on the same global batches with Keras's own ``fit``; skipping the all-gather after the
-update breaks it. A job that crashes after its first epoch resumes from its per-process
+with two ``Embedding`` layers (sparse gradients), Adam with decoupled weight decay and norm
+clipping (``global_clipnorm``; ``clipnorm`` in the resumed stage-3 job), and sample weights,
+to the weights one process reaches on the same global batches with Keras's own ``fit``;
+skipping the all-gather after the update breaks it. A job that crashes after its first epoch resumes from its per-process
 backups to the same weights. Each process holds 1/D of the optimizer slots (stage 3: 1/D of the
 weights outside a step), counted from the variables; stage 3's model saved whole reloads with
-the trained weights and optimizer. One launch, six phases (`scripts/zero_parity.py`)."""
+the trained weights and optimizer. One launch, five phases (`scripts/zero_parity.py`)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def _reference(job, phase):
     return job["worker:0"]["reference"][clip]
 
 
-@pytest.mark.parametrize("phase", [*STAGES, "zero2_clipnorm"])
+@pytest.mark.parametrize("phase", STAGES)
 def test_each_stage_at_two_processes_equals_one_process(zero_job, phase):
     reference = _reference(zero_job, phase)
     assert max_gap(reference["weights"], zero_job["worker:0"]["initial"]) > MIN_TRAVEL
@@ -101,8 +101,10 @@ def test_stage_three_saves_the_whole_model_and_optimizer(zero_job):
 
 
 def test_per_process_backups_resume_a_crashed_stage_three_job_exactly(zero_job):
-    reference = _reference(zero_job, "zero3")
+    # with clipnorm: each weight's norm over its parts on both processes
+    reference = _reference(zero_job, "zero3_resumed_clipnorm")
+    assert max_gap(reference["weights"], zero_job["worker:0"]["initial"]) > MIN_TRAVEL
     for task in ("worker:0", "worker:1"):
-        resumed = zero_job[task]["phases"]["zero3_resumed"]
+        resumed = zero_job[task]["phases"]["zero3_resumed_clipnorm"]
         assert max_gap(resumed["weights"], reference["weights"]) <= PARITY_ATOL
         np.testing.assert_allclose(resumed["loss"], reference["loss"][1:], atol=PARITY_ATOL)

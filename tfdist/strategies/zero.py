@@ -81,6 +81,12 @@ class ZeroStrategy(ModelParallelMixin, TfdistStrategyMixin, tf.distribute.OneDev
     Raises:
         StrategyConfigError: an unknown stage, or a job of one process (D=1: nothing to shard).
         KerasCompatibilityError: tf-keras (ZeRO is Keras 3 only).
+
+    Example:
+        >>> import tfdist
+        >>> strategy = tfdist.get_strategy("multi_worker", zero=2)  # doctest: +SKIP
+        >>> type(strategy).__name__, strategy.stage, strategy.num_replicas  # doctest: +SKIP
+        ('ZeroStrategy', 2, 2)
     """
 
     name = "multi_worker"
