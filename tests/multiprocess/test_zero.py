@@ -3,9 +3,10 @@ with two ``Embedding`` layers (sparse gradients), Adam with decoupled weight dec
 clipping (``global_clipnorm``; ``clipnorm`` in the resumed stage-3 job), and sample weights,
 to the weights one process reaches on the same global batches with Keras's own ``fit``;
 skipping the all-gather after the update breaks it. A job that crashes after its first epoch
-resumes from its per-process backups to the same weights. Each process holds 1/D of the optimizer slots (stage 3: 1/D of the
-weights outside a step), counted from the variables; stage 3's model saved whole reloads with
-the trained weights and optimizer. One launch, five phases (`scripts/zero_parity.py`)."""
+resumes from its per-process backups to the same weights. Each process holds 1/D of the
+optimizer slots (stage 3: 1/D of the weights outside a step), counted from the variables;
+stage 3's model saved whole reloads with the trained weights and optimizer. One launch, five
+phases (`scripts/zero_parity.py`)."""
 
 from __future__ import annotations
 
