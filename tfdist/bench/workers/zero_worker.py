@@ -66,6 +66,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--only", type=int, choices=(1, 2, 3),
+                        help="run this stage alone (its process's peak RSS is then its own)")
     args = parser.parse_args(argv)
     apply_threads()
     import keras
@@ -73,10 +75,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     import tfdist
 
     if args.mode == "multi_worker":
-        report({"0": timed(keras, tfdist.get_strategy("multi_worker"), args, False)})
+        report({"0": {**timed(keras, tfdist.get_strategy("multi_worker"), args, False),
+                      "peak_rss": peak_rss()}})
         return
-    report({str(stage): timed(keras, tfdist.get_strategy("multi_worker", zero=stage), args,
-                              True) for stage in (1, 2, 3)})
+    stages = (args.only,) if args.only else (1, 2, 3)
+    result = {str(stage): timed(keras, tfdist.get_strategy("multi_worker", zero=stage), args,
+                                True) for stage in stages}
+    if args.only:
+        result[str(args.only)]["peak_rss"] = peak_rss()
+    report(result)
+
+
+def peak_rss() -> int:
+    """This process's peak resident bytes so far (Linux reports KiB)."""
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 if __name__ == "__main__":
