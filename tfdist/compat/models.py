@@ -17,7 +17,8 @@ from typing import Any
 
 from tfdist.core.flavour import KerasFlavour, flavour_of, get_keras, keras_flavour  # noqa: F401 - get_keras: the examples
 
-__all__ = ["abstract_build", "bind_unbuilt_optimizer", "build_optimizer", "call_losses",
+__all__ = ["abstract_build", "initial_values", "bind_unbuilt_optimizer", "build_optimizer",
+           "call_losses",
            "functional_class", "in_own_thread", "metrics_scope", "refuse_step_overrides",
            "step_overrides", "weight_losses"]
 
@@ -165,6 +166,46 @@ def abstract_build(flavour: KerasFlavour | None = None) -> Iterator[None]:
     finally:
         Variable._initialize_with_initializer, Variable._deferred_initialize = real
         global_state.set_global_attribute(key, before)
+
+
+@contextlib.contextmanager
+def initial_values(value_of: Callable[[Any], Callable[[], Any] | None]) -> Iterator[None]:
+    """Keras 3: a context where each variable made from an initializer first asks
+    ``value_of(variable)`` for its initial value (a function returning it; None: its own
+    initializer), so a stage whose weights are redrawn is not drawn twice. tf-keras: no
+    effect (its stages draw, then take their values).
+
+    Example:
+        >>> import numpy as np
+        >>> keras = get_keras()
+        >>> ones = lambda v: (lambda: np.ones(v.shape, "float32")) if v.path.endswith(
+        ...     "kernel") else None
+        >>> with initial_values(ones):
+        ...     layer = keras.layers.Dense(2)
+        ...     layer.build((None, 3))
+        >>> float(np.asarray(layer.kernel).sum()) == (6.0 if keras_flavour() == "keras3" else
+        ...                                          float(np.asarray(layer.kernel).sum()))
+        True
+    """
+    if keras_flavour() != "keras3":
+        yield
+        return
+    from keras.src.backend.tensorflow.core import Variable
+
+    real = Variable._initialize_with_initializer
+
+    def initialise(variable: Any, initializer: Any) -> None:
+        value = value_of(variable)
+        if value is None:
+            real(variable, initializer)
+        else:
+            variable._initialize(value)
+
+    Variable._initialize_with_initializer = initialise
+    try:
+        yield
+    finally:
+        Variable._initialize_with_initializer = real
 
 
 @contextlib.contextmanager
