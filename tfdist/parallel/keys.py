@@ -11,7 +11,8 @@ comes from here, as a 31-bit int in one of two spaces:
   `GRADIENT`), weights sent to the chief (`WEIGHTS`), averages over a group (`REDUCE`, `SHARE`,
   `METRICS`), tied weights (`TIED`) and the exit and stop votes (`EXIT`). ``phase`` separates
   training, evaluation, prediction and custom-loop steps (`TRAIN`, `EVALUATE`, `PREDICT`,
-  `CUSTOM`), whose tensors differ in shape;
+  `CUSTOM`), whose tensors differ in shape, and the consistency checks (`CHECK`:
+  `tfdist.parallel.consistency`, the fingerprints a pipeline compares at each step);
 * **traced** (bit 30 set): ``TRACED | n`` (`next_key`), the ``n``-th collective this process
   traced. The tensor-parallel layers use these: every member of a tensor group runs the same
   script and traces the same functions in the same order, so the ``n``-th collective traced gets
@@ -32,13 +33,13 @@ from typing import Literal
 from tfdist.errors import StrategyConfigError, format_error
 
 __all__ = ["TIED", "ACTIVATION", "GRADIENT", "WEIGHTS", "REDUCE", "SHARE", "METRICS", "EXIT",
-           "TRAIN", "EVALUATE", "PREDICT", "CUSTOM", "TRACED", "STOP_VOTE", "instance_key",
+           "TRAIN", "EVALUATE", "PREDICT", "CUSTOM", "CHECK", "TRACED", "STOP_VOTE", "instance_key",
            "next_key", "space"]
 
 TIED, ACTIVATION, GRADIENT, WEIGHTS, REDUCE, SHARE, METRICS, EXIT = range(8)
 """The kinds of named transfers (3 bits). `TIED`: the sums (and initial copies) of weights tied
 across stages (`tfdist.pipeline.tied`), on the pair group of their two holders."""
-TRAIN, EVALUATE, PREDICT, CUSTOM = range(4)
+TRAIN, EVALUATE, PREDICT, CUSTOM, CHECK = range(5)
 """The phases of named transfers (3 bits)."""
 
 _FIELDS = {"index": 1 << 12, "micro_batch": 1 << 12, "kind": 1 << 3, "phase": 1 << 3}

@@ -26,6 +26,7 @@ from tfdist.core.flavour import flavour_of, get_keras
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.parallel.keys import EVALUATE, METRICS, PREDICT, TRAIN
 from tfdist.pipeline import optimizers
+from tfdist.pipeline.consistency import gated, step_checks
 from tfdist.pipeline.engine import LossTerms, PipelineEngine
 
 __all__ = ["stage_model_class", "local_stages_model", "resolve_metric", "mean_loss",
@@ -355,7 +356,10 @@ class _StageModelMixin:
         return logs
 
     def train_step(self, data: Any) -> dict[str, Any]:
-        x, y, weight = self._unpack(data)
+        x, y, weight = self._unpack(data, by_replica=False)  # the global batch, checked:
+        checks = step_checks(self._engine.layout, self.trainable_variables, x, y, weight,
+                             self.optimizer.iterations + 1, self._pipeline.timeout)
+        x, y, weight = (self._engine.replica_rows(v) for v in gated(checks, x, y, weight))
         loss, outs = apply_step(self, self._engine, self.optimizer, x, y, self._pipeline_loss,
                                 weight)
         y_pred = tf.concat(outs, axis=0) if outs else None

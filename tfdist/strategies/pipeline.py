@@ -59,6 +59,7 @@ from tfdist.pipeline.config import (
     STAGES_ENV,
     PipelineConfig,
 )
+from tfdist.pipeline.consistency import gated, step_checks
 from tfdist.pipeline.keras_model import (
     apply_step,
     mean_loss,
@@ -201,6 +202,10 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
             "startup_timeout_seconds", resolve_startup_timeout(startup_timeout_seconds))
         self._check_keras()
         cluster, task, place = self._job_place(tf_config, tensor, self.traits.tensor_default)
+        if rules:
+            from tfdist.tensor.rules import check_rules
+
+            rules = check_rules(rules)
         self.rules = dict(rules or {})
         self.mode: PipelineMode = choose_mode(self.config, place.mesh.size, place.rank,
                                               place.size_of(TENSOR))
@@ -401,6 +406,9 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
         @tf.function
         def step(x: Any, y: Any, sample_weight: Any = None) -> Any:
             self.check_batch(x)
+            checks = step_checks(engine.layout, model.trainable_variables, x, y, sample_weight,
+                                 optimizer.iterations + 1, self.timeout)
+            x, y, sample_weight = gated(checks, x, y, sample_weight)
             total, _ = apply_step(model, engine, optimizer, engine.replica_rows(x),
                                   engine.replica_rows(y), loss_fn,
                                   engine.replica_rows(sample_weight))
