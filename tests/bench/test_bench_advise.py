@@ -190,7 +190,7 @@ def test_a_layouts_overhead_is_its_null_models_steps_less_the_formulas_and_joins
 
     nulls = {"null_4": null(8), "null_32": null(64)}
     steps = {"null_4": 0.006, "null_32": 0.013}   # the 56 more weights: 7 ms more
-    link = Link(alpha=1e-4, beta=1e-15)
+    link = Link(alpha=1e-4, beta=1e-10)
     net = network.Constants(link, {"tf": link, "horovod": link}, 0.0, 2, {}, {},
                             overheads={"tf_keras": {"horovod x2": (0.004, 0.0)}})
     ran = []

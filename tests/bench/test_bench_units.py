@@ -78,3 +78,21 @@ def test_docstring_examples_run(module) -> None:
 
     failures, _ = doctest.testmod(module)
     assert failures == 0
+
+
+def test_tensor_rows_give_tokens_per_second_the_weight_ratio_and_the_bound() -> None:
+    from tfdist.bench import tensor
+
+    config = tensor.TensorBenchConfig(quick=True)  # batch 16, seq 16, 2 blocks, T=2
+    single = {"step_s": 0.4, "weight_bytes": 1000}
+    results = {"worker:0": {"step_s": 0.3, "weight_bytes": 510, "allreduce_s": 0.01,
+                            "planned_bytes": 510},
+               "worker:1": {"step_s": 0.5, "weight_bytes": 510, "allreduce_s": 0.02,
+                            "planned_bytes": 510}}
+    row = tensor._row(config, "tensor", results, single)
+    assert row["step_s"] == 0.5 and row["processes"] == 2  # the slowest process
+    assert row["tokens_per_s"] == pytest.approx(16 * 16 / 0.5)
+    assert row["weight_ratio"] == pytest.approx(0.51)
+    assert row["bound_s"] == pytest.approx(0.4 / 2 + 4 * 2 * 0.02)
+    assert row["measured_over_bound"] == pytest.approx(0.5 / row["bound_s"])
+    assert config.args("tensor", "gpt2")[:4] == ["--mode", "tensor", "--model", "gpt2"]

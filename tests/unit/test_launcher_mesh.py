@@ -128,7 +128,7 @@ def test_tensor_is_not_written_as_a_pipeline_variable():
      ["--tensor was given with --strategy horovod, which does not take it",
       "Fix: drop --tensor, or use --strategy ", f"--strategy {SPLIT}"]),
     (["--strategy", "multi_worker", "--workers", "2", "--tensor", "2"],
-     ["--tensor was given with --strategy multi_worker", "(it takes: none)"]),
+     ["--tensor was given with --strategy multi_worker", "(it takes: --zero)"]),
     (["--strategy", SPLIT, "--workers", "6", "--stages", "2", "--tensor", "2"],
      ["--stages 2 --tensor 2 with 6 process(es)", "Fix: use --workers 4 (or 8)"]),
     (["--strategy", SPLIT, "--workers", "3", "--tensor", "2"],

@@ -100,3 +100,36 @@ def test_a_two_output_model_is_refused_by_the_pipeline():
     message = str(info.value)
     assert "trains a model of one output" in message and "'two' with 2 outputs" in message
     assert "Fix: concatenate the outputs into one" in message
+
+
+@pytest.mark.parametrize("strategy_class", [TensorStrategy, PipelineStrategy])
+def test_a_model_made_outside_build_model_is_refused_at_compile_and_fit(strategy_class):
+    # Made outside every scope, then compiled in the strategy's scope, or fit on its input:
+    # Keras would train it whole on every process, unsplit, and save_model could not
+    # assemble it (it failed only after training).
+    import numpy as np
+    import tensorflow as tf
+
+    import tfdist
+
+    strategy = strategy_class()
+    x, y = np.ones((8, 8), "float32"), np.ones((8, 1), "float32")
+    outside = _model()
+    with strategy.scope(), pytest.raises(StrategyConfigError) as refused:
+        outside.compile(optimizer="adam", loss="mse")
+    message = str(refused.value)
+    assert "this one was made outside strategy.build_model, so model.compile would run all " \
+           "of it on every process, unsplit" in message
+    assert "Received: a Functional made outside any tfdist strategy's scope" in message
+    assert "Fix: model = strategy.build_model(build_fn)" in message
+    outside.compile(optimizer="adam", loss="mse")  # outside the scope: Keras's (a reference)
+    data = strategy.distribute_dataset(
+        lambda ctx: tf.data.Dataset.from_tensor_slices((x, y)).batch(4, drop_remainder=True))
+    for fit in (outside.fit, lambda data, **kw: tfdist.fit(outside, data, **kw)):
+        with pytest.raises(StrategyConfigError, match="so model.fit would run all of it"):
+            fit(data, epochs=1, verbose=0)
+    assert outside.fit(x, y, epochs=1, verbose=0).history["loss"]  # numpy, no scope: Keras's
+    split = strategy.build_model(_model)
+    with strategy.scope():
+        split.compile(optimizer="adam", loss="mse")
+    assert split.fit(data, epochs=1, verbose=0).history["loss"]  # build_model's: accepted

@@ -58,8 +58,15 @@ def test_keras_hub_models_split_at_least_95_percent_of_their_weights_at_two_shar
     for name, model in hub_models().items():
         assert is_nested(model), name
         plan, units = plan_nested(model, 2)
-        table[name] = (plan.split_bytes / plan.whole_bytes,
-                       plan.bytes_per_process / plan.whole_bytes)
+        # the plan counts every weight the model holds (none left out of the ratio's whole)
+        assert plan.whole_bytes == sum(np.asarray(w).nbytes for w in model.get_weights()), name
+        held = sum(w.whole_bytes // 2 if w.axis is not None else w.whole_bytes
+                   for layer in plan.layers for w in layer.weights)  # split 1/T + replicated
+        assert held == plan.bytes_per_process, name
+        table[name] = (plan.split_bytes / plan.whole_bytes, held / plan.whole_bytes)
+        head = plan.table().splitlines()[0]
+        assert head.startswith(f"tensor plan, T=2: bytes per process: {held} of "
+                               f"{plan.whole_bytes} ({held / plan.whole_bytes:.3f}); "), head
         kinds = {unit.kind for unit in units}
         assert kinds == {"attention", "feed-forward", "embedding"}, (name, kinds)
     print("\n".join(f"{n}: split {s:.3f}, per process {p:.3f}" for n, (s, p) in table.items()))

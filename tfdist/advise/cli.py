@@ -68,7 +68,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     cluster = parser.add_argument_group("cluster")
     cluster.add_argument("--cluster", default="2", help="processes ('4') or hosts "
                          "('node1:2,node2:2'); default 2")
-    cluster.add_argument("--device-memory", type=_memory, help="bytes per process, e.g. 16GB")
+    cluster.add_argument("--device-memory", "--memory-per-process", dest="device_memory",
+                         type=_memory, help="bytes one process may hold, e.g. 16GB: layouts "
+                         "that need more are ranked last (a ZeRO stage is then offered where "
+                         "replicated multi_worker does not fit)")
     cluster.add_argument("--micro-batches", default="2,4,8", help="pipeline M to consider")
     cluster.add_argument("--max-ps", type=int, default=2, help="most parameter servers (2)")
     cluster.add_argument("--measure-cores", action="store_true",

@@ -14,7 +14,13 @@ on T processes under ``tensor`` (every block's heads and feed-forward pair split
   reduces; the rest is the split layers' own overhead and the small reductions of the loss);
 * ``weight_bytes``: the weights one process holds (tensor: against ``planned_bytes``, the
   plan's prediction, split / T + replicated);
-* ``speedup_vs_default``: one process's step / this job's.
+* ``speedup_vs_default``: one process's step / this job's;
+* ``tokens_per_s``: ``batch x seq`` tokens of a global batch / ``step_s``.
+
+Then the same sizes as KerasHub's ``GPT2CausalLM`` (``model: "keras_hub_gpt2"``, built from a
+config, nothing downloaded; its blocks split inside, its tied token embedding by vocabulary)
+under ``default``, ``tensor`` and ``multi_worker`` with the same columns and the same bound;
+``weight_ratio`` there is ``weight_bytes`` over one process's (the whole model).
 
 Example:
     >>> TensorBenchConfig(quick=True).width
@@ -60,8 +66,9 @@ class TensorBenchConfig:
         if self.quick:
             self.vocab, self.seq, self.width, self.heads, self.steps = 64, 16, 64, 4, 3
 
-    def args(self, mode: str) -> list[str]:
-        return ["--mode", mode, "--shards", str(self.shards), "--batch", str(self.batch),
+    def args(self, mode: str, model: str = "lm") -> list[str]:
+        return ["--mode", mode, "--model", model, "--shards", str(self.shards),
+                "--batch", str(self.batch),
                 "--vocab", str(self.vocab), "--seq", str(self.seq), "--width", str(self.width),
                 "--heads", str(self.heads), "--blocks", str(self.blocks),
                 "--steps", str(self.steps)]
@@ -75,39 +82,58 @@ def _tensor_mesh(shards: int) -> str:
     return plan_mesh(options, strategy_traits("tensor")).to_env()  # type: ignore[union-attr]
 
 
-def run(config: TensorBenchConfig, log: IO[str]) -> dict[str, Any]:
-    """Runs every job; returns ``{"rows": [...]}`` (one row per job)."""
-    env = {"TFDIST_BENCH_THREADS": "2,1", "TF_USE_LEGACY_KERAS": "0", **config.env}
+def _row(config: TensorBenchConfig, mode: str, results: Mapping[str, Any],
+         single: Mapping[str, Any]) -> dict[str, Any]:
+    """One job's row from its processes' reports (the slowest process's step)."""
+    step = max(r["step_s"] for r in results.values())
+    row = {"mode": mode, "processes": len(results), "step_s": step,
+           "tokens_per_s": config.batch * config.seq / step,
+           "weight_bytes": max(r["weight_bytes"] for r in results.values()),
+           "weight_ratio": max(r["weight_bytes"] for r in results.values())
+           / single["weight_bytes"],
+           "speedup_vs_default": single["step_s"] / step}
+    if mode == "tensor":
+        reduce_s = max(r["allreduce_s"] for r in results.values())
+        bound = single["step_s"] / config.shards + _REDUCES_PER_BLOCK * config.blocks * reduce_s
+        row.update(allreduce_s=reduce_s, bound_s=bound, measured_over_bound=step / bound,
+                   planned_bytes=jobs.first_report(results)["planned_bytes"])
+    return row
+
+
+def _rows(config: TensorBenchConfig, model: str, modes: dict[str, dict[str, str]],
+          env: Mapping[str, str], log: IO[str]) -> list[dict[str, Any]]:
+    """One process, then one job per mode on ``T`` processes; a failing job is a row with
+    its error (the others still run)."""
     timeout = 900.0
-    single = jobs.first_report(jobs.run_local(_MODULE, config.args("default"), env=env,
+    single = jobs.first_report(jobs.run_local(_MODULE, config.args("default", model), env=env,
                                               log=log, timeout=timeout))
-    rows = [{"mode": "default", "processes": 1, "step_s": single["step_s"],
-             "weight_bytes": single["weight_bytes"], "speedup_vs_default": 1.0}]
-    for mode, extra in (("tensor", {MESH_ENV: _tensor_mesh(config.shards)}),
-                        ("multi_worker", {}),
-                        ("pipeline", {"TFDIST_PIPELINE_STAGES": str(config.shards),
-                                      "TFDIST_PIPELINE_MICRO_BATCHES": "4"})):
+    rows = [_row(config, "default", {"0": single}, single)]
+    for mode, extra in modes.items():
         spec = ClusterSpec.local(workers=config.shards)
         try:
-            results = jobs.run_tf(spec, _SCRIPT, config.args(mode),
+            results = jobs.run_tf(spec, _SCRIPT, config.args(mode, model),
                                   env={**env, "TFDIST_STRATEGY": mode, **extra}, log=log,
                                   timeout=timeout)
         except Exception as err:  # noqa: BLE001 - one layout failing keeps the others' rows
             rows.append({"mode": mode, "processes": config.shards, "error": str(err)[:200]})
             continue
-        step = max(r["step_s"] for r in results.values())
-        row = {"mode": mode, "processes": config.shards, "step_s": step,
-               "weight_bytes": max(r["weight_bytes"] for r in results.values()),
-               "speedup_vs_default": single["step_s"] / step}
-        if mode == "tensor":
-            reduce_s = max(r["allreduce_s"] for r in results.values())
-            bound = single["step_s"] / config.shards + _REDUCES_PER_BLOCK * config.blocks * reduce_s
-            row.update(allreduce_s=reduce_s, bound_s=bound, measured_over_bound=step / bound,
-                       planned_bytes=jobs.first_report(results)["planned_bytes"])
-        rows.append(row)
+        rows.append(_row(config, mode, results, single))
+    return [{"model": model, **row} for row in rows]
+
+
+def run(config: TensorBenchConfig, log: IO[str]) -> dict[str, Any]:
+    """Runs every job; returns ``{"rows": [...]}`` (one row per job: the benchmark's LM, then
+    KerasHub's GPT-2 at the same sizes)."""
+    env = {"TFDIST_BENCH_THREADS": "2,1", "TF_USE_LEGACY_KERAS": "0", **config.env}
+    tensor = {"tensor": {MESH_ENV: _tensor_mesh(config.shards)}, "multi_worker": {}}
+    pipeline = {"pipeline": {"TFDIST_PIPELINE_STAGES": str(config.shards),
+                             "TFDIST_PIPELINE_MICRO_BATCHES": "4"}}
+    rows = _rows(config, "lm", {**tensor, **pipeline}, env, log)
+    rows += _rows(config, "gpt2", tensor, env, log)
     return {"rows": rows, "model": {"vocab": config.vocab, "seq": config.seq,
                                     "width": config.width, "heads": config.heads,
                                     "blocks": config.blocks, "batch": config.batch},
             "note": "bound = one process's step / T + 4 x blocks activation all-reduces "
                     "(each timed alone); on a few CPU cores the reduces over gRPC cost more "
-                    "than the compute they save, so tensor parallelism does not win there."}
+                    "than the compute they save, so tensor parallelism does not win there. "
+                    "model gpt2: KerasHub's GPT2CausalLM at the same sizes, from its config."}

@@ -39,6 +39,7 @@ class StrategyOptions:
         micro_batches: ``--micro-batches M``: micro-batches per replica batch.
         schedule: ``--schedule``: a name of `tfdist.pipeline.schedule.SCHEDULES`.
         chunks: ``--chunks v``: model chunks per process (``--schedule interleaved``).
+        zero: ``--zero 1|2|3``: ZeRO stage of a ``multi_worker`` job (`tfdist.strategies.zero`).
 
     Example:
         >>> StrategyOptions(micro_batches=4, schedule="1f1b").given()
@@ -50,6 +51,7 @@ class StrategyOptions:
     micro_batches: int | None = None
     schedule: str | None = None
     chunks: int | None = None
+    zero: int | None = None
 
     def given(self) -> dict[str, int | str]:
         """The options that were given (not None), by name, in declaration order."""

@@ -162,7 +162,7 @@ class TensorPlan:
         Example:
             >>> print(TensorPlan(2, (LayerSplit("d", "Dense", "replicated", "auto", (
             ...     WeightSplit("kernel", (2, 2), 4, None),)),)).table())
-            tensor plan, T=2: 16 B per process of 16 B (split 0 B / 2 + replicated 16 B)
+            tensor plan, T=2: bytes per process: 16 of 16 (1.000); split 0 B / 2, replicated 16 B
               layer  class  split       bytes/process  why
               d      Dense  replicated  16             auto
         """
@@ -174,9 +174,10 @@ class TensorPlan:
         lines = ["  " + "  ".join(cell.ljust(width)
                                   for cell, width in zip(row, widths, strict=True)).rstrip()
                  for row in rows]
-        head = (f"tensor plan, T={self.shards}: {self.bytes_per_process} B per process of "
-                f"{self.whole_bytes} B (split {self.split_bytes} B / {self.shards} + replicated "
-                f"{self.whole_bytes - self.split_bytes} B)")
+        ratio = self.bytes_per_process / self.whole_bytes if self.whole_bytes else 1.0
+        head = (f"tensor plan, T={self.shards}: bytes per process: {self.bytes_per_process} of "
+                f"{self.whole_bytes} ({ratio:.3f}); split {self.split_bytes} B / {self.shards}, "
+                f"replicated {self.whole_bytes - self.split_bytes} B")
         return "\n".join([head, *lines])
 
 

@@ -156,8 +156,8 @@ def check_rules(rules: Mapping[str, str] | None) -> dict[str, str]:
         >>> try:
         ...     check_rules({"ffn_[": "replicated"})
         ... except StrategyConfigError as err:
-        ...     print(str(err)[:52])
-        Tensor rule 'ffn_[' is not a valid regular express
+        ...     print(str(err).split(" (")[0])
+        Tensor rule 'ffn_[' is not a valid regular expression
     """
     if rules is None:
         return {}

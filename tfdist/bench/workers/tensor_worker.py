@@ -6,7 +6,10 @@ Usage: ``python -m tfdist.bench.workers.tensor_worker --mode tensor --shards 2``
 times ``fit`` over ``--steps`` global batches after a warm-up fit. Under ``tensor`` each process
 also times, alone, one sum of a ``batch x seq x width`` float32 activation over its tensor group
 (the all-reduce a split block does twice forward and twice backward), and reports the bytes of
-the weights it holds against the plan's prediction.
+the weights it holds against the plan's prediction. ``--model gpt2`` times KerasHub's
+``GPT2CausalLM`` built from a config of the same sizes instead (no download; inputs
+``token_ids`` and an all-ones ``padding_mask``; its blocks split inside, its token embedding
+tied to the output and split by vocabulary).
 """
 
 from __future__ import annotations
@@ -41,6 +44,34 @@ def build(keras: Any, vocab: int, seq: int, width: int, heads: int, blocks: int)
     return keras.Model(tokens, layers.Dense(vocab, name="lm_head")(x), name="bench_lm")
 
 
+def build_gpt2(vocab: int, seq: int, width: int, heads: int, blocks: int) -> Any:
+    """KerasHub's GPT-2 causal LM at the benchmark's sizes (feed-forward ``4 x width``, no
+    dropout), built from its config: nothing is downloaded."""
+    import keras_hub
+
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=vocab, num_layers=blocks, num_heads=heads, hidden_dim=width,
+        intermediate_dim=4 * width, max_sequence_length=seq, dropout=0.0)
+    return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+
+
+def batches(args: argparse.Namespace, strategy: Any) -> tuple[Any, Any, int]:
+    """``steps`` global batches of next-token data (the same on every process), a worker's
+    part of each under ``multi_worker``: inputs, targets and the per-process batch size."""
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, args.vocab, size=(args.batch * args.steps, args.seq + 1))
+    x, y = tokens[:, :-1].astype("int32"), tokens[:, 1:].astype("int32")
+    batch = args.batch
+    if args.mode == "multi_worker":  # each worker reads its part of every global batch
+        per = args.batch // strategy.num_replicas
+        x = x.reshape(args.steps, strategy.num_replicas, per, args.seq)[:, strategy.worker_index]
+        y = y.reshape(args.steps, strategy.num_replicas, per, args.seq)[:, strategy.worker_index]
+        x, y, batch = x.reshape(-1, args.seq), y.reshape(-1, args.seq), per
+    if args.model == "gpt2":
+        x = {"token_ids": x, "padding_mask": np.ones_like(x)}
+    return x, y, batch
+
+
 def allreduce_seconds(strategy: Any, rows: int, seq: int, width: int) -> float:
     """The median time of one sum of a ``rows x seq x width`` float32 tensor over the tensor
     group (the activation all-reduce of a split block)."""
@@ -71,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--blocks", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--model", choices=("lm", "gpt2"), default="lm")
     args = parser.parse_args(argv)
     apply_threads()
     import keras
@@ -80,8 +112,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     keras.utils.set_random_seed(0)
     options = {"shards": args.shards} if args.mode == "tensor" else {}
     strategy = tfdist.get_strategy(args.mode, **options)
-    model = strategy.build_model(lambda: build(keras, args.vocab, args.seq, args.width,
-                                               args.heads, args.blocks))
+    sizes = (args.vocab, args.seq, args.width, args.heads, args.blocks)
+    model = strategy.build_model(lambda: build_gpt2(*sizes) if args.model == "gpt2"
+                                 else build(keras, *sizes))
     result: dict[str, Any] = {"mode": args.mode, "processes": strategy.num_workers,
                               "weight_bytes": int(sum(v.numpy().nbytes for v in model.weights))}
     if args.mode == "tensor":
@@ -90,16 +123,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     with strategy.scope():
         model.compile(optimizer=keras.optimizers.Adam(1e-3),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, args.vocab, size=(args.batch * args.steps, args.seq + 1))
-    x, y = tokens[:, :-1].astype("int32"), tokens[:, 1:].astype("int32")
-    batch = args.batch
-    if args.mode == "multi_worker":  # each worker reads its part of every global batch
-        per = args.batch // strategy.num_replicas
-        x = x.reshape(args.steps, strategy.num_replicas, per, args.seq)[:, strategy.worker_index]
-        y = y.reshape(args.steps, strategy.num_replicas, per, args.seq)[:, strategy.worker_index]
-        x, y, batch = x.reshape(-1, args.seq), y.reshape(-1, args.seq), per
-    model.fit(x[: batch * 2], y[: batch * 2], batch_size=batch, epochs=1, verbose=0)  # warm-up
+    x, y, batch = batches(args, strategy)
+    warm = {k: v[: batch * 2] for k, v in x.items()} if isinstance(x, dict) else x[: batch * 2]
+    model.fit(warm, y[: batch * 2], batch_size=batch, epochs=1, verbose=0)  # warm-up
     seconds = time_call(lambda: model.fit(x, y, batch_size=batch, epochs=1, verbose=0,
                                           shuffle=False))
     result["step_s"] = seconds / args.steps
