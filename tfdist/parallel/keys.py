@@ -11,7 +11,12 @@ comes from here, as a 31-bit int in one of two spaces:
   `GRADIENT`), weights sent to the chief (`WEIGHTS`), averages over a group (`REDUCE`, `SHARE`,
   `METRICS`), tied weights (`TIED`) and the exit and stop votes (`EXIT`). ``phase`` separates
   training, evaluation, prediction and custom-loop steps (`TRAIN`, `EVALUATE`, `PREDICT`,
-  `CUSTOM`), whose tensors differ in shape;
+  `CUSTOM`), whose tensors differ in shape. A tensor whose shape changes from batch to batch (a
+  sequence length) cannot keep one key: TensorFlow remembers a key's shape for the life of the
+  job. It travels flat, padded to a size class (`capacity`: at most a quarter more elements),
+  on a *sized* key (`sized_key`): the phase's `SIZED` bit set, the index field holding the
+  class above the tensor's index, so a key keeps one shape and a job meets at most
+  `SIZE_CLASSES` keys per tensor;
 * **traced** (bit 30 set): ``TRACED | n`` (`next_key`), the ``n``-th collective this process
   traced. The tensor-parallel layers use these: every member of a tensor group runs the same
   script and traces the same functions in the same order, so the ``n``-th collective traced gets
@@ -31,7 +36,7 @@ from typing import Literal
 
 from tfdist.errors import StrategyConfigError, format_error
 
-__all__ = ["TIED", "ACTIVATION", "GRADIENT", "WEIGHTS", "REDUCE", "SHARE", "METRICS", "EXIT",
+__all__ = ["SIZED", "SIZE_CLASSES", "SIZED_INDEXES", "capacity", "sized_key", "TIED", "ACTIVATION", "GRADIENT", "WEIGHTS", "REDUCE", "SHARE", "METRICS", "EXIT",
            "TRAIN", "EVALUATE", "PREDICT", "CUSTOM", "TRACED", "STOP_VOTE", "instance_key",
            "next_key", "space"]
 
@@ -40,6 +45,13 @@ TIED, ACTIVATION, GRADIENT, WEIGHTS, REDUCE, SHARE, METRICS, EXIT = range(8)
 across stages (`tfdist.pipeline.tied`), on the pair group of their two holders."""
 TRAIN, EVALUATE, PREDICT, CUSTOM = range(4)
 """The phases of named transfers (3 bits)."""
+
+SIZED = 4
+"""Set in a named key's phase: a flat transfer padded to its size class (`sized_key`)."""
+SIZED_INDEXES = 32
+"""Tensors of one sized transfer (the index field's low 5 bits; the class above them)."""
+SIZE_CLASSES = 128
+"""Size classes (`capacity`) a sized key can hold (the index field's high 7 bits)."""
 
 _FIELDS = {"index": 1 << 12, "micro_batch": 1 << 12, "kind": 1 << 3, "phase": 1 << 3}
 TRACED = 1 << 30
@@ -67,6 +79,44 @@ def instance_key(kind: int, micro_batch: int = 0, index: int = 0, phase: int = T
                 fix="use fewer micro-batches or fewer tensors per transfer (at most 4096 each)"
                 if name in ("micro_batch", "index") else "this is a tfdist bug: report it"))
     return phase << 27 | kind << 24 | micro_batch << 12 | index
+
+
+def capacity(elements: int) -> tuple[int, int]:
+    """``(size_class, capacity)`` of a flat transfer of ``elements``: below 8 the count itself,
+    else the smallest ``m * 2**e`` (``m`` in 4..7) holding them (at most 25% padding).
+    `tfdist.parallel.ops.size_class` computes the same in a traced step.
+
+    Example:
+        >>> [capacity(n) for n in (0, 7, 8, 9, 17, 640)]
+        [(0, 0), (7, 7), (8, 8), (9, 10), (13, 20), (33, 640)]
+    """
+    if elements < 8:
+        return elements, elements
+    shift = max((elements - 1).bit_length() - 3, 0)
+    mantissa = -(-elements // (1 << shift))
+    if mantissa == 8:
+        mantissa, shift = 4, shift + 1
+    return 8 + 4 * (shift - 1) + mantissa - 4, mantissa << shift
+
+
+def sized_key(kind: int, micro_batch: int = 0, index: int = 0, phase: int = TRAIN) -> int:
+    """The sized key of tensor ``index`` for size class 0; class ``c``'s key is this plus
+    ``c * SIZED_INDEXES`` (added in the traced step, where the class is known).
+
+    Raises:
+        StrategyConfigError: ``index`` is not below `SIZED_INDEXES`.
+
+    Example:
+        >>> sized_key(ACTIVATION, micro_batch=1, index=2) - instance_key(ACTIVATION, 1, 2)
+        536870912
+    """
+    if not 0 <= index < SIZED_INDEXES:
+        raise StrategyConfigError(format_error(
+            "A transfer of tensors whose shapes change from batch to batch holds at most "
+            f"{SIZED_INDEXES} of them.", received=f"tensor index {index}",
+            expected=f"0 <= index < {SIZED_INDEXES}",
+            fix="cut the model where fewer tensors of unknown shape are alive (split_points=)"))
+    return instance_key(kind, micro_batch, index, phase | SIZED)
 
 
 STOP_VOTE = instance_key(EXIT, micro_batch=1)

@@ -329,7 +329,7 @@ class StageEngine:
             tape, output = step.tapes.pop(m), step.outputs[m]
         if layout.is_last:
             return tape, step.losses[m], None
-        upstream = recv_boundary(self.next, self.outputs, step.rows, GRADIENT, m)
+        upstream = recv_boundary(self.next, self.outputs, step.rows, GRADIENT, m, like=output)
         pairs = [(t, g) for t, g in zip(output, upstream, strict=True) if g is not None]
         targets, heads = [t for t, _ in pairs], [g for _, g in pairs]
         if m in step.added:

@@ -380,10 +380,17 @@ class _StageModelMixin:
         outs, _ = engine.forward(self.stage_calls(training=False), x, PREDICT)
         spec = self._pipeline.spec
         out = spec.outputs[0]
+        known = None not in spec.shapes[out]  # else the last stage shares the batch's shape
         if engine.layout.is_last:
-            return engine.share(tf.concat(outs, axis=0), None, spec.dtypes[out], 1, PREDICT)
+            predicted = tf.concat(outs, axis=0)
+            shared = [] if known else [engine.share(
+                tf.shape(predicted, out_type=tf.int32), [len(spec.shapes[out]) + 1],
+                tf.int32, 2, PREDICT)]
+            with tf.control_dependencies(shared):  # a share nothing uses would be pruned
+                return engine.share(predicted, None, spec.dtypes[out], 1, PREDICT)
         rows = tf.shape(tf.nest.flatten(x)[0])[0]
-        shape = tf.stack([rows, *[int(d) for d in spec.shapes[out]]])
+        shape = tf.stack([rows, *[int(d) for d in spec.shapes[out]]]) if known else \
+            engine.share(None, [len(spec.shapes[out]) + 1], tf.int32, 2, PREDICT)
         with tf.control_dependencies(outs):  # this stage's sends
             return engine.share(None, shape, spec.dtypes[out], 1, PREDICT)
 
