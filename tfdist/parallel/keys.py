@@ -15,8 +15,9 @@ comes from here, as a 31-bit int in one of two spaces:
   sequence length) cannot keep one key: TensorFlow remembers a key's shape for the life of the
   job. It travels flat, padded to a size class (`capacity`: at most a quarter more elements),
   on a *sized* key (`sized_key`): the phase's `SIZED` bit set, the index field holding the
-  class above the tensor's index, so a key keeps one shape and a job meets at most
-  `SIZE_CLASSES` keys per tensor;
+  class above the tensor's index (`WEIGHTS`, always micro-batch 0: the micro-batch field
+  holding it), so a key keeps one shape and a job meets at most `SIZE_CLASSES` keys per
+  tensor (a job that builds two models gathers both with the same keys);
 * **traced** (bit 30 set): ``TRACED | n`` (`next_key`), the ``n``-th collective this process
   traced. The tensor-parallel layers use these: every member of a tensor group runs the same
   script and traces the same functions in the same order, so the ``n``-th collective traced gets
@@ -36,7 +37,8 @@ from typing import Literal
 
 from tfdist.errors import StrategyConfigError, format_error
 
-__all__ = ["SIZED", "SIZE_CLASSES", "SIZED_INDEXES", "capacity", "sized_key", "TIED", "ACTIVATION", "GRADIENT", "WEIGHTS", "REDUCE", "SHARE", "METRICS", "EXIT",
+__all__ = ["SIZED", "SIZE_CLASSES", "SIZED_INDEXES", "capacity", "sized_key",
+           "TIED", "ACTIVATION", "GRADIENT", "WEIGHTS", "REDUCE", "SHARE", "METRICS", "EXIT",
            "TRAIN", "EVALUATE", "PREDICT", "CUSTOM", "TRACED", "STOP_VOTE", "instance_key",
            "next_key", "space"]
 
@@ -99,24 +101,32 @@ def capacity(elements: int) -> tuple[int, int]:
     return 8 + 4 * (shift - 1) + mantissa - 4, mantissa << shift
 
 
-def sized_key(kind: int, micro_batch: int = 0, index: int = 0, phase: int = TRAIN) -> int:
-    """The sized key of tensor ``index`` for size class 0; class ``c``'s key is this plus
-    ``c * SIZED_INDEXES`` (added in the traced step, where the class is known).
+def sized_key(kind: int, micro_batch: int = 0, index: int = 0,
+              phase: int = TRAIN) -> tuple[int, int]:
+    """``(key, stride)``: the sized key of tensor ``index`` for size class 0; class ``c``'s key
+    is ``key + c * stride`` (added where the class is known, in the traced step). The class
+    sits above the index (stride `SIZED_INDEXES`), or for `WEIGHTS` (micro-batch 0, up to
+    4096 weights) in the micro-batch field.
 
     Raises:
-        StrategyConfigError: ``index`` is not below `SIZED_INDEXES`.
+        StrategyConfigError: ``index`` is not below `SIZED_INDEXES` (`WEIGHTS`: 4096).
 
     Example:
-        >>> sized_key(ACTIVATION, micro_batch=1, index=2) - instance_key(ACTIVATION, 1, 2)
-        536870912
+        >>> key, stride = sized_key(ACTIVATION, micro_batch=1, index=2)
+        >>> key - instance_key(ACTIVATION, 1, 2), stride
+        (536870912, 32)
+        >>> sized_key(WEIGHTS, index=100)[1]
+        4096
     """
+    if kind == WEIGHTS:
+        return instance_key(kind, micro_batch, index, phase | SIZED), _FIELDS["index"]
     if not 0 <= index < SIZED_INDEXES:
         raise StrategyConfigError(format_error(
             "A transfer of tensors whose shapes change from batch to batch holds at most "
             f"{SIZED_INDEXES} of them.", received=f"tensor index {index}",
             expected=f"0 <= index < {SIZED_INDEXES}",
             fix="cut the model where fewer tensors of unknown shape are alive (split_points=)"))
-    return instance_key(kind, micro_batch, index, phase | SIZED)
+    return instance_key(kind, micro_batch, index, phase | SIZED), SIZED_INDEXES
 
 
 STOP_VOTE = instance_key(EXIT, micro_batch=1)

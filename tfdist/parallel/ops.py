@@ -36,7 +36,6 @@ from tensorflow.python.ops import collective_ops
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.parallel.keys import (
     REDUCE,
-    SIZED_INDEXES,
     TRAIN,
     instance_key,
     next_key,
@@ -163,12 +162,13 @@ def size_class(elements: Any) -> tuple[tf.Tensor, tf.Tensor]:
 
 
 def sized_broadcast(value: Any | None, shape: Any, dtype: Any, *, group: ProcessGroup,
-                    instance: int, timeout: float = 0.0) -> tf.Tensor:
+                    instance: tuple[int, int], timeout: float = 0.0) -> tf.Tensor:
     """`group_broadcast` of a tensor whose shape changes from step to step.
 
     TensorFlow remembers the shape of each instance key for the life of the job, so the tensor
-    travels flat, padded to its size class (`size_class`), on the sized key ``instance`` plus
-    its class (`tfdist.parallel.keys.sized_key`): each key keeps one shape. The source passes
+    travels flat, padded to its size class (`size_class`), on the sized key ``instance``
+    (`tfdist.parallel.keys.sized_key`: the key of class 0 and the stride of a class) for its
+    class: each key keeps one shape. The source passes
     ``value`` and gets the send back (flat and padded: tie it to the step's outputs); the
     others pass ``shape`` (this step's, a tensor) and ``dtype``, and get the tensor.
     """
@@ -178,7 +178,7 @@ def sized_broadcast(value: Any | None, shape: Any, dtype: Any, *, group: Process
     else:
         elements = tf.reduce_prod(tf.cast(shape, tf.int32))
     cls, cap = size_class(elements)
-    key = tf.constant(instance, tf.int32) + cls * SIZED_INDEXES
+    key = tf.constant(instance[0], tf.int32) + cls * instance[1]
     if value is not None:
         padded = tf.pad(flat, [[0, cap - elements]])
         return group_broadcast(padded, None, dtype, group=group, instance=key, timeout=timeout)

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tfdist.core.traits import (
+    PIPELINE_BATCH_NORM_ENV,
     PIPELINE_CHUNKS_ENV,
     PIPELINE_MICRO_BATCHES_ENV,
     PIPELINE_SCHEDULE_ENV,
@@ -42,12 +43,13 @@ from tfdist.pipeline.partition import check_micro_batches, check_stages, read_la
 from tfdist.pipeline.schedule import SCHEDULES, PipelineSchedule, schedule_class
 
 __all__ = ["PipelineConfig", "STAGES_ENV", "MICRO_BATCHES_ENV", "SCHEDULE_ENV",
-           "LAYER_COSTS_ENV", "CHUNKS_ENV", "BATCH_NORM_POLICIES"]
+           "LAYER_COSTS_ENV", "CHUNKS_ENV", "BATCH_NORM_ENV", "BATCH_NORM_POLICIES"]
 
 STAGES_ENV = PIPELINE_STAGES_ENV
 MICRO_BATCHES_ENV = PIPELINE_MICRO_BATCHES_ENV
 SCHEDULE_ENV = PIPELINE_SCHEDULE_ENV
 CHUNKS_ENV = PIPELINE_CHUNKS_ENV
+BATCH_NORM_ENV = PIPELINE_BATCH_NORM_ENV
 LAYER_COSTS_ENV = "TFDIST_PIPELINE_LAYER_COSTS"
 """A JSON file of measured per-layer costs (``tfdist-advise --json``) to balance stages by."""
 BATCH_NORM_POLICIES = ("refuse", "per_micro_batch")
@@ -59,6 +61,12 @@ def _positive_int(raw: str) -> int:
     if value < 1:
         raise ValueError(raw)
     return value
+
+
+def _policy(raw: str) -> str:
+    if raw not in BATCH_NORM_POLICIES:
+        raise ValueError(raw)
+    return raw
 
 
 def _from_env(environ: Mapping[str, str], name: str, cast: Callable[[str], Any],
@@ -219,6 +227,8 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
                                   f"one of {', '.join(SCHEDULES)}"),
             "chunks": _from_env(environ, CHUNKS_ENV, _positive_int, "an int >= 1"),
             "layer_costs": _from_env(environ, LAYER_COSTS_ENV, str, "a JSON file's path"),
+            "batch_norm": _from_env(environ, BATCH_NORM_ENV, _policy,
+                                    f"one of {', '.join(BATCH_NORM_POLICIES)}"),
         }
         given = {"stages": stages, "micro_batches": micro_batches, "schedule": schedule,
                  "chunks": chunks,
@@ -234,7 +244,8 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
         options; `from_env` reads them back)."""
         return {STAGES_ENV: str(self.stages), MICRO_BATCHES_ENV: str(self.micro_batches),
                 SCHEDULE_ENV: self.schedule,
-                **({CHUNKS_ENV: str(self.chunks)} if self.chunks > 1 else {})}
+                **({CHUNKS_ENV: str(self.chunks)} if self.chunks > 1 else {}),
+                **({BATCH_NORM_ENV: self.batch_norm} if self.batch_norm != "refuse" else {})}
 
     def replicas(self, processes: int) -> int:
         """D, the pipeline replicas of a job of ``processes`` processes with one stage each.
