@@ -25,7 +25,7 @@ from tfdist.compat import models as keras_compat
 from tfdist.core.flavour import flavour_of, get_keras
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.parallel.keys import EVALUATE, METRICS, PREDICT, TRAIN
-from tfdist.pipeline import optimizers
+from tfdist.pipeline import optimizers, traced
 from tfdist.pipeline.engine import LossTerms, PipelineEngine
 
 __all__ = ["stage_model_class", "local_stages_model", "resolve_metric", "mean_loss",
@@ -185,7 +185,14 @@ class _StageModelMixin:
     _pipeline: Any  # tfdist.strategies.pipeline.PipelineStrategy
 
     def stage_calls(self, training: bool) -> Any:
-        """What the engine runs on a micro-batch: this model, on the list of its inputs."""
+        """What the engine runs on a micro-batch: this model, on the list of its inputs.
+
+        With M > 1 it is one ``tf.function`` per model and mode (`traced_call`), traced once
+        and called M times: the step's graph holds M calls of one function, not M copies of
+        the stage (whose tracing made a first step M times as long)."""
+        if self._pipeline.micro_batches > 1 and not traced.adds_losses_in_calls(self):
+            call = traced.traced_call(self, training)
+            return lambda a: call(list(a))
         return lambda a: self._call_stage(list(a), training)
 
     def _call_stage(self, inputs: list[Any], training: bool) -> Any:
