@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from tfdist import startup_hook as _startup_hook
 from tfdist.cluster import ClusterSpec, Task, read_tf_config
 from tfdist.errors import (
     AdviseError,
@@ -48,6 +49,8 @@ from tfdist.parallel.mesh import Mesh
 __version__ = "0.1.0"
 
 _configure_logs()  # a launched task prints tfdist's info lines (`tfdist.logs`)
+# keras.distribution on TensorFlow (`tfdist.kdist`), once Keras is imported (now, if it is)
+_startup_hook.arm(hooks=("tfdist.kdist:install",))
 
 # Names that import TensorFlow (or Horovod) are loaded on first use, so `import tfdist` stays fast
 # for cluster-spec work and the launcher.

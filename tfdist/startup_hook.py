@@ -11,12 +11,17 @@ one ``sitecustomize.py``, which Python runs at start-up. It:
    still runs;
 2. calls `arm`: a ``sys.meta_path`` finder waits for ``keras`` or ``tensorflow`` to be imported
    (nothing of TensorFlow or Keras is imported at start-up, so a task that never uses them pays
-   nothing), and once the outermost of those imports has finished, calls
+   nothing), and once the outermost of those imports has finished, runs the `KERAS_HOOKS`:
    `tfdist.compat.install_keras3_shims`, which applies the shims only under Keras 3 and only
-   while the installed Keras still has the bugs.
+   while the installed Keras still has the bugs, then `tfdist.kdist.install`, which makes
+   Keras's own distribution API (``keras.distribution``) real on the TensorFlow backend.
+
+``import tfdist`` arms the second alone (`arm` with ``hooks``), for a process that no launcher
+started.
 
 ``TFDIST_STARTUP_HOOK=off`` (in the launcher's environment) leaves the directory off the tasks'
-``PYTHONPATH``; ``TFDIST_KERAS_SHIMS=off`` turns the shims off wherever they would be installed.
+``PYTHONPATH``; ``TFDIST_KERAS_SHIMS=off`` turns the shims off wherever they would be installed,
+``TFDIST_KERAS_DISTRIBUTION=off`` leaves ``keras.distribution`` as Keras ships it.
 A failure inside the hook is reported on stderr and never breaks the script's own import.
 
 Example:
@@ -37,13 +42,17 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["HOOK_DIR", "HOOK_ENV", "arm", "hook_enabled", "task_env"]
+__all__ = ["HOOK_DIR", "HOOK_ENV", "KERAS_HOOKS", "arm", "hook_enabled", "task_env"]
 
 HOOK_DIR = Path(__file__).resolve().parent / "_startup"
 """The directory put first on a task's PYTHONPATH (its ``sitecustomize.py`` ships in the wheel)."""
 
 HOOK_ENV = "TFDIST_STARTUP_HOOK"
 """Set to ``off`` in the launcher's environment: tasks start without the hook."""
+
+KERAS_HOOKS: tuple[str, ...] = ("tfdist.compat:install_keras3_shims", "tfdist.kdist:install")
+"""What runs once Keras 3 (TensorFlow backend) is imported, in order, as ``module:function``
+(named, not imported: this module sits below both in tfdist's layers)."""
 
 _WATCHED = ("keras", "tensorflow")
 _TRAINER = "keras.src.backend.tensorflow.trainer"
@@ -77,8 +86,9 @@ class _KerasImportWatcher(importlib.abc.MetaPathFinder):
     """Finds nothing itself; wraps the loader of ``keras``/``tensorflow`` so that, once the
     outermost of their imports has run, the shims are installed (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, hooks: Sequence[str]) -> None:
         self.depth = 0
+        self.hooks = list(hooks)
 
     def find_spec(self, name: str, path: Sequence[str] | None,
                   target: ModuleType | None = None) -> Any:
@@ -112,20 +122,29 @@ class _KerasImportWatcher(importlib.abc.MetaPathFinder):
         if _TRAINER not in sys.modules:  # tf-keras, or Keras on another backend: nothing to do
             return
         disarm()
-        try:
-            from tfdist.compat import install_keras3_shims
-
-            install_keras3_shims()
-        except Exception as err:  # noqa: BLE001 - never break the script's own import
-            print(f"tfdist start-up hook: the Keras 3 shims were not installed: {err!r}",
-                  file=sys.stderr)
+        for target in self.hooks:
+            _run(target)
 
 
-def arm() -> None:
-    """Installs the shims now if Keras is already imported, else when it is (once)."""
-    if any(isinstance(f, _KerasImportWatcher) for f in sys.meta_path):
-        return
-    watcher = _KerasImportWatcher()
+def _run(target: str) -> None:
+    """Runs hook ``module:function``; a failure is reported, never raised."""
+    import importlib
+
+    module, _, function = target.partition(":")
+    try:
+        getattr(importlib.import_module(module), function)()
+    except Exception as err:  # noqa: BLE001 - never break the script's own import
+        print(f"tfdist start-up hook: {target} was not installed: {err!r}", file=sys.stderr)
+
+
+def arm(hooks: Sequence[str] = KERAS_HOOKS) -> None:
+    """Runs ``hooks`` (default `KERAS_HOOKS`) now if Keras is already imported, else when it
+    is (once each)."""
+    for finder in sys.meta_path:
+        if isinstance(finder, _KerasImportWatcher):
+            finder.hooks += [h for h in hooks if h not in finder.hooks]
+            return
+    watcher = _KerasImportWatcher(hooks)
     if _TRAINER in sys.modules:
         watcher.loaded()
         return

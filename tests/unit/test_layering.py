@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tfdist.pipeline", "tfdist.tensor", "tfdist.horovod", "tfdist.training", "tfdist.watchdog",
      "tfdist.coordinator_fit"),  # what strategies are built from
     ("tfdist.strategies", "tfdist.evaluator", "tfdist.server"),  # what a training process runs
+    ("tfdist.kdist",),  # keras.distribution on TensorFlow, over the strategies
     ("tfdist.launcher", "tfdist.testing"),  # starting jobs
     ("tfdist.probe",),  # measurements the benchmark and the advisor share
     ("tfdist.advise", "tfdist.bench"),  # tools over everything
@@ -254,9 +255,10 @@ def test_the_declared_layers_name_real_modules() -> None:
 
 # ----------------------------------------------------------------- the model-parallel substrate
 SUBSTRATE = "tfdist.parallel"
-MESH_BUILDERS = ("tfdist.parallel", "tfdist.launcher.mesh_plan")
-"""The modules that may build a `Mesh` from counts: the mesh package and the launcher's planner.
-Everyone else asks for its place (`tfdist.parallel.place.process_place`, `place_of`)."""
+MESH_BUILDERS = ("tfdist.parallel", "tfdist.launcher.mesh_plan", "tfdist.kdist.mesh")
+"""The modules that may build a `Mesh` from counts: the mesh package, the launcher's planner and
+the one that lays a Keras ``DeviceMesh`` out on the job (`tfdist.kdist.mesh`). Everyone else
+asks for its place (`tfdist.parallel.place.process_place`, `place_of`)."""
 
 
 def mesh_builds(sources: Mapping[str, tuple[str, bool]]) -> list[str]:

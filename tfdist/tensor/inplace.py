@@ -6,6 +6,9 @@ and their ``call`` stay; each split leaf layer keeps only its slice of its varia
   through `copy_to_group`, then the layer's own ``call`` on its slice;
 * ``row`` (an attention output projection by heads, a feed-forward down): the partial
   product summed over the group (`reduce_from_group`), then the whole bias and activation;
+* ``hidden`` (a query/key/value projection split by its hidden units, as KerasHub's layout maps
+  ask: `tfdist.kdist.layout`): the shard's slice of the input times its rows of the kernel, the
+  group's sum (forward and backward: every shard's heads read all of it), then the shard's heads;
 * ``vocab`` / ``tied`` (an ``Embedding`` or ``ReversibleEmbedding``): tokens outside the
   shard's rows look up zeros and the group sums the lookups; ``reverse=True`` gives the
   shard's vocabulary columns of the logits;
@@ -105,6 +108,30 @@ def _row(layer: Any, group: ProcessGroup, timeout: float) -> None:
     layer.input_spec = None  # a Dense checks its input's width: the shard's is 1/T of it
 
 
+def _hidden(layer: Any, group: ProcessGroup, timeout: float) -> None:
+    """A projection ``...m,m..->...h.`` split on its input units ``m``: partial products summed
+    over the group, bias and activation once, then this shard's heads (the output's axis -2)."""
+    first, kernel_letters = layer.equation.split("->")[0].split(",")
+    axis = kernel_letters.index(first[-1])
+
+    def hidden_call(inputs: Any, training: Any = None) -> Any:
+        width = int(layer.kernel.shape[axis])
+        x = mappings.copy_to_group(inputs, group, timeout)[
+            ..., group.rank * width:(group.rank + 1) * width]
+        out = mappings.reduce_from_group(keras.ops.einsum(layer.equation, x, layer.kernel),
+                                         group, timeout)
+        if layer.bias is not None:
+            out = keras.ops.add(out, layer.bias)
+        if layer.activation is not None:
+            out = layer.activation(out)
+        out = mappings.copy_to_group(out, group, timeout)
+        heads = int(out.shape[-2]) // group.size
+        return out[..., group.rank * heads:(group.rank + 1) * heads, :]
+
+    layer.call = hidden_call
+    layer.input_spec = None
+
+
 def _embedding(layer: Any, group: ProcessGroup, timeout: float) -> None:
     rows = int(layer.embeddings.shape[0])
     start = group.rank * rows
@@ -161,7 +188,8 @@ def _local_heads(attention: Any, unit: Unit, shards: int) -> None:
         object.__setattr__(attention, "num_key_value_groups", unit.heads // shards)
 
 
-_WRAPS = {"column": _column, "row": _row, "vocab": _embedding, "tied": _embedding}
+_WRAPS = {"column": _column, "row": _row, "vocab": _embedding, "tied": _embedding,
+          "hidden": _hidden}
 
 
 def shard_in_place(model: Any, plan: TensorPlan, units: tuple[Unit, ...],

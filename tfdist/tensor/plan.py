@@ -15,6 +15,8 @@ Split kinds (Megatron-LM's names in brackets):
   and the loss is computed on the shards [vocab-parallel cross-entropy];
 * ``tied``: a tied embedding (`tfdist.tensor.tied`) split by vocabulary rows: its lookup as
   ``vocab``, its reversed call's logits split by vocabulary as ``output``;
+* ``hidden``: a query/key/value projection split by its input (hidden) units, summed over the
+  shards, each keeping its heads (only from a Keras ``LayoutMap``, `tfdist.kdist.layout`);
 * ``replicated``: whole on every shard.
 
 Example:
@@ -37,7 +39,7 @@ from tfdist.errors import StrategyConfigError, format_error
 __all__ = ["SplitKind", "SPLIT_KINDS", "LOGIT_KINDS", "WeightSplit", "LayerSplit", "TensorPlan",
            "MIN_SPLIT_SHARE", "check_coverage"]
 
-SplitKind = Literal["column", "row", "heads", "vocab", "output", "tied", "replicated"]
+SplitKind = Literal["column", "row", "heads", "vocab", "output", "tied", "replicated", "hidden"]
 SPLIT_KINDS: tuple[str, ...] = ("column", "row", "heads", "vocab", "output", "tied",
                                 "replicated")
 LOGIT_KINDS: tuple[str, ...] = ("output", "tied")
