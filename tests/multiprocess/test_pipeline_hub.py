@@ -4,7 +4,8 @@ and the padding mask, and batches of two lengths train one after another (bucket
 10, 6 tokens). GPT-2 (its embedding tied across the stages), Gemma (``keras.ops`` nodes in its
 graph) and a BERT classifier train to the weights of one process on the same global batches
 (Adam, a padding mask with padded positions, sample weights) within 1e-5, and report its
-losses; the gradient across the cut dropped misses by far more. Llama is refused before
+losses, and predict a batch of each length as it does; the gradient across the cut dropped
+misses by far more. Llama is refused before
 training, naming its layer (KerasHub 0.32's decoder cannot give the config a stage rebuilds
 from). One launch checks all of it."""
 
@@ -49,6 +50,12 @@ def test_keras_hub_model_with_two_sequence_lengths_matches_one_process(hub_pipel
     for rank in range(2):  # both stages report the whole pipeline's loss
         np.testing.assert_allclose(hub_pipeline[f"worker:{rank}"]["models"][name]["loss"],
                                    chief["reference_loss"], atol=PARITY_ATOL)
+    # predictions on a batch of each length reach every stage (the last one shares them)
+    assert chief["predict_gap"] <= 1e-4, chief["predict_gap"]
+    other = hub_pipeline["worker:1"]["models"][name]
+    assert other["predicted_sum"] == chief["predicted_sum"]
+    lengths = [[4, 6, 64], [4, 10, 64]] if name != "bert" else [[4, 2], [4, 2]]  # logits
+    assert chief["predicted_shapes"] == lengths
 
 
 def test_dropping_the_gradient_across_the_cut_breaks_parity(hub_pipeline):

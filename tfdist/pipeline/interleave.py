@@ -204,8 +204,8 @@ class InterleavedPipeline:
         return self.process.average_over_replicas(tensors, kind, phase)
 
     def share(self, values: Any | None, shape: Any, dtype: Any, index: int = 0,
-              phase: int = TRAIN) -> Any:
-        return self.process.share(values, shape, dtype, index, phase)
+              phase: int = TRAIN, sized: bool = False) -> Any:
+        return self.process.share(values, shape, dtype, index, phase, sized)
 
 
 def interleaved_engine(process: StageEngine, chunks: int,

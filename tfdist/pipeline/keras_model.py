@@ -390,16 +390,16 @@ class _StageModelMixin:
         known = None not in spec.shapes[out]  # else the last stage shares the batch's shape
         if engine.layout.is_last:
             predicted = tf.concat(outs, axis=0)
-            shared = [] if known else [engine.share(
-                tf.shape(predicted, out_type=tf.int32), [len(spec.shapes[out]) + 1],
-                tf.int32, 2, PREDICT)]
+            shared = [] if known else [engine.share(tf.shape(predicted, out_type=tf.int32),
+                                                    [predicted.shape.rank], tf.int32, 2, PREDICT)]
             with tf.control_dependencies(shared):  # a share nothing uses would be pruned
-                return engine.share(predicted, None, spec.dtypes[out], 1, PREDICT)
-        rows = tf.shape(tf.nest.flatten(x)[0])[0]
-        shape = tf.stack([rows, *[int(d) for d in spec.shapes[out]]]) if known else \
-            engine.share(None, [len(spec.shapes[out]) + 1], tf.int32, 2, PREDICT)
+                return engine.share(predicted, None, spec.dtypes[out], 1, PREDICT,
+                                    sized=not known)
+        rank = len(spec.shapes[out]) + 1
+        shape = tf.stack([tf.shape(tf.nest.flatten(x)[0])[0], *spec.shapes[out]]) if known \
+            else engine.share(None, [rank], tf.int32, 2, PREDICT)
         with tf.control_dependencies(outs):  # this stage's sends
-            return engine.share(None, shape, spec.dtypes[out], 1, PREDICT)
+            return engine.share(None, shape, spec.dtypes[out], 1, PREDICT, sized=not known)
 
     # ------------------------------------------------------------ saving
     def whole_model(self) -> Any | None:

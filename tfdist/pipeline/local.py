@@ -162,8 +162,9 @@ class LocalPipeline:
         return list(tensors)
 
     @staticmethod
-    def share(values: Any, shape: Any, dtype: Any, index: int = 0, phase: int = TRAIN) -> Any:
-        del shape, dtype, index, phase
+    def share(values: Any, shape: Any, dtype: Any, index: int = 0, phase: int = TRAIN,
+              sized: bool = False) -> Any:
+        del shape, dtype, index, phase, sized
         return values
 
 

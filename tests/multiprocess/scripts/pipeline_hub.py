@@ -10,9 +10,10 @@ model every process builds it with a fixed seed, takes its stage (`build_model`)
 dataset of `BATCHES` global batches whose sequence lengths alternate between `LENGTHS` (bucketed
 text: Adam, a padding mask with padded positions, the mask as sample weights) and reports the
 gathered weights' gap to one process training the whole model on the same batches from the
-same initial weights (the chief computes it), and the losses. ``--then-sabotage`` trains the
-first model again with the gradient of the hidden state across the cut dropped (zeros sent back
-instead): parity must fail.
+same initial weights (the chief computes it), the losses, and its predictions on a batch of
+each length (shared by the last stage with every stage) against the one-process model's.
+``--then-sabotage`` trains the first model again with the gradient of the hidden state across
+the cut dropped (zeros sent back instead): parity must fail.
 """
 
 from __future__ import annotations
@@ -137,12 +138,19 @@ def train_one(strategy, name):
     loss = fit(model, name)
     result = {"loss": loss, "seconds": time.monotonic() - started}
     trained = strategy.gather_weights(model)
+    samples = [x for x, _, _ in batches(name)[:len(LENGTHS)]]  # one batch of each length
+    predicted = [model.predict(x, batch_size=GLOBAL, verbose=0) for x in samples]
+    result["predicted_shapes"] = [list(p.shape) for p in predicted]
+    result["predicted_sum"] = [float(np.sum(p)) for p in predicted]
     if strategy.is_chief:
         result["moved"] = gap(trained, initial)
         if name not in REFERENCES:
             result["reference_loss"] = fit(whole, name, eagerly=True)
             REFERENCES[name] = ordered(whole)
         result["gap"] = gap(trained, REFERENCES[name])
+        if "reference_loss" in result:  # the whole model now holds the reference's weights
+            result["predict_gap"] = gap(predicted, [whole.predict(x, batch_size=GLOBAL,
+                                                                  verbose=0) for x in samples])
     return result
 
 
