@@ -21,7 +21,8 @@ most (set it yourself to keep the file).
 
 Warm starts: with ``TFDIST_TEST_WARM_DIR`` (``tests/conftest.py`` sets it), a task process hands
 itself to a server that has already imported TensorFlow and is forked from it
-(``tests/warm_start.py`` says which processes, how, and what differs).
+(``tests/warm_start.py`` says which processes, how, and what differs); and a ``horovodrun``
+answers Horovod's build checks from the session's record (``tests/horovod_checks.py``).
 """
 
 from __future__ import annotations
@@ -107,9 +108,29 @@ def _warm_start_or_return() -> None:
     module.shim_or_return()
 
 
+def _record_horovod_checks() -> None:
+    """In ``horovodrun``: Horovod's build checks answered once per session
+    (``tests/horovod_checks.py``)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests", "horovod_checks.py")
+    spec = importlib.util.spec_from_file_location("tfdist_test_horovod_checks", path)
+    if spec is None or spec.loader is None or not os.path.exists(path):
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        module.install(os.environ[WARM_DIR_ENV])
+    except ImportError:
+        pass  # no Horovod: horovodrun says so itself
+
+
 if os.environ.get(WARM_DIR_ENV) and any(  # a cheap look before importing anything
         arg == "-m" or arg.endswith(".py") for arg in getattr(sys, "orig_argv", [])[1:4]):
     _warm_start_or_return()
+if os.environ.get(WARM_DIR_ENV) and os.path.basename(
+        (getattr(sys, "orig_argv", []) + ["", ""])[1]) == "horovodrun":
+    _record_horovod_checks()
 if os.environ.get(LEAN_KERAS_ENV) == "1":
     sys.meta_path.insert(0, _HideFromKeras())
     if os.environ.get(PROCESS_LOG_ENV):

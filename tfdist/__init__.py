@@ -67,6 +67,7 @@ _LAZY = {
     "ParameterServerStrategy": "tfdist.strategies",
     "PipelineStrategy": "tfdist.strategies",
     "TensorStrategy": "tfdist.strategies",
+    "ZeroStrategy": "tfdist.strategies",
     "HorovodStrategy": "tfdist.strategies.horovod",
     "DistributedOptimizer": "tfdist.horovod",
     "fit": "tfdist.training",

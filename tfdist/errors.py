@@ -17,8 +17,13 @@ __all__ = [
     "EvaluatorTimeoutError",
     "MissingDependencyError",
     "AdviseError",
+    "STEP_DEADLINE_MARKER",
     "format_error",
 ]
+
+STEP_DEADLINE_MARKER = "tfdist: a batch ran past its deadline"
+"""How a process's step watchdog (`tfdist.watchdog`) starts its message: the launcher reads it in
+a failed task's last lines to name the peers it waited for."""
 
 
 def format_error(problem: str, *, received: object, expected: str, fix: str) -> str:
@@ -69,18 +74,24 @@ class TaskFailedError(LaunchError):
         output_tail: Its last lines of output.
         stopped: Tasks whose processes were stopped (SIGSTOP, a debugger, job control) when it
             failed: their peers time out waiting for them, so they are the likely cause.
+        waited_for: Tasks still running when it failed at its step deadline
+            (`STEP_DEADLINE_MARKER` in its last lines): the peers it waited for.
     """
 
     def __init__(self, task: str, returncode: int, output_tail: str = "",
-                 stopped: tuple[str, ...] = ()) -> None:
+                 stopped: tuple[str, ...] = (), waited_for: tuple[str, ...] = ()) -> None:
         self.task = task
         self.returncode = returncode
         self.output_tail = output_tail
         self.stopped = stopped
+        self.waited_for = waited_for
         message = f"Task {task} failed with exit status {returncode}."
         if stopped:
             message = (f"Task(s) {', '.join(stopped)} stopped making progress (process "
                        f"stopped); task {task} failed with exit status {returncode}.")
+        elif waited_for:
+            message = (f"Task(s) {', '.join(waited_for)} did not join the step (alive: stuck?); "
+                       f"task {task} failed at its step deadline with exit status {returncode}.")
         if output_tail:
             message += f" Its last output lines:\n{output_tail}"
         super().__init__(message)

@@ -136,7 +136,7 @@ def preemption_handler(strategy: Any, checkpoint: Any, directory: str) -> Any:
             format_error(
                 "This strategy cannot save at the current step on SIGTERM.",
                 received=f"strategy {getattr(strategy, 'name', strategy)!r}",
-                expected="multi_worker (TF's PreemptionCheckpointHandler) or pipeline",
+                expected="multi_worker (TF's PreemptionCheckpointHandler), pipeline or tensor",
                 fix="use get_strategy('multi_worker'), or save a checkpoint every N steps with "
                 "strategy.save_checkpoint and restore it with strategy.restore_checkpoint",
             )

@@ -31,6 +31,8 @@ from typing import Any
 
 import keras
 
+from tfdist.errors import STEP_DEADLINE_MARKER
+
 __all__ = ["StepDeadline", "StepWatchdog", "TENSOR_FIX"]
 
 TENSOR_FIX = "raise TensorStrategy(timeout_seconds=...) if a step is that slow."
@@ -102,7 +104,7 @@ class StepWatchdog:
         from tensorflow.python.framework import errors
 
         self.fired = True
-        message = (f"tfdist: a batch ran past its deadline of {self._limit:g} s waiting for "
+        message = (f"{STEP_DEADLINE_MARKER} of {self._limit:g} s waiting for "
                    f"its {self.group} (a process of the group died, stopped or is stuck); its "
                    f"collectives are aborted. Fix: look at the other processes' output, or "
                    f"{self.fix}")

@@ -4,7 +4,9 @@ Each rank starts from different random weights (seed 100 + rank). After 2 epochs
 (global batch 8 = 2 ranks x 4 rows) every rank must hold the same weights, equal within `ATOL`
 to a one-process reference that trained from rank 0's initial weights on the whole global batch
 of every step, in the same order. The controls (no gradient all-reduce) must miss both by far
-more than `ATOL`, which shows that these assertions can fail.
+more than `ATOL`, which shows that these assertions can fail. Under Keras 3 one launch runs
+every check of this module (the optimizer's, the strategy's, the chief's writes, the
+collectives): 4 launches, 7 before (`parity_runs`).
 """
 
 from __future__ import annotations
@@ -40,9 +42,34 @@ def assert_identical(a: list[Any], b: list[Any]) -> None:
         f"ranks differ by {max_diff(a, b)}")
 
 
+@pytest.fixture(scope="module")
+def parity_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The launches of ``parity.py`` this module's tests read, made by the first test that
+    needs each, and each flavour's folder for the chief's writes. Keras 3: one launch with
+    every mode (the optimizer's, the strategy's, the chief's writes, the collectives). tf-keras:
+    one launch per mode, as before (its two parity modes in one launch did not end within 180 s
+    at load 13-19; not looked into)."""
+    return {"writes": {f: tmp_path_factory.mktemp(f"writes-{f}") for f in FLAVOURS}}
+
+
+def parity_run(horovod_run, parity_runs, mode: str, flavour: str) -> tuple[dict, dict]:
+    """(rank 0's, rank 1's) reports of ``mode`` in the flavour's launch."""
+    modes = {"optimizer": "optimizer", "strategy": "strategy", "collectives": "collectives",
+             "chief_writes": f"chief_writes={parity_runs['writes'][flavour]}"}
+    if flavour == "keras3":
+        launch, argv, timeout = flavour, list(modes.values()), 180
+    else:
+        launch, argv, timeout = (flavour, mode), [modes[mode]], 90
+    if launch not in parity_runs:
+        parity_runs[launch] = horovod_run("parity.py", *argv, flavour=flavour, timeout=timeout)
+    rank0, rank1 = parity_runs[launch]
+    return rank0[modes[mode]], rank1[modes[mode]]
+
+
 @pytest.mark.parametrize("flavour", FLAVOURS)
-def test_distributed_optimizer_matches_one_process_reference(horovod_run, flavour: str) -> None:
-    rank0, rank1 = horovod_run("parity.py", "optimizer", flavour=flavour)
+def test_distributed_optimizer_matches_one_process_reference(horovod_run, parity_runs,
+                                                             flavour: str) -> None:
+    rank0, rank1 = parity_run(horovod_run, parity_runs, "optimizer", flavour)
     assert rank0["model_flavour"] == rank1["model_flavour"] == flavour
     reference = rank0["reference"]
     # Each rank took its own half of every global batch.
@@ -68,8 +95,9 @@ def test_distributed_optimizer_matches_one_process_reference(horovod_run, flavou
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
-def test_horovod_strategy_matches_one_process_reference(horovod_run, flavour: str) -> None:
-    rank0, rank1 = horovod_run("parity.py", "strategy", flavour=flavour)
+def test_horovod_strategy_matches_one_process_reference(horovod_run, parity_runs,
+                                                        flavour: str) -> None:
+    rank0, rank1 = parity_run(horovod_run, parity_runs, "strategy", flavour)
     assert rank0["model_flavour"] == rank1["model_flavour"] == flavour
     reference = rank0["reference"]
     assert (rank0["replicas"], rank0["global_batch"], rank0["is_chief"], rank1["is_chief"]) == (
@@ -96,8 +124,8 @@ def test_horovod_strategy_matches_one_process_reference(horovod_run, flavour: st
     assert max_diff(control0["weights"], reference["weights"]) > CONTROL_GAP
 
 
-def test_collectives_give_the_expected_numbers(horovod_run) -> None:
-    rank0, rank1 = horovod_run("collectives.py")
+def test_collectives_give_the_expected_numbers(horovod_run, parity_runs) -> None:
+    rank0, rank1 = parity_run(horovod_run, parity_runs, "collectives", "keras3")
     for got in (rank0["ops"], rank1["ops"]):
         assert got["sum"] == [3.0, 30.0] and got["sum_none"] is None
         assert got["average"] == 1.5 and got["traced_sum"] == 3.0
@@ -117,10 +145,11 @@ def test_collectives_give_the_expected_numbers(horovod_run) -> None:
         assert got["unsplit"] == [[0, 1], [2, 3]]
 
 
-@pytest.mark.parametrize("flavour", ["keras3", "tf_keras"])
-def test_chief_only_writes_inside_scope_do_not_wait_for_other_ranks(horovod_run, tmp_path,
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_chief_only_writes_inside_scope_do_not_wait_for_other_ranks(horovod_run, parity_runs,
                                                                     flavour):
-    rank0, rank1 = horovod_run("chief_writes.py", str(tmp_path), flavour=flavour, timeout=60)
+    rank0, rank1 = parity_run(horovod_run, parity_runs, "chief_writes", flavour)
+    tmp_path = parity_runs["writes"][flavour]
     assert rank0["written"].endswith("ckpt-1") and rank1["written"] is None
     assert rank0["saved"].endswith("model.keras") and rank1["saved"] is None
     assert rank0["total"] == rank1["total"] == 2.0

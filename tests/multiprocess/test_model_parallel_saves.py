@@ -1,7 +1,8 @@
 """`save_model` under the strategies that split the model (tensor; pipeline with its stage split
 by tensor, K=1 x T=2): a path that cannot be written rescues the trained model and names where;
-a save called on the chief only is refused within seconds with the fix. One launch of 2
-processes and 2 training steps each (about 30 s)."""
+a save called on the chief only is refused within seconds with the fix, and so are
+``evaluate`` and ``predict`` called on the chief only. One launch of 2 processes and 2 training
+steps each (about 30 s)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ PARITY_ATOL = 1e-5
 
 
 @pytest.mark.parametrize("strategy", ["tensor", "pipeline"])
-def test_a_bad_save_path_rescues_the_model_and_a_chief_only_save_is_refused(
+def test_a_bad_save_path_rescues_the_model_and_chief_only_saves_and_calls_are_refused(
         cluster_runner, tmp_path, strategy):
     env = {"TFDIST_STRATEGY": strategy, "TFDIST_TENSOR_SHARDS": "2"}
     results = cluster_runner(ClusterSpec.local(workers=2), SCRIPT, str(tmp_path), env=env,
@@ -36,3 +37,10 @@ def test_a_bad_save_path_rescues_the_model_and_a_chief_only_save_is_refused(
             "it") in chief["chief_only"]
     assert "Fix: call strategy.save_model(model, path) on every process" in chief["chief_only"]
     assert chief["chief_only_s"] < 30, "refused only after a collective's deadline"
+    for method in ("evaluate", "predict"):  # 85 s before, noticed by the peer's heartbeats
+        refused = chief[f"chief_only_{method}"]
+        assert f"model.{method} under {strategy} runs on every process" in refused
+        assert ("the process of rank 1 reached the end of the script (or failed) without "
+                "calling it") in refused
+        assert f"Fix: call model.{method} on every process, not under `if strategy." in refused
+        assert chief[f"chief_only_{method}_s"] < 10, (method, chief)

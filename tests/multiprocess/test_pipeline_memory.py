@@ -40,3 +40,29 @@ def test_every_stage_peaks_below_one_process_and_within_the_schedule_budget(clus
         # gradients + Adam's two slots + one micro-batch's gradients, + slack
         assert result["growth"] <= 4 * result["weight_bytes"] + SLACK, result
         assert result["growth"] < single["growth"], (result, single)
+
+
+PHASES = Path(__file__).parent / "scripts" / "memory_phases.py"
+WIDE_MLP = ("pipeline", "1536", "24", "4", "1f1b", "sgd")
+"""The issue's MLP: 57M parameters (227 MB of float32 weights), K=2, 1F1B, M=4, SGD, where
+summing the micro-batches' gradients cost a stage its advantage (the 6 x 3072-wide one: 0.87 of
+one process; with whole-batch gradients 0.68-0.71)."""
+RATIO = 0.66
+"""Measured 0.60 and 0.62 (oneDNN off): above a stage's 113 MB of weights, a layer or three of
+the step's temporaries and 40-50 MB that the traced step and ``fit`` keep, as one process has
+above its 227 MB. At 113M parameters (48 layers) the same measure gave 0.56 and 0.59."""
+
+
+def test_whole_batch_weight_gradients_keep_each_stage_near_half_of_one_process(cluster_runner):
+    """Each stage's peak, from before the build to the end of 4 steps, at most `RATIO` of one
+    process training the whole model, and the same losses (within 1e-5)."""
+    single = cluster_runner(ClusterSpec.local(workers=1), PHASES, *WIDE_MLP, "--single",
+                            env=ENV, timeout=600)["worker:0"]
+    env = {**ENV, "TFDIST_STRATEGY": "pipeline", "TFDIST_PIPELINE_STAGES": "2"}
+    stages = cluster_runner(ClusterSpec.local(workers=2), PHASES, *WIDE_MLP, "--whole-batch",
+                            env=env, strategy="pipeline", timeout=600)
+    print({task: (r["peak"] / 1e6, r["phases"]) for task, r in {**stages, "one": single}.items()})
+    for result in stages.values():
+        assert result["weight_bytes"] < 0.51 * single["weight_bytes"]
+        assert result["peak"] <= RATIO * single["peak"], (result["peak"], single["peak"])
+        assert result["loss"] == pytest.approx(single["loss"], rel=1e-5)

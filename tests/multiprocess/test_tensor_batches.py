@@ -23,6 +23,6 @@ def test_shards_given_different_batches_fail_at_the_first_step(cluster_runner):
                        timeout=180)
     message = str(failed.value)
     assert "TRAINED ON DIFFERENT BATCHES" not in message
-    assert "were not given the same global batch" in message
-    assert "The inputs that differ, and the step:] [x] [1]" in message
-    assert "Fix: seed the input" in message and "shuffle (dataset.shuffle(n, seed=S)" in message
+    assert "do not hold the same global batch" in message
+    assert "then the step:] [rank 1 (shard 1 of replica 0): x] [1]" in message
+    assert "Fix: seed the shuffle of the input (dataset.shuffle(n, seed=S)" in message

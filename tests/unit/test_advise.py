@@ -203,8 +203,10 @@ def test_layer_costs_are_checked():
 
 def test_candidates_and_command_lines():
     labels = [c.label for c in candidates(Cluster(4), batch=64, micro_batches=(4,))]
-    assert labels == ["default x1", "multi_worker x4", "horovod x4", "parameter_server x4 +1ps",
-                      "parameter_server x4 +2ps", "pipeline D=2 x K=2 M=4", "pipeline K=4 M=4"]
+    assert labels == ["default x1", "multi_worker x4", "horovod x4", "multi_worker x4 zero=1",
+                      "multi_worker x4 zero=2", "multi_worker x4 zero=3",
+                      "parameter_server x4 +1ps", "parameter_server x4 +2ps",
+                      "pipeline D=2 x K=2 M=4", "pipeline K=4 M=4"]
     assert Candidate("parameter_server", 2, ps=1).launch_argv("t.py") == [
         "tfdist-launch", "--strategy", "parameter_server", "--workers", "2", "--ps", "1", "t.py"]
 
@@ -219,7 +221,9 @@ def test_cli_dry_run_measures_nothing(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["cluster"]["processes"] == 2 and out["batch"] == 32
     assert out["candidates"] == ["default x1", "multi_worker x2", "horovod x2",
-                                 "parameter_server x2 +1ps", "pipeline K=2 M=4"]
+                                 "multi_worker x2 zero=1", "multi_worker x2 zero=2",
+                                 "multi_worker x2 zero=3", "parameter_server x2 +1ps",
+                                 "pipeline K=2 M=4"]
 
 
 @pytest.mark.parametrize("flags, says", [
@@ -248,9 +252,11 @@ def test_cli_refuses_bad_flags_before_measuring_anything(flags, says, capsys, mo
 
 def test_cli_reports_a_missing_build_function(capsys, tmp_path):
     net = network.save(network.Constants(LINK, {"tf": LINK}, 0.0, 2, {}, {}), tmp_path / "n.json")
-    assert cli.main(["no_such_module_x:build", "--constants", str(net)]) == 2
+    with pytest.raises(SystemExit) as exited:  # refused when parsed: nothing is measured
+        cli.main(["no_such_module_x:build", "--constants", str(net)])
+    assert exited.value.code == 2
     err = capsys.readouterr().err
-    assert "Cannot load the build function 'no_such_module_x:build'" in err
+    assert "The target's module 'no_such_module_x' cannot be found" in err
 
 
 @pytest.mark.parametrize("name", ["tfdist.advise", "tfdist.advise.model",

@@ -139,6 +139,15 @@ def test_tensor_is_not_written_as_a_pipeline_variable():
     (["--strategy", SPLIT, "--workers", "2", "--stages", "2", "--tensor", "4"],
      ["--tensor 4 is more than the job's 2 process(es)", "use --workers 8"]),
     (["--strategy", SPLIT, "--workers", "4", "--tensor", "0"], ["--tensor: must be 1 or more"]),
+    # the chief is a process of the mesh: the fix once suggested the --workers 2 already given
+    (["--strategy", "tensor", "--chief", "--workers", "2", "--tensor", "2"],
+     ["--tensor 2 with 3 process(es) (--workers 2 and the chief",
+      "Fix: use --workers 1 with --chief, or --workers 2 without it"]),
+    # refused at the launcher, not 49 s later inside the tasks
+    (["--strategy", "pipeline", "--workers", "4", "--stages", "2", "--micro-batches", "4",
+      "--schedule", "interleaved", "--tensor", "2"],
+     ["--schedule interleaved --tensor 2: the interleaved schedule puts several chunks",
+      "Fix: use --schedule 1f1b (or gpipe) with --tensor"]),
 ])
 def test_a_mesh_that_cannot_be_is_refused_before_start_with_the_fix(argv, fragments, script,
                                                                      capsys):
@@ -227,3 +236,18 @@ def test_ray_spreading_a_tensor_group_is_warned_about(capsys, script):
     assert "Fix: --ray-placement PACK" in err
     assert cli.main([*argv[:-1], "--ray-placement", "PACK", script]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_a_stale_tensor_shards_variable_in_the_shell_changes_nothing():
+    # TFDIST_TENSOR_SHARDS=1 left in the shell once made --strategy tensor --workers 2 data
+    # parallel: the launcher writes T in the mesh, and a task reads the mesh first
+    from tfdist.parallel.place import process_place
+
+    stale = {"TFDIST_TENSOR_SHARDS": "1"}
+    plan = plan_job(JobOptions("t.py", strategy="tensor", workers=2), environ=stale)
+    assert plan.env[MESH_ENV] == "data=1,pipe=1,tensor=2"
+    tf_config = {"cluster": {"worker": ["localhost:1", "localhost:2"]},
+                 "task": {"type": "worker", "index": 1}}
+    task = process_place(tf_config, default_tensor="all",
+                         environ={**stale, MESH_ENV: plan.env[MESH_ENV]})
+    assert task.size_of("tensor") == 2 and task.size_of("data") == 1

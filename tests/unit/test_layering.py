@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tfdist.compat", "tfdist.startup_hook"),  # the Keras shims and differences, start-up hook
     ("tfdist.parallel",),  # the model-parallel substrate: mesh, place, keys, collectives
     ("tfdist.pipeline", "tfdist.tensor", "tfdist.horovod", "tfdist.training", "tfdist.watchdog",
-     "tfdist.coordinator_fit"),  # what strategies are built from
+     "tfdist.coordinator_fit", "tfdist.zero"),  # what strategies are built from
     ("tfdist.strategies", "tfdist.evaluator", "tfdist.server"),  # what a training process runs
     ("tfdist.kdist",),  # keras.distribution on TensorFlow, over the strategies
     ("tfdist.launcher", "tfdist.testing"),  # starting jobs

@@ -182,13 +182,14 @@ def test_sized_keys_hold_one_shape_each_and_meet_no_named_key():
     for n, expected in zip(sizes, classes, strict=True):
         assert tuple(int(v) for v in traced(tf.constant(n))) == expected, n
     named = {keys.instance_key(kind, m, i, phase)
-             for kind in range(8) for phase in range(4) for m in (0, 1, 4095) for i in (0, 31)}
+             for kind in range(8) for phase in range(8) for m in (0, 1, 4095) for i in (0, 31)}
     sized = set()
     for kind in (keys.ACTIVATION, keys.GRADIENT, keys.WEIGHTS):
         for m, i in ((0, 0), (1, 31), (0, 31)) if kind != keys.WEIGHTS else ((0, 0), (0, 4095)):
             key, stride = keys.sized_key(kind, m, i)
             sized |= {key + c * stride for c in range(keys.SIZE_CLASSES)}
-    assert not sized & named and max(sized) < keys.TRACED
+    assert not sized & named and min(sized) >= keys.SIZED > keys.TRACED  # CHECK is phase 4
+    assert {keys.space(k) for k in sized} == {"sized"} and max(sized) < 1 << 31
     assert len(sized) == 2 * 3 * keys.SIZE_CLASSES + 2 * keys.SIZE_CLASSES
     with pytest.raises(StrategyConfigError, match="at most 32 of them"):
         keys.sized_key(keys.ACTIVATION, 0, 32)

@@ -214,3 +214,50 @@ def test_interleaved_1f1b_runs_every_op_once_with_the_smaller_bubble(stages, mic
 def test_interleaving_needs_micro_batches_in_groups_of_k():
     with pytest.raises(StrategyConfigError, match="multiple of 2"):
         schedule.interleaved(2, 3, 0, 2)
+
+
+def _embedding_model():
+    keras.utils.set_random_seed(5)
+    return keras.Sequential([keras.Input((3,), dtype="int32"),
+                             keras.layers.Embedding(7, 4, name="words"),
+                             keras.layers.Flatten(name="flat"),
+                             keras.layers.Dense(5, activation="tanh", name="hidden",
+                                                activity_regularizer=keras.regularizers.L2(0.1)),
+                             keras.layers.Dense(1, name="out")], name="embedded")
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_whole_batch_weight_gradients_train_as_one_device(schedule):
+    """Adam with clipnorm, an Embedding (its gradient's rows in batch order), an activity
+    regularizer and sample weights: 3 steps at M=4 equal one device within 1e-6."""
+    rng = np.random.default_rng(2)
+    x = rng.integers(0, 7, size=(24, 3)).astype("int32")
+    y = rng.normal(size=(24, 1)).astype("float32")
+    weights = rng.uniform(0.5, 2.0, size=24).astype("float32")
+    trained = []
+    for options in (None, {"micro_batches": 4, "schedule": schedule,
+                           "weight_gradients": "whole_batch"}):
+        model = _embedding_model() if options is None else \
+            PipelineStrategy(**options).build_model(_embedding_model)
+        model.compile(optimizer=keras.optimizers.Adam(0.05, clipnorm=0.5), loss="mse")
+        model.fit(x, y, sample_weight=weights, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        trained.append(model.get_weights())
+    assert max(np.max(np.abs(a - b)) for a, b in zip(*trained, strict=True)) < 1e-6
+    assert max(np.max(np.abs(a - b)) for a, b in zip(trained[1], _embedding_model().get_weights(),
+                                                     strict=True)) > 1e-2
+
+
+def test_whole_batch_weight_gradients_refuse_what_a_second_run_would_change():
+    with pytest.raises(StrategyConfigError, match="recompute") as info:
+        PipelineConfig(micro_batches=2, schedule="1f1b", recompute=True,
+                       weight_gradients="whole_batch")
+    assert "Fix:" in str(info.value)
+    with pytest.raises(StrategyConfigError, match="gpipe or 1f1b"):
+        PipelineConfig(stages=2, micro_batches=2, schedule="zb-h1",
+                       weight_gradients="whole_batch")
+    with pytest.raises(StrategyConfigError, match="Unknown weight_gradients"):
+        PipelineConfig(weight_gradients="mean")
+    strategy = PipelineStrategy(micro_batches=2, weight_gradients="whole_batch")
+    with pytest.raises(StrategyConfigError, match=r"random layers \['drop'\]"):
+        strategy.build_model(lambda: keras.Sequential([
+            keras.Input((3,)), keras.layers.Dense(2), keras.layers.Dropout(0.5, name="drop")]))

@@ -57,3 +57,29 @@ def test_the_hidden_sitecustomize_still_runs(tmp_path):
     ran, hook_file = out.split()
     assert ran == "yes"
     assert Path(hook_file).parent == HOOK_DIR
+
+
+def test_from_sitecustomize_import_keeps_working_under_the_hook(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text("SITE_SETTING = 42\n")
+    out = _python("from sitecustomize import SITE_SETTING; print(SITE_SETTING)",
+                  [str(HOOK_DIR), str(tmp_path), str(REPO)])
+    assert out.strip() == "42"
+
+
+def test_an_empty_pythonpath_entry_the_current_directory_is_kept():
+    assert task_env({"PYTHONPATH": ":/src"})["PYTHONPATH"] == os.pathsep.join(
+        [str(HOOK_DIR), "", "/src"])
+    assert task_env({})["PYTHONPATH"] == str(HOOK_DIR)  # unset adds no empty entry
+
+
+def test_a_misspelled_hook_switch_is_refused_before_start():
+    import pytest
+
+    from tfdist.errors import StrategyConfigError
+
+    with pytest.raises(StrategyConfigError) as info:
+        plan_job(JobOptions("t.py", workers=2), environ={"TFDIST_STARTUP_HOOK": "of"})
+    assert "Received: TFDIST_STARTUP_HOOK='of'" in str(info.value)
+    assert "Fix: set TFDIST_STARTUP_HOOK=off" in str(info.value)
+    assert "PYTHONPATH" in plan_job(JobOptions("t.py", workers=2),
+                                    environ={"TFDIST_STARTUP_HOOK": "on"}).env

@@ -31,3 +31,32 @@ def test_the_census_counts_warm_servers_and_how_they_ended():
         "warm servers: 3 started for 2 sets of settings; ended: killed or still running 2, "
         "idle 1")
     assert census.warm_servers(records[-1:]) == ""
+
+
+def test_horovod_checks_examples_run():
+    import horovod_checks
+
+    assert doctest.testmod(horovod_checks).failed == 0
+
+
+def test_a_horovod_check_runs_once_per_session_and_its_answer_is_shared(tmp_path):
+    # Two processes of one session (two wrappers of one file): the second does not run it.
+    import horovod_checks
+
+    runs = []
+
+    def check(ext, fn, desc, verbose):
+        runs.append((ext, desc))
+        if ext != "tensorflow":
+            return None  # Horovod's answer for an extension it did not build
+        return {"built with Gloo": True, "built with MPI": False}[desc]
+
+    path = str(tmp_path / horovod_checks.CACHE_FILE)
+    first, second = (horovod_checks.recorded(check, path) for _ in range(2))
+    assert first("tensorflow", None, "built with Gloo", False) is True
+    assert second("tensorflow", None, "built with Gloo", False) is True
+    assert second("tensorflow", None, "built with MPI", False) is False
+    assert second("torch", None, "built with Gloo", False) is None  # not built: asked, kept
+    assert first("torch", None, "built with Gloo", False) is None
+    assert runs == [("tensorflow", "built with Gloo"), ("tensorflow", "built with MPI"),
+                    ("torch", "built with Gloo")]

@@ -24,6 +24,11 @@ def _chain() -> None:
         hidden = sys.modules.pop("sitecustomize", None)
         if hidden is not None:
             sys.modules["tfdist_chained_sitecustomize"] = hidden
+            # `from sitecustomize import X` keeps working for the names the hidden one defines
+            mine = globals()
+            for name, value in vars(hidden).items():
+                if not name.startswith("__"):
+                    mine.setdefault(name, value)
         if ours is not None:
             sys.modules["sitecustomize"] = ours
 

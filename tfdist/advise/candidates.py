@@ -13,7 +13,8 @@ stages across hosts. A layout is offered only where a registered strategy takes 
 
 Example:
     >>> [c.label for c in candidates(Cluster(processes=2), batch=64, micro_batches=(4,))]
-    ['default x1', 'multi_worker x2', 'horovod x2', 'parameter_server x2 +1ps', \
+    ['default x1', 'multi_worker x2', 'horovod x2', 'multi_worker x2 zero=1', \
+'multi_worker x2 zero=2', 'multi_worker x2 zero=3', 'parameter_server x2 +1ps', \
 'parameter_server x2 +2ps', 'pipeline K=2 M=4']
 """
 
@@ -63,13 +64,19 @@ class Cluster:
                 "Cluster speed must be a positive number.", received=f"speed={self.speed!r}",
                 expected="a number > 0 (1.0: the profile's speed)",
                 fix="leave it out (1.0), or pass a measured ratio of step times"))
-        for name in ("processes", "hosts", "cores"):
+        for name in ("processes", "hosts"):
             value = getattr(self, name)
-            kinds = (int, float) if name == "cores" else int
-            if isinstance(value, bool) or not isinstance(value, kinds) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise AdviseError(format_error(
                     f"Cluster {name} must be a positive int.", received=f"{name}={value!r}",
                     expected="an int >= 1", fix=f"pass {name}=2"))
+        # a measurement on a busy machine: a process may get less than one core (0.997)
+        if isinstance(self.cores, bool) or not isinstance(self.cores, (int, float)) or not (
+                self.cores > 0):
+            raise AdviseError(format_error(
+                "Cluster cores must be a positive number.", received=f"cores={self.cores!r}",
+                expected="a number > 0 (cores measured on a busy machine may be fractional)",
+                fix="pass cores=2, or leave it out (this machine's count)"))
         if self.device_memory is not None and not self.device_memory > 0:
             raise AdviseError(format_error(
                 "device_memory must be a positive number of bytes.",
@@ -128,6 +135,7 @@ class Candidate:
         micro_batches: Pipeline micro-batches M.
         tensor: Tensor shards T of each stage's layers.
         schedule: The pipeline schedule (a name of `tfdist.pipeline.schedule.SCHEDULES`).
+        zero: The ZeRO stage of a ``multi_worker`` layout (0: replicated).
 
     Example:
         >>> Candidate("tensor", 4, tensor=2).label, Candidate("pipeline", 8, 2, 2, 4, 2).label
@@ -141,6 +149,7 @@ class Candidate:
     micro_batches: int = 1
     tensor: int = 1
     schedule: str = "gpipe"
+    zero: int = 0
 
     @property
     def replicas(self) -> int:
@@ -157,7 +166,8 @@ class Candidate:
                     f"M={self.micro_batches}{schedule}")
         if t:
             return f"{self.strategy} {d}{t}"
-        return f"{self.strategy} x{self.processes}" + (f" +{self.ps}ps" if self.ps else "")
+        zero = f" zero={self.zero}" if self.zero else ""
+        return f"{self.strategy} x{self.processes}{zero}" + (f" +{self.ps}ps" if self.ps else "")
 
     def launch_argv(self, script: str = "train.py") -> list[str]:
         """The ``tfdist-launch`` command line that runs ``script`` in this layout.
@@ -175,6 +185,8 @@ class Candidate:
             argv += ["--schedule", self.schedule] if self.schedule != "gpipe" else []
         if self.tensor > 1:
             argv += ["--tensor", str(self.tensor)]
+        if self.zero:
+            argv += ["--zero", str(self.zero)]
         if self.processes == 1 and not self.ps:
             argv = ["python"]
         return [*argv, script]
@@ -226,6 +238,8 @@ def candidates(cluster: Cluster, batch: int, micro_batches: Sequence[int] = (2, 
         out += [Candidate(name, p) for backend, name in (("tf", "multi_worker"),
                                                          ("horovod", "horovod"))
                 if backend in backends]
+        if "tf" in backends:
+            out += [Candidate("multi_worker", p, zero=stage) for stage in (1, 2, 3)]
     out += [Candidate("parameter_server", p, ps=k) for k in range(1, max_ps + 1)]
     out += _pipelines(p, batch, micro_batches, layers, tensor=1, strategy="pipeline")
     by = tensor_strategies() if tensor_by is None else tensor_by

@@ -28,7 +28,7 @@ from tfdist.advise import network, report
 from tfdist.advise.advisor import advise, get_constants
 from tfdist.advise.candidates import as_cluster, candidates
 from tfdist.advise.cores import usable_cores
-from tfdist.advise.script_check import check_import_safe
+from tfdist.advise.script_check import check_import_safe, missing_function
 from tfdist.errors import AdviseError, TfdistError, format_error
 
 __all__ = ["parse_args", "load_target", "main"]
@@ -68,7 +68,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     cluster = parser.add_argument_group("cluster")
     cluster.add_argument("--cluster", default="2", help="processes ('4') or hosts "
                          "('node1:2,node2:2'); default 2")
-    cluster.add_argument("--device-memory", type=_memory, help="bytes per process, e.g. 16GB")
+    cluster.add_argument("--device-memory", "--memory-per-process", dest="device_memory",
+                         type=_memory, help="bytes one process may hold, e.g. 16GB: layouts "
+                         "that need more are ranked last (a ZeRO stage is then offered where "
+                         "replicated multi_worker does not fit)")
     cluster.add_argument("--micro-batches", default="2,4,8", help="pipeline M to consider")
     cluster.add_argument("--max-ps", type=int, default=2, help="most parameter servers (2)")
     cluster.add_argument("--measure-cores", action="store_true",
@@ -144,12 +147,43 @@ def _target(args: argparse.Namespace) -> str | None:
         return format_error(f"The target's script {location!r} does not exist.",
                             received=args.target, expected=expected,
                             fix="give the path of the script from this directory")
-    return None
+    if location.endswith(".py"):
+        return missing_function(location, name)
+    return _module_problem(location, name, expected)
+
+
+def _module_problem(module: str, name: str, expected: str) -> str | None:
+    """The problem with a ``package.module:function`` target: a module that cannot be found,
+    or whose source binds no ``name`` (read, not imported; a compiled module is not read)."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as err:
+        spec, problem = None, str(err)
+    else:
+        problem = "no such module"
+    if spec is None:
+        return format_error(f"The target's module {module!r} cannot be found ({problem}).",
+                            received=f"{module}:{name}", expected=expected,
+                            fix="check the module's name and that it is on PYTHONPATH")
+    origin = spec.origin or ""
+    return missing_function(origin, name) if origin.endswith(".py") else None
+
+
+def _cluster_value(text: str) -> int | str:
+    """``--cluster``'s value: a process count where it is a number (``-1`` too, which
+    `as_cluster` then refuses), else a host list.
+
+    Example:
+        >>> _cluster_value("4"), _cluster_value("-1"), _cluster_value("node1:2")
+        (4, -1, 'node1:2')
+    """
+    stripped = text.strip()
+    return int(stripped) if stripped.lstrip("+-").isdigit() else text
 
 
 def _cluster_fits_batch(args: argparse.Namespace) -> str | None:
     try:
-        shape = as_cluster(int(args.cluster) if args.cluster.isdigit() else args.cluster)
+        shape = as_cluster(_cluster_value(args.cluster))
     except TfdistError as err:
         return str(err)
     if shape.processes > args.batch:
@@ -252,8 +286,7 @@ def _constants_source(args: argparse.Namespace) -> str:
 
 
 def _dry_run(args: argparse.Namespace) -> int:
-    shape = as_cluster(args.cluster if not args.cluster.isdigit() else int(args.cluster),
-                       args.device_memory)
+    shape = as_cluster(_cluster_value(args.cluster), args.device_memory)
     source = _constants_source(args)
     print(json.dumps({"target": args.target, "kwargs": args.kwargs, "batch": args.batch,
                       "cluster": vars(shape) | {"host_names": list(shape.host_names)},
@@ -268,8 +301,7 @@ def _dry_run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    shape = as_cluster(int(args.cluster) if args.cluster.isdigit() else args.cluster,
-                       args.device_memory)
+    shape = as_cluster(_cluster_value(args.cluster), args.device_memory)
     if args.probe_only:
         measured = network.probe(backends=args.backends)
         path = network.save(measured, args.constants or network.default_path())

@@ -37,7 +37,7 @@ from tfdist.pipeline.schedule import schedule_class
 
 __all__ = ["Link", "ring_allreduce_s", "halving_doubling_s", "ps_traffic_s", "bubble",
            "pipeline_step_s", "data_parallel_memory", "ps_memory", "pipeline_memory",
-           "contention", "tensor_activations_s", "tensor_weight_bytes"]
+           "contention", "tensor_activations_s", "tensor_weight_bytes", "zero_memory"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +161,30 @@ def data_parallel_memory(param_bytes: float, optimizer_slots: int,
         17000000.0
     """
     return param_bytes * (2 + optimizer_slots) + activation_bytes
+
+
+def zero_memory(param_bytes: float, optimizer_slots: int, activation_bytes: float,
+                processes: int, stage: int) -> float:
+    """One process's peak bytes under ZeRO ``stage`` (0: replicated) as tfdist runs it.
+
+    Between steps a process holds the weights whole (stages 0-2) or 1/D of them (stage 3), and
+    for its 1/D part a master copy and the optimizer slots (stages 1-3). During a step: its own
+    whole gradients, plus the summed gradients (whole at stages 0-1, 1/D at 2-3), plus at
+    stage 3 the whole weights gathered for the step (the whole model at once, not layer by
+    layer).
+
+    Example:
+        >>> [zero_memory(1e6, 2, 0.0, 2, s) / 1e6 for s in range(4)]   # Adam, D=2
+        [4.0, 4.5, 4.0, 4.0]
+        >>> [zero_memory(1e6, 2, 0.0, 8, s) / 1e6 for s in range(4)]   # Adam, D=8
+        [4.0, 3.375, 2.5, 2.5]
+    """
+    p, d = param_bytes, processes
+    if stage == 0:
+        return data_parallel_memory(p, optimizer_slots, activation_bytes)
+    part = p * (1 + optimizer_slots) / d
+    summed = p if stage == 1 else p / d
+    return 2 * p + summed + part + activation_bytes
 
 
 def ps_memory(param_bytes: float, optimizer_slots: int, shards: int) -> float:

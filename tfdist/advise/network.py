@@ -17,6 +17,13 @@ processes, a point-to-point TCP exchange of ``n`` bytes each way. Then:
 
 `Constants` are cached as JSON beside the machine they were measured on (cores, CPU, versions).
 
+On a busy machine the other load can decide the times: a larger exchange is not slower than a
+small one, and a least-squares slope is zero or negative. Such a fit is not a bandwidth (clamped,
+it once read 1,000,000 GB/s and ranked Horovod first); the probe then bounds the link by the
+largest size's time instead (all of it taken as transfer) and says so in `Constants.noise`,
+which the reports print, rather than failing. A cached link faster than `IMPLAUSIBLE_GBPS`
+is refitted from its stored samples when read.
+
 Example:
     >>> link = fit_ring([1e3, 1e6], [2e-4 + 1e3 * 2e-9, 2e-4 + 1e6 * 2e-9], p=2, gamma=0.0)
     >>> round(link.alpha * 1e6), round(link.bandwidth_gbps, 3)
@@ -36,18 +43,22 @@ from typing import Any
 
 import numpy as np
 
-from tfdist.advise.curve import fit_line
+from tfdist.advise.curve import Line, fit_line
 from tfdist.advise.model import Link
 from tfdist.errors import AdviseError, TfdistError, format_error
 
-__all__ = ["Constants", "fit_ring", "measure_gamma", "probe", "load", "save", "default_path",
-           "PROBE_SIZES", "fit_in_graph", "IN_GRAPH_SAMPLES"]
+__all__ = ["Constants", "fit_ring", "fit_ring_noted", "fit_constants", "measure_gamma", "probe",
+           "load", "save", "default_path", "PROBE_SIZES", "fit_in_graph", "IN_GRAPH_SAMPLES",
+           "IMPLAUSIBLE_GBPS"]
 
 PROBE_SIZES = (16 << 10, 256 << 10, 1 << 20, 4 << 20)
 """Message sizes of the probe (bytes): small enough for seconds, wide enough for a slope."""
 
 IN_GRAPH_SAMPLES = "tf in-graph"
 """The samples' key of the in-graph probe: ``[[bytes, seconds of one collective], ...]``."""
+
+IMPLAUSIBLE_GBPS = 1000.0
+"""A fitted link faster than this (GB/s) is a noise-dominated fit, not a measurement."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +82,8 @@ class Constants:
             their predictions; and the cores each of its processes' helper threads keep busy
             (Horovod's background loop), measured while it sleeps
             (`tfdist.bench.advise.measure_overheads`). Empty: none measured.
+        noise: What the probe could not fit because the machine's load decided its times
+            (each a sentence; the link named was bounded instead). Empty: a clean probe.
     """
 
     p2p: Link
@@ -82,6 +95,7 @@ class Constants:
     in_graph: Mapping[str, Link] = dataclasses.field(default_factory=dict)
     overheads: Mapping[str, Mapping[str, tuple[float, ...]]] = dataclasses.field(
         default_factory=dict)
+    noise: tuple[str, ...] = ()
 
     def overheads_of(self, flavour: str) -> Mapping[str, tuple[float, ...]]:
         """Layout label -> its measured ``(base, per_weight, helper_cores)`` under Keras
@@ -101,27 +115,82 @@ class Constants:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Constants:
-        return cls(p2p=Link(**data["p2p"]),
-                   backends={k: Link(**v) for k, v in data["backends"].items()},
-                   gamma=float(data["gamma"]), processes=int(data["processes"]),
-                   machine=dict(data["machine"]), samples=dict(data["samples"]),
+        """Constants from their JSON; a backend's link faster than `IMPLAUSIBLE_GBPS` (a
+        noise-dominated fit of an older probe) is refitted from its samples, or dropped
+        (`link` then gives the raw link) when they cannot give one."""
+        samples = dict(data["samples"])
+        gamma, processes = float(data["gamma"]), int(data["processes"])
+        noise = list(data.get("noise", ()))
+        backends = {}
+        for name, fields in data["backends"].items():
+            link = Link(**fields)
+            if link.bandwidth_gbps > IMPLAUSIBLE_GBPS:
+                refit = _refit(samples.get(name, ()), processes, gamma)
+                noise.append(f"the cached {name} link ({link.bandwidth_gbps:.3g} GB/s) was not "
+                             "a measurement: " + ("refitted from its samples" if refit else
+                                                  "dropped (no samples to refit it from)"))
+                if refit is None:
+                    continue
+                link = refit
+            backends[name] = link
+        return cls(p2p=Link(**data["p2p"]), backends=backends, gamma=gamma,
+                   processes=processes, machine=dict(data["machine"]), samples=samples,
                    in_graph={k: Link(**v) for k, v in data.get("in_graph", {}).items()},
                    overheads={flavour: {label: tuple(pair) for label, pair in v.items()}
-                              for flavour, v in data.get("overheads", {}).items()})
+                              for flavour, v in data.get("overheads", {}).items()},
+                   noise=tuple(noise))
+
+
+def _refit(points: Sequence[Sequence[float]], p: int, gamma: float) -> Link | None:
+    """A backend's link from its stored samples; None without two distinct sizes."""
+    if len({point[0] for point in points}) < 2:
+        return None
+    return fit_ring(*zip(*points, strict=True), p=p, gamma=gamma)
+
+
+def _bounded_line(sizes: Sequence[float], seconds: Sequence[float]) -> tuple[Line, bool]:
+    """The least-squares line of ``seconds`` by ``sizes``; where its slope is not positive (the
+    machine's load decided the times), the bound the largest size gives (all of its median
+    time taken as transfer, no latency) and True.
+
+    Example:
+        >>> line, noisy = _bounded_line([1e3, 1e6], [2e-3, 1e-3])   # larger, yet faster
+        >>> line.c0, line.c1, noisy
+        (0.0, 1e-09, True)
+    """
+    line = fit_line(sizes, seconds)
+    if line.c1 > 0:
+        return line, False
+    largest = max(sizes)
+    at = [t for n, t in zip(sizes, seconds, strict=True) if n == largest]
+    return Line(0.0, float(np.median(at)) / largest), True
 
 
 def fit_ring(sizes: Sequence[float], seconds: Sequence[float], p: int, gamma: float) -> Link:
-    """A backend's link from its ring all-reduce times at ``p`` processes (least squares).
+    """A backend's link from its ring all-reduce times at ``p`` processes (least squares;
+    bounded where the times do not grow with the size: `fit_ring_noted`).
 
     Example:
         >>> round(fit_ring([0, 1e6], [4e-4, 4e-4 + 1e-3], p=2, gamma=0.0).alpha, 9)
         0.0002
+        >>> fit_ring([1e3, 1e6], [3e-3, 1e-3], p=2, gamma=0.0).bandwidth_gbps  # noise: bounded
+        1.0
     """
-    line = fit_line(sizes, seconds)
+    return fit_ring_noted(sizes, seconds, p, gamma)[0]
+
+
+def fit_ring_noted(sizes: Sequence[float], seconds: Sequence[float], p: int,
+                   gamma: float) -> tuple[Link, bool]:
+    """`fit_ring`'s link, and whether it is a bound rather than a fit: the times did not grow
+    with the size, or grew less than reducing the bytes alone takes (the slope then is
+    shared half and half between sending and reducing)."""
+    line, noisy = _bounded_line(sizes, seconds)
     share = (p - 1) / p
+    per_byte = line.c1 - share * gamma
+    if per_byte <= 0:
+        per_byte, noisy = line.c1 / 2, True
     alpha = max(0.0, line.c0) / (2 * (p - 1))
-    beta = max(1e-15, (line.c1 - share * gamma) / (2 * share))
-    return Link(alpha=alpha, beta=beta, gamma=gamma)
+    return Link(alpha=alpha, beta=per_byte / (2 * share), gamma=gamma), noisy
 
 
 def measure_gamma(nbytes: int = 8 << 20, repeats: int = 5) -> float:
@@ -215,23 +284,43 @@ def probe(backends: Sequence[str] = ("tf", "horovod"), p: int = 2,
     samples = _samples(rows)
     slopes = _run_in_graph(p, max(repeats, 5), timeout, env, log)
     samples[IN_GRAPH_SAMPLES] = [list(s) for s in slopes]
-    gamma = measure_gamma()
-    tcp = fit_line(*zip(*samples["tcp"], strict=True))
-    if tcp.c1 <= 0:
-        raise AdviseError(format_error(
-            "The network probe could not measure a bandwidth: the larger exchanges were not "
-            "slower than the small ones (the machine's other load decided the times).",
-            received=f"TCP exchange seconds by size: {samples['tcp']}",
-            expected="times that grow with the size",
-            fix="run the probe again when the machine is quieter (tfdist-advise --probe-only), "
-            "or with larger sizes"))
+    return fit_constants(samples, p, measure_gamma(), machine())
+
+
+_NOISY = ("the {what} times did not grow with the size (the machine's other load decided them): "
+          "its link is bounded by the largest size's time, not fitted")
+
+
+def fit_constants(samples: Mapping[str, Sequence[Sequence[float]]], p: int, gamma: float,
+                  machine: Mapping[str, Any]) -> Constants:
+    """The constants from a probe's samples (``"tcp"``, each backend, `IN_GRAPH_SAMPLES`);
+    whatever the load made unfit is bounded and named in ``noise``, never refused.
+
+    Example:
+        >>> noisy = fit_constants({"tcp": [[1e3, 2e-3], [1e6, 1e-3]],
+        ...                        "tf": [[1e3, 4e-3], [1e6, 3e-3]]}, 2, 0.0, {})
+        >>> round(noisy.p2p.bandwidth_gbps, 3), round(noisy.link("tf").bandwidth_gbps, 3)
+        (1.0, 0.333)
+        >>> len(noisy.noise)
+        2
+    """
+    noise = []
     # The TCP exchange of n bytes is one step of a 2-rank ring: n each way at once.
-    p2p = Link(alpha=max(0.0, tcp.c0), beta=max(1e-15, tcp.c1), gamma=gamma)
-    fitted = {b: fit_ring(*zip(*pts, strict=True), p=p, gamma=gamma)
-              for b, pts in samples.items() if b not in ("tcp", IN_GRAPH_SAMPLES)}
-    return Constants(p2p=p2p, backends=fitted, gamma=gamma, processes=p,
-                     machine=machine(), samples=samples,
-                     in_graph={"tf": fit_in_graph(slopes, p, gamma)})
+    tcp, noisy = _bounded_line(*zip(*samples["tcp"], strict=True))
+    if noisy:
+        noise.append(_NOISY.format(what="TCP exchange"))
+    p2p = Link(alpha=max(0.0, tcp.c0), beta=tcp.c1, gamma=gamma)
+    fitted, in_graph = {}, {}
+    for name, points in samples.items():
+        if name == "tcp":
+            continue
+        link, noisy = fit_ring_noted(*zip(*points, strict=True), p=p, gamma=gamma)
+        if noisy:
+            noise.append(_NOISY.format(what=f"{name} all-reduce"))
+        (in_graph if name == IN_GRAPH_SAMPLES else fitted)[name] = link
+    return Constants(p2p=p2p, backends=fitted, gamma=gamma, processes=p, machine=machine,
+                     samples=dict(samples), noise=tuple(noise),
+                     in_graph={"tf": in_graph[IN_GRAPH_SAMPLES]} if in_graph else {})
 
 
 def _horovod_available() -> bool:

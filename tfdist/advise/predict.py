@@ -162,6 +162,26 @@ def _allreduce(c: Candidate, prof: ModelProfile, links: Mapping[str, Link], clus
             Term("communication", comm, detail)], memory
 
 
+def _zero(c: Candidate, prof: ModelProfile, links: Mapping[str, Link], cluster: Cluster,
+          batch: int) -> tuple[list[Term], float]:
+    """ZeRO stage ``c.zero`` (`tfdist.zero`): stage 1 all-reduces the dense gradients, stages 2
+    and 3 reduce-scatter them (half an all-reduce's traffic); then every stage all-gathers the
+    updated weights (the other half: stage 3 gathers them at the next step's start instead)."""
+    link, p, local = links["tf"], c.processes, batch / c.processes
+    dense, whole = _dense_bytes(prof), prof.total_param_bytes
+    sparse = _sparse_bytes(prof, local)
+    reduce = _allreduce_s(p, dense, link, "tf") * (1.0 if c.zero == 1 else 0.5)
+    gather = 0.5 * _allreduce_s(p, whole, link, "tf")
+    rows = (p - 1) * (link.alpha + sparse * link.beta) if sparse else 0.0
+    detail = (f"ZeRO stage {c.zero}: dense gradients of {_mb(dense)} "
+              f"{'all-reduced' if c.zero == 1 else 'reduce-scattered'}, the weights "
+              f"({_mb(whole)}) all-gathered, over {link.bandwidth_gbps:.2f} GB/s")
+    memory = model.zero_memory(whole, prof.optimizer_slots, _activations(prof, local), p,
+                               c.zero)
+    return [_compute(prof, local, cluster.per_host, cluster),
+            Term("communication", reduce + gather + rows, detail)], memory
+
+
 def _parameter_server(c: Candidate, prof: ModelProfile, links: Mapping[str, Link],
                       cluster: Cluster, batch: int) -> tuple[list[Term], float]:
     link, n, k = links["tf"], c.processes, c.ps
@@ -297,7 +317,7 @@ def predict(candidate: Candidate, prof: ModelProfile, links: Mapping[str, Link],
     if helper > 0:  # P processes on C cores, each with helper threads: as if on C / (1 + h)
         cluster = dataclasses.replace(cluster, cores=cluster.cores / (1 + helper))
     split = candidate.stages > 1 or candidate.tensor > 1  # whichever strategy runs it
-    cost = _pipeline if split else COSTS[candidate.strategy]
+    cost = _pipeline if split else _zero if candidate.zero else COSTS[candidate.strategy]
     terms, memory = cost(candidate, prof, links, cluster, batch)
     extra = base + per_weight * prof.weight_tensors
     if extra > 0:

@@ -75,4 +75,5 @@ def render(advice: Advice) -> str:
         f"{prof.step.at(advice.batch) * 1e3:.2f} ms on {prof.threads or 'all'} thread(s).",
         f"Network ({net.processes} processes): {links}; raw link alpha "
         f"{net.p2p.alpha * 1e3:.2f} ms, {net.p2p.bandwidth_gbps:.2f} GB/s; reduction "
-        f"{net.gamma * 1e9:.3f} ns/byte."])
+        f"{net.gamma * 1e9:.3f} ns/byte.",
+        *(f"Noise: {line}." for line in net.noise)])

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tfdist.errors import AdviseError, format_error
 
-__all__ = ["MAIN_CALLS", "main_code", "check_import_safe"]
+__all__ = ["MAIN_CALLS", "main_code", "check_import_safe", "top_level_names", "missing_function"]
 
 MAIN_CALLS = frozenset({
     "parse_args", "parse_known_args", "get_strategy", "fit", "evaluate", "predict",
@@ -117,3 +117,59 @@ def check_import_safe(path: str | Path) -> None:
         fix='move that code into a function called under `if __name__ == "__main__":` at the '
         "end of the script (the advisor then skips it), or put the model function in a module "
         "of its own"))
+
+
+def top_level_names(source: str) -> set[str]:
+    """The names ``source`` binds at module level (definitions, assignments, imports; inside a
+    module-level ``if``/``try`` too).
+
+    Example:
+        >>> sorted(top_level_names("import os\\nfrom a import b as c\\nX = 1\\n"
+        ...                        "def f():\\n    y = 2\\n"))
+        ['X', 'c', 'f', 'os']
+    """
+    names: set[str] = set()
+    for node in _module_level(ast.parse(source).body):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def _module_level(body: list[ast.stmt]) -> list[ast.stmt]:
+    out: list[ast.stmt] = []
+    for node in body:
+        out.append(node)
+        if isinstance(node, (ast.If, ast.Try)):
+            nested = [*node.body, *node.orelse, *getattr(node, "finalbody", []),
+                      *(s for h in getattr(node, "handlers", []) for s in h.body)]
+            out += _module_level(nested)
+    return out
+
+
+def missing_function(path: str | Path, name: str) -> str | None:
+    """The problem when the script at ``path`` binds no ``name`` at module level (a star
+    import may: then None), else None; read, not imported.
+
+    Example:
+        >>> missing_function("keras_examples/deep_mlp.py", "build_model") is None
+        True
+        >>> print(missing_function("keras_examples/deep_mlp.py", "no_such_fn")[:60])
+        keras_examples/deep_mlp.py defines no 'no_such_fn' at module
+    """
+    try:
+        source = Path(path).read_text(encoding="utf-8")
+        names = top_level_names(source)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError) as err:
+        return f"Cannot read the script {str(path)!r}: {err}."
+    if name in names or "import *" in source:
+        return None
+    functions = sorted(n for n in names if not n.isupper() and not n.startswith("_"))
+    return format_error(
+        f"{path} defines no {name!r} at module level: there is no model function to call.",
+        received=f"{path}:{name}", expected=f"one of the names it defines: {functions}",
+        fix="name the function that builds the model, as path/script.py:function")

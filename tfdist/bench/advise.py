@@ -405,9 +405,10 @@ def run(config: AdviseBenchConfig, log: IO[str]) -> dict[str, Any]:
         print(f"[tfdist-bench] advise: the constants, layout overheads included, saved to {saved} "
               "(tfdist-advise on this machine reads them)", flush=True)
     summary = summarize(rows)
+    noise = "".join(f" Noise: {line}." for line in net.noise)
     return {"np": config.np, "steps": config.steps, "repeats": config.repeats,
             "rows": rows, "constants": net.to_json(), "profiles": profiles, **summary,
-            "note": note(summary)}
+            "note": note(summary) + noise}
 
 
 def note(summary: Mapping[str, Any]) -> str:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tfdist.bench import advise, pipeline, ps, report, tensor, train
+from tfdist.bench import advise, pipeline, ps, report, tensor, train, zero
 from tfdist.probe import allreduce
 from tfdist.probe.common import THREADS_ENV
 from tfdist.probe.machine import machine, machine_note
@@ -24,10 +24,11 @@ from tfdist.probe.machine import machine, machine_note
 __all__ = ["SECTIONS", "parse_args", "configs", "run", "main"]
 
 SECTIONS = {"allreduce": allreduce.run, "train": train.run, "ps": ps.run,
-            "pipeline": pipeline.run, "tensor": tensor.run, "advise": advise.run}
-STANDALONE = frozenset({"advise", "tensor"})
+            "pipeline": pipeline.run, "tensor": tensor.run, "advise": advise.run,
+            "zero": zero.run}
+STANDALONE = frozenset({"advise", "tensor", "zero"})
 """Sections ``all`` leaves out: ``advise`` re-runs the others' kinds of jobs (minutes);
-``tensor`` runs four Transformer jobs (minutes on 2 cores)."""
+``tensor`` runs four Transformer jobs (minutes on 2 cores); ``zero`` two jobs of stages 0-3."""
 
 
 def _env_pair(text: str) -> tuple[str, str]:
@@ -114,6 +115,8 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
         "pipeline": pipeline.PipelineConfig(quick=quick, steps=pick(args.steps, 20, 3), env=env),
         "tensor": tensor.TensorBenchConfig(quick=quick, shards=args.np,
                                            steps=pick(args.steps, 10, 3), env=env),
+        "zero": zero.ZeroBenchConfig(quick=quick, np=args.np, steps=pick(args.steps, 10, 3),
+                                     env=env),
         "advise": advise.AdviseBenchConfig(np=args.np, quick=quick, steps=pick(args.steps, 40, 20),
                                            repeats=pick(args.repeats, 5, 3),
                                            constants=args.constants, env=env,

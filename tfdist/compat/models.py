@@ -5,7 +5,8 @@ read these: a model described without allocating its weights (`abstract_build`),
 regularization terms (`weight_losses`, `call_losses`), and an optimizer made outside the
 strategy's scope bound to it (`bind_unbuilt_optimizer`) or built now (`build_optimizer`), and
 the step methods a model's own class overrides, which they would leave out
-(`refuse_step_overrides`).
+(`refuse_step_overrides`), and the states of the layers' random seed generators
+(`seed_states`), which the tensor strategy makes the same on every shard.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import Any
 from tfdist.core.flavour import KerasFlavour, flavour_of, get_keras, keras_flavour  # noqa: F401 - get_keras: the examples
 
 __all__ = ["abstract_build", "bind_unbuilt_optimizer", "build_optimizer", "call_losses",
-           "functional_class", "in_own_thread", "metrics_scope", "refuse_step_overrides",
-           "step_overrides", "weight_losses"]
+           "functional_class", "in_own_thread", "initial_values", "is_graph_model", "metrics_scope",
+           "refuse_model_shape", "refuse_step_overrides", "seed_states", "step_overrides",
+           "weight_losses"]
 
 STEP_METHODS = ("train_step", "test_step", "predict_step", "compute_loss")
 """What a model class may override to change what ``fit``/``evaluate``/``predict`` do."""
@@ -168,6 +170,46 @@ def abstract_build(flavour: KerasFlavour | None = None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def initial_values(value_of: Callable[[Any], Callable[[], Any] | None]) -> Iterator[None]:
+    """Keras 3: a context where each variable made from an initializer first asks
+    ``value_of(variable)`` for its initial value (a function returning it; None: its own
+    initializer), so a stage whose weights are redrawn is not drawn twice. tf-keras: no
+    effect (its stages draw, then take their values).
+
+    Example:
+        >>> import numpy as np
+        >>> keras = get_keras()
+        >>> ones = lambda v: (lambda: np.ones(v.shape, "float32")) if v.path.endswith(
+        ...     "kernel") else None
+        >>> with initial_values(ones):
+        ...     layer = keras.layers.Dense(2)
+        ...     layer.build((None, 3))
+        >>> float(np.asarray(layer.kernel).sum()) == (6.0 if keras_flavour() == "keras3" else
+        ...                                          float(np.asarray(layer.kernel).sum()))
+        True
+    """
+    if keras_flavour() != "keras3":
+        yield
+        return
+    from keras.src.backend.tensorflow.core import Variable
+
+    real = Variable._initialize_with_initializer
+
+    def initialise(variable: Any, initializer: Any) -> None:
+        value = value_of(variable)
+        if value is None:
+            real(variable, initializer)
+        else:
+            variable._initialize(value)
+
+    Variable._initialize_with_initializer = initialise
+    try:
+        yield
+    finally:
+        Variable._initialize_with_initializer = real
+
+
+@contextlib.contextmanager
 def _initializers_kept() -> Iterator[None]:
     """tf-keras: each variable made keeps the initializer that drew it (``_tfdist_initializer``,
     read by `tfdist.pipeline.initial.record`), as a Keras 3 variable left uninitialised does."""
@@ -257,6 +299,74 @@ def refuse_step_overrides(model: Any, strategy: str) -> None:
             fix="move what the override adds into layers (a loss into the compiled loss, a "
                 "penalty into add_loss), or train it with a data-parallel strategy "
                 "(multi_worker, horovod), which runs your train_step"))
+
+
+def is_graph_model(model: Any) -> bool:
+    """Whether ``model`` is a graph of layers (functional, or ``Sequential``), not a subclass
+    whose ``call`` is Python code the model-parallel engines cannot read.
+
+    Example:
+        >>> keras = get_keras()
+        >>> class Sub(keras.Model):
+        ...     def call(self, x):
+        ...         return x
+        >>> is_graph_model(Sub()), is_graph_model(keras.Sequential([keras.Input((2,))]))
+        (False, True)
+    """
+    if getattr(model, "_is_graph_network", False):  # tf-keras
+        return True
+    return any(cls.__name__ in ("Functional", "Sequential")
+               and cls.__module__.split(".")[0] in _KERAS_PACKAGES
+               for cls in type(model).__mro__)
+
+
+def refuse_model_shape(model: Any, strategy: str, single_output: bool = False) -> None:
+    """Refuses, before anything is built or waits, a model ``strategy`` cannot split: a
+    subclassed model (no layer graph; it once failed with ``AttributeError: ... 'outputs'``),
+    one overriding a step method (`refuse_step_overrides`) and, with ``single_output``, a
+    model of several outputs (it once failed with raw Keras errors).
+
+    Raises:
+        StrategyConfigError: naming what the model is and the fix.
+    """
+    from tfdist.errors import StrategyConfigError, format_error
+
+    if not is_graph_model(model):
+        raise StrategyConfigError(format_error(
+            f"The {strategy} strategy splits a model by its graph of layers; a subclassed "
+            f"{type(model).__name__} computes in Python code (its call), which has none.",
+            received=f"a {type(model).__name__} subclassing keras.Model",
+            expected="a functional keras.Model (built from keras.Input) or keras.Sequential",
+            fix="build the same layers with the functional API, or train it with a "
+                "data-parallel strategy (multi_worker, horovod), which runs any model"))
+    refuse_step_overrides(model, strategy)
+    outputs = getattr(model, "outputs", None) or []
+    if single_output and len(outputs) > 1:
+        raise StrategyConfigError(format_error(
+            f"The {strategy} strategy trains a model of one output: its last stage computes "
+            "the one loss.", received=f"{model.name!r} with {len(outputs)} outputs",
+            expected="a model with one output",
+            fix="concatenate the outputs into one (and split it in a single loss), or train "
+                "the model with a data-parallel strategy (multi_worker, horovod)"))
+
+
+def seed_states(model: Any) -> list[Any]:
+    """The state variables of the random seed generators of ``model``'s layers (a ``Dropout``
+    draws its masks from its generator's state), in layer order; ``[]`` under tf-keras, whose
+    layers draw from TensorFlow's global seed instead.
+
+    Example:
+        >>> keras = get_keras()
+        >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dropout(0.5),
+        ...                           keras.layers.Dense(1)])
+        >>> [v.name for v in seed_states(model)]
+        ['seed_generator_state']
+    """
+    flatten = getattr(model, "_flatten_layers", None)
+    if flatten is None or flavour_of(model) != "keras3":
+        return []
+    return [generator.state for layer in flatten(include_self=True)
+            for generator in getattr(layer, "_seed_generators", [])]
 
 
 def in_own_thread(call: Callable[[], Any], name: str) -> Any:

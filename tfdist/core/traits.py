@@ -45,6 +45,7 @@ __all__ = [
     "TENSOR",
     "TENSOR_SHARDS_ENV",
     "MESH_ENV",
+    "ZERO_ENV",
 ]
 
 Launch = Literal["single_process", "tasks", "ranks"]
@@ -70,6 +71,9 @@ PIPELINE_BATCH_NORM_ENV = "TFDIST_PIPELINE_BATCH_NORM"
 opt-in ``per_micro_batch``)."""
 TENSOR_SHARDS_ENV = "TFDIST_TENSOR_SHARDS"
 """T for a hand-set environment without `MESH_ENV` (``tfdist-launch`` writes T in the mesh)."""
+ZERO_ENV = "TFDIST_ZERO"
+"""The ZeRO stage (1, 2, 3) of a ``multi_worker`` job: ``tfdist-launch --zero`` writes it and
+``get_strategy("multi_worker")`` (or ``auto``) reads it (`tfdist.strategies.zero`)."""
 MESH_ENV = "TFDIST_MESH"
 """The job's mesh, ``"data=2,pipe=1,tensor=2"`` (`tfdist.parallel.mesh.Mesh.to_env`): written by
 ``tfdist-launch`` on every task of a strategy that takes ``--stages`` or ``--tensor``."""
@@ -246,8 +250,10 @@ class StrategyTraits:
 DEFAULT = StrategyTraits(launch="single_process", roles=("chief",))
 MIRRORED = DEFAULT
 
-MULTI_WORKER = StrategyTraits(saves_on_sigterm=True)
-"""Both Kerases: Keras 3's ``model.fit`` with tfdist's shims (`tfdist.compat.KERAS3_SHIMS`)."""
+MULTI_WORKER = StrategyTraits(saves_on_sigterm=True,
+                              launch_options=MappingProxyType({"zero": ZERO_ENV}))
+"""Both Kerases: Keras 3's ``model.fit`` with tfdist's shims (`tfdist.compat.KERAS3_SHIMS`).
+``--zero 1|2|3`` shards the optimizer state, gradients and weights (Keras 3 only)."""
 
 PARAMETER_SERVER = StrategyTraits(
     roles=("chief", "worker", "ps", "evaluator"),
@@ -283,5 +289,6 @@ TENSOR = StrategyTraits(
     "MultiHeadAttention",
     launch_options=MappingProxyType({"tensor": MESH_ENV}),
     tensor_default="all",
+    saves_on_sigterm=True,
 )
 """Keras 3 only: the split layers (`tfdist.tensor.layers`) subclass Keras 3's layers."""

@@ -109,6 +109,7 @@ def _shard(model: Any, layout: Any, strategy: Any) -> None:
     model.__class__ = sharded_class(type(model))
     model.attach(plan, tensor, strategy.data_group, shards_of.vocab_start(plan, tensor),
                  strategy.timeout, first_timeout=strategy.first_step_timeout)
+    strategy._agree_seeds(model)  # an unseeded Dropout draws alike on every shard
     model._tfdist_strategy = strategy
     strategy.plan, strategy._abstract = plan, source
     if strategy.is_chief:

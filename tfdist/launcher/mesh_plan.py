@@ -75,18 +75,55 @@ def mesh_problem(options: JobOptions, traits: StrategyTraits) -> str | None:
     stages, tensor = options.strategy_options.stages, options.strategy_options.tensor
     if tensor is None:
         return None
+    schedule = _multi_chunk_schedule(options)
+    if tensor > 1 and schedule:
+        return (f"--schedule {schedule} --tensor {tensor}: the {schedule} schedule puts several "
+                "chunks of the model on each process, which tensor parallelism does not split "
+                "(the tasks would refuse it after start-up). Fix: use --schedule 1f1b (or gpipe) "
+                "with --tensor, or drop --tensor")
     processes = training_processes(options, traits)
     model = tensor * (stages or 1)
+    chief = processes - (options.workers or 0)
     if tensor > processes:
         return (f"--tensor {tensor} is more than the job's {processes} process(es): each tensor "
-                f"shard is a process of its own. Fix: use --workers {model} (or a multiple), "
-                f"or --tensor {processes} or less")
+                f"shard is a process of its own. Fix: use {_workers_fix(model, chief)} (or a "
+                f"multiple), or --tensor {processes} or less")
     try:
         Mesh.for_processes(processes, pipe=stages or 1, tensor=tensor)
     except TfdistError as err:
         shape = f"--stages {stages} --tensor {tensor}" if stages else f"--tensor {tensor}"
-        return f"{shape} with {processes} process(es): {err}"
+        if not chief:
+            return f"{shape} with {processes} process(es): {err}"
+        low = max(model, processes - processes % model)
+        return (f"{shape} with {processes} process(es) (--workers {options.workers} and the "
+                f"chief, which is a process of the mesh too): {processes} cannot hold whole "
+                f"model replicas of {model} processes each. Fix: use "
+                f"{_workers_fix(low, chief)}, or --stages/--tensor whose product divides "
+                f"{processes}")
     return None
+
+
+def _workers_fix(processes: int, chief: int) -> str:
+    """How to ask for ``processes`` processes on the mesh, with or without a chief.
+
+    Example:
+        >>> _workers_fix(4, 0), _workers_fix(2, 1)
+        ('--workers 4', '--workers 1 with --chief, or --workers 2 without it')
+    """
+    if not chief:
+        return f"--workers {processes}"
+    return f"--workers {processes - chief} with --chief, or --workers {processes} without it"
+
+
+def _multi_chunk_schedule(options: JobOptions) -> str | None:
+    """The ``--schedule`` given when it holds several chunks per process (interleaved)."""
+    name = getattr(options.strategy_options, "schedule", None)
+    if not name:
+        return None
+    from tfdist.pipeline.schedule import SCHEDULES
+
+    cls = SCHEDULES.get(name)
+    return name if cls is not None and cls.multi_chunk else None
 
 
 def option_fix(option: str) -> str:

@@ -41,6 +41,7 @@ class StrategyOptions:
         chunks: ``--chunks v``: model chunks per process (``--schedule interleaved``).
         batch_norm: ``--batch-norm``: ``"per_micro_batch"`` opts in to BatchNormalization
             with M > 1 (its statistics per micro-batch); ``"refuse"`` is the default.
+        zero: ``--zero 1|2|3``: ZeRO stage of a ``multi_worker`` job (`tfdist.strategies.zero`).
 
     Example:
         >>> StrategyOptions(micro_batches=4, schedule="1f1b").given()
@@ -53,6 +54,7 @@ class StrategyOptions:
     schedule: str | None = None
     chunks: int | None = None
     batch_norm: str | None = None
+    zero: int | None = None
 
     def given(self) -> dict[str, int | str]:
         """The options that were given (not None), by name, in declaration order."""

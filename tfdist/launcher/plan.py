@@ -266,6 +266,11 @@ def _strategy_options_problem(
             takes = ", ".join(_flag(o) for o in traits.launch_options) or "none"
             return (f"{_flag(option)} was given with --strategy {strategy}, which does not take "
                     f"it (it takes: {takes}). Fix: {option_fix(option)}")
+    zero = options.strategy_options.zero
+    if zero is not None and training_processes(options, traits) < 2:
+        return (f"--zero {zero} with {training_processes(options, traits)} training process "
+                "(D=1): ZeRO shards over the data-parallel processes, and one has nothing to "
+                f"share. Fix: --workers 2 or more, or drop --zero")
     stages = options.strategy_options.stages
     if stages is not None and options.strategy_options.tensor is None:
         processes = training_processes(options, traits)

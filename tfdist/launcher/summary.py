@@ -17,10 +17,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from tfdist.errors import STEP_DEADLINE_MARKER
+
 if TYPE_CHECKING:
+    from tfdist.errors import TaskFailedError
     from tfdist.launcher.supervisor import Member
 
-__all__ = ["elapsed_text", "processes_text", "written_text", "done_line", "interrupted_line"]
+__all__ = ["elapsed_text", "processes_text", "written_text", "done_line", "interrupted_line",
+           "waited_for", "failure_text"]
 
 _ORDER = ("model", "checkpoints", "backups", "TensorBoard")
 
@@ -99,3 +103,38 @@ def interrupted_line(codes: Mapping[str, int | None], seconds: float,
     line = f"interrupted (Ctrl-C) after {elapsed_text(seconds)}: stopped {stopped}."
     kept = " ".join(part for part in (saved, written_text(written)) if part)
     return f"{line} {kept or 'Nothing was reported saved.'}"
+
+
+def waited_for(tail: str, running: Sequence[str]) -> tuple[str, ...]:
+    """The tasks a failed task waited for: those still ``running`` when it failed at its step
+    deadline (its ``tail`` holds the watchdog's line), else none.
+
+    Example:
+        >>> waited_for(STEP_DEADLINE_MARKER + " of 30 s ...", ["worker:1"])
+        ('worker:1',)
+        >>> waited_for("Traceback ... ValueError", ["worker:1"])
+        ()
+    """
+    return tuple(running) if STEP_DEADLINE_MARKER in tail else ()
+
+
+def failure_text(err: TaskFailedError, fatal_reason: str | None) -> str:
+    """What the launcher says of the task that ended the job: the one whose loss is fatal, a
+    stopped or stuck task its peers waited for, else the first to fail."""
+    task, status, tail = err.task, err.returncode, err.output_tail
+    if fatal_reason:
+        return (f"{task} died: {fatal_reason}. Restart the job (--max-restarts N reruns it; with "
+                "BackupAndRestore in the script, training resumes from the last backup). Exit "
+                f"status {status}; every task stopped. Its last lines:\n{tail}")
+    if err.stopped:
+        return (f"task {', '.join(err.stopped)} stopped making progress (its process was "
+                f"stopped: SIGSTOP, a debugger or job control), and task {task} failed waiting "
+                f"for it (exit status {status}); every task stopped. Last lines of {task}:\n{tail}")
+    if err.waited_for:
+        return (f"task {', '.join(err.waited_for)} did not join the step that task {task} "
+                "waited for (still running when it failed: stuck, or far slower; look at its "
+                f"output, or dump its stack with py-spy), and task {task} failed at its step "
+                f"deadline (exit status {status}); every task stopped. Last lines of "
+                f"{task}:\n{tail}")
+    return (f"task {task} failed first (exit status {status}); every task stopped. Its last "
+            f"lines:\n{tail}")

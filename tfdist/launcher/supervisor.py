@@ -160,6 +160,10 @@ class _Preempted(Exception):
     """The launcher received SIGTERM."""
 
 
+class _TaskPreempted(Exception):
+    """A training task (its args) exited 75 on its own: SIGTERM reached it, not the launcher."""
+
+
 def _raise_preempted(signum: int, frame: FrameType | None) -> None:
     raise _Preempted
 
@@ -251,6 +255,11 @@ class Supervisor:
                 log(f"received SIGTERM: forwarding it to every task; {self.preemption_grace:g} s "
                     "to save and exit")
                 return self._preemption_outcome(group, group.stop(self.preemption_grace))
+            except _TaskPreempted as err:  # SIGTERM reached a task, not the launcher
+                log(f"{err.args[0]} exited with status {PREEMPTED_EXIT_STATUS}: it was preempted "
+                    "(SIGTERM) and saved at its step; forwarding SIGTERM to every other task; "
+                    f"{self.preemption_grace:g} s to save and exit")
+                return self._preemption_outcome(group, group.stop(self.preemption_grace))
             except KeyboardInterrupt:
                 return self._interrupted(group, started)
             except OSError as err:  # a task could not be started: the gang starts whole or not
@@ -279,10 +288,14 @@ class Supervisor:
             while True:
                 codes = dict(group.poll())
                 failed = self._first_failure(group, members, codes)
+                if failed in main and codes[failed] == PREEMPTED_EXIT_STATUS:
+                    raise _TaskPreempted(failed)
                 if failed is not None:
-                    raise TaskFailedError(*group.failed_within(failed) or (
-                        failed, codes[failed] or 0, group.tail(failed)),
-                        stopped=tuple(group.stopped()))
+                    task, code, tail = group.failed_within(failed) or (
+                        failed, codes[failed] or 0, group.tail(failed))
+                    running = [n for n in main if codes.get(n) is None and n != failed]
+                    raise TaskFailedError(task, code, tail, stopped=tuple(group.stopped()),
+                                          waited_for=summary.waited_for(tail, running))
                 if all(codes.get(name) == 0 for name in main):
                     break
                 if time.monotonic() > deadline:
@@ -365,20 +378,7 @@ class Supervisor:
                 "for a hang (a wrong address in TF_CONFIG waits forever for its peers).")
 
     def _failure_message(self, err: TaskFailedError) -> str:
-        reason = self.fatal(err.task.split(":", 1)[0])
-        if reason:
-            return (
-                f"{err.task} died: {reason}. Restart the job (--max-restarts N reruns it; with "
-                f"BackupAndRestore in the script, training resumes from the last backup). Exit "
-                f"status {err.returncode}; every task stopped. Its last lines:\n{err.output_tail}"
-            )
-        if err.stopped:
-            return (f"task {', '.join(err.stopped)} stopped making progress (its process was "
-                    "stopped: SIGSTOP, a debugger or job control), and task "
-                    f"{err.task} failed waiting for it (exit status {err.returncode}); every "
-                    f"task stopped. Last lines of {err.task}:\n{err.output_tail}")
-        return (f"task {err.task} failed first (exit status {err.returncode}); every task "
-                f"stopped. Its last lines:\n{err.output_tail}")
+        return summary.failure_text(err, self.fatal(err.task.split(":", 1)[0]))
 
     @staticmethod
     def _hidden_tail(group: TaskGroup, member: Member) -> str:
@@ -414,8 +414,8 @@ class Supervisor:
         """How to make this job's tasks save at the step next time."""
         if not self.saves_on_sigterm:
             return (f"The {self.strategy} strategy does not save at the step on SIGTERM "
-                    "(multi_worker and pipeline do); raise --preemption-grace if tasks were "
-                    "SIGKILLed (exit status -9) before their own handling ended.")
+                    "(multi_worker, pipeline and tensor do); raise --preemption-grace if tasks "
+                    "were SIGKILLed (exit status -9) before their own handling ended.")
         return ("Fix: give model.fit strategy.backup_callback(dir), or use "
                 "strategy.preemption_handler(checkpoint, dir) in a custom loop; raise "
                 "--preemption-grace if a save was cut short (SIGKILL: exit status -9).")

@@ -11,13 +11,16 @@ comes from here, as a 31-bit int in one of two spaces:
   `GRADIENT`), weights sent to the chief (`WEIGHTS`), averages over a group (`REDUCE`, `SHARE`,
   `METRICS`), tied weights (`TIED`) and the exit and stop votes (`EXIT`). ``phase`` separates
   training, evaluation, prediction and custom-loop steps (`TRAIN`, `EVALUATE`, `PREDICT`,
-  `CUSTOM`), whose tensors differ in shape. A tensor whose shape changes from batch to batch (a
-  sequence length) cannot keep one key: TensorFlow remembers a key's shape for the life of the
-  job. It travels flat, padded to a size class (`capacity`: at most a quarter more elements),
-  on a *sized* key (`sized_key`): the phase's `SIZED` bit set, the index field holding the
-  class above the tensor's index (`WEIGHTS`, always micro-batch 0: the micro-batch field
-  holding it), so a key keeps one shape and a job meets at most `SIZE_CLASSES` keys per
-  tensor (a job that builds two models gathers both with the same keys);
+  `CUSTOM`), whose tensors differ in shape, and the consistency checks (`CHECK`:
+  `tfdist.parallel.consistency`, the fingerprints a pipeline compares at each step). A tensor
+  whose shape changes from batch to batch (a sequence length) cannot keep one key: TensorFlow
+  remembers a key's shape for the life of the job. It travels flat, padded to a size class
+  (`capacity`: at most a quarter more elements), on a *sized* key (`sized_key`: `SIZED` and
+  above, the top quarter of the keys, over the traced ones; the named fields below it for the
+  phases `TRAIN` to `CUSTOM`), the index field holding the class above the tensor's index
+  (`WEIGHTS`, always micro-batch 0: the micro-batch field holding it), so a key keeps one
+  shape and a job meets at most `SIZE_CLASSES` keys per tensor (a job that builds two models
+  gathers both with the same keys);
 * **traced** (bit 30 set): ``TRACED | n`` (`next_key`), the ``n``-th collective this process
   traced. The tensor-parallel layers use these: every member of a tensor group runs the same
   script and traces the same functions in the same order, so the ``n``-th collective traced gets
@@ -39,17 +42,19 @@ from tfdist.errors import StrategyConfigError, format_error
 
 __all__ = ["SIZED", "SIZE_CLASSES", "SIZED_INDEXES", "capacity", "sized_key",
            "TIED", "ACTIVATION", "GRADIENT", "WEIGHTS", "REDUCE", "SHARE", "METRICS", "EXIT",
-           "TRAIN", "EVALUATE", "PREDICT", "CUSTOM", "TRACED", "STOP_VOTE", "instance_key",
+           "TRAIN", "EVALUATE", "PREDICT", "CUSTOM", "CHECK", "TRACED", "STOP_VOTE",
+           "instance_key",
            "next_key", "space"]
 
 TIED, ACTIVATION, GRADIENT, WEIGHTS, REDUCE, SHARE, METRICS, EXIT = range(8)
 """The kinds of named transfers (3 bits). `TIED`: the sums (and initial copies) of weights tied
 across stages (`tfdist.pipeline.tied`), on the pair group of their two holders."""
-TRAIN, EVALUATE, PREDICT, CUSTOM = range(4)
+TRAIN, EVALUATE, PREDICT, CUSTOM, CHECK = range(5)
 """The phases of named transfers (3 bits)."""
 
-SIZED = 4
-"""Set in a named key's phase: a flat transfer padded to its size class (`sized_key`)."""
+SIZED = 3 << 29
+"""The first sized key (`sized_key`): the top quarter of the int32 keys, above every traced
+one; a sized key is ``SIZED | phase << 27 | kind << 24 | micro_batch << 12 | index``."""
 SIZED_INDEXES = 32
 """Tensors of one sized transfer (the index field's low 5 bits; the class above them)."""
 SIZE_CLASSES = 128
@@ -58,7 +63,6 @@ SIZE_CLASSES = 128
 _FIELDS = {"index": 1 << 12, "micro_batch": 1 << 12, "kind": 1 << 3, "phase": 1 << 3}
 TRACED = 1 << 30
 """The first traced key: above every named key (the largest is ``TRACED - 1``)."""
-_LAST = (1 << 31) - 1  # TensorFlow's instance keys are int32
 _counter = itertools.count()
 
 
@@ -113,20 +117,29 @@ def sized_key(kind: int, micro_batch: int = 0, index: int = 0,
 
     Example:
         >>> key, stride = sized_key(ACTIVATION, micro_batch=1, index=2)
-        >>> key - instance_key(ACTIVATION, 1, 2), stride
-        (536870912, 32)
+        >>> key - instance_key(ACTIVATION, 1, 2) == SIZED, stride, space(key)
+        (True, 32, 'sized')
         >>> sized_key(WEIGHTS, index=100)[1]
         4096
     """
     if kind == WEIGHTS:
-        return instance_key(kind, micro_batch, index, phase | SIZED), _FIELDS["index"]
+        return SIZED | _sized_fields(kind, micro_batch, index, phase), _FIELDS["index"]
     if not 0 <= index < SIZED_INDEXES:
         raise StrategyConfigError(format_error(
             "A transfer of tensors whose shapes change from batch to batch holds at most "
             f"{SIZED_INDEXES} of them.", received=f"tensor index {index}",
             expected=f"0 <= index < {SIZED_INDEXES}",
             fix="cut the model where fewer tensors of unknown shape are alive (split_points=)"))
-    return instance_key(kind, micro_batch, index, phase | SIZED), SIZED_INDEXES
+    return SIZED | _sized_fields(kind, micro_batch, index, phase), SIZED_INDEXES
+
+
+def _sized_fields(kind: int, micro_batch: int, index: int, phase: int) -> int:
+    if not 0 <= phase < 4:  # two bits: TRAIN, EVALUATE, PREDICT, CUSTOM
+        raise StrategyConfigError(format_error(
+            "Only training, evaluation, prediction and custom-loop transfers may be sized.",
+            received=f"phase={phase}", expected="0 <= phase < 4",
+            fix="this is a tfdist bug: report it"))
+    return instance_key(kind, micro_batch, index, phase)
 
 
 STOP_VOTE = instance_key(EXIT, micro_batch=1)
@@ -144,14 +157,14 @@ def next_key() -> int:
         True
     """
     key = TRACED + next(_counter)
-    if key > _LAST:
+    if key >= SIZED:
         raise StrategyConfigError(format_error(
             "This process traced more collectives than instance keys allow.",
-            received=f"key {key}", expected=f"at most {_LAST - TRACED + 1} traced collectives",
+            received=f"key {key}", expected=f"at most {SIZED - TRACED} traced collectives",
             fix="retrace less (fixed input shapes), or restart the job"))
     return key
 
 
-def space(key: int) -> Literal["named", "traced"]:
+def space(key: int) -> Literal["named", "traced", "sized"]:
     """Which space ``key`` is in."""
-    return "traced" if key >= TRACED else "named"
+    return "sized" if key >= SIZED else "traced" if key >= TRACED else "named"

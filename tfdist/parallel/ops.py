@@ -255,11 +255,18 @@ def reduce_scatter(x: Any, group: ProcessGroup, axis: int = 0, *,
     """This member's part (``group.rank``-th of ``group.size`` equal parts along ``axis``) of
     the sum of ``x`` over ``group`` (no gradient rule).
 
-    TensorFlow's collective runtime has no reduce-scatter on CPU, so this all-reduces and keeps
-    a part: the same result, ``group.size`` times the bytes of a native one.
+    TensorFlow's collective runtime has no reduce-scatter op, so this is an all-to-all (each
+    member sends part ``j`` to member ``j``) and a local sum of the parts received: each
+    member sends and receives ``(size - 1) / size`` of ``x``'s bytes, as a ring reduce-scatter
+    does (an all-reduce moves twice that). The parts are summed in group-rank order.
 
     Raises:
         StrategyConfigError: ``x``'s ``axis`` is not a multiple of the group's size.
+
+    Example:
+        >>> from tfdist.parallel.mesh import Mesh
+        >>> reduce_scatter([[1.0], [2.0]], Mesh().group("data", 0)).shape
+        TensorShape([2, 1])
     """
     x = tf.convert_to_tensor(x)
     if group.size == 1:
@@ -271,5 +278,14 @@ def reduce_scatter(x: Any, group: ProcessGroup, axis: int = 0, *,
             received=f"shape {x.shape.as_list()}, axis={axis}, group of {group.size}",
             expected=f"a length along axis {axis} that is a multiple of {group.size}",
             fix="pad the tensor, or scatter along another axis"))
-    total = all_reduce(x, group, "sum", instance=instance, timeout=timeout)
-    return tf.split(total, group.size, axis=axis)[group.rank]
+    order = [axis, *(i for i in range(len(x.shape)) if i != axis)]
+    moved = tf.transpose(x, order) if axis else x
+    exchanged = collective_ops.all_to_all_v2(
+        moved, group_size=group.size, group_key=group.key, instance_key=_key(instance),
+        timeout=timeout)
+    parts = tf.split(exchanged, group.size, axis=0)
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    inverse = [order.index(i) for i in range(len(order))]
+    return tf.transpose(total, inverse) if axis else total

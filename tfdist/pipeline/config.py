@@ -43,7 +43,8 @@ from tfdist.pipeline.partition import check_micro_batches, check_stages, read_la
 from tfdist.pipeline.schedule import SCHEDULES, PipelineSchedule, schedule_class
 
 __all__ = ["PipelineConfig", "STAGES_ENV", "MICRO_BATCHES_ENV", "SCHEDULE_ENV",
-           "LAYER_COSTS_ENV", "CHUNKS_ENV", "BATCH_NORM_ENV", "BATCH_NORM_POLICIES"]
+           "LAYER_COSTS_ENV", "CHUNKS_ENV", "BATCH_NORM_ENV", "WEIGHT_GRADIENTS_ENV",
+           "BATCH_NORM_POLICIES", "WEIGHT_GRADIENTS"]
 
 STAGES_ENV = PIPELINE_STAGES_ENV
 MICRO_BATCHES_ENV = PIPELINE_MICRO_BATCHES_ENV
@@ -54,6 +55,11 @@ LAYER_COSTS_ENV = "TFDIST_PIPELINE_LAYER_COSTS"
 """A JSON file of measured per-layer costs (``tfdist-advise --json``) to balance stages by."""
 BATCH_NORM_POLICIES = ("refuse", "per_micro_batch")
 """``PipelineConfig.batch_norm``'s values."""
+WEIGHT_GRADIENTS_ENV = "TFDIST_PIPELINE_WEIGHT_GRADIENTS"
+WEIGHT_GRADIENTS = ("sum", "whole_batch")
+"""How a stage gets its weight gradients: summed over micro-batches as they come (the default),
+or once per step over the replica batch (`tfdist.pipeline.batch_weights`)."""
+WHOLE_BATCH_SCHEDULES = ("gpipe", "1f1b")
 
 
 def _positive_int(raw: str) -> int:
@@ -128,6 +134,11 @@ class PipelineConfig:
             of the step; measured in docs/strategies/pipeline.md).
         recompute: Keep only the stage inputs of micro-batches in flight and run each
             stage's forward again in its backward (activation recomputation).
+        weight_gradients: ``"sum"`` (the default: each micro-batch's weight gradients added
+            into a sum held through the step) or ``"whole_batch"`` (computed once per step
+            over the replica batch, one more forward of the stage: no sum held, so a stage
+            trained with SGD peaks at about its weights plus a layer's gradient; ``gpipe`` or
+            ``1f1b``, without ``recompute``; `tfdist.pipeline.batch_weights`).
 
     Raises:
         StrategyConfigError: a value of the wrong type or range; the message names it, what
@@ -153,6 +164,7 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
     batch_norm: str = "refuse"
     arithmetic_optimization: bool = False
     recompute: bool = False
+    weight_gradients: str = "sum"
 
     def __post_init__(self) -> None:
         check_stages(self.stages)
@@ -164,6 +176,7 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
                 expected=f"one of {', '.join(BATCH_NORM_POLICIES)}",
                 fix="use 'refuse' (one device's result or an error) or 'per_micro_batch' "
                 "(GPipe's per-micro-batch statistics)"))
+        self._check_weight_gradients()
         self._set("split_points", _names(
             "split_points", self.split_points, "layer names", "['dense_3']",
             "pass a list of the first layer of each stage"))
@@ -187,6 +200,27 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
                 f"The {self.schedule} schedule runs one process per stage.",
                 received=f"devices={self.devices!r}", expected="devices=None",
                 fix="drop devices, or use schedule='1f1b'"))
+
+    def _check_weight_gradients(self) -> None:
+        if self.weight_gradients not in WEIGHT_GRADIENTS:
+            raise StrategyConfigError(format_error(
+                "Unknown weight_gradients.", received=f"weight_gradients={self.weight_gradients!r}",
+                expected=f"one of {', '.join(WEIGHT_GRADIENTS)}",
+                fix="use 'sum' (the default) or 'whole_batch' (less memory, one more forward)"))
+        if self.weight_gradients == "sum":
+            return
+        if self.schedule not in WHOLE_BATCH_SCHEDULES or self.recompute:
+            raise StrategyConfigError(format_error(
+                "weight_gradients='whole_batch' runs with the gpipe or 1f1b schedule, without "
+                "recompute.", received=f"schedule={self.schedule!r}, recompute={self.recompute}",
+                expected=f"schedule in {WHOLE_BATCH_SCHEDULES}, recompute=False",
+                fix="use schedule='1f1b' and drop recompute, or weight_gradients='sum'"))
+        if self.batch_norm != "refuse":
+            raise StrategyConfigError(format_error(
+                "weight_gradients='whole_batch' runs the stage on the whole replica batch, "
+                "which per-micro-batch BatchNormalization statistics cannot.",
+                received=f"batch_norm={self.batch_norm!r}", expected="batch_norm='refuse'",
+                fix="use weight_gradients='sum' with batch_norm='per_micro_batch'"))
 
     @property
     def pieces(self) -> int:
@@ -212,6 +246,7 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
         batch_norm: str | None = None,
         arithmetic_optimization: bool | None = None,
         recompute: bool | None = None,
+        weight_gradients: str | None = None,
     ) -> PipelineConfig:
         """The config of the given arguments; one left None comes from the launcher's variable
         in ``environ`` (default ``os.environ``), else its default.
@@ -229,12 +264,15 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
             "layer_costs": _from_env(environ, LAYER_COSTS_ENV, str, "a JSON file's path"),
             "batch_norm": _from_env(environ, BATCH_NORM_ENV, _policy,
                                     f"one of {', '.join(BATCH_NORM_POLICIES)}"),
+            "weight_gradients": _from_env(environ, WEIGHT_GRADIENTS_ENV, str,
+                                          f"one of {', '.join(WEIGHT_GRADIENTS)}"),
         }
         given = {"stages": stages, "micro_batches": micro_batches, "schedule": schedule,
                  "chunks": chunks,
                  "split_points": split_points, "layer_costs": layer_costs, "timeout": timeout,
                  "devices": devices, "batch_norm": batch_norm,
-                 "arithmetic_optimization": arithmetic_optimization, "recompute": recompute}
+                 "arithmetic_optimization": arithmetic_optimization, "recompute": recompute,
+                 "weight_gradients": weight_gradients}
         chosen = {name: value if value is not None else read.get(name)
                   for name, value in given.items()}
         return cls(**{name: value for name, value in chosen.items() if value is not None})

@@ -41,7 +41,7 @@ import tensorflow as tf
 from tfdist.parallel.keys import sized_key
 from tfdist.parallel.mesh import DATA, PIPE, ProcessGroup
 from tfdist.parallel.ops import sized_broadcast
-from tfdist.pipeline import gradients, transport
+from tfdist.pipeline import batch_weights, gradients, transport
 from tfdist.pipeline import schedule as schedules
 from tfdist.pipeline.interface import LossFn, LossTerms, PipelineEngine
 from tfdist.pipeline.layout import PipelineLayout
@@ -111,6 +111,9 @@ class StageEngine:
         recompute: Keep only each micro-batch's stage input between its forward and its
             backward, which runs the stage again under a tape (GPipe's re-materialisation):
             less activation memory for one more forward per micro-batch.
+        whole_batch_weights: Compute the weight gradients once per step over the replica
+            batch instead of summing them over micro-batches (`tfdist.pipeline.batch_weights`):
+            no sums held through the step, for one more forward of the stage.
     """
 
     layout: PipelineLayout
@@ -121,6 +124,7 @@ class StageEngine:
     timeout: float = 0.0
     connect: Callable[[ProcessGroup, float], Any] = Link
     recompute: bool = False
+    whole_batch_weights: bool = False
 
     # ----------------------------------------------------------------- links
     @property
@@ -212,13 +216,18 @@ class StageEngine:
     def run_op(self, step: StageStep, op: str, m: int) -> None:
         """Builds one ``(op, micro_batch)`` of the schedule, after the stage's previous op
         (the op's handler: `OP_HANDLERS`)."""
+        handler = OP_HANDLERS[op]
+        if self.whole_batch_weights and op == schedules.BACKWARD:
+            handler = batch_weights.backward_op
         with tf.control_dependencies(step.chain):
-            marker = OP_HANDLERS[op](self, step, m)
+            marker = handler(self, step, m)
         step.chain = tf.nest.flatten(marker)
 
     def finish(self, step: StageStep) -> tuple[Any, list[Any], list[Any]]:
         """``train``'s result from a step whose schedule has been built."""
         layout, micro = self.layout, self.micro_batches
+        if self.whole_batch_weights:
+            batch_weights.weight_gradients(self, step)
         own = self._weight_terms(step)
         if not layout.is_last:
             own += list(step.added.values())

@@ -49,12 +49,13 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tfdist.compat import models as keras_compat
 from tfdist.parallel.keys import WEIGHTS, instance_key
 from tfdist.parallel.mesh import ProcessGroup
 from tfdist.parallel.ops import group_broadcast
 
 __all__ = ["WeightDraw", "record", "why_not", "agree_seeds", "draw", "initialise",
-           "initialise_layers", "notes", "log_notes", "SABOTAGE_ENV"]
+           "initialise_layers", "drawn_when_made", "notes", "log_notes", "SABOTAGE_ENV"]
 
 _log = logging.getLogger("tfdist")
 
@@ -76,12 +77,15 @@ class WeightDraw:
         shape: The whole weight's shape.
         dtype: Its dtype.
         note: None when ``initializer`` replays the one-process draw; else why it does not.
+        path: The weight's path in the whole model (Keras 3; None for tf-keras), by which a
+            stage's variable of the same path is drawn when it is made (`drawn_when_made`).
     """
 
     initializer: Any
     shape: tuple[int, ...]
     dtype: str
     note: str | None
+    path: str | None = None
 
 
 def record(layer: Any) -> tuple[WeightDraw, ...]:
@@ -97,7 +101,7 @@ def record(layer: Any) -> tuple[WeightDraw, ...]:
         dtype = weight.dtype
         draws.append(WeightDraw(initializer, tuple(int(d) for d in weight.shape),
                                 getattr(dtype, "name", None) or str(dtype),
-                                why_not(initializer)))
+                                why_not(initializer), getattr(weight, "path", None)))
     return tuple(draws)
 
 
@@ -226,10 +230,68 @@ def initialise(variables: Sequence[Any], draws: Sequence[WeightDraw],
     axes = list(axes) if axes is not None else [None] * len(draws)
     index, parts = (group.rank, group.size) if group is not None else (0, 1)
     for variable, weight, axis in zip(variables, draws, axes, strict=True):
+        if getattr(variable, DRAWN, False):
+            continue  # drawn when it was made (`drawn_when_made`)
         if weight.note is None:
             variable.assign(draw(weight, axis, index, parts))
         elif axis is not None and group is not None and group.size > 1:
             variable.assign(_drawn_on_first(weight, axis, group, timeout))
+
+
+DRAWN = "_tfdist_drawn"
+"""Set on a variable whose initial value was its draw (`drawn_when_made`): not drawn again."""
+
+
+def drawn_when_made(draws: Mapping[str, Sequence[WeightDraw]],
+                    axes: Callable[[str], Sequence[int | None] | None] = lambda name: None,
+                    group: ProcessGroup | None = None) -> Any:
+    """A context (Keras 3) in which each variable made with the path of a replayable weight
+    of ``draws`` (by layer name; ``axes`` and ``group`` as `initialise_layers` takes them) is
+    made from its part of the one-process draw, not from its own initializer: a stage's
+    weights are drawn once, one at a time, and `initialise` leaves them as they are. Any other
+    variable (a different path or shape, an initializer that cannot be replayed) is made as
+    usual and initialised afterwards.
+
+    Example:
+        >>> import numpy as np
+        >>> from tfdist.core.flavour import get_keras
+        >>> keras = get_keras()
+        >>> def build():
+        ...     keras.utils.set_random_seed(0)
+        ...     return keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="a")],
+        ...                             name="m")
+        >>> with keras_compat.abstract_build():
+        ...     draws = {"a": record(build().get_layer("a"))}
+        >>> with drawn_when_made(draws):
+        ...     keras.utils.set_random_seed(1)   # another stream: the draws still decide
+        ...     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="a")],
+        ...                              name="m")
+        >>> same = np.array_equal(model.get_layer("a").kernel.numpy(), draw(draws["a"][0]))
+        >>> bool(same or keras_compat.keras_flavour() != "keras3")
+        True
+    """
+    index, parts = (group.rank, group.size) if group is not None else (0, 1)
+    table: dict[str, tuple[WeightDraw, int | None]] = {}
+    for name, weights in draws.items():
+        split = list(axes(name) or [None] * len(weights))
+        for weight, axis in zip(weights, split, strict=True):
+            if weight.note is None and weight.path is not None:
+                table[weight.path] = (weight, axis)
+
+    def value_of(variable: Any) -> Callable[[], Any] | None:
+        found = table.get(getattr(variable, "path", None))
+        if found is None:
+            return None
+        weight, axis = found
+        shape = list(weight.shape)
+        if axis is not None:
+            shape[axis] //= parts
+        if tuple(int(d) for d in variable.shape) != tuple(shape):
+            return None
+        setattr(variable, DRAWN, True)
+        return lambda: draw(weight, axis, index, parts)
+
+    return keras_compat.initial_values(value_of)
 
 
 def notes(draws: dict[str, Sequence[WeightDraw]]) -> list[str]:

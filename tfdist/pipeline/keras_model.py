@@ -26,6 +26,7 @@ from tfdist.core.flavour import flavour_of, get_keras
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.parallel.keys import EVALUATE, METRICS, PREDICT, TRAIN
 from tfdist.pipeline import optimizers, traced
+from tfdist.pipeline.consistency import gated, step_checks
 from tfdist.pipeline.engine import LossTerms, PipelineEngine
 
 __all__ = ["stage_model_class", "local_stages_model", "resolve_metric", "mean_loss",
@@ -185,11 +186,8 @@ class _StageModelMixin:
     _pipeline: Any  # tfdist.strategies.pipeline.PipelineStrategy
 
     def stage_calls(self, training: bool) -> Any:
-        """What the engine runs on a micro-batch: this model, on the list of its inputs.
-
-        With M > 1 it is one ``tf.function`` per model and mode (`traced_call`), traced once
-        and called M times: the step's graph holds M calls of one function, not M copies of
-        the stage (whose tracing made a first step M times as long)."""
+        """What the engine runs on a micro-batch: this model, on the list of its inputs (with
+        M > 1 through one ``tf.function`` per mode, traced once: `tfdist.pipeline.traced`)."""
         if self._pipeline.micro_batches > 1 and not traced.adds_losses_in_calls(self):
             call = traced.traced_call(self, training)
             return lambda a: call(list(a))
@@ -362,7 +360,10 @@ class _StageModelMixin:
         return logs
 
     def train_step(self, data: Any) -> dict[str, Any]:
-        x, y, weight = self._unpack(data)
+        x, y, weight = self._unpack(data, by_replica=False)  # the global batch, checked:
+        checks = step_checks(self._engine.layout, self.trainable_variables, x, y, weight,
+                             self.optimizer.iterations + 1, self._pipeline.timeout)
+        x, y, weight = (self._engine.replica_rows(v) for v in gated(checks, x, y, weight))
         loss, outs = apply_step(self, self._engine, self.optimizer, x, y, self._pipeline_loss,
                                 weight)
         y_pred = tf.concat(outs, axis=0) if outs else None
@@ -393,11 +394,9 @@ class _StageModelMixin:
             shared = [] if known else [engine.share(tf.shape(predicted, out_type=tf.int32),
                                                     [predicted.shape.rank], tf.int32, 2, PREDICT)]
             with tf.control_dependencies(shared):  # a share nothing uses would be pruned
-                return engine.share(predicted, None, spec.dtypes[out], 1, PREDICT,
-                                    sized=not known)
-        rank = len(spec.shapes[out]) + 1
+                return engine.share(predicted, None, spec.dtypes[out], 1, PREDICT, not known)
         shape = tf.stack([tf.shape(tf.nest.flatten(x)[0])[0], *spec.shapes[out]]) if known \
-            else engine.share(None, [rank], tf.int32, 2, PREDICT)
+            else engine.share(None, [len(spec.shapes[out]) + 1], tf.int32, 2, PREDICT)
         with tf.control_dependencies(outs):  # this stage's sends
             return engine.share(None, shape, spec.dtypes[out], 1, PREDICT, sized=not known)
 

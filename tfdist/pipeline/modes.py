@@ -92,7 +92,8 @@ def stage_engine(config: PipelineConfig, spec: stage.ModelSpec, bounds: tuple[in
         layout=layout, inputs=spec.boundary(cuts[k - 1]) if k > 0 else (),
         outputs=spec.boundary(cuts[k]) if k < len(cuts) else (),
         micro_batches=config.micro_batches, schedule=config.schedule,
-        timeout=config.timeout or 0.0, recompute=config.recompute)
+        timeout=config.timeout or 0.0, recompute=config.recompute,
+        whole_batch_weights=config.weight_gradients == "whole_batch")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,18 +28,30 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist.parallel.keys import STOP_VOTE
-from tfdist.parallel.mesh import ProcessGroup
+from tfdist.parallel.mesh import ProcessGroup, world_group
 from tfdist.parallel.ops import all_reduce
 from tfdist.preemption import exit_preempted
 from tfdist.watchdog import StepWatchdog
 
 __all__ = ["SigtermVote", "StepCheckpoint", "PipelinePreemptionHandler", "VOTE_TIMEOUT",
-           "vote_timeout", "stop_here"]
+           "vote_timeout", "stop_here", "job_world"]
 
 VOTE_TIMEOUT = 300.0
 """Seconds the step-end vote waits for the other processes when the pipeline has no transfer
 timeout: they finish the same step within a transfer of each other, so only a dead or stuck
 peer makes it wait that long (the vote then fails, and so does the job)."""
+
+
+def job_world(strategy: Any) -> ProcessGroup:
+    """Every process of ``strategy``'s job (the group it joined; one process: itself alone):
+    the pipeline's and the tensor strategy's.
+
+    Example:
+        >>> job_world(object()).members
+        (0,)
+    """
+    world = getattr(strategy, "_tfdist_world", None)
+    return world if world is not None else world_group(1, 0)
 
 
 def vote_timeout(strategy: Any) -> float:
@@ -145,7 +157,7 @@ class PipelinePreemptionHandler:
     gives SIGTERM its previous handling back.
 
     Args:
-        strategy: The `PipelineStrategy`.
+        strategy: The `PipelineStrategy` (or `TensorStrategy`).
         checkpoint: A ``tf.train.Checkpoint`` of this stage's model and optimizer.
         directory: The job's directory (the same on every process).
     """
@@ -154,7 +166,7 @@ class PipelinePreemptionHandler:
         self._saver = StepCheckpoint(
             os.path.join(directory, f"rank-{strategy.worker_index}"), checkpoint=checkpoint)
         self.total_run_calls = self._saver.restore()
-        self._vote = SigtermVote(strategy.layout.world(), vote_timeout(strategy))
+        self._vote = SigtermVote(job_world(strategy), vote_timeout(strategy))
         self._vote.start()
 
     def run(self, step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

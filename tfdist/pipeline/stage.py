@@ -238,7 +238,7 @@ def describe_model(model_or_fn: Any | Callable[[], Any]) -> ModelSpec:
             "The pipeline needs a Keras model.", received=type(model).__name__,
             expected="a keras.Sequential or functional keras.Model, or a function building one",
             fix="pass the model, or a function that builds it"))
-    keras_compat.refuse_step_overrides(model, "pipeline")
+    keras_compat.refuse_model_shape(model, "pipeline", single_output=True)
     keras = get_keras(flavour)
     graph = graphs.read_graph(model)
     _check_unique_names(graph.layers)

@@ -41,6 +41,7 @@ __all__ = [
     "ParameterServerStrategy",
     "PipelineStrategy",
     "TensorStrategy",
+    "ZeroStrategy",
 ]
 
 _LAZY = {
@@ -51,6 +52,7 @@ _LAZY = {
     "ParameterServerStrategy": "tfdist.strategies.parameter_server",
     "PipelineStrategy": "tfdist.strategies.pipeline",
     "TensorStrategy": "tfdist.strategies.tensor",
+    "ZeroStrategy": "tfdist.strategies.zero",
     # Not in __all__: a star-import must not need Horovod.
     "HorovodStrategy": "tfdist.strategies.horovod",
 }

@@ -145,4 +145,6 @@ def _launch_flags(layout: dict[str, Any]) -> str:
         flags.append(f"--tensor {tensor}")
     if int(layout.get("chunks") or 1) > 1:
         flags.append(f"--chunks {layout['chunks']}")
+    if layout.get("zero"):
+        flags.append(f"--zero {layout['zero']}")
     return " ".join(flags)

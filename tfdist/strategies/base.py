@@ -293,6 +293,18 @@ class TfdistStrategyMixin(InputMixin, SavingMixin):
             >>> tfdist.strategies.get_strategy("default").check_model_call(None, "fit", {})
         """
 
+    def check_model_from_outside(self, model: Any, method: str,
+                                 call: Mapping[str, Any]) -> None:
+        """Raises before ``model.<method>(**call)`` runs on a model made outside any tfdist
+        strategy's scope, called inside this strategy's scope or on the input its
+        ``distribute_dataset`` made (`tfdist.strategies.model_calls`). Default: Keras decides
+        (a data-parallel strategy's scope replicates such a model, or Keras refuses it).
+
+        Example:
+            >>> import tfdist.strategies
+            >>> tfdist.strategies.get_strategy("default").check_model_from_outside(None, "fit", {})
+        """
+
     def explain_failed_call(self, method: str, error: Exception) -> None:
         """Raises a clearer error than ``error`` (TensorFlow's, from ``model.<method>``) when a
         misuse explains it; returns otherwise (the caller re-raises ``error``).

@@ -17,7 +17,7 @@ from typing import Any
 
 from tfdist.pipeline import initial, stage
 
-__all__ = ["stages_initial_weights", "shard_initial_weights"]
+__all__ = ["stages_drawn_when_made", "stages_initial_weights", "shard_initial_weights"]
 
 
 def _axes_of(split_of: Callable[[str], Any]) -> Callable[[str], list[int | None] | None]:
@@ -29,17 +29,38 @@ def _axes_of(split_of: Callable[[str], Any]) -> Callable[[str], list[int | None]
     return axes
 
 
+def _stage_draws(spec: stage.ModelSpec) -> dict[str, Any]:
+    return {layer.name: layer.draws for layer in spec.layers}
+
+
+def _split_axes(strategy: Any) -> dict[str, Any]:
+    """How the stages' layers are split over the tensor group (``{}``: not split)."""
+    split = strategy.split
+    if split is None:
+        return {}
+    return {"axes": _axes_of(split.split_of), "group": split.group}
+
+
+def stages_drawn_when_made(strategy: Any, spec: stage.ModelSpec) -> Any:
+    """Gives every process the first process's seeds (a collective of the job), then returns
+    the context in which a `PipelineStrategy` builds its stages: each weight made from its part
+    of the one-process draw (`initial.drawn_when_made`), so none is drawn twice and a stage
+    holds its weights plus one weight's draw at most."""
+    draws = _stage_draws(spec)
+    initial.agree_seeds([d for found in draws.values() for d in found],
+                        strategy.layout.world(), strategy.timeout)
+    return initial.drawn_when_made(draws, **_split_axes(strategy))
+
+
 def stages_initial_weights(strategy: Any, model: Any, spec: stage.ModelSpec,
                            bounds: Sequence[int]) -> list[str]:
     """Gives this process's stages (or pieces, or shards of its stage) of a `PipelineStrategy`
-    their parts of the one-process draw; returns the plan's notes (weights drawn otherwise)."""
+    their parts of the one-process draw, those not drawn when made (built inside
+    `stages_drawn_when_made`, which agreed the seeds); returns the plan's notes (weights drawn
+    otherwise)."""
     del bounds  # each stage model holds its layers; the draws are found by name
-    draws = {layer.name: layer.draws for layer in spec.layers}
-    initial.agree_seeds([d for found in draws.values() for d in found],
-                        strategy.layout.world(), strategy.timeout)
-    split, how = strategy.split, {}
-    if split is not None:
-        how = {"axes": _axes_of(split.split_of), "group": split.group}
+    draws = _stage_draws(spec)
+    how = _split_axes(strategy)
     stages = getattr(model, "pipeline_stages", None) or [model]
     for piece in stages:
         initial.initialise_layers(piece, draws, timeout=strategy.timeout, **how)

@@ -8,7 +8,11 @@ made in a ``pipeline`` or ``tensor`` strategy's scope without ``strategy.build_m
 whole on every process, unsplit. So each strategy answers, before Keras runs a call:
 
 * `TfdistStrategyMixin.check_model_call` raises for a call that would not mean what it says
-  (the model-parallel strategies refuse a model ``build_model`` did not make);
+  (the model-parallel strategies refuse a model ``build_model`` did not make, and an
+  ``evaluate``/``predict`` that a peer will not join: on the chief alone);
+* `TfdistStrategyMixin.check_model_from_outside` does the same for a model made outside every
+  tfdist strategy's scope but called in one's scope or on its ``distribute_dataset``'s input
+  (the model-parallel strategies refuse it: it is not split);
 * `TfdistStrategyMixin.explain_failed_call` turns a collective's failure that a misuse explains
   into that misuse's message (``evaluate`` on the chief alone under ``multi_worker``);
 * `TfdistStrategyMixin.runs_locally` says which ``evaluate``/``predict`` calls run on this
@@ -18,8 +22,9 @@ whole on every process, unsplit. So each strategy answers, before Keras runs a c
 
 `install` wraps the trainer of this process's Keras once (Keras 3's ``TensorFlowTrainer``,
 tf-keras's ``Model``: one implementation, two bindings; every tfdist strategy calls it when made);
-a model made outside any tfdist strategy's scope is left to Keras. `run_locally` is the local
-run: the model's strategy set aside for the call, its compiled step functions rebuilt.
+a model made outside any tfdist strategy's scope, and called outside them, is left to Keras.
+`run_locally` is the local run: the model's strategy set aside for the call, its compiled step
+functions rebuilt.
 """
 
 from __future__ import annotations
@@ -49,7 +54,8 @@ _installed: list[str] = []
 
 
 def model_strategy(model: Any) -> Any | None:
-    """The tfdist strategy whose scope ``model`` was made in (Keras records it), else None.
+    """The tfdist strategy whose scope ``model`` was made in (Keras records it), or whose
+    ``build_model`` made it, else None.
 
     Example:
         >>> import keras
@@ -60,7 +66,7 @@ def model_strategy(model: Any) -> Any | None:
         strategy = getattr(model, attribute, None)
         if hasattr(strategy, "check_model_call"):
             return strategy
-    return None
+    return getattr(model, "_tfdist_split_by", None)  # build_model's, made outside the scope
 
 
 def call_arguments(signature: inspect.Signature, model: Any, args: tuple[Any, ...],
@@ -111,15 +117,29 @@ def run_locally(model: Any, call: Callable[[], Any]) -> Any:
             setattr(model, name, None)
 
 
+def _strategy_at_hand(call: dict[str, Any]) -> Any | None:
+    """The tfdist strategy a call on a model made outside every strategy's scope runs under:
+    the one whose scope is current, else the one whose ``distribute_dataset`` made ``x``."""
+    if tf.distribute.has_strategy():
+        current = tf.distribute.get_strategy()
+        if hasattr(current, "check_model_from_outside"):
+            return current
+    owner = getattr(call.get("x"), "_tfdist_distributed_by", None)
+    return owner if hasattr(owner, "check_model_from_outside") else None
+
+
 def _wrapped(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     signature = inspect.signature(getattr(original, "__wrapped_by_tfdist__", original))
 
     @functools.wraps(original)
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        call = call_arguments(signature, self, args, kwargs)
         strategy = model_strategy(self)
         if strategy is None:
+            at_hand = _strategy_at_hand(call)
+            if at_hand is not None:
+                at_hand.check_model_from_outside(self, name, call)
             return original(self, *args, **kwargs)
-        call = call_arguments(signature, self, args, kwargs)
         strategy.check_model_call(self, name, call)
         if name in ("evaluate", "predict") and not _distributed(call.get("x")) and \
                 strategy.runs_locally(name, call.get("x")):

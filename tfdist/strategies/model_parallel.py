@@ -8,6 +8,7 @@ collective's resolution), and saves the whole model from the chief.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Mapping
@@ -30,7 +31,8 @@ from tfdist.strategies.startup import startup_deadline
 
 __all__ = ["ModelParallelMixin", "tensor_shards"]
 
-_SAVE_KEY = "tfdist/save_model/{call}/{rank}"
+_CALL_KEY = "tfdist/{what}/{call}/{rank}"
+"""A process's Nth call of ``what`` (``save_model``, ``evaluate``...), set when it starts it."""
 _PROBE_MS = 200
 
 
@@ -73,7 +75,10 @@ class ModelParallelMixin:
             num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)
 
     def _distribute_dataset_fn(self, dataset_fn: Any, options: Any) -> Any:
-        return dataset_fn(self.input_context())
+        dataset = dataset_fn(self.input_context())
+        with contextlib.suppress(AttributeError):  # a model fit on it must be this one's
+            dataset._tfdist_distributed_by = self  # noqa: SLF001
+        return dataset
 
     def experimental_distribute_dataset(self, dataset: tf.data.Dataset,
                                         options: Any = None) -> tf.data.Dataset:
@@ -92,15 +97,37 @@ class ModelParallelMixin:
     def check_model_call(self, model: Any, method: str, call: Mapping[str, Any]) -> None:
         """Refuses, at ``compile``/``fit``/``evaluate``/``predict``, a model made in this
         strategy's scope that `build_model` did not split: every process would train all of it,
-        unsplit, and `save_model` could not assemble it."""
-        if getattr(model, "_tfdist_split_by", None) is self:
-            return
+        unsplit, and `save_model` could not assemble it. Before ``evaluate``/``predict`` (a
+        collective of every process), waits for every process to make the same call and refuses
+        at once when one has ended instead (called on the chief alone)."""
+        name = self.name  # type: ignore[attr-defined]
+        if getattr(model, "_tfdist_split_by", None) is not self:
+            self._refuse_unsplit(model, method, "made whole in strategy.scope()",
+                                 f"made in the {name} strategy's scope")
+        if method in self.collective_calls:
+            self._every_process_calls(
+                f"model.{method}", f"model.{method} under {name} runs on every process of "
+                "the job (each holds part of the model)",
+                expected=f"model.{method} called on every process (each returns the whole "
+                         "model's result on the whole input)",
+                fix=f"call model.{method} on every process, not under `if strategy.is_chief`; "
+                    "print or save its result on the chief alone")
+
+    def check_model_from_outside(self, model: Any, method: str,
+                                 call: Mapping[str, Any]) -> None:
+        """Refuses a model made outside any strategy's scope (not by `build_model`), compiled
+        or fit in this strategy's scope or on the input its ``distribute_dataset`` made."""
+        del call
+        if getattr(model, "_tfdist_split_by", None) is not self:
+            self._refuse_unsplit(model, method, "made outside strategy.build_model",
+                                 "made outside any tfdist strategy's scope")
+
+    def _refuse_unsplit(self, model: Any, method: str, how: str, received: str) -> None:
         name = self.name  # type: ignore[attr-defined]
         raise StrategyConfigError(format_error(
             f"Under {name!r} a model must come from strategy.build_model(...): this one was "
-            f"made whole in strategy.scope(), so model.{method} would run all of it on every "
-            "process, unsplit.",
-            received=f"a {type(model).__name__} made in the {name} strategy's scope",
+            f"{how}, so model.{method} would run all of it on every process, unsplit.",
+            received=f"a {type(model).__name__} {received}",
             expected="the model strategy.build_model(build_fn) returns",
             fix="model = strategy.build_model(build_fn), where build_fn() builds the whole "
                 "model; then compile and fit that model (the same lines run under every "
@@ -134,24 +161,36 @@ class ModelParallelMixin:
     def _every_process_saves(self) -> None:
         """Waits until every process of the job has called `save_model` (this is its Nth call);
         refuses at once when one of them reached its exit instead (`runtime.EXIT_KEY`)."""
+        self._every_process_calls(
+            "save_model", "save_model gathers the model from every process of the job",
+            expected="every process calls save_model (the chief writes the file)",
+            fix="call strategy.save_model(model, path) on every process, not under "
+                "`if strategy.is_chief` (it returns None on the others)")
+
+    def _every_process_calls(self, what: str, why: str, expected: str, fix: str) -> None:
+        """Waits until every process of the job has made this call of ``what`` (its Nth, as
+        here); raises at once when a peer reached its exit instead (`runtime.EXIT_KEY`), or
+        when it has not made it within the strategy's timeout (300 s where it has none).
+
+        Raises:
+            StrategyConfigError: A peer ended (or failed) before the call, or never made it.
+        """
         world: ProcessGroup | None = getattr(self, "_tfdist_world", None)
         if world is None or world.size < 2:
             return
-        self._tfdist_saves = getattr(self, "_tfdist_saves", 0) + 1
-        call = self._tfdist_saves
-        runtime.announce(_SAVE_KEY.format(call=call, rank=world.rank))
+        calls: dict[str, int] = self.__dict__.setdefault("_tfdist_calls", {})
+        calls[what] = call = calls.get(what, 0) + 1
+        runtime.announce(_CALL_KEY.format(what=what, call=call, rank=world.rank))
         limit = self.timeout or 300.0  # the pipeline's 0: transfers wait without a limit
         deadline = time.monotonic() + limit
         for peer in (r for r in range(world.size) if r != world.rank):
-            while not runtime.announced(_SAVE_KEY.format(call=call, rank=peer), _PROBE_MS):
+            while not runtime.announced(_CALL_KEY.format(what=what, call=call, rank=peer),
+                                        _PROBE_MS):
                 exited = runtime.announced(runtime.EXIT_KEY.format(rank=peer), 1)
                 if exited or time.monotonic() > deadline:
                     raise StrategyConfigError(format_error(
-                        f"save_model gathers the model from every process of the job, but "
-                        f"the process of rank {peer} "
+                        f"{why}, but the process of rank {peer} "
                         + ("reached the end of the script (or failed) without calling it"
                            if exited else f"did not call it within {limit:g} s") + ".",
-                        received=f"save_model call {call} on rank {world.rank} only",
-                        expected="every process calls save_model (the chief writes the file)",
-                        fix="call strategy.save_model(model, path) on every process, not under "
-                            "`if strategy.is_chief` (it returns None on the others)"))
+                        received=f"{what} call {call} on rank {world.rank} only",
+                        expected=expected, fix=fix))

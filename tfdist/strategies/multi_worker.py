@@ -29,6 +29,7 @@ import tensorflow as tf
 from tfdist import compat
 from tfdist.coordinator_fit import require_steps
 from tfdist.core import traits as builtin
+from tfdist.errors import StrategyConfigError, format_error
 from tfdist.options import check_choice, check_positive_int, check_positive_number
 from tfdist.strategies.base import TfdistStrategyMixin, cluster_resolver
 from tfdist.strategies.startup import resolve_startup_timeout, startup_deadline
@@ -72,6 +73,10 @@ class MultiWorkerMirroredStrategy(TfdistStrategyMixin, tf.distribute.MultiWorker
             else 600 s; see `resolve_startup_timeout`). Past it the process prints the peers that
             do not answer and is killed (SIGKILL), instead of waiting forever as TF would.
         tf_config: The TF_CONFIG to use instead of the environment's (JSON text or a mapping).
+        zero: ZeRO stage 1, 2 or 3 (None: ``$TFDIST_ZERO``, which ``tfdist-launch --zero``
+            writes; 0 or unset: replicated). With a stage, the strategy made is a
+            `tfdist.strategies.zero.ZeroStrategy` (optimizer state, gradients, weights sharded
+            over the workers; Keras 3; the model from ``strategy.build_model``).
 
     Raises:
         ClusterConfigError: TF_CONFIG is missing or invalid (raised before any waiting).
@@ -91,6 +96,23 @@ class MultiWorkerMirroredStrategy(TfdistStrategyMixin, tf.distribute.MultiWorker
     preemption_saves = True
     collective_calls = ("evaluate",)  # predict runs on each worker alone (runs_locally)
 
+    def __new__(cls, *args: Any, zero: int | None = None, **kwargs: Any) -> Any:
+        """A `ZeroStrategy` when a ZeRO stage is asked for (``zero`` or ``$TFDIST_ZERO``)."""
+        from tfdist.strategies.zero import ZeroStrategy, zero_stage
+
+        stage = zero_stage(zero)
+        if not stage:
+            return super().__new__(cls)
+        if args or set(kwargs) - _ZERO_OPTIONS:
+            given = sorted(set(kwargs) - _ZERO_OPTIONS) or ["positional arguments"]
+            raise StrategyConfigError(format_error(
+                "These options of the replicated all-reduce do not apply under ZeRO, whose "
+                "collectives are tfdist's own.",
+                received=f"zero={stage} with {', '.join(given)}",
+                expected=f"only {', '.join(sorted(_ZERO_OPTIONS))} beside zero",
+                fix="drop them, or drop zero"))
+        return ZeroStrategy(stage, **kwargs)
+
     def __init__(
         self,
         implementation: str = "auto",
@@ -98,7 +120,9 @@ class MultiWorkerMirroredStrategy(TfdistStrategyMixin, tf.distribute.MultiWorker
         timeout_seconds: float | None = None,
         startup_timeout_seconds: float | None = None,
         tf_config: str | Mapping[str, Any] | None = None,
+        zero: int | None = None,
     ) -> None:
+        del zero  # 0: replicated (a stage made a ZeroStrategy in __new__)
         options = communication_options(implementation, bytes_per_pack, timeout_seconds)
         deadline = check_positive_number(
             "startup_timeout_seconds", resolve_startup_timeout(startup_timeout_seconds)
@@ -134,6 +158,7 @@ class MultiWorkerMirroredStrategy(TfdistStrategyMixin, tf.distribute.MultiWorker
 
 
 _created = 0
+_ZERO_OPTIONS = frozenset({"timeout_seconds", "startup_timeout_seconds", "tf_config"})
 
 
 def _warn_if_created_before(task: object) -> None:

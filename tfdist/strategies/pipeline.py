@@ -31,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -58,6 +59,7 @@ from tfdist.pipeline.config import (
     STAGES_ENV,
     PipelineConfig,
 )
+from tfdist.pipeline.consistency import gated, step_checks
 from tfdist.pipeline.keras_model import (
     apply_step,
     mean_loss,
@@ -65,7 +67,7 @@ from tfdist.pipeline.keras_model import (
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.modes import PipelineMode, choose_mode
 from tfdist.strategies.base import TfdistStrategyMixin
-from tfdist.strategies.initial_weights import stages_initial_weights
+from tfdist.strategies.initial_weights import stages_drawn_when_made, stages_initial_weights
 from tfdist.strategies.model_parallel import ModelParallelMixin
 from tfdist.strategies.pipeline_backup import PipelineBackupMixin
 from tfdist.strategies.pipeline_weights import StageWeightsMixin
@@ -145,6 +147,11 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
             without it ``$TFDIST_TENSOR_SHARDS``; else 1; Keras 3). D = processes / (K x T).
         rules: ``{layer-name regex: kind}`` overriding the automatic tensor splits
             (`tfdist.tensor.rules`; with T > 1 only).
+        weight_gradients: ``"sum"`` (None: ``$TFDIST_PIPELINE_WEIGHT_GRADIENTS``, else this
+            default: each micro-batch's weight gradients summed through the step) or
+            ``"whole_batch"`` (once per step over the replica batch, for one more forward of
+            the stage: a stage then holds no gradient sums, the memory a stage trained with
+            SGD saves most; T = 1, no layer with a random seed; `tfdist.pipeline.batch_weights`).
 
     Attributes:
         config: The settings above, validated (`tfdist.pipeline.config.PipelineConfig`).
@@ -183,16 +190,22 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
         recompute: bool = False,
         tensor: int | None = None,
         rules: Mapping[str, str] | None = None,
+        weight_gradients: str | None = None,
     ) -> None:
         self.config = PipelineConfig.from_env(
             stages=stages, micro_batches=micro_batches, schedule=schedule, chunks=chunks,
             split_points=split_points, layer_costs=layer_costs, timeout=timeout_seconds,
             devices=devices, batch_norm=batch_norm,
-            arithmetic_optimization=arithmetic_optimization, recompute=recompute)
+            arithmetic_optimization=arithmetic_optimization, recompute=recompute,
+            weight_gradients=weight_gradients)
         deadline = check_positive_number(
             "startup_timeout_seconds", resolve_startup_timeout(startup_timeout_seconds))
         self._check_keras()
         cluster, task, place = self._job_place(tf_config, tensor, self.traits.tensor_default)
+        if rules:
+            from tfdist.tensor.rules import check_rules
+
+            rules = check_rules(rules)
         self.rules = dict(rules or {})
         self.mode: PipelineMode = choose_mode(self.config, place.mesh.size, place.rank,
                                               place.size_of(TENSOR))
@@ -306,6 +319,7 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
         """
         spec, bounds = self.plan_stages(model_or_fn)
         self.spec, self.bounds = spec, bounds
+        self._check_whole_batch(spec)
         if self.shards > 1:
             from tfdist.tensor.stages import stage_split
 
@@ -313,12 +327,14 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
                                      self.timeout or None)
             if self.is_chief:
                 _log.info("%s\n%s", self.describe(), self.split.plan.table())
-        model = self.mode.build(spec, bounds, self,
-                                None if self.split is None else self.split.layer_maker)
+        built = hasattr(model_or_fn, "layers")
+        with contextlib.nullcontext() if built else stages_drawn_when_made(self, spec):
+            model = self.mode.build(spec, bounds, self,
+                                    None if self.split is None else self.split.layer_maker)
         batch_norm.check_stage(model, self.micro_batches, self.config.batch_norm,
                                self.layout.group(PIPE), self.timeout)
         held = self.mode.pieces
-        if hasattr(model_or_fn, "layers"):
+        if built:
             set_weights = stage.set_layer_weights if self.split is None else \
                 self.split.set_weights
             for i, k in enumerate(held):
@@ -338,6 +354,22 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
                   spec.names[bounds[held[-1] + 1] - 1], size / 1e6, spec.total_param_bytes / 1e6,
                   100.0 * size / max(1, spec.total_param_bytes))
         return self._mark_split(model)
+
+    def _check_whole_batch(self, spec: stage.ModelSpec) -> None:
+        """Refuses ``weight_gradients="whole_batch"`` where a second run of a stage would
+        differ from its first (a random layer) or its stages are split (T > 1)."""
+        if self.config.weight_gradients != "whole_batch":
+            return
+        from tfdist.pipeline.batch_weights import random_layers
+
+        found = random_layers([(s.name, s.class_name, s.config) for s in spec.layers])
+        if found or self.shards > 1:
+            raise StrategyConfigError(format_error(
+                "weight_gradients='whole_batch' runs each stage a second time on the whole "
+                "replica batch, which must give what its micro-batches gave.",
+                received=f"random layers {found}, tensor={self.shards}",
+                expected="no layer with a random seed (Dropout, noise), tensor=1",
+                fix="use weight_gradients='sum' (the default)"))
 
     # ----------------------------------------------------------------- preemption
     def train_step(self, model: Any, loss: Any, optimizer: Any) -> Any:
@@ -374,6 +406,9 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
         @tf.function
         def step(x: Any, y: Any, sample_weight: Any = None) -> Any:
             self.check_batch(x)
+            checks = step_checks(engine.layout, model.trainable_variables, x, y, sample_weight,
+                                 optimizer.iterations + 1, self.timeout)
+            x, y, sample_weight = gated(checks, x, y, sample_weight)
             total, _ = apply_step(model, engine, optimizer, engine.replica_rows(x),
                                   engine.replica_rows(y), loss_fn,
                                   engine.replica_rows(sample_weight))

@@ -14,9 +14,9 @@
 * ``on_train_end``: SIGTERM is fatal again and, unless ``delete_checkpoint=False``, the rank's
   backup is deleted (a finished job starts afresh, as Keras's callback does).
 
-`PipelineBackupMixin` gives `tfdist.strategies.pipeline.PipelineStrategy` its backup methods:
-this callback, the custom loop's ``preemption_handler``, and ``backup_layout`` (what a rank's
-backup depends on, which `tfdist.strategies.backup_claim` checks before ``fit``).
+`StepBackupMixin` gives the pipeline and the tensor strategy this callback and the custom
+loop's ``preemption_handler``; `PipelineBackupMixin` adds the pipeline's ``backup_layout`` (what
+a rank's backup depends on, which `tfdist.strategies.backup_claim` checks before ``fit``).
 
 The input is re-read from its start each epoch (arrays, or a finite dataset). One step per
 train-function call: ``steps_per_execution`` must be 1.
@@ -31,7 +31,7 @@ from typing import Any
 from tfdist.core import flavour
 from tfdist.errors import StrategyConfigError, format_error
 
-__all__ = ["PipelineBackupMixin", "step_backup"]
+__all__ = ["PipelineBackupMixin", "StepBackupMixin", "step_backup"]
 
 
 def step_backup(strategy: Any, directory: str, save_freq: int | str = "epoch",
@@ -55,7 +55,12 @@ def step_backup(strategy: Any, directory: str, save_freq: int | str = "epoch",
             self._steps = 0
 
         def on_train_begin(self, logs: Any = None) -> None:
-            from tfdist.pipeline.preemption import SigtermVote, StepCheckpoint, vote_timeout
+            from tfdist.pipeline.preemption import (
+                SigtermVote,
+                StepCheckpoint,
+                job_world,
+                vote_timeout,
+            )
 
             _check_one_step_per_call(self.model)
             per_epoch = _steps_per_epoch(self.params)
@@ -67,7 +72,7 @@ def step_backup(strategy: Any, directory: str, save_freq: int | str = "epoch",
             self._train_function = self.model.train_function
             self.model.train_function = _reading_only(self._train_function, skip)
             _start_at_epoch(self.model, epoch)
-            self._vote = SigtermVote(strategy.layout.world(), vote_timeout(strategy))
+            self._vote = SigtermVote(job_world(strategy), vote_timeout(strategy))
             self._vote.start()
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
@@ -94,30 +99,12 @@ def step_backup(strategy: Any, directory: str, save_freq: int | str = "epoch",
     return PipelineBackupAndRestore()
 
 
-class PipelineBackupMixin:
-    """The backup half of `tfdist.strategies.pipeline.PipelineStrategy` (which supplies
-    ``layout``, ``shards``, ``config``, ``bounds``, ``name`` and ``worker_index``)."""
+class StepBackupMixin:
+    """Saving at the step on SIGTERM, per rank: the pipeline's and the tensor strategy's (both
+    hold different weights on each rank, and every rank must stop at the same step)."""
 
-    layout: Any
-    shards: int
-    config: Any
-    bounds: Any
-    name: str
     worker_index: int
-
-    def backup_layout(self) -> dict[str, Any]:
-        """What this process's backup depends on: the mesh, the chunks and (once the model is
-        split) the stage bounds; `tfdist.strategies.backup_claim` refuses any other.
-
-        Example:
-            >>> from tfdist.strategies.pipeline import PipelineStrategy
-            >>> PipelineStrategy().backup_layout()["stages"]
-            1
-        """
-        layout = self.layout
-        return {"strategy": self.name, "processes": layout.processes, "data": layout.replicas,
-                "stages": layout.stages, "tensor": self.shards, "chunks": self.config.chunks,
-                "stage_bounds": None if self.bounds is None else list(self.bounds)}
+    preemption_saves = True
 
     def _step_backup(self, directory: str, **kwargs: Any) -> Any:
         """``backup_callback``'s callback for this rank's ``directory``: saves at the step on
@@ -136,6 +123,31 @@ class PipelineBackupMixin:
         directory = os.fspath(directory)  # one job, the layout its backups were made for:
         claim_backup(self, os.path.join(directory, f"rank-{self.worker_index}"), directory)
         return PipelinePreemptionHandler(self, checkpoint, directory)
+
+
+class PipelineBackupMixin(StepBackupMixin):
+    """The backup half of `tfdist.strategies.pipeline.PipelineStrategy` (which supplies
+    ``layout``, ``shards``, ``config``, ``bounds``, ``name`` and ``worker_index``)."""
+
+    layout: Any
+    shards: int
+    config: Any
+    bounds: Any
+    name: str
+
+    def backup_layout(self) -> dict[str, Any]:
+        """What this process's backup depends on: the mesh, the chunks and (once the model is
+        split) the stage bounds; `tfdist.strategies.backup_claim` refuses any other.
+
+        Example:
+            >>> from tfdist.strategies.pipeline import PipelineStrategy
+            >>> PipelineStrategy().backup_layout()["stages"]
+            1
+        """
+        layout = self.layout
+        return {"strategy": self.name, "processes": layout.processes, "data": layout.replicas,
+                "stages": layout.stages, "tensor": self.shards, "chunks": self.config.chunks,
+                "stage_bounds": None if self.bounds is None else list(self.bounds)}
 
 
 def _check_save_freq(save_freq: Any) -> None:

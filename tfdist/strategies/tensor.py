@@ -42,12 +42,13 @@ from tfdist.parallel.ops import DEFAULT_TIMEOUT, broadcast_variable
 from tfdist.strategies.base import TfdistStrategyMixin
 from tfdist.strategies.initial_weights import shard_initial_weights
 from tfdist.strategies.model_parallel import ModelParallelMixin
+from tfdist.strategies.pipeline_backup import StepBackupMixin
 from tfdist.strategies.startup import resolve_startup_timeout
 from tfdist.tensor import blocks, nested
 from tfdist.tensor import build as shards_of
 from tfdist.tensor.model import TensorModel
 from tfdist.tensor.plan import TensorPlan, check_coverage
-from tfdist.tensor.rules import plan_model
+from tfdist.tensor.rules import check_rules, plan_model
 
 __all__ = ["TensorStrategy", "TENSOR_SHARDS_ENV"]
 
@@ -55,7 +56,7 @@ TENSOR_SHARDS_ENV = builtin.TENSOR_SHARDS_ENV
 _log = logging.getLogger("tfdist")
 
 
-class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
+class TensorStrategy(StepBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
                      tf.distribute.OneDeviceStrategy):
     """Tensor (and data x tensor) parallelism over the workers of TF_CONFIG.
 
@@ -83,6 +84,7 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
     name = "tensor"
     traits = builtin.TENSOR
     per_rank_backups = True  # each process holds different shards
+    preemption_saves = True  # every rank votes after each step; on SIGTERM all save there
 
     def __init__(self, shards: int | None = None, rules: Mapping[str, str] | None = None,
                  timeout_seconds: float | None = None,
@@ -96,7 +98,7 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
         # a function's first batch traces and compiles it too: it may take the start-up deadline
         self.first_step_timeout = max(self.timeout, float(deadline or 0.0))
         cluster, task, self.place = self._job_place(tf_config, shards, self.traits.tensor_default)
-        self.rules = dict(rules or {})
+        self.rules = check_rules(rules)
         if self.mesh.size > 1:
             self._join_collectives(deadline, cluster, task, self.place.world())
         super().__init__(self._device())
@@ -162,7 +164,7 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
             with keras_compat.abstract_build():
                 abstract = model_or_fn()
             self._abstract = abstract
-        keras_compat.refuse_step_overrides(abstract, "tensor")
+        keras_compat.refuse_model_shape(abstract, "tensor")
         if nested.is_nested(abstract):
             return nested.plan_nested(abstract, self.shards, self.rules)[0]
         return plan_model(abstract, self.shards, self.rules)
@@ -202,6 +204,7 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
         else:
             shard_initial_weights(self, model, source)
             self._share_initial_weights(model)
+        self._agree_seeds(model)
         if self.is_chief:
             _log.info("%s\n%s", self.describe(), self.plan.table())
         return self._mark_split(model)
@@ -210,9 +213,11 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
         """Whether the model holds layers inside its layers (a KerasHub task, custom blocks):
         planned and split through its whole layer tree (`tfdist.tensor.nested`)."""
         if hasattr(model_or_fn, "layers"):
+            keras_compat.refuse_model_shape(model_or_fn, "tensor")
             return nested.is_nested(model_or_fn)
         with keras_compat.abstract_build():
             self._abstract = model_or_fn()
+        keras_compat.refuse_model_shape(self._abstract, "tensor")
         return nested.is_nested(self._abstract)
 
     def _build_blocks(self, model: Any, built: bool) -> Any:
@@ -236,7 +241,17 @@ class TensorStrategy(ModelParallelMixin, TfdistStrategyMixin,
         shard = blocks.shard_model(whole, plan, units, tensor, self.timeout, TensorModel)
         shard.attach(plan, tensor, self.data_group, shards_of.vocab_start(plan, tensor),
                      self.timeout, first_timeout=self.first_step_timeout)
+        self._agree_seeds(shard)
         return shard
+
+    def _agree_seeds(self, model: Any) -> None:
+        """Every shard of the tensor group draws the same random numbers in its layers: the
+        seed generators' states from shard 0 (an unseeded ``Dropout`` drew its own masks on
+        each shard, and the replicated weights after it drifted apart). Data replicas keep
+        their own draws, as the rows of one batch do on one process."""
+        for state in keras_compat.seed_states(model):
+            broadcast_variable(state, group=self.tensor_group, instance=next_key(),
+                               timeout=self.timeout)
 
     def _agree(self, values: Any) -> Any:
         """The maximum of ``values`` over every process (so all keep the same blocks whole)."""

@@ -4,7 +4,9 @@ shards in step.
 `TensorModel` is a functional ``keras.Model`` of one shard (`tfdist.tensor.build.build_shard`).
 Every process of the job is given the same global batches. A training step:
 
-0. checks that it is so over the tensor group (`tfdist.tensor.consistency`);
+0. checks that it is so over the whole job, and, at the first step and every few steps, that
+   the replicated weights are the same on every shard and every replica
+   (`tfdist.parallel.consistency`);
 1. takes this data replica's rows of the batch (``D`` replicas: ``1/D`` of the rows each);
 2. runs the shard forward and backward: the split layers' collectives (`tfdist.tensor.
    collectives`) make every shard's gradients exact, and the replicated variables' gradients
@@ -29,16 +31,25 @@ import tensorflow as tf
 
 from tfdist.compat.models import bind_unbuilt_optimizer, build_optimizer
 from tfdist.errors import StrategyConfigError, format_error
+from tfdist.parallel import consistency
 from tfdist.parallel.mappings import all_reduce_sum, gather_axis, gather_last_axis
-from tfdist.parallel.mesh import ProcessGroup
+from tfdist.parallel.mesh import ProcessGroup, world_group
+from tfdist.parallel.ops import op_timeout
 from tfdist.tensor.clipping import clip_each, clip_global
-from tfdist.tensor.consistency import assert_same_batch
 from tfdist.tensor.loss import VocabParallelCrossEntropy
 from tfdist.tensor.nested import entry_variables
 from tfdist.tensor.plan import TensorPlan
 from tfdist.watchdog import StepDeadline, StepWatchdog
 
 __all__ = ["TensorModel", "clipping_off", "split_loss"]
+
+_WEIGHTS_FIX = ("The weights every shard of a tensor group (or every data replica) holds alike "
+                "have drifted apart: the processes drew different random numbers in a "
+                "replicated layer (a random op outside the seed generator of a Keras layer, e.g. "
+                "tf.random.uniform in call), or the weights were changed on some processes only "
+                "(set_weights or a restore on one process). Fix: draw random numbers in layers "
+                "through keras.random with the SeedGenerator of the layer, and change weights on "
+                "every process alike")
 
 
 @contextlib.contextmanager
@@ -88,6 +99,37 @@ class TensorModel(keras.Model):
                            for variable, weight in zip(entry_variables(self, layer),
                                                        layer.weights, strict=True)
                            if weight.axis is not None}
+        self.world_group = world_group(tensor.size * data.size,
+                                       tensor.members[tensor.rank])
+        self.check_every = consistency.check_every()
+
+    def describe_rank(self, rank: int) -> str:
+        """A job rank's name in the consistency checks' messages."""
+        shards = self.tensor_group.size
+        return f"rank {rank} (shard {rank % shards} of replica {rank // shards})"
+
+    def consistency_checks(self, x: Any, y: Any, sample_weight: Any, step: Any) -> list[Any]:
+        """The step's checks (`tfdist.parallel.consistency`): the global batch the same on
+        every process of the job; at step 1 and every `check_every` steps, the replicated
+        weights the same on every shard of the tensor group and every weight the same on every
+        replica of the data group."""
+        timeout = op_timeout(self.tensor_timeout)
+        checks = consistency.assert_agree(
+            {"x": x, "y": y, "sample_weight": sample_weight}, self.world_group, step,
+            subject="global batch", fix=consistency.BATCH_FIX, describe=self.describe_rank,
+            timeout=timeout)
+
+        def weights() -> list[Any]:
+            trainable = self.trainable_weights
+            replicated = {v.path: v for v in trainable if id(v) not in self._split_ids}
+            same = {"fix": _WEIGHTS_FIX, "describe": self.describe_rank, "timeout": timeout,
+                    "tolerance": consistency.WEIGHT_TOLERANCE}
+            return [*consistency.assert_agree(replicated, self.tensor_group, step,
+                                              subject="replicated weights", **same),
+                    *consistency.assert_agree({v.path: v for v in trainable}, self.data_group,
+                                              step, subject="weights of a data replica", **same)]
+
+        return checks + consistency.when_due(step, self.check_every, weights)
 
     def compile(self, optimizer: Any = "rmsprop", loss: Any = None, metrics: Any = None,
                 **kwargs: Any) -> None:
@@ -198,10 +240,8 @@ class TensorModel(keras.Model):
     def apply_step(self, x: Any, y: Any, sample_weight: Any, compute_loss: Any,
                    optimizer: Any) -> Any:
         """One step on this replica's rows; returns the global batch's loss."""
-        checks = assert_same_batch({"x": x, "y": y, "sample_weight": sample_weight},
-                                   self.tensor_group, optimizer.iterations + 1,
-                                   self.tensor_timeout)
-        with tf.control_dependencies(checks):  # no step on batches that differ
+        checks = self.consistency_checks(x, y, sample_weight, optimizer.iterations + 1)
+        with tf.control_dependencies(checks):  # no step on batches or weights that differ
             x = tf.nest.map_structure(tf.identity, x)
         share = self.replica_share(x)
         x, y, sample_weight = (self.replica_rows(v) for v in (x, y, sample_weight))

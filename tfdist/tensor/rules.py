@@ -43,7 +43,7 @@ from tfdist.errors import StrategyConfigError, format_error
 from tfdist.tensor.plan import SPLIT_KINDS, LayerSplit, TensorPlan, WeightSplit
 from tfdist.tensor.tied import TIED_CLASS, check_shared_weights, is_tied_class, why_not_tied
 
-__all__ = ["plan_model", "auto_kinds", "CLASSES_OF_KIND"]
+__all__ = ["plan_model", "auto_kinds", "check_rules", "CLASSES_OF_KIND"]
 
 CLASSES_OF_KIND: Mapping[str, tuple[str, ...]] = {
     "column": ("Dense",), "row": ("Dense",), "output": ("Dense",),
@@ -140,6 +140,42 @@ def auto_kinds(model: Any) -> dict[str, tuple[str, str]]:
 
 def _layers(model: Any) -> list[Any]:
     return [layer for layer in model.layers if _class(layer) != "InputLayer"]
+
+
+def check_rules(rules: Mapping[str, str] | None) -> dict[str, str]:
+    """``rules`` as a dict, each pattern a regular expression that compiles; checked when a
+    strategy is made, before anything waits or trains.
+
+    Raises:
+        StrategyConfigError: a pattern that is not a string or does not compile (Python's bare
+            ``re.error`` before), or ``rules`` that is not a mapping.
+
+    Example:
+        >>> check_rules({"ffn_.*": "replicated"})
+        {'ffn_.*': 'replicated'}
+        >>> try:
+        ...     check_rules({"ffn_[": "replicated"})
+        ... except StrategyConfigError as err:
+        ...     print(str(err)[:52])
+        Tensor rule 'ffn_[' is not a valid regular express
+    """
+    if rules is None:
+        return {}
+    if not isinstance(rules, Mapping):
+        raise StrategyConfigError(format_error(
+            "Tensor rules map layer-name patterns to splits.", received=f"rules={rules!r}",
+            expected="a dict {regex: kind}", fix="pass rules={'ffn_.*': 'replicated'}"))
+    for pattern, kind in rules.items():
+        try:
+            re.compile(pattern)
+        except (re.error, TypeError) as err:
+            raise StrategyConfigError(format_error(
+                f"Tensor rule {pattern!r} is not a valid regular expression ({err}).",
+                received=f"rules={{{pattern!r}: {kind!r}}}",
+                expected="a Python regular expression matching whole layer names",
+                fix="escape special characters (re.escape(name)) or correct the pattern"))\
+                from None
+    return dict(rules)
 
 
 def _apply_rules(model: Any, kinds: dict[str, tuple[str, str]],

@@ -1,4 +1,6 @@
-"""Replica parity under ``horovodrun -np 2``: ``python parity.py optimizer|strategy``.
+"""Replica parity under ``horovodrun -np 2``: ``python parity.py MODE...`` (``optimizer``,
+``strategy``, and the other scripts' ``collectives`` and ``chief_writes=DIR``; each mode in
+turn, one launch, reported by mode).
 
 Every rank builds its model from a different seed (so only a broadcast can make them equal),
 trains a few SGD steps, and reports its weights; rank 0 also trains a single-process reference
@@ -26,7 +28,6 @@ import tfdist.strategies
 from tfdist.core.flavour import flavour_of, get_keras, keras_flavour
 from tfdist.testing import report
 
-START = time.time()
 keras = get_keras()
 PER_RANK, STEPS, EPOCHS, LR, FEATURES = 4, 3, 2, 0.1, 5
 
@@ -112,20 +113,35 @@ def strategy_mode(x, y, rank: int, size: int) -> dict:
     return out
 
 
-def main(mode: str) -> None:
-    thvd.init()
-    rank, size = thvd.rank(), thvd.size()
-    rng = np.random.RandomState(0)
-    x = rng.randn(PER_RANK * size * STEPS, FEATURES).astype("float32")
-    y = rng.randn(PER_RANK * size * STEPS, 2).astype("float32")
+def run_mode(mode: str, x: np.ndarray, y: np.ndarray, rank: int, size: int) -> dict:
+    """One mode's report (rank 0's with its one-process reference); ``collectives`` and
+    ``chief_writes=DIR`` run those scripts' checks (one launch for all their tests)."""
+    if mode == "collectives":
+        from collectives import collectives  # this folder: the script's path[0]
+
+        return collectives()
+    if mode.startswith("chief_writes="):
+        from chief_writes import chief_writes
+
+        return chief_writes(mode.split("=", 1)[1])
+    started = time.time()
     out = (optimizer_mode if mode == "optimizer" else strategy_mode)(x, y, rank, size)
     if rank == 0:
         init = out["init"] if mode == "strategy" else out["synced"]["init"]
         out["reference"] = reference(init, x, y, PER_RANK * size)
     out.update(flavour=keras_flavour(), model_flavour=flavour_of(build(0)), size=size,
-               seconds=time.time() - START)
-    report(out)
+               seconds=time.time() - started)
+    return out
+
+
+def main(modes: list[str]) -> None:
+    thvd.init()
+    rank, size = thvd.rank(), thvd.size()
+    rng = np.random.RandomState(0)
+    x = rng.randn(PER_RANK * size * STEPS, FEATURES).astype("float32")
+    y = rng.randn(PER_RANK * size * STEPS, 2).astype("float32")
+    report({mode: run_mode(mode, x, y, rank, size) for mode in modes})
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])

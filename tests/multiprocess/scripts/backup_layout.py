@@ -1,6 +1,7 @@
 """One process of a 2-process tensor job that trains a tiny model one epoch with
 ``strategy.backup_callback(BACKUP_DIR, delete_checkpoint=False)`` (the backup stays, as after a
-crash), and reports its loss. Run again under another mesh, the callback must be refused.
+crash), and reports its loss. Run again under another mesh, the callback must be refused; that
+launch (D=2 x T=1) then runs ``tensor_uneven_rows.py``'s check too (one launch for two tests).
 
 Args: ``BACKUP_DIR``. The mesh comes from ``TFDIST_TENSOR_SHARDS``.
 """
@@ -11,6 +12,7 @@ import sys
 
 import keras
 import numpy as np
+from tensor_uneven_rows import uneven_rows  # this folder, the script's path[0]
 
 import tfdist
 from tfdist.errors import StrategyConfigError
@@ -31,8 +33,8 @@ def main(backup_dir: str) -> None:
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     try:
         backup = strategy.backup_callback(backup_dir, delete_checkpoint=False)
-    except StrategyConfigError as err:
-        report({"refused": str(err)})
+    except StrategyConfigError as err:  # refused before fit: the job goes on to the next check
+        report({"refused": str(err), "uneven_rows": uneven_rows(strategy)})
         return
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(16, 8)).astype("float32"), rng.normal(size=(16, 1)).astype("float32")

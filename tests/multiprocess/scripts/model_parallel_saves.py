@@ -7,6 +7,9 @@ for 2 steps, then saves it three ways and reports what each did.
    trained in one process on the same batches, and the rescued model the same.
 3. ``save_model`` on the chief only (the others go on to the end of the script): refused with
    the fix, within seconds, not after the 300 s collective deadline.
+4. ``model.evaluate`` and ``model.predict`` on the chief only, after that: refused with the fix
+   within seconds (each is a collective of every process; a peer that has ended was once
+   noticed only when its heartbeats stopped, after about 85 s).
 
 Args: ``OUT_DIR``. The strategy comes from ``TFDIST_STRATEGY`` (``tensor`` or ``pipeline``).
 """
@@ -75,7 +78,23 @@ def main(out_dir: str) -> None:
         except StrategyConfigError as err:
             result["chief_only"] = str(err)
         result["chief_only_s"] = time.monotonic() - started
+        result |= chief_alone_calls(model, x, y)
     report(result)
+
+
+def chief_alone_calls(model: keras.Model, x: np.ndarray, y: np.ndarray) -> dict:
+    """``evaluate`` and ``predict`` on the chief alone (the other process has reached its end):
+    what each raised (or "ran") and after how many seconds."""
+    result = {}
+    for method, args in (("evaluate", (x, y)), ("predict", (x,))):
+        started = time.monotonic()
+        try:
+            getattr(model, method)(*args, batch_size=8, verbose=0)
+            result[f"chief_only_{method}"] = "ran"
+        except StrategyConfigError as err:
+            result[f"chief_only_{method}"] = str(err)
+        result[f"chief_only_{method}_s"] = time.monotonic() - started
+    return result
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """One process of a tensor job of 2 data replicas (D=2 x T=1) that fits a tiny model on global
 batches of 9 rows (2 steps) where only the 9th row of each batch has a sample weight: the row
 D=2 replicas cannot split evenly. The chief also fits the same model in one process on the same
-batches and reports both logged losses and the largest weight gap.
+batches and reports both logged losses and the largest weight gap. ``backup_layout.py`` runs
+it in its second launch (the same mesh), so that job checks both.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ def fit(model: keras.Model, x: np.ndarray, y: np.ndarray, weights: np.ndarray) -
     return history.history["loss"]
 
 
-def main() -> None:
-    strategy = tfdist.get_strategy("auto")
+def uneven_rows(strategy: object) -> dict:
+    """This process's result: its logged loss and trained ``up`` weights (the chief: also the
+    one-process reference's loss and the largest weight gap to it)."""
     model = strategy.build_model(build())
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(18, 4)).astype("float32"), rng.normal(size=(18, 1)).astype("float32")
@@ -40,7 +42,11 @@ def main() -> None:
         result["reference_loss"] = fit(reference, x, y, weights)
         result["gap"] = max(float(np.max(np.abs(a - b))) for a, b in zip(
             model.get_weights(), reference.get_weights(), strict=True))
-    report(result)
+    return result
+
+
+def main() -> None:
+    report(uneven_rows(tfdist.get_strategy("auto")))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,11 @@
+"""ZeRO-sharded data parallelism (arXiv 1910.02054) for Keras 3 on TensorFlow.
+
+* `partition` (no TensorFlow): which data rank owns which rows of which weight, balanced by
+  bytes;
+* `engine`: the step's collectives (gradients summed onto their owners, norms over every part,
+  the updated parts gathered) and what a process holds;
+* `model`: the user's model with ZeRO's steps (`model.attach`).
+
+`tfdist.strategies.zero.ZeroStrategy` (``get_strategy("multi_worker", zero=stage)``) puts them
+together.
+"""
