@@ -38,7 +38,9 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfdist.parallel.keys import sized_key
 from tfdist.parallel.mesh import DATA, PIPE, ProcessGroup
+from tfdist.parallel.ops import sized_broadcast
 from tfdist.pipeline import batch_weights, gradients, transport
 from tfdist.pipeline import schedule as schedules
 from tfdist.pipeline.interface import LossFn, LossTerms, PipelineEngine
@@ -338,7 +340,7 @@ class StageEngine:
             tape, output = step.tapes.pop(m), step.outputs[m]
         if layout.is_last:
             return tape, step.losses[m], None
-        upstream = recv_boundary(self.next, self.outputs, step.rows, GRADIENT, m)
+        upstream = recv_boundary(self.next, self.outputs, step.rows, GRADIENT, m, like=output)
         pairs = [(t, g) for t, g in zip(output, upstream, strict=True) if g is not None]
         targets, heads = [t for t, _ in pairs], [g for _, g in pairs]
         if m in step.added:
@@ -415,7 +417,7 @@ class StageEngine:
                                             self.timeout)
 
     def share(self, values: Any | None, shape: Any, dtype: Any, index: int = 0,
-              phase: int = TRAIN) -> Any:
+              phase: int = TRAIN, sized: bool = False) -> Any:
         """The last stage's ``values`` on every stage of this replica (a broadcast in K).
 
         Args:
@@ -423,10 +425,21 @@ class StageEngine:
             shape: Its shape (used by the receivers; may be a tensor).
             dtype: Its dtype.
             index: Distinguishes several shares in one step.
+            sized: Its shape changes from batch to batch (a sequence length): it travels on
+                a sized key (`tfdist.parallel.ops.sized_broadcast`).
         """
         group = self.layout.group(PIPE)
         if group.size == 1:
             return values
+        if sized:
+            last = self.layout.is_last
+            moved = sized_broadcast(values if last else None, shape, dtype, group=group,
+                                    instance=sized_key(SHARE, 0, index, phase),
+                                    timeout=self.timeout)
+            if not last:
+                return moved
+            with tf.control_dependencies([moved]):  # the send, else pruned
+                return tf.identity(values)
         return transport.group_broadcast(
             values if self.layout.is_last else None, shape, dtype, group=group,
             instance=instance_key(SHARE, 0, index, phase), timeout=self.timeout)

@@ -115,6 +115,14 @@ class ChunkLink:
              phase: int = TRAIN) -> Any:
         return self.link.recv(shape, dtype, kind, self.offset + micro_batch, index, phase)
 
+    def send_sized(self, tensor: Any, kind: int, micro_batch: int = 0, index: int = 0,
+                   phase: int = TRAIN) -> Any:
+        return self.link.send_sized(tensor, kind, self.offset + micro_batch, index, phase)
+
+    def recv_sized(self, shape: Any, dtype: Any, kind: int, micro_batch: int = 0,
+                   index: int = 0, phase: int = TRAIN) -> Any:
+        return self.link.recv_sized(shape, dtype, kind, self.offset + micro_batch, index, phase)
+
 
 @dataclasses.dataclass(frozen=True)
 class ChunkEngine(StageEngine):
@@ -196,8 +204,8 @@ class InterleavedPipeline:
         return self.process.average_over_replicas(tensors, kind, phase)
 
     def share(self, values: Any | None, shape: Any, dtype: Any, index: int = 0,
-              phase: int = TRAIN) -> Any:
-        return self.process.share(values, shape, dtype, index, phase)
+              phase: int = TRAIN, sized: bool = False) -> Any:
+        return self.process.share(values, shape, dtype, index, phase, sized)
 
 
 def interleaved_engine(process: StageEngine, chunks: int,
