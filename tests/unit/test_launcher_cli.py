@@ -211,6 +211,22 @@ def test_pipeline_options_reach_the_tasks_as_the_strategy_reads_them(script, cap
     assert "TFDIST_PIPELINE_MICRO_BATCHES" not in only_stages  # only what was given is written
 
 
+def test_the_batch_norm_opt_in_reaches_the_tasks_from_the_command_line(script, capsys):
+    from tfdist.pipeline.config import PipelineConfig
+
+    lines = _dry_run(capsys, ["--stages", "2", "--micro-batches", "4", "--batch-norm",
+                              "per_micro_batch", "--workers", "2", script])
+    assert {line["env"]["TFDIST_PIPELINE_BATCH_NORM"] for line in lines} == {"per_micro_batch"}
+    assert {PipelineConfig.from_env(line["env"]).batch_norm for line in lines} == {
+        "per_micro_batch"}
+    assert "--batch-norm POLICY" in cli.build_parser().format_help()
+    with pytest.raises(SystemExit) as exit_info:  # a strategy without the option refuses it
+        cli.main(["--dry-run", "--strategy", "multi_worker", "--workers", "2", "--batch-norm",
+                  "per_micro_batch", script])
+    assert exit_info.value.code == 2
+    assert "--batch-norm" in capsys.readouterr().err
+
+
 def test_plan_job_decides_auto_workers_and_layout_once_for_python_callers(script):
     from tfdist.launcher.hosts.layout import HostOptions
     from tfdist.launcher.options import ExportOptions, StrategyOptions

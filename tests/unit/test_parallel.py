@@ -162,3 +162,34 @@ def test_every_op_on_a_group_of_one_is_the_identity():
         np.testing.assert_array_equal(mapping(x, alone), x)
     with pytest.raises(StrategyConfigError, match="op='min'"):
         ops.all_reduce(x, alone, "min")
+
+
+def test_sized_keys_hold_one_shape_each_and_meet_no_named_key():
+    # TensorFlow keeps one shape per instance key for the life of a job (a second shape:
+    # "Shape mismatch in the collective instance"): a tensor whose length changes travels
+    # flat, padded to its size class, on the key of that class.
+    import tensorflow as tf
+
+    from tfdist.parallel.ops import size_class
+
+    sizes = [*range(0, 600), 4095, 4096, 4097, 10**6, 2**30 - 3]
+    classes = [keys.capacity(n) for n in sizes]
+    assert all(n <= cap <= max(n * 1.25, n) for n, (_, cap) in zip(sizes, classes, strict=True))
+    assert [c for c, _ in classes] == sorted(c for c, _ in classes)  # one class, one capacity
+    assert len({cap for _, cap in classes}) == len({c for c, _ in classes})
+    assert max(c for c, _ in classes) < keys.SIZE_CLASSES
+    traced = tf.function(lambda n: tf.stack(size_class(n)))
+    for n, expected in zip(sizes, classes, strict=True):
+        assert tuple(int(v) for v in traced(tf.constant(n))) == expected, n
+    named = {keys.instance_key(kind, m, i, phase)
+             for kind in range(8) for phase in range(8) for m in (0, 1, 4095) for i in (0, 31)}
+    sized = set()
+    for kind in (keys.ACTIVATION, keys.GRADIENT, keys.WEIGHTS):
+        for m, i in ((0, 0), (1, 31), (0, 31)) if kind != keys.WEIGHTS else ((0, 0), (0, 4095)):
+            key, stride = keys.sized_key(kind, m, i)
+            sized |= {key + c * stride for c in range(keys.SIZE_CLASSES)}
+    assert not sized & named and min(sized) >= keys.SIZED > keys.TRACED  # CHECK is phase 4
+    assert {keys.space(k) for k in sized} == {"sized"} and max(sized) < 1 << 31
+    assert len(sized) == 2 * 3 * keys.SIZE_CLASSES + 2 * keys.SIZE_CLASSES
+    with pytest.raises(StrategyConfigError, match="at most 32 of them"):
+        keys.sized_key(keys.ACTIVATION, 0, 32)

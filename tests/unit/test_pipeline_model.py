@@ -176,13 +176,6 @@ def test_regularizers_that_micro_batches_reproduce_are_accepted():
     assert stage.split_model(model, stages=2, micro_batches=4)[1][-1] == 4
 
 
-def test_unknown_sequence_length_is_refused():
-    model = keras.Sequential([keras.Input((None, 3)), keras.layers.Dense(2, name="a"),
-                              keras.layers.Dense(1, name="b")])
-    with pytest.raises(StrategyConfigError, match="static shapes between layers"):
-        stage.split_model(model, stages=2)
-
-
 def test_stages_without_processes_name_the_launch_command(monkeypatch):
     from tfdist.strategies.pipeline import PipelineStrategy
 

@@ -76,7 +76,12 @@ def test_batch_normalization_inside_a_layer_or_nested_model_is_found_and_refused
     assert batch_norm.find(model_with("none")) == []
     with pytest.raises(StrategyConfigError) as info:
         batch_norm.check_stage(model, 4, "refuse", ONE)
-    assert "'block/hidden_bn'" in str(info.value) and "per_micro_batch" in str(info.value)
+    message = str(info.value)
+    assert "'block/hidden_bn'" in message
+    # the opt-in by its argument, its launcher flag and its variable
+    assert "get_strategy(..., batch_norm='per_micro_batch')" in message
+    assert "tfdist-launch --batch-norm per_micro_batch" in message
+    assert "TFDIST_PIPELINE_BATCH_NORM=per_micro_batch" in message
     batch_norm.check_stage(model, 1, "refuse", ONE)  # exact with one micro-batch
     batch_norm.check_stage(model, 4, "per_micro_batch", ONE)  # the explicit opt-in
 
@@ -88,8 +93,22 @@ def test_the_batch_norm_policy_is_checked():
 
 
 def test_a_strategy_refuses_a_nested_batch_norm_with_micro_batches():
-    with pytest.raises(StrategyConfigError, match="hidden_bn"):  # the split may flatten "block"
+    with pytest.raises(StrategyConfigError, match="hidden_bn") as info:  # flattened "block"
         PipelineStrategy(micro_batches=2).build_model(lambda: model_with("nested"))
+    assert "tfdist-launch --batch-norm per_micro_batch" in str(info.value)
+    assert "batch_norm='per_micro_batch'" in str(info.value)
+
+
+def test_the_opt_in_is_read_from_the_launchers_variable(monkeypatch):
+    from tfdist.pipeline.config import BATCH_NORM_ENV
+
+    monkeypatch.setenv(BATCH_NORM_ENV, "per_micro_batch")
+    assert PipelineConfig.from_env().batch_norm == "per_micro_batch"
+    assert PipelineConfig.from_env().env()[BATCH_NORM_ENV] == "per_micro_batch"
+    assert PipelineConfig.from_env(batch_norm="refuse").batch_norm == "refuse"  # argument wins
+    monkeypatch.setenv(BATCH_NORM_ENV, "sync")
+    with pytest.raises(StrategyConfigError, match=r"\$TFDIST_PIPELINE_BATCH_NORM is not valid"):
+        PipelineConfig.from_env()
 
 
 def per_micro_batch_reference(model, x, y, micro_batches, lr):

@@ -41,6 +41,7 @@ __all__ = [
     "PIPELINE_MICRO_BATCHES_ENV",
     "PIPELINE_SCHEDULE_ENV",
     "PIPELINE_CHUNKS_ENV",
+    "PIPELINE_BATCH_NORM_ENV",
     "TENSOR",
     "TENSOR_SHARDS_ENV",
     "MESH_ENV",
@@ -65,6 +66,9 @@ PIPELINE_STAGES_ENV = "TFDIST_PIPELINE_STAGES"
 PIPELINE_MICRO_BATCHES_ENV = "TFDIST_PIPELINE_MICRO_BATCHES"
 PIPELINE_SCHEDULE_ENV = "TFDIST_PIPELINE_SCHEDULE"
 PIPELINE_CHUNKS_ENV = "TFDIST_PIPELINE_CHUNKS"
+PIPELINE_BATCH_NORM_ENV = "TFDIST_PIPELINE_BATCH_NORM"
+"""``--batch-norm``: what a pipeline does with BatchNormalization at M > 1 (``refuse``, or the
+opt-in ``per_micro_batch``)."""
 TENSOR_SHARDS_ENV = "TFDIST_TENSOR_SHARDS"
 """T for a hand-set environment without `MESH_ENV` (``tfdist-launch`` writes T in the mesh)."""
 ZERO_ENV = "TFDIST_ZERO"
@@ -273,6 +277,7 @@ PIPELINE = StrategyTraits(
                                      "micro_batches": PIPELINE_MICRO_BATCHES_ENV,
                                      "schedule": PIPELINE_SCHEDULE_ENV,
                                      "chunks": PIPELINE_CHUNKS_ENV,
+                                     "batch_norm": PIPELINE_BATCH_NORM_ENV,
                                      "tensor": MESH_ENV}),
 )
 """``--tensor T`` splits each stage over T processes (a ``data x pipe x tensor`` mesh)."""

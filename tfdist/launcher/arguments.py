@@ -30,6 +30,7 @@ from tfdist.launcher.hosts import host_options
 from tfdist.launcher.options import JobOptions, StrategyOptions
 from tfdist.launcher.ray import ray_options
 from tfdist.launcher.runners import ENV_PREFIX, environment_default, registered_runners
+from tfdist.pipeline.config import BATCH_NORM_POLICIES
 from tfdist.pipeline.schedule import SCHEDULES
 
 __all__ = ["ENV_PREFIX", "JOB_ENVIRONMENT", "build_parser", "environment_defaults",
@@ -197,6 +198,12 @@ def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     pipeline.add_argument("--chunks", type=_positive_int, metavar="V",
                           help="model chunks per process with --schedule interleaved (the "
                           "model is cut into K x V pieces)")
+    pipeline.add_argument(
+        "--batch-norm", choices=BATCH_NORM_POLICIES, metavar="POLICY",
+        help="BatchNormalization with --micro-batches > 1: 'refuse' (default) or "
+        "'per_micro_batch' (GPipe's: each micro-batch normalised by its own statistics, the "
+        "moving averages updated M times a step); the tasks read it from "
+        "TFDIST_PIPELINE_BATCH_NORM, as get_strategy(batch_norm=...)")
     tensor = parser.add_argument_group("tensor (--strategy tensor, or pipeline with --stages)")
     tensor.add_argument(
         "--tensor", type=_positive_int, metavar="T",
@@ -294,6 +301,6 @@ def job_options(args: argparse.Namespace) -> JobOptions:
         strategy_options=StrategyOptions(stages=args.stages, tensor=args.tensor,
                                          micro_batches=args.micro_batches,
                                          schedule=args.schedule, chunks=args.chunks,
-                                         zero=args.zero),
+                                         batch_norm=args.batch_norm, zero=args.zero),
         export=export_options(args), ray=ray_options(args),
     )

@@ -39,6 +39,8 @@ class StrategyOptions:
         micro_batches: ``--micro-batches M``: micro-batches per replica batch.
         schedule: ``--schedule``: a name of `tfdist.pipeline.schedule.SCHEDULES`.
         chunks: ``--chunks v``: model chunks per process (``--schedule interleaved``).
+        batch_norm: ``--batch-norm``: ``"per_micro_batch"`` opts in to BatchNormalization
+            with M > 1 (its statistics per micro-batch); ``"refuse"`` is the default.
         zero: ``--zero 1|2|3``: ZeRO stage of a ``multi_worker`` job (`tfdist.strategies.zero`).
 
     Example:
@@ -51,6 +53,7 @@ class StrategyOptions:
     micro_batches: int | None = None
     schedule: str | None = None
     chunks: int | None = None
+    batch_norm: str | None = None
     zero: int | None = None
 
     def given(self) -> dict[str, int | str]:

@@ -12,7 +12,15 @@ comes from here, as a 31-bit int in one of two spaces:
   `METRICS`), tied weights (`TIED`) and the exit and stop votes (`EXIT`). ``phase`` separates
   training, evaluation, prediction and custom-loop steps (`TRAIN`, `EVALUATE`, `PREDICT`,
   `CUSTOM`), whose tensors differ in shape, and the consistency checks (`CHECK`:
-  `tfdist.parallel.consistency`, the fingerprints a pipeline compares at each step);
+  `tfdist.parallel.consistency`, the fingerprints a pipeline compares at each step). A tensor
+  whose shape changes from batch to batch (a sequence length) cannot keep one key: TensorFlow
+  remembers a key's shape for the life of the job. It travels flat, padded to a size class
+  (`capacity`: at most a quarter more elements), on a *sized* key (`sized_key`: `SIZED` and
+  above, the top quarter of the keys, over the traced ones; the named fields below it for the
+  phases `TRAIN` to `CUSTOM`), the index field holding the class above the tensor's index
+  (`WEIGHTS`, always micro-batch 0: the micro-batch field holding it), so a key keeps one
+  shape and a job meets at most `SIZE_CLASSES` keys per tensor (a job that builds two models
+  gathers both with the same keys);
 * **traced** (bit 30 set): ``TRACED | n`` (`next_key`), the ``n``-th collective this process
   traced. The tensor-parallel layers use these: every member of a tensor group runs the same
   script and traces the same functions in the same order, so the ``n``-th collective traced gets
@@ -32,8 +40,10 @@ from typing import Literal
 
 from tfdist.errors import StrategyConfigError, format_error
 
-__all__ = ["TIED", "ACTIVATION", "GRADIENT", "WEIGHTS", "REDUCE", "SHARE", "METRICS", "EXIT",
-           "TRAIN", "EVALUATE", "PREDICT", "CUSTOM", "CHECK", "TRACED", "STOP_VOTE", "instance_key",
+__all__ = ["SIZED", "SIZE_CLASSES", "SIZED_INDEXES", "capacity", "sized_key",
+           "TIED", "ACTIVATION", "GRADIENT", "WEIGHTS", "REDUCE", "SHARE", "METRICS", "EXIT",
+           "TRAIN", "EVALUATE", "PREDICT", "CUSTOM", "CHECK", "TRACED", "STOP_VOTE",
+           "instance_key",
            "next_key", "space"]
 
 TIED, ACTIVATION, GRADIENT, WEIGHTS, REDUCE, SHARE, METRICS, EXIT = range(8)
@@ -42,10 +52,17 @@ across stages (`tfdist.pipeline.tied`), on the pair group of their two holders."
 TRAIN, EVALUATE, PREDICT, CUSTOM, CHECK = range(5)
 """The phases of named transfers (3 bits)."""
 
+SIZED = 3 << 29
+"""The first sized key (`sized_key`): the top quarter of the int32 keys, above every traced
+one; a sized key is ``SIZED | phase << 27 | kind << 24 | micro_batch << 12 | index``."""
+SIZED_INDEXES = 32
+"""Tensors of one sized transfer (the index field's low 5 bits; the class above them)."""
+SIZE_CLASSES = 128
+"""Size classes (`capacity`) a sized key can hold (the index field's high 7 bits)."""
+
 _FIELDS = {"index": 1 << 12, "micro_batch": 1 << 12, "kind": 1 << 3, "phase": 1 << 3}
 TRACED = 1 << 30
 """The first traced key: above every named key (the largest is ``TRACED - 1``)."""
-_LAST = (1 << 31) - 1  # TensorFlow's instance keys are int32
 _counter = itertools.count()
 
 
@@ -70,6 +87,61 @@ def instance_key(kind: int, micro_batch: int = 0, index: int = 0, phase: int = T
     return phase << 27 | kind << 24 | micro_batch << 12 | index
 
 
+def capacity(elements: int) -> tuple[int, int]:
+    """``(size_class, capacity)`` of a flat transfer of ``elements``: below 8 the count itself,
+    else the smallest ``m * 2**e`` (``m`` in 4..7) holding them (at most 25% padding).
+    `tfdist.parallel.ops.size_class` computes the same in a traced step.
+
+    Example:
+        >>> [capacity(n) for n in (0, 7, 8, 9, 17, 640)]
+        [(0, 0), (7, 7), (8, 8), (9, 10), (13, 20), (33, 640)]
+    """
+    if elements < 8:
+        return elements, elements
+    shift = max((elements - 1).bit_length() - 3, 0)
+    mantissa = -(-elements // (1 << shift))
+    if mantissa == 8:
+        mantissa, shift = 4, shift + 1
+    return 8 + 4 * (shift - 1) + mantissa - 4, mantissa << shift
+
+
+def sized_key(kind: int, micro_batch: int = 0, index: int = 0,
+              phase: int = TRAIN) -> tuple[int, int]:
+    """``(key, stride)``: the sized key of tensor ``index`` for size class 0; class ``c``'s key
+    is ``key + c * stride`` (added where the class is known, in the traced step). The class
+    sits above the index (stride `SIZED_INDEXES`), or for `WEIGHTS` (micro-batch 0, up to
+    4096 weights) in the micro-batch field.
+
+    Raises:
+        StrategyConfigError: ``index`` is not below `SIZED_INDEXES` (`WEIGHTS`: 4096).
+
+    Example:
+        >>> key, stride = sized_key(ACTIVATION, micro_batch=1, index=2)
+        >>> key - instance_key(ACTIVATION, 1, 2) == SIZED, stride, space(key)
+        (True, 32, 'sized')
+        >>> sized_key(WEIGHTS, index=100)[1]
+        4096
+    """
+    if kind == WEIGHTS:
+        return SIZED | _sized_fields(kind, micro_batch, index, phase), _FIELDS["index"]
+    if not 0 <= index < SIZED_INDEXES:
+        raise StrategyConfigError(format_error(
+            "A transfer of tensors whose shapes change from batch to batch holds at most "
+            f"{SIZED_INDEXES} of them.", received=f"tensor index {index}",
+            expected=f"0 <= index < {SIZED_INDEXES}",
+            fix="cut the model where fewer tensors of unknown shape are alive (split_points=)"))
+    return SIZED | _sized_fields(kind, micro_batch, index, phase), SIZED_INDEXES
+
+
+def _sized_fields(kind: int, micro_batch: int, index: int, phase: int) -> int:
+    if not 0 <= phase < 4:  # two bits: TRAIN, EVALUATE, PREDICT, CUSTOM
+        raise StrategyConfigError(format_error(
+            "Only training, evaluation, prediction and custom-loop transfers may be sized.",
+            received=f"phase={phase}", expected="0 <= phase < 4",
+            fix="this is a tfdist bug: report it"))
+    return instance_key(kind, micro_batch, index, phase)
+
+
 STOP_VOTE = instance_key(EXIT, micro_batch=1)
 """The key of the vote after each step on stopping for SIGTERM, on the world group
 (`tfdist.resilience.pipeline_vote`); `tfdist.parallel.runtime.exit_barrier` uses micro-batch 0 of
@@ -85,14 +157,14 @@ def next_key() -> int:
         True
     """
     key = TRACED + next(_counter)
-    if key > _LAST:
+    if key >= SIZED:
         raise StrategyConfigError(format_error(
             "This process traced more collectives than instance keys allow.",
-            received=f"key {key}", expected=f"at most {_LAST - TRACED + 1} traced collectives",
+            received=f"key {key}", expected=f"at most {SIZED - TRACED} traced collectives",
             fix="retrace less (fixed input shapes), or restart the job"))
     return key
 
 
-def space(key: int) -> Literal["named", "traced"]:
+def space(key: int) -> Literal["named", "traced", "sized"]:
     """Which space ``key`` is in."""
-    return "traced" if key >= TRACED else "named"
+    return "sized" if key >= SIZED else "traced" if key >= TRACED else "named"

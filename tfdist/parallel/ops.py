@@ -34,10 +34,17 @@ import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
 from tfdist.errors import StrategyConfigError, format_error
-from tfdist.parallel.keys import REDUCE, TRAIN, instance_key, next_key
+from tfdist.parallel.keys import (
+    REDUCE,
+    TRAIN,
+    instance_key,
+    next_key,
+    sized_key,
+)
 from tfdist.parallel.mesh import ProcessGroup
 
 __all__ = ["DEFAULT_TIMEOUT", "Link", "op_timeout", "group_broadcast", "broadcast_variable",
+           "size_class", "sized_broadcast",
            "all_reduce", "all_reduce_mean", "all_gather", "reduce_scatter"]
 
 DEFAULT_TIMEOUT = 300.0
@@ -59,7 +66,7 @@ def op_timeout(timeout: float) -> float:
     return timeout if tf.executing_eagerly() else 0.0
 
 
-def _key(instance: int | None) -> int:
+def _key(instance: Any | None) -> Any:
     return next_key() if instance is None else instance
 
 
@@ -97,6 +104,20 @@ class Link:
                                instance=instance_key(kind, micro_batch, index, phase),
                                timeout=self.timeout)
 
+    def send_sized(self, tensor: Any, kind: int, micro_batch: int = 0, index: int = 0,
+                   phase: int = TRAIN) -> tf.Tensor:
+        """`send` for a tensor whose shape changes from step to step (`sized_broadcast`)."""
+        return sized_broadcast(tensor, None, tensor.dtype, group=self.group,
+                               instance=sized_key(kind, micro_batch, index, phase),
+                               timeout=self.timeout)
+
+    def recv_sized(self, shape: Any, dtype: tf.DType, kind: int, micro_batch: int = 0,
+                   index: int = 0, phase: int = TRAIN) -> tf.Tensor:
+        """Receives what `send_sized` sends (``shape``: this step's, a tensor)."""
+        return sized_broadcast(None, shape, dtype, group=self.group,
+                               instance=sized_key(kind, micro_batch, index, phase),
+                               timeout=self.timeout)
+
 
 def group_broadcast(value: Any | None, shape: Any, dtype: Any, *, group: ProcessGroup,
                     instance: int | None = None, timeout: float = 0.0) -> tf.Tensor:
@@ -112,6 +133,58 @@ def group_broadcast(value: Any | None, shape: Any, dtype: Any, *, group: Process
     return collective_ops.broadcast_recv_v2(
         shape, dtype, group_size=group.size, group_key=group.key, instance_key=_key(instance),
         timeout=timeout)
+
+
+def size_class(elements: Any) -> tuple[tf.Tensor, tf.Tensor]:
+    """``(size_class, capacity)`` of a flat transfer of ``elements`` (a scalar tensor), as
+    `tfdist.parallel.keys.capacity` gives them.
+
+    Example:
+        >>> [tuple(int(v) for v in size_class(n)) for n in (7, 9, 640)]
+        [(7, 7), (9, 10), (33, 640)]
+    """
+    n = tf.cast(elements, tf.int64)
+    v = tf.maximum(n - 1, 1)
+    top = tf.cast(tf.floor(tf.math.log(tf.cast(v, tf.float64)) / tf.math.log(
+        tf.constant(2.0, tf.float64))), tf.int64)  # floor(log2 v), corrected below
+    top = tf.where(tf.bitwise.left_shift(tf.constant(1, tf.int64), top + 1) <= v, top + 1, top)
+    top = tf.where(tf.bitwise.left_shift(tf.constant(1, tf.int64), top) > v, top - 1, top)
+    shift = tf.maximum(top - 2, 0)
+    unit = tf.bitwise.left_shift(tf.constant(1, tf.int64), shift)
+    mantissa = (n + unit - 1) // unit
+    carry = tf.equal(mantissa, 8)
+    mantissa = tf.where(carry, tf.constant(4, tf.int64), mantissa)
+    shift = tf.where(carry, shift + 1, shift)
+    small = n < 8
+    cls = tf.where(small, n, 8 + 4 * (shift - 1) + mantissa - 4)
+    cap = tf.where(small, n, tf.bitwise.left_shift(mantissa, shift))
+    return tf.cast(cls, tf.int32), tf.cast(cap, tf.int32)
+
+
+def sized_broadcast(value: Any | None, shape: Any, dtype: Any, *, group: ProcessGroup,
+                    instance: tuple[int, int], timeout: float = 0.0) -> tf.Tensor:
+    """`group_broadcast` of a tensor whose shape changes from step to step.
+
+    TensorFlow remembers the shape of each instance key for the life of the job, so the tensor
+    travels flat, padded to its size class (`size_class`), on the sized key ``instance``
+    (`tfdist.parallel.keys.sized_key`: the key of class 0 and the stride of a class) for its
+    class: each key keeps one shape. The source passes
+    ``value`` and gets the send back (flat and padded: tie it to the step's outputs); the
+    others pass ``shape`` (this step's, a tensor) and ``dtype``, and get the tensor.
+    """
+    if value is not None:
+        flat = tf.reshape(value, [-1])
+        elements = tf.size(flat)
+    else:
+        elements = tf.reduce_prod(tf.cast(shape, tf.int32))
+    cls, cap = size_class(elements)
+    key = tf.constant(instance[0], tf.int32) + cls * instance[1]
+    if value is not None:
+        padded = tf.pad(flat, [[0, cap - elements]])
+        return group_broadcast(padded, None, dtype, group=group, instance=key, timeout=timeout)
+    padded = group_broadcast(None, tf.reshape(cap, [1]), dtype, group=group, instance=key,
+                             timeout=timeout)
+    return tf.reshape(padded[:elements], shape)
 
 
 def broadcast_variable(variable: Any, *, group: ProcessGroup, instance: int | None = None,

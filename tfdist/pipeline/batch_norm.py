@@ -27,8 +27,9 @@ from tensorflow.python.ops import collective_ops
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.parallel.keys import REDUCE, TRAIN, instance_key
 from tfdist.parallel.mesh import ProcessGroup
+from tfdist.pipeline.partition import BATCH_NORM_FIX
 
-__all__ = ["find", "is_batch_norm", "refusal", "check_stage", "COUNT_KEY"]
+__all__ = ["find", "is_batch_norm", "refusal", "check_stage", "COUNT_KEY", "BATCH_NORM_FIX"]
 
 COUNT_KEY = instance_key(REDUCE, 2, 0, TRAIN)
 """The instance key of the all-reduce that counts the stages' BatchNormalization layers."""
@@ -75,8 +76,7 @@ def refusal(found: list[str], micro_batches: int, elsewhere: bool = False) -> St
         "device on the whole batch.",
         received=f"BatchNormalization ({where}), micro_batches={micro_batches}",
         expected="no BatchNormalization when micro_batches > 1, or the explicit opt-in",
-        fix="use micro_batches=1, LayerNormalization/GroupNormalization instead, or accept "
-        "GPipe's per-micro-batch statistics with batch_norm='per_micro_batch'"))
+        fix=BATCH_NORM_FIX))
 
 
 def check_stage(model: Any, micro_batches: int, policy: str, group: ProcessGroup,

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tfdist.core.traits import (
+    PIPELINE_BATCH_NORM_ENV,
     PIPELINE_CHUNKS_ENV,
     PIPELINE_MICRO_BATCHES_ENV,
     PIPELINE_SCHEDULE_ENV,
@@ -42,22 +43,23 @@ from tfdist.pipeline.partition import check_micro_batches, check_stages, read_la
 from tfdist.pipeline.schedule import SCHEDULES, PipelineSchedule, schedule_class
 
 __all__ = ["PipelineConfig", "STAGES_ENV", "MICRO_BATCHES_ENV", "SCHEDULE_ENV",
-           "LAYER_COSTS_ENV", "CHUNKS_ENV", "WEIGHT_GRADIENTS_ENV", "BATCH_NORM_POLICIES",
-           "WEIGHT_GRADIENTS"]
+           "LAYER_COSTS_ENV", "CHUNKS_ENV", "BATCH_NORM_ENV", "WEIGHT_GRADIENTS_ENV",
+           "BATCH_NORM_POLICIES", "WEIGHT_GRADIENTS"]
 
 STAGES_ENV = PIPELINE_STAGES_ENV
 MICRO_BATCHES_ENV = PIPELINE_MICRO_BATCHES_ENV
 SCHEDULE_ENV = PIPELINE_SCHEDULE_ENV
 CHUNKS_ENV = PIPELINE_CHUNKS_ENV
+BATCH_NORM_ENV = PIPELINE_BATCH_NORM_ENV
 LAYER_COSTS_ENV = "TFDIST_PIPELINE_LAYER_COSTS"
 """A JSON file of measured per-layer costs (``tfdist-advise --json``) to balance stages by."""
 BATCH_NORM_POLICIES = ("refuse", "per_micro_batch")
+"""``PipelineConfig.batch_norm``'s values."""
 WEIGHT_GRADIENTS_ENV = "TFDIST_PIPELINE_WEIGHT_GRADIENTS"
 WEIGHT_GRADIENTS = ("sum", "whole_batch")
 """How a stage gets its weight gradients: summed over micro-batches as they come (the default),
 or once per step over the replica batch (`tfdist.pipeline.batch_weights`)."""
 WHOLE_BATCH_SCHEDULES = ("gpipe", "1f1b")
-"""``PipelineConfig.batch_norm``'s values."""
 
 
 def _positive_int(raw: str) -> int:
@@ -65,6 +67,12 @@ def _positive_int(raw: str) -> int:
     if value < 1:
         raise ValueError(raw)
     return value
+
+
+def _policy(raw: str) -> str:
+    if raw not in BATCH_NORM_POLICIES:
+        raise ValueError(raw)
+    return raw
 
 
 def _from_env(environ: Mapping[str, str], name: str, cast: Callable[[str], Any],
@@ -254,6 +262,8 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
                                   f"one of {', '.join(SCHEDULES)}"),
             "chunks": _from_env(environ, CHUNKS_ENV, _positive_int, "an int >= 1"),
             "layer_costs": _from_env(environ, LAYER_COSTS_ENV, str, "a JSON file's path"),
+            "batch_norm": _from_env(environ, BATCH_NORM_ENV, _policy,
+                                    f"one of {', '.join(BATCH_NORM_POLICIES)}"),
             "weight_gradients": _from_env(environ, WEIGHT_GRADIENTS_ENV, str,
                                           f"one of {', '.join(WEIGHT_GRADIENTS)}"),
         }
@@ -272,7 +282,8 @@ Expected: an int >= 1 (the number of pipeline stages, K). Fix: pass stages=2 (or
         options; `from_env` reads them back)."""
         return {STAGES_ENV: str(self.stages), MICRO_BATCHES_ENV: str(self.micro_batches),
                 SCHEDULE_ENV: self.schedule,
-                **({CHUNKS_ENV: str(self.chunks)} if self.chunks > 1 else {})}
+                **({CHUNKS_ENV: str(self.chunks)} if self.chunks > 1 else {}),
+                **({BATCH_NORM_ENV: self.batch_norm} if self.batch_norm != "refuse" else {})}
 
     def replicas(self, processes: int) -> int:
         """D, the pipeline replicas of a job of ``processes`` processes with one stage each.

@@ -43,7 +43,9 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfdist.parallel.keys import sized_key
 from tfdist.parallel.mesh import DATA, PIPE, ProcessGroup
+from tfdist.parallel.ops import sized_broadcast
 from tfdist.pipeline import batch_weights, gradients, transport
 from tfdist.pipeline import schedule as schedules
 from tfdist.pipeline.interface import LossFn, LossTerms, PipelineEngine, StageStep
@@ -166,8 +168,7 @@ class StageEngine:
         sample_weight: Any = None,
         terms: Any = None,
     ) -> tuple[Any, list[Any], list[Any]]:
-        """Builds one pipelined step of this process's stage or chunks (inside a
-        ``tf.function``).
+        """Builds one pipelined step of this process's stage or chunks (in a ``tf.function``).
 
         Args:
             call: Runs this stage on a micro-batch (``lambda a: model(a, training=True)``);
@@ -185,8 +186,8 @@ class StageEngine:
             ``(loss, gradients, outputs)``: on the last stage the replica's mean loss (with
             every stage's terms) and its
             outputs per micro-batch; elsewhere ``loss`` is None and ``outputs`` empty. The
-            gradients are summed over micro-batches, not yet averaged over replicas (every
-            chunk's, in chunk order). Every send of the step is a control input of ``loss``
+            gradients (every chunk's, in chunk order) are summed over micro-batches, not yet
+            averaged over replicas. Every send of the step is a control input of ``loss``
             and of each gradient.
         """
         engines, calls, variables, terms = self._per_chunk(call, variables, terms)
@@ -346,7 +347,7 @@ class StageEngine:
             tape, output = step.tapes.pop(m), step.outputs[m]
         if layout.is_last:
             return tape, step.losses[m], None
-        upstream = recv_boundary(self.next, self.outputs, step.rows, GRADIENT, m)
+        upstream = recv_boundary(self.next, self.outputs, step.rows, GRADIENT, m, like=output)
         pairs = [(t, g) for t, g in zip(output, upstream, strict=True) if g is not None]
         targets, heads = [t for t, _ in pairs], [g for _, g in pairs]
         if m in step.added:
@@ -439,7 +440,7 @@ class StageEngine:
                                             self.timeout)
 
     def share(self, values: Any | None, shape: Any, dtype: Any, index: int = 0,
-              phase: int = TRAIN) -> Any:
+              phase: int = TRAIN, sized: bool = False) -> Any:
         """The last stage's ``values`` on every stage of this replica (a broadcast in K).
 
         Args:
@@ -447,10 +448,21 @@ class StageEngine:
             shape: Its shape (used by the receivers; may be a tensor).
             dtype: Its dtype.
             index: Distinguishes several shares in one step.
+            sized: Its shape changes from batch to batch (a sequence length): it travels on
+                a sized key (`tfdist.parallel.ops.sized_broadcast`).
         """
         group = self.layout.group(PIPE)
         if group.size == 1:
             return values
+        if sized:
+            last = self.layout.is_last
+            moved = sized_broadcast(values if last else None, shape, dtype, group=group,
+                                    instance=sized_key(SHARE, 0, index, phase),
+                                    timeout=self.timeout)
+            if not last:
+                return moved
+            with tf.control_dependencies([moved]):  # the send, else pruned
+                return tf.identity(values)
         return transport.group_broadcast(
             values if self.layout.is_last else None, shape, dtype, group=group,
             instance=instance_key(SHARE, 0, index, phase), timeout=self.timeout)

@@ -4,7 +4,8 @@ it owns over its pair link to stage 0 (the chief), which puts them in the whole 
 A process holds one piece of the model (a plain pipeline: its stage) or several (interleaved:
 pieces ``k, k + K, ...``, `tfdist.pipeline.interleave.pieces`); the chief orders what it
 receives by piece either way. Transfers use the ``WEIGHTS`` instance keys of
-`tfdist.pipeline.transport`, one per weight in the order the sender holds them.
+`tfdist.pipeline.transport`, one per weight in the order the sender holds them, each sized
+(`tfdist.parallel.ops.sized_broadcast`): a job that gathers two models reuses the keys.
 """
 
 from __future__ import annotations
@@ -60,11 +61,12 @@ def gather_pieces(own: list[np.ndarray], spec: stage.ModelSpec, bounds: Sequence
 def _send_to_stage_0(weights: list[np.ndarray], layout: PipelineLayout, timeout: float) -> None:
     link = transport.Link(layout.pair(layout.rank_of(0, 0)), timeout)
     for i, w in enumerate(weights):
-        link.send(tf.constant(w), transport.WEIGHTS, 0, i)
+        link.send_sized(tf.constant(w), transport.WEIGHTS, 0, i)
 
 
 def _receive(stage_index: int, shapes: list[tuple[Any, Any]], layout: PipelineLayout,
              timeout: float) -> list[np.ndarray]:
     link = transport.Link(layout.pair(layout.rank_of(0, stage_index)), timeout)
-    return [link.recv(shape, tf.as_dtype(dtype), transport.WEIGHTS, 0, i).numpy()
+    return [link.recv_sized(tf.constant(shape, tf.int32), tf.as_dtype(dtype), transport.WEIGHTS,
+                            0, i).numpy()
             for i, (shape, dtype) in enumerate(shapes)]

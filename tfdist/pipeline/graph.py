@@ -177,7 +177,10 @@ class _Reader:
         inputs = [scope[id(t)] for t in _flatten((args, kwargs), _is_symbolic)]
         outputs = _flatten(node.outputs, _is_symbolic)
         if _is_model(layer):
-            inner = self.walk(layer, _dedupe_like(inputs, len(layer.inputs)))
+            # a nested model's inputs in its own order: Keras flattens a dict by sorted keys
+            ordered = [scope[id(t)] for t in _flatten(_sorted_dicts((args, kwargs)),
+                                                       _is_symbolic)]
+            inner = self.walk(layer, _dedupe_like(ordered, len(layer.inputs)))
             for tensor, tid in zip(outputs, inner, strict=True):
                 scope[id(tensor)] = tid
             return
@@ -188,6 +191,21 @@ class _Reader:
         self.nodes.append(GraphNode(
             layer=self.layer_id(layer), inputs=tuple(dict.fromkeys(inputs)), outputs=tuple(ids),
             args=refs[0], kwargs=refs[1], structured=isinstance(node.outputs, (list, tuple))))
+
+
+def _sorted_dicts(value: Any) -> Any:
+    """``value`` with every dict's items in sorted key order (how both Kerases flatten the
+    inputs of a model called on a dict, a KerasHub task model calling its backbone).
+
+    Example:
+        >>> _sorted_dicts(({"token_ids": 1, "padding_mask": 2},))
+        ({'padding_mask': 2, 'token_ids': 1},)
+    """
+    if isinstance(value, dict):
+        return {k: _sorted_dicts(value[k]) for k in sorted(value)}
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_sorted_dicts(v) for v in value)
+    return value
 
 
 def _dedupe_like(inputs: list[int], count: int) -> list[int]:

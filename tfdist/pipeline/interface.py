@@ -105,6 +105,7 @@ class PipelineEngine(Protocol):
         ...
 
     def share(self, values: Any | None, shape: Any, dtype: Any, index: int = 0,
-              phase: int = TRAIN) -> Any:
-        """The last stage's ``values`` on every stage of this replica."""
+              phase: int = TRAIN, sized: bool = False) -> Any:
+        """The last stage's ``values`` on every stage of this replica (``sized``: a shape
+        that changes from batch to batch, on a sized key)."""
         ...

@@ -110,3 +110,11 @@ class ChunkLink:
     def recv(self, shape: Any, dtype: Any, kind: int, micro_batch: int = 0, index: int = 0,
              phase: int = TRAIN) -> Any:
         return self.link.recv(shape, dtype, kind, self.offset + micro_batch, index, phase)
+
+    def send_sized(self, tensor: Any, kind: int, micro_batch: int = 0, index: int = 0,
+                   phase: int = TRAIN) -> Any:
+        return self.link.send_sized(tensor, kind, self.offset + micro_batch, index, phase)
+
+    def recv_sized(self, shape: Any, dtype: Any, kind: int, micro_batch: int = 0,
+                   index: int = 0, phase: int = TRAIN) -> Any:
+        return self.link.recv_sized(shape, dtype, kind, self.offset + micro_batch, index, phase)

@@ -25,7 +25,7 @@ from tfdist.compat import models as keras_compat
 from tfdist.core.flavour import flavour_of, get_keras
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.parallel.keys import EVALUATE, METRICS, PREDICT, TRAIN
-from tfdist.pipeline import optimizers
+from tfdist.pipeline import optimizers, traced
 from tfdist.pipeline.consistency import gated, step_checks
 from tfdist.pipeline.engine import LossTerms, PipelineEngine
 
@@ -186,7 +186,11 @@ class _StageModelMixin:
     _pipeline: Any  # tfdist.strategies.pipeline.PipelineStrategy
 
     def stage_calls(self, training: bool) -> Any:
-        """What the engine runs on a micro-batch: this model, on the list of its inputs."""
+        """What the engine runs on a micro-batch: this model, on the list of its inputs (with
+        M > 1 through one ``tf.function`` per mode, traced once: `tfdist.pipeline.traced`)."""
+        if self._pipeline.micro_batches > 1 and not traced.adds_losses_in_calls(self):
+            call = traced.traced_call(self, training)
+            return lambda a: call(list(a))
         return lambda a: self._call_stage(list(a), training)
 
     def _call_stage(self, inputs: list[Any], training: bool) -> Any:
@@ -384,12 +388,17 @@ class _StageModelMixin:
         outs, _ = engine.forward(self.stage_calls(training=False), x, PREDICT)
         spec = self._pipeline.spec
         out = spec.outputs[0]
+        known = None not in spec.shapes[out]  # else the last stage shares the batch's shape
         if engine.layout.is_last:
-            return engine.share(tf.concat(outs, axis=0), None, spec.dtypes[out], 1, PREDICT)
-        rows = tf.shape(tf.nest.flatten(x)[0])[0]
-        shape = tf.stack([rows, *[int(d) for d in spec.shapes[out]]])
+            predicted = tf.concat(outs, axis=0)
+            shared = [] if known else [engine.share(tf.shape(predicted, out_type=tf.int32),
+                                                    [predicted.shape.rank], tf.int32, 2, PREDICT)]
+            with tf.control_dependencies(shared):  # a share nothing uses would be pruned
+                return engine.share(predicted, None, spec.dtypes[out], 1, PREDICT, not known)
+        shape = tf.stack([tf.shape(tf.nest.flatten(x)[0])[0], *spec.shapes[out]]) if known \
+            else engine.share(None, [len(spec.shapes[out]) + 1], tf.int32, 2, PREDICT)
         with tf.control_dependencies(outs):  # this stage's sends
-            return engine.share(None, shape, spec.dtypes[out], 1, PREDICT)
+            return engine.share(None, shape, spec.dtypes[out], 1, PREDICT, sized=not known)
 
     # ------------------------------------------------------------ saving
     def whole_model(self) -> Any | None:

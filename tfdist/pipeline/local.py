@@ -87,6 +87,10 @@ class LocalLink:
         del shape, dtype
         return self.mailbox.take((self.peer, self.rank, kind, micro_batch, index, phase))
 
+    send_sized = send
+    """In one process a tensor's shape needs no key of its own (`Link.send_sized`)."""
+    recv_sized = recv
+
 
 @dataclasses.dataclass(frozen=True)
 class LocalPipeline:
@@ -158,8 +162,9 @@ class LocalPipeline:
         return list(tensors)
 
     @staticmethod
-    def share(values: Any, shape: Any, dtype: Any, index: int = 0, phase: int = TRAIN) -> Any:
-        del shape, dtype, index, phase
+    def share(values: Any, shape: Any, dtype: Any, index: int = 0, phase: int = TRAIN,
+              sized: bool = False) -> Any:
+        del shape, dtype, index, phase, sized
         return values
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "check_layer_classes",
     "check_added_losses",
     "UNSUPPORTED_LAYERS",
+    "BATCH_NORM_FIX",
     "MAX_MICRO_BATCHES",
 ]
 
@@ -45,6 +46,13 @@ UNSUPPORTED_LAYERS: Mapping[str, str] = {
     "would differ from one device on the whole batch",
 }
 """Layer classes a pipeline refuses when ``micro_batches > 1``, with the reason."""
+
+BATCH_NORM_FIX = (
+    "use micro_batches=1, LayerNormalization/GroupNormalization instead, or accept GPipe's "
+    "per-micro-batch statistics: tfdist.get_strategy(..., batch_norm='per_micro_batch'), or "
+    "tfdist-launch --batch-norm per_micro_batch (TFDIST_PIPELINE_BATCH_NORM=per_micro_batch)")
+"""The fix both refusals (the split's and a built stage's) name: the micro-batch count, another
+normalisation, or the opt-in by its argument, its launcher flag and its variable."""
 
 
 def check_stages(stages: object, num_layers: int | None = None) -> int:
@@ -297,7 +305,8 @@ def check_layer_classes(classes: Sequence[str], names: Sequence[str], micro_batc
                 f"{UNSUPPORTED_LAYERS[cls]}.",
                 received=f"{name!r} ({cls}), micro_batches={micro_batches}",
                 expected=f"no {cls} when micro_batches > 1",
-                fix="use micro_batches=1, or LayerNormalization/GroupNormalization instead"))
+                fix=BATCH_NORM_FIX if cls == "BatchNormalization" else
+                "use micro_batches=1, or LayerNormalization/GroupNormalization instead"))
 
 
 def check_added_losses(added: Sequence[str | None], names: Sequence[str],

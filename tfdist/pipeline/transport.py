@@ -7,6 +7,15 @@ A cut between stages carries a tuple of tensors (`BoundaryTensor`); `send_bounda
 kinds, phases, `Link` and the group collectives are the substrate's; they are named here too,
 since every pipeline module speaks of them.
 
+A cut may carry tensors whose shape beyond the batch axis is not fixed by the model (a
+KerasHub backbone's ``keras.Input`` has no sequence length): each batch may have its own. The
+stages agree on each micro-batch's shapes with the transfer itself: the sender adds one small
+vector, the unknown dimensions of every tensor of the cut in order (index `SHAPES_INDEX`), and
+the receiver reads it before the tensors. A gradient comes back with the shape of the tensor it
+belongs to, which its receiver (the stage that sent that tensor) holds. Such a tensor travels
+on a sized key (`Link.send_sized`, `tfdist.parallel.ops.sized_broadcast`): TensorFlow keeps one
+shape per instance key for the life of the job.
+
 Example:
     >>> instance_key(GRADIENT, micro_batch=1, index=0)
     33558528
@@ -49,6 +58,7 @@ from tfdist.parallel.ops import (  # noqa: F401 - as above
 )
 
 __all__ = [
+    "SHAPES_INDEX",
     "ACTIVATION",
     "GRADIENT",
     "WEIGHTS",
@@ -62,6 +72,11 @@ __all__ = [
     "all_reduce_mean",
 ]
 
+SHAPES_INDEX = 4094
+"""The tensor index of a transfer's unknown dimensions (`send_boundary`); the tensors a cut
+carries take indices ``0..n-1``, the carried loss terms 4095 (`tfdist.pipeline.engine`)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class BoundaryTensor:
     """One tensor alive across a cut between stages (`tfdist.pipeline.partition.crossing`).
@@ -71,7 +86,8 @@ class BoundaryTensor:
     ``i`` of the ``GRADIENT`` transfer.
 
     Attributes:
-        shape: Its shape without the batch dimension.
+        shape: Its shape without the batch dimension; None where each batch may have its own
+            (a sequence length), agreed with each transfer.
         dtype: Its dtype name.
         gradient: Whether its gradient goes back: a floating tensor made by a layer (integer
             tensors, masks and the model's inputs travel forward only).
@@ -79,43 +95,84 @@ class BoundaryTensor:
     Example:
         >>> BoundaryTensor((4,), "int32", gradient=False).nbytes
         16
+        >>> BoundaryTensor((None, 8), "float32", gradient=True).unknown
+        (0,)
     """
 
-    shape: tuple[int, ...]
+    shape: tuple[int | None, ...]
     dtype: str
     gradient: bool
 
     @property
     def nbytes(self) -> int:
-        """Bytes per row."""
+        """Bytes per row (an unknown dimension counted as 1)."""
         size = tf.as_dtype(self.dtype).size
         for d in self.shape:
-            size *= int(d)
+            size *= int(d or 1)
         return size
+
+    @property
+    def unknown(self) -> tuple[int, ...]:
+        """The axes (without the batch axis) whose length each batch gives."""
+        return tuple(i for i, d in enumerate(self.shape) if d is None)
+
+
+def _unknown_dims(tensors: Sequence[Any], boundary: Sequence[BoundaryTensor]) -> list[Any]:
+    """The unknown dimensions of ``tensors``, in the cut's order (the vector a transfer adds)."""
+    dims = []
+    for tensor, spec in zip(tensors, boundary, strict=True):
+        if spec.unknown:
+            shape = tf.shape(tensor, out_type=tf.int32)
+            dims.extend(shape[1 + axis] for axis in spec.unknown)
+    return dims
+
+
+def _shape(spec: BoundaryTensor, rows: Any, dims: Any) -> Any:
+    """The shape to receive ``spec`` with: ``rows``, then each axis's known length or the next
+    of ``dims`` (an iterator over the received unknown dimensions)."""
+    return tf.stack([rows, *[next(dims) if d is None else int(d) for d in spec.shape]])
 
 
 def send_boundary(link: Any, tensors: Sequence[Any], boundary: Sequence[BoundaryTensor],
                   kind: int, micro_batch: int = 0, phase: int = TRAIN) -> list[Any]:
-    """Sends a cut's tensors (``kind`` ACTIVATION: all; GRADIENT: those with a gradient, a
-    None one as zeros); returns the sends, to tie to the step's outputs."""
+    """Sends a cut's tensors (``kind`` ACTIVATION: all, and their unknown dimensions if any,
+    on `SHAPES_INDEX`; GRADIENT: those with a gradient, a None one as zeros); returns the
+    sends, to tie to the step's outputs."""
     sends = []
+    if kind != GRADIENT and any(spec.unknown for spec in boundary):
+        dims = tf.stack(_unknown_dims(tensors, boundary))
+        sends.append(link.send(dims, kind, micro_batch, index=SHAPES_INDEX, phase=phase))
     for i, (tensor, spec) in enumerate(zip(tensors, boundary, strict=True)):
         if kind == GRADIENT and not spec.gradient:
             continue
-        sends.append(link.send(tensor, kind, micro_batch, index=i, phase=phase))
+        send = link.send_sized if spec.unknown else link.send
+        sends.append(send(tensor, kind, micro_batch, index=i, phase=phase))
     return sends
 
 
 def recv_boundary(link: Any, boundary: Sequence[BoundaryTensor], rows: Any, kind: int,
-                  micro_batch: int = 0, phase: int = TRAIN) -> list[Any]:
+                  micro_batch: int = 0, phase: int = TRAIN,
+                  like: Sequence[Any] | None = None) -> list[Any]:
     """Receives what `send_boundary` sends: ``kind`` ACTIVATION, every tensor of the cut;
-    GRADIENT, a gradient per tensor that has one, None for the others."""
+    GRADIENT, a gradient per tensor that has one, None for the others.
+
+    Args:
+        like: GRADIENT: the tensors whose gradients come back (this stage's outputs), which
+            give the shapes a cut leaves unknown. Needed only then.
+    """
+    count = sum(len(spec.unknown) for spec in boundary)
+    if kind == GRADIENT or not count:
+        dims = iter(_unknown_dims(like, boundary) if count and like is not None else ())
+    else:
+        dims = iter(tf.unstack(link.recv(tf.constant([count]), tf.int32, kind, micro_batch,
+                                         index=SHAPES_INDEX, phase=phase), num=count))
     received = []
     for i, spec in enumerate(boundary):
+        shape = _shape(spec, rows, dims)
         if kind == GRADIENT and not spec.gradient:
             received.append(None)
             continue
-        shape = tf.stack([rows, *[int(d) for d in spec.shape]])
-        received.append(link.recv(shape, tf.as_dtype(spec.dtype), kind, micro_batch, index=i,
-                                  phase=phase))
+        recv = link.recv_sized if spec.unknown else link.recv
+        received.append(recv(shape, tf.as_dtype(spec.dtype), kind, micro_batch, index=i,
+                             phase=phase))
     return received
