@@ -112,7 +112,10 @@ def assert_agree(values: Mapping[str, Any], group: ProcessGroup, step: Any, *, s
         subject: What the values are, for the message ("global batch").
         fix: The message's last sentence.
         describe: A job rank's name in the message (its stage, its shard).
-        instance: The all-gather's instance key (None: the next traced key).
+        instance: The all-gather's named instance key for no tensors (None: the next traced
+            key); it is offset by the number of tensors fingerprinted, so one job that checks
+            two models (two shapes of fingerprints) meets two keys: TensorFlow keeps one shape
+            per key for the life of the job.
         timeout: Seconds the all-gather may wait (0 inside a traced step: its deadline).
         tolerance: Relative to each tensor's scale (`TOLERANCE`, `WEIGHT_TOLERANCE`).
 
@@ -127,6 +130,8 @@ def assert_agree(values: Mapping[str, Any], group: ProcessGroup, step: Any, *, s
              for _ in range(int(p.shape[0] or 0) // PARTS)]
     if not names:
         return []
+    if instance is not None:
+        instance += len(names)
     gathered = all_gather(tf.concat(prints, axis=0)[tf.newaxis], group, instance=instance,
                           timeout=timeout)
     apart = disagreeing(gathered, tolerance)
