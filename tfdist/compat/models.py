@@ -19,9 +19,9 @@ from typing import Any
 from tfdist.core.flavour import KerasFlavour, flavour_of, get_keras, keras_flavour  # noqa: F401 - get_keras: the examples
 
 __all__ = ["abstract_build", "bind_unbuilt_optimizer", "build_optimizer", "call_losses",
-           "functional_class", "in_own_thread", "initial_values", "is_graph_model", "metrics_scope",
-           "refuse_model_shape", "refuse_step_overrides", "seed_states", "step_overrides",
-           "weight_losses"]
+           "clipping_off", "functional_class", "in_own_thread", "initial_values", "is_graph_model",
+           "metrics_scope", "refuse_model_shape", "refuse_step_overrides", "seed_states",
+           "step_overrides", "weight_losses"]
 
 STEP_METHODS = ("train_step", "test_step", "predict_step", "compute_loss")
 """What a model class may override to change what ``fit``/``evaluate``/``predict`` do."""
@@ -392,3 +392,17 @@ def in_own_thread(call: Callable[[], Any], name: str) -> Any:
     if failure:
         raise failure[0]
     return result[0]
+
+
+@contextlib.contextmanager
+def clipping_off(optimizer: Any) -> Iterator[None]:
+    """The optimizer's own norm clipping off, for a step that clips over every process's part
+    itself (tensor shards, ZeRO partitions: a norm over one part is not the model's)."""
+    saved = {key: getattr(optimizer, key, None) for key in ("clipnorm", "global_clipnorm")}
+    for key in saved:
+        setattr(optimizer, key, None)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            setattr(optimizer, key, value)

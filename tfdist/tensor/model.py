@@ -22,14 +22,12 @@ vocabulary-split logits.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import keras
 import tensorflow as tf
 
-from tfdist.compat.models import bind_unbuilt_optimizer, build_optimizer
+from tfdist.compat.models import bind_unbuilt_optimizer, build_optimizer, clipping_off
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.parallel import consistency
 from tfdist.parallel.mappings import all_reduce_sum, gather_axis, gather_last_axis
@@ -41,7 +39,7 @@ from tfdist.tensor.nested import entry_variables
 from tfdist.tensor.plan import TensorPlan
 from tfdist.watchdog import StepDeadline, StepWatchdog
 
-__all__ = ["TensorModel", "clipping_off", "split_loss"]
+__all__ = ["TensorModel", "split_loss"]
 
 _WEIGHTS_FIX = ("The weights every shard of a tensor group (or every data replica) holds alike "
                 "have drifted apart: the processes drew different random numbers in a "
@@ -50,19 +48,6 @@ _WEIGHTS_FIX = ("The weights every shard of a tensor group (or every data replic
                 "(set_weights or a restore on one process). Fix: draw random numbers in layers "
                 "through keras.random with the SeedGenerator of the layer, and change weights on "
                 "every process alike")
-
-
-@contextlib.contextmanager
-def clipping_off(optimizer: Any) -> Iterator[None]:
-    """The optimizer's own norm clipping off (the model clips across shards instead)."""
-    saved = {key: getattr(optimizer, key, None) for key in ("clipnorm", "global_clipnorm")}
-    for key in saved:
-        setattr(optimizer, key, None)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            setattr(optimizer, key, value)
 
 
 def split_loss(loss: Any, plan: TensorPlan, group: ProcessGroup, start: int,

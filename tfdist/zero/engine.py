@@ -35,20 +35,7 @@ from tfdist.parallel.mesh import ProcessGroup
 from tfdist.parallel.ops import all_gather, all_reduce, reduce_scatter
 from tfdist.zero.partition import Piece, ZeroPartition, partition
 
-__all__ = ["ZeroEngine", "clipping_off", "check_partitionable"]
-
-
-@contextlib.contextmanager
-def clipping_off(optimizer: Any) -> Iterator[None]:
-    """The optimizer's own norm clipping off (the engine clips over every part instead)."""
-    saved = {key: getattr(optimizer, key, None) for key in ("clipnorm", "global_clipnorm")}
-    for key in saved:
-        setattr(optimizer, key, None)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            setattr(optimizer, key, value)
+__all__ = ["ZeroEngine", "check_partitionable"]
 
 
 def check_partitionable(variables: Sequence[Any]) -> str:

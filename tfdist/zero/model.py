@@ -15,9 +15,10 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tfdist.compat.models import clipping_off
 from tfdist.parallel.ops import all_reduce
 from tfdist.watchdog import StepDeadline, StepWatchdog
-from tfdist.zero.engine import ZeroEngine, clipping_off
+from tfdist.zero.engine import ZeroEngine
 
 __all__ = ["ZeroModelMixin", "attach", "original_class", "train_step"]
 
