@@ -348,6 +348,10 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
                                             spec)
             if self.layout.replicas > 1:
                 self._broadcast_from_first_replica(model)
+        if self.split is not None:  # blocks split inside: sharded now their weights agree
+            for i, k in enumerate(held):
+                self.split.shard_blocks(_stage_model(model, i), spec,
+                                        stage.stage_layers(spec, bounds, k))
         size = stage.weights_nbytes(model.weights)
         _log.info("pipeline %s: layers %s..%s, %.2f MB of %.2f MB parameters (%.0f%%)",
                   self.describe(), spec.names[bounds[held[0]]],

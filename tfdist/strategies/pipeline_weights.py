@@ -67,10 +67,9 @@ class StageWeightsMixin:
         """Bytes of layer ``layer_id``'s weights this process holds (its shard's, when split)."""
         assert self.spec is not None
         layer = self.spec.layers[layer_id]
-        split = None if self.split is None else self.split.split_of(layer.name)
-        if split is None:
+        if self.split is None:
             return layer.param_bytes
-        return sum(w.bytes_per_process(self.shards) for w in split.weights)
+        return self.split.held_bytes(layer.name, layer.param_bytes)
 
     def gather_weights(self, model: Any) -> list[np.ndarray] | None:
         """All stages' weights (replica 0) on the chief, in the whole model's order; None

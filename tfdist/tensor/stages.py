@@ -46,6 +46,7 @@ from tfdist.parallel.keys import next_key
 from tfdist.parallel.mesh import ProcessGroup
 from tfdist.parallel.ops import DEFAULT_TIMEOUT, broadcast_variable
 from tfdist.tensor import build as shards_of
+from tfdist.tensor.nested import Unit, is_nested, plan_nested
 from tfdist.tensor.plan import LOGIT_KINDS, LayerSplit, TensorPlan, check_coverage
 from tfdist.tensor.rules import plan_model
 
@@ -65,12 +66,26 @@ def _replicated(layer: LayerSplit, reason: str) -> LayerSplit:
 
 def plan_stages(model: Any, shards: int, rules: Mapping[str, str] | None = None) -> TensorPlan:
     """The tensor plan of a pipeline's whole ``model`` (built, or without weights): the
-    automatic and user rules, with the vocabulary-split output replicated.
+    automatic and user rules, with the vocabulary-split output replicated. A model of blocks
+    (a KerasHub model's Transformer layers) is planned through its layer tree
+    (`tfdist.tensor.nested`): its entries are paths inside the blocks.
 
     Raises:
         StrategyConfigError: what `plan_model` refuses, or a rule asking for ``output``.
     """
-    plan = plan_model(model, shards, rules)
+    return plan_stage_units(model, shards, rules)[0]
+
+
+def plan_stage_units(model: Any, shards: int, rules: Mapping[str, str] | None = None
+                     ) -> tuple[TensorPlan, tuple[Unit, ...]]:
+    """`plan_stages`'s plan and the units it splits inside blocks (none for a flat model)."""
+    units: tuple[Unit, ...] = ()
+    if is_nested(model):
+        plan, units = plan_nested(model, shards, rules)
+        logits = {layer.name for layer in plan.layers if layer.kind in LOGIT_KINDS}
+        units = tuple(u for u in units if not logits & set(u.paths))
+    else:
+        plan = plan_model(model, shards, rules)
     layers = []
     for layer in plan.layers:
         if layer.kind in LOGIT_KINDS and layer.reason.startswith("rule"):
@@ -81,7 +96,7 @@ def plan_stages(model: Any, shards: int, rules: Mapping[str, str] | None = None)
                 expected="'replicated' (or 'column' followed by a 'row' layer)",
                 fix=f"drop that rule, or use rules={{{layer.name!r}: 'replicated'}}"))
         layers.append(_replicated(layer, _OUTPUT_WHOLE) if layer.kind in LOGIT_KINDS else layer)
-    return TensorPlan(plan.shards, tuple(layers))
+    return TensorPlan(plan.shards, tuple(layers)), units
 
 
 def check_cuts(spec: Any, bounds: Sequence[int], plan: TensorPlan) -> None:
@@ -138,11 +153,14 @@ class StageSplit:
         plan: `plan_stages`'s plan of the whole model.
         group: This stage's tensor group (the processes holding its shards).
         timeout: Seconds an eager collective of the split layers waits.
+        units: What the plan splits inside blocks (`plan_stage_units`): such a block is built,
+            given its weights and shared whole, then sharded in place (`shard_blocks`).
     """
 
     plan: TensorPlan
     group: ProcessGroup
     timeout: float
+    units: tuple[Unit, ...] = ()
 
     def layer_maker(self, keras: Any, layer: Any) -> Any:
         """The layer a stage is built with for ``layer`` (a
@@ -160,10 +178,33 @@ class StageSplit:
         return found if found is not None and found.split else None
 
     def of_layers(self, names: Sequence[str]) -> TensorPlan:
-        """The plan restricted to the layers ``names`` (a stage's)."""
+        """The plan restricted to the layers ``names`` (a stage's) and the paths inside them."""
         wanted = set(names)
-        return TensorPlan(self.plan.shards,
-                          tuple(layer for layer in self.plan.layers if layer.name in wanted))
+        return TensorPlan(self.plan.shards, tuple(
+            layer for layer in self.plan.layers
+            if layer.name in wanted or layer.name.split("/")[0] in wanted))
+
+    def held_bytes(self, name: str, whole: int) -> int:
+        """Bytes of layer ``name``'s weights (``whole`` of them) a shard holds."""
+        inside = self.of_layers([name]).layers
+        if not inside:
+            return whole
+        return sum(w.bytes_per_process(self.plan.shards) for layer in inside
+                   for w in layer.weights)
+
+    def shard_blocks(self, model: Any, spec: Any, layer_ids: Sequence[int]) -> None:
+        """Makes the blocks among layers ``layer_ids`` of a stage (holding their whole,
+        agreed weights) this process's shard in place (`tfdist.tensor.inplace`)."""
+        if not self.units or self.group.size == 1:
+            return
+        from tfdist.tensor.inplace import shard_in_place
+
+        blocks = {spec.layers[lid].name for lid in layer_ids}
+        mine = tuple(u for u in self.units if u.paths[0].split("/")[0] in blocks)
+        paths = {path for u in mine for path in u.paths}
+        plan = TensorPlan(self.plan.shards,
+                          tuple(layer for layer in self.plan.layers if layer.name in paths))
+        shard_in_place(model, plan, mine, self.group, self.timeout)
 
     def set_weights(self, model: Any, spec: Any, layer_ids: Sequence[int],
                     weights: Sequence[Any]) -> None:
@@ -187,9 +228,17 @@ class StageSplit:
         """The whole weights of layers ``layer_ids`` of a stage, in
         `tfdist.pipeline.stage.layer_weights` order (a collective of the tensor group)."""
         names = [spec.layers[lid].name for lid in layer_ids]
-        whole = shards_of.gather_weights(model, self.of_layers(names), self.group,
-                                         self.timeout)
-        return [np.asarray(w) for name in names for w in whole.get(name, [])]
+        plan = self.of_layers(names)
+        whole = shards_of.gather_weights(model, plan, self.group, self.timeout)
+        by_path = {w.name: value for layer in plan.layers if "/" in layer.name
+                   for w, value in zip(layer.weights, whole[layer.name], strict=True)}
+        out = []
+        for name in names:
+            if name in whole:
+                out.extend(np.asarray(w) for w in whole[name])
+            elif any(layer.name.startswith(name + "/") for layer in plan.layers):
+                out.extend(np.asarray(by_path[v.path]) for v in model.get_layer(name).weights)
+        return out
 
     def share_replicated(self, model: Any, layer_ids: Sequence[int], spec: Any) -> None:
         """Gives every shard shard 0's values of the weights held whole (a collective)."""
@@ -221,9 +270,29 @@ def stage_split(spec: Any, bounds: Sequence[int], rules: Mapping[str, str],
 
     with keras_compat.abstract_build():
         whole = stage.assemble(spec)
-    plan = plan_stages(whole, group.size, rules)
+    plan, units = plan_stage_units(whole, group.size, rules)
+    timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+    if units and group.size > 1:
+        plan, units = _checked(stage.assemble(spec), plan, units, group, timeout)
     warning = check_coverage(plan, repr(spec.name))
     if warning and group.members[0] == 0:  # the chief's tensor group: said once
         _log.warning("%s\n%s", warning, plan.table())
     check_cuts(spec, bounds, plan)
-    return StageSplit(plan, group, DEFAULT_TIMEOUT if timeout is None else float(timeout))
+    return StageSplit(plan, group, timeout, units)
+
+
+def _checked(whole: Any, plan: TensorPlan, units: tuple[Unit, ...], group: ProcessGroup,
+             timeout: float) -> tuple[TensorPlan, tuple[Unit, ...]]:
+    """``plan`` with each block whose split differs from it whole kept whole
+    (`tfdist.tensor.blocks.checked_plan` on ``whole``, the model with drawn weights; the
+    group's largest gap decides, so every shard keeps the same blocks whole)."""
+    import tensorflow as tf
+
+    from tfdist.parallel.mappings import all_reduce_max
+    from tfdist.tensor.blocks import checked_plan
+
+    def agree(values: np.ndarray) -> np.ndarray:
+        return all_reduce_max(tf.constant(values), group, timeout).numpy()
+
+    plan, units, _ = checked_plan(whole, plan, units, agree)
+    return plan, units

@@ -112,6 +112,35 @@ def drop_cut_gradients():
     engine.send_boundary = dropping
 
 
+def skip_one_row_reduce():
+    """The K x T sabotage: the first row-split layer inside a block each stage shards skips
+    its all-reduce (each shard keeps its partial sum; its bias added on every shard)."""
+    from tfdist.tensor import inplace, stages
+
+    shard = stages.StageSplit.shard_blocks
+
+    def unreduced(layer):
+        equation = getattr(layer, "equation", None)
+
+        def call(inputs, training=None):
+            x = keras.ops.matmul(inputs, layer.kernel) if equation is None else \
+                keras.ops.einsum(equation, inputs, layer.kernel)
+            x = x if layer.bias is None else x + layer.bias
+            return x if layer.activation is None else layer.activation(x)
+
+        layer.call = call
+
+    def sabotaged(self, model, spec, layer_ids):
+        shard(self, model, spec, layer_ids)
+        names = {spec.layers[lid].name for lid in layer_ids}
+        rows = [layer.name for layer in self.plan.layers
+                if layer.kind == "row" and layer.name.split("/")[0] in names]
+        if rows:
+            unreduced(inplace.layer_at(model, rows[0]))
+
+    stages.StageSplit.shard_blocks = sabotaged
+
+
 def gap(a, b):
     return max(float(np.max(np.abs(np.subtract(x, y)))) for x, y in zip(a, b, strict=True))
 
@@ -137,6 +166,11 @@ def train_one(strategy, name):
     model = strategy.build_model(whole)
     loss = fit(model, name)
     result = {"loss": loss, "seconds": time.monotonic() - started}
+    if strategy.shards > 1:  # K x T: what this process holds, and the stages' plan
+        result.update(held_bytes=strategy.stage_report()["param_bytes"],
+                      stage=strategy.layout.stage,
+                      shard=strategy.layout.coordinates.tensor, plan=strategy.plan.as_dict(),
+                      weight_bytes=int(sum(np.asarray(w).nbytes for w in model.get_weights())))
     trained = strategy.gather_weights(model)
     samples = [x for x, _, _ in batches(name)[:len(LENGTHS)]]  # one batch of each length
     predicted = [model.predict(x, batch_size=GLOBAL, verbose=0) for x in samples]
@@ -166,6 +200,9 @@ def main(argv):
             result["models"][name] = {"refused": str(err)}
     if "--then-sabotage" in argv:
         drop_cut_gradients()
+        result["sabotage"] = train_one(strategy, names[0])
+    if "--then-skip-row-reduce" in argv:
+        skip_one_row_reduce()
         result["sabotage"] = train_one(strategy, names[0])
     report(result)
 

@@ -1,0 +1,99 @@
+"""K x T on a KerasHub model, in one process: the tensor plan of a pipeline's stages splits
+inside GPT-2's Transformer blocks (attention by heads, the feed-forward pair by columns and
+rows), each block passes the whole-vs-split check, and the tied embedding stays whole (the
+last stage's loss reads whole logits).
+
+Measured on the small config below (vocabulary 64, width 32, 2 blocks, K=2 cut after block 0):
+before this change the stages' plan split 0 of 78,848 weight bytes (every block one
+replicated custom layer); now 66,816 (84.7%). Per stage: each block 98.5% split (its two
+LayerNormalizations stay whole); stage 0 76% of its weight bytes (it also holds the token
+and position embeddings whole), stage 1 76% (the tied embedding again, and the final
+LayerNormalization). The >= 95% per stage the issue asks for is out of reach while the tied
+embedding stays whole in a pipeline: at GPT-2 small's real config (vocabulary 50,257, width
+768) the embedding alone is 31% of the model.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+keras_hub = pytest.importorskip("keras_hub")
+
+from tfdist.compat import models as keras_compat  # noqa: E402
+from tfdist.pipeline import stage  # noqa: E402
+from tfdist.tensor.blocks import checked_plan  # noqa: E402
+from tfdist.tensor.check import TOLERANCE  # noqa: E402
+from tfdist.tensor.stages import StageSplit, plan_stage_units, plan_stages  # noqa: E402
+
+
+def gpt2():
+    import keras
+
+    keras.utils.set_random_seed(1)
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=64, num_layers=2, hidden_dim=32, num_heads=2, intermediate_dim=64,
+        max_sequence_length=16, dropout=0.0)
+    return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+
+
+@pytest.fixture(scope="module")
+def split_gpt2():
+    spec, bounds = stage.split_model(gpt2(), 2, 2)
+    with keras_compat.abstract_build():
+        whole = stage.assemble(spec)
+    return spec, bounds, plan_stages(whole, 2)
+
+
+def _bytes(layer):
+    return sum(w.whole_bytes for w in layer.weights)
+
+
+def _stage_share(spec, bounds, plan, k):
+    names = {spec.layers[lid].name for lid in stage.stage_layers(spec, bounds, k)}
+    inside = StageSplit(plan, None, 1.0).of_layers(sorted(names)).layers
+    whole = sum(_bytes(layer) for layer in inside)
+    split = sum(_bytes(layer) for layer in inside if layer.split)
+    return split / whole, whole
+
+
+def test_stage_plan_splits_gpt2_blocks_by_heads_and_feed_forward(split_gpt2):
+    spec, bounds, plan = split_gpt2
+    assert [spec.names[b] for b in bounds[:-1]] == ["token_embedding", "transformer_layer_1"]
+    kinds = {layer.name: layer.kind for layer in plan.layers}
+    for block in ("transformer_layer_0", "transformer_layer_1"):
+        for part in ("query", "key", "value"):
+            assert kinds[f"{block}/self_attention/{part}"] == "column"
+        assert kinds[f"{block}/self_attention/attention_output"] == "row"
+        assert kinds[f"{block}/feedforward_intermediate_dense"] == "column"
+        assert kinds[f"{block}/feedforward_output_dense"] == "row"
+        blocks = [layer for layer in plan.layers if layer.name.startswith(block + "/")]
+        share = sum(_bytes(b) for b in blocks if b.split) / sum(_bytes(b) for b in blocks)
+        assert share >= 0.95, (block, share)
+        assert share == pytest.approx(33664 / 34176)
+    # the tied embedding stays whole: the pipeline's last stage computes the loss on whole logits
+    assert kinds["token_embedding"] == "replicated"
+    assert plan.split_bytes == 66816 and plan.whole_bytes == 78848
+
+
+def test_each_stage_share_and_bytes_per_process(split_gpt2):
+    spec, bounds, plan = split_gpt2
+    shares = [_stage_share(spec, bounds, plan, k) for k in range(2)]
+    # stage 0: embeddings (10,240 B whole) + block 0; stage 1: block 1 + final norm + tied emb
+    assert shares[0][1] == 8192 + 2048 + 34176
+    assert shares[1][1] == 34176 + 256 + 8192
+    assert shares[0][0] == pytest.approx(33664 / 44416)
+    assert shares[1][0] == pytest.approx(33664 / 42624)
+    assert plan.bytes_per_process / plan.whole_bytes < 0.58
+
+
+def test_every_block_passes_the_whole_versus_split_check():
+    spec, _ = stage.split_model(gpt2(), 2, 2)
+    whole = stage.assemble(spec)  # drawn weights: the check runs blocks whole and split
+    plan, units = plan_stage_units(whole, 2)
+    assert {u.block for u in units} == {"transformer_layer_0", "transformer_layer_1"}
+    assert {u.kind for u in units} == {"attention", "feed-forward"}  # no embedding unit
+    checked, kept, gaps = checked_plan(whole, plan, units)
+    assert set(gaps) == {"transformer_layer_0", "transformer_layer_1"}
+    assert all(gap <= TOLERANCE for gap in gaps.values()), gaps
+    assert kept == units and checked.split_bytes == plan.split_bytes
+    assert "block checked" in checked.layer("transformer_layer_0/self_attention/query").reason
