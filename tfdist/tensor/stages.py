@@ -46,7 +46,7 @@ from tfdist.parallel.keys import next_key
 from tfdist.parallel.mesh import ProcessGroup
 from tfdist.parallel.ops import DEFAULT_TIMEOUT, broadcast_variable
 from tfdist.tensor import build as shards_of
-from tfdist.tensor.nested import Unit, is_nested, plan_nested
+from tfdist.tensor.nested import Unit, entry_variables, is_nested, plan_nested
 from tfdist.tensor.plan import LOGIT_KINDS, LayerSplit, TensorPlan, check_coverage
 from tfdist.tensor.rules import plan_model
 
@@ -204,7 +204,8 @@ class StageSplit:
         paths = {path for u in mine for path in u.paths}
         plan = TensorPlan(self.plan.shards,
                           tuple(layer for layer in self.plan.layers if layer.name in paths))
-        shard_in_place(model, plan, mine, self.group, self.timeout)
+        with _where_made(model):
+            shard_in_place(model, plan, mine, self.group, self.timeout)
 
     def set_weights(self, model: Any, spec: Any, layer_ids: Sequence[int],
                     weights: Sequence[Any]) -> None:
@@ -230,14 +231,15 @@ class StageSplit:
         names = [spec.layers[lid].name for lid in layer_ids]
         plan = self.of_layers(names)
         whole = shards_of.gather_weights(model, plan, self.group, self.timeout)
-        by_path = {w.name: value for layer in plan.layers if "/" in layer.name
-                   for w, value in zip(layer.weights, whole[layer.name], strict=True)}
+        by_id = {id(v): value for layer in plan.layers if "/" in layer.name
+                 for v, value in zip(entry_variables(model, layer), whole[layer.name],
+                                     strict=True)}
         out = []
         for name in names:
             if name in whole:
                 out.extend(np.asarray(w) for w in whole[name])
             elif any(layer.name.startswith(name + "/") for layer in plan.layers):
-                out.extend(np.asarray(by_path[v.path]) for v in model.get_layer(name).weights)
+                out.extend(np.asarray(by_id[id(v)]) for v in model.get_layer(name).weights)
         return out
 
     def share_replicated(self, model: Any, layer_ids: Sequence[int], spec: Any) -> None:
@@ -249,6 +251,25 @@ class StageSplit:
                 if found is None or found.weights[i].axis is None:
                     broadcast_variable(variable, group=self.group,
                                        instance=next_key(), timeout=self.timeout)
+
+
+def _where_made(model: Any) -> Any:
+    """The distribution strategy's scope and the device ``model``'s variables were made in:
+    the shards' new variables are made there too (an optimizer refuses slots for a variable
+    from another strategy)."""
+    import contextlib
+
+    import tensorflow as tf
+
+    stack = contextlib.ExitStack()
+    first = next(iter(model.weights), None)
+    value = getattr(first, "value", first)
+    strategy = getattr(value, "_distribute_strategy", None)
+    if strategy is not None:
+        stack.enter_context(strategy.scope())
+    if getattr(value, "device", None):
+        stack.enter_context(tf.device(value.device))
+    return stack
 
 
 def stage_split(spec: Any, bounds: Sequence[int], rules: Mapping[str, str],
