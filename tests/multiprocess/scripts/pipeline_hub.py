@@ -189,6 +189,9 @@ def train_one(strategy, name):
 
 
 def main(argv):
+    global LENGTHS
+    if "--one-length" in argv:  # K x T: one sequence length (see test_pipeline_hub_tensor.py)
+        LENGTHS = LENGTHS[:1]
     micro_batches = int(argv[0])
     names = [a for a in argv[1:] if a in MODELS]
     strategy = tfdist.get_strategy("auto", micro_batches=micro_batches, schedule="1f1b")
