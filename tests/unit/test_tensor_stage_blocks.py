@@ -97,3 +97,50 @@ def test_every_block_passes_the_whole_versus_split_check():
     assert all(gap <= TOLERANCE for gap in gaps.values()), gaps
     assert kept == units and checked.split_bytes == plan.split_bytes
     assert "block checked" in checked.layer("transformer_layer_0/self_attention/query").reason
+
+
+def _stage_shard(model, spec, bounds, plan, units, rank):
+    import tensorflow as tf
+
+    from tfdist.parallel.mesh import ProcessGroup
+
+    split = StageSplit(plan, ProcessGroup(key=7, members=(0, 1), rank=rank), 5.0, units)
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        shard = stage.build_stage(spec, bounds, 0, layer_maker=split.layer_maker)
+    ids = stage.stage_layers(spec, bounds, 0)
+    split.set_weights(shard, spec, ids, stage.stage_weights(model, spec, bounds, 0))
+    split.shard_blocks(shard, spec, ids)
+    return split, shard, ids, strategy
+
+
+def test_a_stage_shard_holds_its_slices_and_its_plan_bytes():
+    """Sharding a stage's blocks in place (no collective runs here: the shards' calls are only
+    wrapped): each shard holds its heads and columns, the two shards' slices make the whole
+    weight, the bytes held are the plan's, and Adam builds its slots in the stage's scope."""
+    import keras
+    import numpy as np
+
+    model = gpt2()
+    spec, bounds = stage.split_model(model, 2, 2)
+    plan, units = plan_stage_units(stage.assemble(spec), 2)
+    shards = [_stage_shard(model, spec, bounds, plan, units, rank) for rank in (0, 1)]
+    whole_block = model.backbone.get_layer("transformer_layer_0")
+    for split, shard, ids, strategy in shards:
+        held = sum(np.asarray(w).nbytes for w in shard.get_weights())
+        assert held == sum(split.held_bytes(spec.layers[i].name, spec.layers[i].param_bytes)
+                           for i in ids) == 27712  # of 44,416 B for the stage whole
+        with strategy.scope():
+            optimizer = keras.optimizers.Adam()
+            optimizer.build(shard.trainable_variables)
+    for part, axis in (("_self_attention_layer._query_dense", 1),
+                       ("_feedforward_intermediate_dense", 1),
+                       ("_feedforward_output_dense", 0)):
+        def kernel(block, part=part):
+            for name in part.split("."):
+                block = getattr(block, name)
+            return block.kernel.numpy()
+
+        halves = [kernel(shard.get_layer("transformer_layer_0")) for _, shard, _, _ in shards]
+        assert halves[0].shape[axis] * 2 == kernel(whole_block).shape[axis]
+        np.testing.assert_array_equal(np.concatenate(halves, axis=axis), kernel(whole_block))
