@@ -52,7 +52,8 @@ from tfdist.tensor.rules import plan_model
 
 _log = logging.getLogger("tfdist")
 
-__all__ = ["plan_stages", "plan_stage_units", "check_cuts", "StageSplit", "stage_split", "check_clipping"]
+__all__ = ["plan_stages", "plan_stage_units", "check_cuts", "StageSplit", "stage_split",
+           "check_clipping"]
 
 _OUTPUT_WHOLE = "pipeline: the last stage's loss reads whole logits"
 _CARRIED_SPLIT = ("column",)
