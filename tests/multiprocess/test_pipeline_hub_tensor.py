@@ -17,10 +17,7 @@ import pytest
 
 from tfdist.cluster import ClusterSpec
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.skip(
-    reason="not yet seen passing: its one launch (two sequence lengths) reached training and "
-    "failed on a tensor collective whose traced key met two shapes (the stage's tf.function is "
-    "shape-polymorphic, reduce_retracing); this one-length version has not been run yet")]
+pytestmark = pytest.mark.multiprocess
 pytest.importorskip("keras_hub")
 
 SCRIPT = Path(__file__).parent / "scripts" / "pipeline_hub.py"
