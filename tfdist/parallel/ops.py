@@ -280,12 +280,15 @@ def reduce_scatter(x: Any, group: ProcessGroup, axis: int = 0, *,
             fix="pad the tensor, or scatter along another axis"))
     order = [axis, *(i for i in range(len(x.shape)) if i != axis)]
     moved = tf.transpose(x, order) if axis else x
+    # TensorFlow's all-to-all wants exactly one row per member: each member's part, flat
+    part_shape = tf.concat([[tf.shape(moved)[0] // group.size], tf.shape(moved)[1:]], axis=0)
     exchanged = collective_ops.all_to_all_v2(
-        moved, group_size=group.size, group_key=group.key, instance_key=_key(instance),
-        timeout=timeout)
-    parts = tf.split(exchanged, group.size, axis=0)
-    total = parts[0]
-    for part in parts[1:]:
-        total = total + part
+        tf.reshape(moved, [group.size, -1]), group_size=group.size, group_key=group.key,
+        instance_key=_key(instance), timeout=timeout)
+    total = exchanged[0]
+    for rank in range(1, group.size):
+        total = total + exchanged[rank]
+    total = tf.reshape(total, part_shape)
+    total.set_shape([None if length is None else length // group.size, *moved.shape[1:]])
     inverse = [order.index(i) for i in range(len(order))]
     return tf.transpose(total, inverse) if axis else total

@@ -205,7 +205,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         batch = args.batch
     y = target(x)
-    model.fit(x[: batch * 3], y[: batch * 3], batch_size=batch, epochs=1, verbose=0)  # warm-up
+    model.fit(x[: batch * 3], y[: batch * 3], batch_size=batch, epochs=1, verbose=0,
+              shuffle=False)  # warm-up; a shuffle gives stages other batches (refused)
     result.update(fit_seconds(model, keras, x, y, batch))
     report(result)
 

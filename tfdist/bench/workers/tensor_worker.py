@@ -125,7 +125,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     x, y, batch = batches(args, strategy)
     warm = {k: v[: batch * 2] for k, v in x.items()} if isinstance(x, dict) else x[: batch * 2]
-    model.fit(warm, y[: batch * 2], batch_size=batch, epochs=1, verbose=0)  # warm-up
+    model.fit(warm, y[: batch * 2], batch_size=batch, epochs=1, verbose=0,
+              shuffle=False)  # warm-up; a shuffle gives shards other batches (refused)
     seconds = time_call(lambda: model.fit(x, y, batch_size=batch, epochs=1, verbose=0,
                                           shuffle=False))
     result["step_s"] = seconds / args.steps

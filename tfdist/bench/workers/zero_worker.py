@@ -46,7 +46,8 @@ def timed(keras: Any, strategy: Any, args: argparse.Namespace, global_rows: bool
         x = x.reshape(args.steps, d, -1, SEQ)[:, rank].reshape(-1, SEQ)
         y = y.reshape(args.steps, d, -1)[:, rank].reshape(-1)
         batch //= d
-    model.fit(x[: batch * 2], y[: batch * 2], batch_size=batch, epochs=1, verbose=0)
+    model.fit(x[: batch * 2], y[: batch * 2], batch_size=batch, epochs=1, verbose=0,
+              shuffle=False)
     seconds = time_call(lambda: model.fit(x, y, batch_size=batch, epochs=1, verbose=0,
                                           shuffle=False))
     engine = getattr(model, "zero_engine", None)
