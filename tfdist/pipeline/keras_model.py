@@ -186,12 +186,10 @@ class _StageModelMixin:
     _pipeline: Any  # tfdist.strategies.pipeline.PipelineStrategy
 
     def stage_calls(self, training: bool) -> Any:
-        """What the engine runs on a micro-batch: this model, on the list of its inputs (with
-        M > 1 through one ``tf.function`` per mode, traced once: `tfdist.pipeline.traced`)."""
-        if self._pipeline.micro_batches > 1 and not traced.adds_losses_in_calls(self):
-            call = traced.traced_call(self, training)
-            return lambda a: call(list(a))
-        return lambda a: self._call_stage(list(a), training)
+        """What the engine runs on a micro-batch: this model, on the list of its inputs
+        (`tfdist.pipeline.traced.stage_call`)."""
+        call = traced.stage_call(self, self._pipeline.config, training)
+        return lambda a: call(list(a))
 
     def _call_stage(self, inputs: list[Any], training: bool) -> Any:
         return super().__call__(inputs, training=training)  # type: ignore[misc]
