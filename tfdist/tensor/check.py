@@ -39,6 +39,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfdist.compat.models import in_own_thread
 from tfdist.tensor.inplace import shard_in_place
 from tfdist.tensor.nested import Unit, layer_at, own_weights, walk
 from tfdist.tensor.plan import LayerSplit, TensorPlan
@@ -230,7 +231,10 @@ def _shard_runs(block: Any, call: tuple[Any, Any], local: TensorPlan,
 
 def _gap(block: Any, call: tuple[Any, Any], local: TensorPlan, units: tuple[Unit, ...],
          axes: Mapping[int, int | None]) -> float:
-    outputs, inputs, weights = _run(block, *call, seed=1)
+    # in a thread of its own like the shards: a strategy scope entered by this thread (or left
+    # entered by earlier code) would run the whole block under it, and the shards without it
+    outputs, inputs, weights = in_own_thread(lambda: _run(block, *call, seed=1),
+                                             "tfdist-check-whole")
     shards = _shard_runs(block, call, local, units)
     failed = [r for r in shards if not isinstance(r, tuple)]
     if failed:
