@@ -19,7 +19,7 @@ import tensorflow as tf
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.logs import report_written
 from tfdist.parallel import runtime
-from tfdist.parallel.mesh import ProcessGroup
+from tfdist.parallel.mesh import DATA, ProcessGroup
 from tfdist.parallel.place import (
     TENSOR_SHARDS_ENV,
     MeshPlace,
@@ -54,6 +54,28 @@ class ModelParallelMixin:
         cluster, task = self._read_cluster(tf_config)  # type: ignore[attr-defined]
         return cluster, task, process_place(tf_config, tensor=tensor,
                                             default_tensor=default_tensor)
+
+    @property
+    def mesh(self) -> Any:
+        """The job's process mesh (this process's place on it: ``self.place``)."""
+        return self.place.mesh
+
+    @property
+    def data_group(self) -> Any:
+        return self.place.group(DATA)
+
+    @property
+    def num_replicas(self) -> int:
+        """D: the data-parallel replicas whose gradients make one step."""
+        return self.place.size_of(DATA)
+
+    @property
+    def num_workers(self) -> int:
+        return self.mesh.size
+
+    @property
+    def worker_index(self) -> int:
+        return self.place.rank
 
     def _join_collectives(self, deadline: float | None, cluster: Any, task: Any,
                           world: ProcessGroup) -> None:

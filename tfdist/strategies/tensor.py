@@ -37,7 +37,7 @@ from tfdist.compat import models as keras_compat
 from tfdist.core import traits as builtin
 from tfdist.options import check_positive_number
 from tfdist.parallel.keys import next_key
-from tfdist.parallel.mesh import DATA, TENSOR, Mesh
+from tfdist.parallel.mesh import DATA, TENSOR
 from tfdist.parallel.ops import DEFAULT_TIMEOUT, broadcast_variable
 from tfdist.resilience.pipeline_backup import StepBackupMixin
 from tfdist.strategies.base import TfdistStrategyMixin
@@ -108,11 +108,6 @@ class TensorStrategy(StepBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
 
     # ----------------------------------------------------------------- surface
     @property
-    def mesh(self) -> Mesh:
-        """The job's ``data x 1 x tensor`` mesh."""
-        return self.place.mesh
-
-    @property
     def rank(self) -> int:
         return self.place.rank
 
@@ -124,23 +119,6 @@ class TensorStrategy(StepBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
     @property
     def tensor_group(self) -> Any:
         return self.place.group(TENSOR)
-
-    @property
-    def data_group(self) -> Any:
-        return self.place.group(DATA)
-
-    @property
-    def num_replicas(self) -> int:
-        """D: the data-parallel replicas whose gradients make one step."""
-        return self.place.size_of(DATA)
-
-    @property
-    def num_workers(self) -> int:
-        return self.mesh.size
-
-    @property
-    def worker_index(self) -> int:
-        return self.rank
 
     def describe(self) -> str:
         """One line: shard and replica of this process.

@@ -35,7 +35,7 @@ from tfdist.core.flavour import keras_flavour
 from tfdist.errors import KerasCompatibilityError, StrategyConfigError, format_error
 from tfdist.options import check_positive_number
 from tfdist.parallel.keys import next_key
-from tfdist.parallel.mesh import DATA, Mesh
+from tfdist.parallel.mesh import DATA
 from tfdist.parallel.ops import DEFAULT_TIMEOUT, broadcast_variable
 from tfdist.strategies.base import TfdistStrategyMixin
 from tfdist.strategies.model_parallel import ModelParallelMixin
@@ -115,27 +115,6 @@ class ZeroStrategy(ModelParallelMixin, TfdistStrategyMixin, tf.distribute.OneDev
             _JOINED.append(True)
         super().__init__(self._device())
         self._init_tfdist(cluster, task)
-
-    @property
-    def mesh(self) -> Mesh:
-        return self.place.mesh
-
-    @property
-    def data_group(self) -> Any:
-        return self.place.group(DATA)
-
-    @property
-    def num_replicas(self) -> int:
-        """D."""
-        return self.place.size_of(DATA)
-
-    @property
-    def num_workers(self) -> int:
-        return self.mesh.size
-
-    @property
-    def worker_index(self) -> int:
-        return self.place.rank
 
     def describe(self) -> str:
         chief = ", chief" if self.is_chief else ""
