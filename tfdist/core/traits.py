@@ -72,8 +72,9 @@ opt-in ``per_micro_batch``)."""
 TENSOR_SHARDS_ENV = "TFDIST_TENSOR_SHARDS"
 """T for a hand-set environment without `MESH_ENV` (``tfdist-launch`` writes T in the mesh)."""
 ZERO_ENV = "TFDIST_ZERO"
-"""The ZeRO stage (1, 2, 3) of a ``multi_worker`` job: ``tfdist-launch --zero`` writes it and
-``get_strategy("multi_worker")`` (or ``auto``) reads it (`tfdist.strategies.zero`)."""
+"""The ZeRO stage (1, 2, 3) of a ``multi_worker`` job (1, 2 of a ``pipeline`` job):
+``tfdist-launch --zero`` writes it and ``get_strategy("multi_worker")``, ``"pipeline"`` (or
+``auto``) reads it (`tfdist.strategies.zero`, `tfdist.pipeline.zero`)."""
 MESH_ENV = "TFDIST_MESH"
 """The job's mesh, ``"data=2,pipe=1,tensor=2"`` (`tfdist.parallel.mesh.Mesh.to_env`): written by
 ``tfdist-launch`` on every task of a strategy that takes ``--stages`` or ``--tensor``."""
@@ -278,9 +279,11 @@ PIPELINE = StrategyTraits(
                                      "schedule": PIPELINE_SCHEDULE_ENV,
                                      "chunks": PIPELINE_CHUNKS_ENV,
                                      "batch_norm": PIPELINE_BATCH_NORM_ENV,
-                                     "tensor": MESH_ENV}),
+                                     "tensor": MESH_ENV,
+                                     "zero": ZERO_ENV}),
 )
-"""``--tensor T`` splits each stage over T processes (a ``data x pipe x tensor`` mesh)."""
+"""``--tensor T`` splits each stage over T processes (a ``data x pipe x tensor`` mesh);
+``--zero 1|2`` shards each stage's optimizer state (and gradients) over its D replicas."""
 
 TENSOR = StrategyTraits(
     roles=("chief", "worker"),

@@ -210,12 +210,13 @@ def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
         help="split each layer (attention heads, feed-forward widths, vocabulary) T ways, one "
         "process each; --workers is D x K x T (D data-parallel replicas of K stages, each on T "
         "neighbouring processes of one host); each task reads its place from TFDIST_MESH")
-    zero = parser.add_argument_group("ZeRO (--strategy multi_worker, Keras 3)")
+    zero = parser.add_argument_group("ZeRO (--strategy multi_worker, or pipeline; Keras 3)")
     zero.add_argument(
         "--zero", type=int, choices=(1, 2, 3), metavar="{1,2,3}",
         help="shard over the D workers: 1 the optimizer state, 2 also the gradients "
-        "(reduce-scattered), 3 also the weights (gathered each step); each task reads it from "
-        "TFDIST_ZERO; the script builds its model with strategy.build_model")
+        "(reduce-scattered), 3 also the weights (gathered each step); with --strategy pipeline "
+        "(1 or 2) each stage over its D replicas; each task reads it from TFDIST_ZERO; the "
+        "script builds its model with strategy.build_model")
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:

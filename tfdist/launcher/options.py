@@ -41,7 +41,8 @@ class StrategyOptions:
         chunks: ``--chunks v``: model chunks per process (``--schedule interleaved``).
         batch_norm: ``--batch-norm``: ``"per_micro_batch"`` opts in to BatchNormalization
             with M > 1 (its statistics per micro-batch); ``"refuse"`` is the default.
-        zero: ``--zero 1|2|3``: ZeRO stage of a ``multi_worker`` job (`tfdist.strategies.zero`).
+        zero: ``--zero 1|2|3``: ZeRO stage of a ``multi_worker`` job (`tfdist.strategies.zero`),
+            or 1|2 on the data axis of a ``pipeline`` job (`tfdist.pipeline.zero`).
 
     Example:
         >>> StrategyOptions(micro_batches=4, schedule="1f1b").given()

@@ -266,11 +266,6 @@ def _strategy_options_problem(
             takes = ", ".join(_flag(o) for o in traits.launch_options) or "none"
             return (f"{_flag(option)} was given with --strategy {strategy}, which does not take "
                     f"it (it takes: {takes}). Fix: {option_fix(option)}")
-    zero = options.strategy_options.zero
-    if zero is not None and training_processes(options, traits) < 2:
-        return (f"--zero {zero} with {training_processes(options, traits)} training process "
-                "(D=1): ZeRO shards over the data-parallel processes, and one has nothing to "
-                f"share. Fix: --workers 2 or more, or drop --zero")
     stages = options.strategy_options.stages
     if stages is not None and options.strategy_options.tensor is None:
         processes = training_processes(options, traits)
@@ -278,7 +273,39 @@ def _strategy_options_problem(
             check_processes(processes, stages)
         except TfdistError as err:
             return f"--stages {stages} with {processes} process(es): {err}"
-    return mesh_problem(options, traits)
+    return _zero_problem(options, strategy, traits) or mesh_problem(options, traits)
+
+
+def _zero_problem(options: JobOptions, strategy: str, traits: StrategyTraits) -> str | None:
+    """What is wrong with ``--zero`` for this job, as one line, or None: ZeRO shards over the
+    D data-parallel processes (D = processes / (K x T) for the pipeline), so D must be 2 or
+    more; the pipeline runs stages 1 and 2 on whole stages (T = 1)."""
+    zero = options.strategy_options.zero
+    if zero is None:
+        return None
+    processes = training_processes(options, traits)
+    if "stages" not in traits.launch_options:
+        if processes < 2:
+            return (f"--zero {zero} with {processes} training process (D=1): ZeRO shards over "
+                    "the data-parallel processes, and one has nothing to share. Fix: --workers 2 "
+                    "or more, or drop --zero")
+        return None
+    stages = options.strategy_options.stages or 1
+    tensor = options.strategy_options.tensor or 1
+    if zero == 3:
+        return (f"--zero 3 with --strategy {strategy}: stage 3 (weights sharded, gathered layer "
+                "by layer) is not built for the pipeline, whose stages hold their weights whole. "
+                "Fix: --zero 1 or --zero 2, or --strategy multi_worker for stage 3")
+    if tensor > 1:
+        return (f"--zero {zero} with --tensor {tensor}: ZeRO on the pipeline's data axis is not "
+                "built for tensor-split stages. Fix: drop --tensor, or drop --zero")
+    replicas = processes // (stages * tensor)
+    if replicas < 2:
+        return (f"--zero {zero} with {processes} process(es) and --stages {stages} (D="
+                f"{replicas}): ZeRO shards each stage over its data-parallel replicas, and one "
+                f"has nothing to share. Fix: --workers {2 * stages * tensor} (D=2), or drop "
+                "--zero")
+    return None
 
 
 def _roles(options: JobOptions, traits: StrategyTraits) -> dict[str, int]:

@@ -30,7 +30,7 @@ from tfdist.pipeline.consistency import gated, step_checks
 from tfdist.pipeline.engine import LossTerms, PipelineEngine
 
 __all__ = ["stage_model_class", "local_stages_model", "resolve_metric", "mean_loss",
-           "apply_step", "loss_terms"]
+           "apply_step", "build_stage_optimizer", "loss_terms"]
 
 _ACCURACY_BY_LOSS = {
     "sparse_categorical_crossentropy": "SparseCategoricalAccuracy",
@@ -129,8 +129,22 @@ def apply_step(model: Any, engine: PipelineEngine, optimizer: Any, x: Any, y: An
     variables = list(model.trainable_variables)
     total, grads, outs = engine.train(model.stage_calls(training=True), model.stage_variables(),
                                       x, y, loss, sample_weight, model.stage_loss_terms())
-    optimizers.apply_gradients(optimizer, engine, grads, variables, combine=model.sum_tied)
+    zero = getattr(model, "_pipeline_zero", None)
+    if zero is not None:  # ZeRO on the data axis (`tfdist.pipeline.zero`)
+        zero.apply(optimizer, grads, engine.average_over_replicas, combine=model.sum_tied)
+    else:
+        optimizers.apply_gradients(optimizer, engine, grads, variables, combine=model.sum_tied)
     return total, outs
+
+
+def build_stage_optimizer(model: Any, optimizer: Any, strategy: Any) -> None:
+    """Builds ``optimizer`` (if not yet) on what the stage model updates: its trainable
+    variables, or under ZeRO this process's parts of them (`tfdist.pipeline.zero`)."""
+    zero = getattr(model, "_pipeline_zero", None)
+    if zero is not None:
+        zero.build_optimizer(optimizer, strategy)
+    else:
+        keras_compat.build_optimizer(optimizer, list(model.trainable_variables), strategy)
 
 
 def _resolve_metrics(keras: Any, metrics: Any, weighted_metrics: Any,
@@ -304,8 +318,8 @@ class _StageModelMixin:
     def fit(self, x: Any = None, y: Any = None, batch_size: Any = None, *args: Any,
             **kwargs: Any) -> Any:
         self._check_inputs(x, batch_size)
-        keras_compat.build_optimizer(self.optimizer, self.trainable_variables,  # type: ignore[attr-defined]
-                                     self.distribute_strategy)  # type: ignore[attr-defined]
+        build_stage_optimizer(self, self.optimizer,  # type: ignore[attr-defined]
+                              self.distribute_strategy)  # type: ignore[attr-defined]
         return super().fit(x, y, batch_size, *args, **kwargs)  # type: ignore[misc]
 
     def evaluate(self, x: Any = None, y: Any = None, batch_size: Any = None, *args: Any,

@@ -128,7 +128,7 @@ class StepBackupMixin:
 
 class PipelineBackupMixin(StepBackupMixin):
     """The backup half of `tfdist.strategies.pipeline.PipelineStrategy` (which supplies
-    ``layout``, ``shards``, ``config``, ``bounds``, ``name`` and ``worker_index``)."""
+    ``layout``, ``shards``, ``config``, ``bounds``, ``name``, ``worker_index`` and ``zero``)."""
 
     layout: Any
     shards: int
@@ -137,8 +137,9 @@ class PipelineBackupMixin(StepBackupMixin):
     name: str
 
     def backup_layout(self) -> dict[str, Any]:
-        """What this process's backup depends on: the mesh, the chunks and (once the model is
-        split) the stage bounds; `tfdist.resilience.claim` refuses any other.
+        """What this process's backup depends on: the mesh, the chunks, (once the model is
+        split) the stage bounds and the ZeRO stage if any (its optimizer slots are its part of
+        its stage's); `tfdist.resilience.claim` refuses any other.
 
         Example:
             >>> from tfdist.strategies.pipeline import PipelineStrategy
@@ -146,9 +147,12 @@ class PipelineBackupMixin(StepBackupMixin):
             1
         """
         layout = self.layout
-        return {"strategy": self.name, "processes": layout.processes, "data": layout.replicas,
-                "stages": layout.stages, "tensor": self.shards, "chunks": self.config.chunks,
-                "stage_bounds": None if self.bounds is None else list(self.bounds)}
+        found = {"strategy": self.name, "processes": layout.processes, "data": layout.replicas,
+                 "stages": layout.stages, "tensor": self.shards, "chunks": self.config.chunks,
+                 "stage_bounds": None if self.bounds is None else list(self.bounds)}
+        if getattr(self, "zero", 0):  # each process's slots are its part of its stage's
+            found["zero"] = self.zero
+        return found
 
 
 def _check_save_freq(save_freq: Any) -> None:

@@ -39,7 +39,6 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdist.compat import models as keras_compat
 from tfdist.core import flavour
 from tfdist.core import traits as builtin
 from tfdist.errors import StrategyConfigError, format_error
@@ -62,6 +61,7 @@ from tfdist.pipeline.config import (
 from tfdist.pipeline.consistency import gated, step_checks
 from tfdist.pipeline.keras_model import (
     apply_step,
+    build_stage_optimizer,
     mean_loss,
 )
 from tfdist.pipeline.layout import PipelineLayout
@@ -152,6 +152,11 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
             ``"whole_batch"`` (once per step over the replica batch, for one more forward of
             the stage: a stage then holds no gradient sums, the memory a stage trained with
             SGD saves most; T = 1, no layer with a random seed; `tfdist.pipeline.batch_weights`).
+        zero: ZeRO stage 1 or 2 on the data axis (None: ``$TFDIST_ZERO``, which
+            ``tfdist-launch --zero`` writes; else none): each stage's D replicas keep the
+            optimizer slots of 1/D of the stage's weights, update that part and all-gather it
+            (stage 2 also reduce-scatters the gradients; `tfdist.pipeline.zero`). Keras 3,
+            D >= 2, T = 1; stage 3 is refused.
 
     Attributes:
         config: The settings above, validated (`tfdist.pipeline.config.PipelineConfig`).
@@ -191,6 +196,7 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
         tensor: int | None = None,
         rules: Mapping[str, str] | None = None,
         weight_gradients: str | None = None,
+        zero: int | None = None,
     ) -> None:
         self.config = PipelineConfig.from_env(
             stages=stages, micro_batches=micro_batches, schedule=schedule, chunks=chunks,
@@ -209,6 +215,7 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
         self.rules = dict(rules or {})
         self.mode: PipelineMode = choose_mode(self.config, place.mesh.size, place.rank,
                                               place.size_of(TENSOR))
+        self.zero = _zero_stage(zero, self.layout.replicas, place.size_of(TENSOR))
         if place.mesh.size > 1:
             _warn_if_one_inter_op_thread()
             if self.config.stages > 1 and not self.config.arithmetic_optimization:
@@ -357,6 +364,14 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
                   self.describe(), spec.names[bounds[held[0]]],
                   spec.names[bounds[held[-1] + 1] - 1], size / 1e6, spec.total_param_bytes / 1e6,
                   100.0 * size / max(1, spec.total_param_bytes))
+        if self.zero:
+            from tfdist.pipeline.zero import SKIP_GATHER_ENV, DataAxisZero
+
+            with self.scope():
+                model._pipeline_zero = DataAxisZero(  # noqa: SLF001
+                    model.trainable_variables, self.zero, self.layout.group(DATA),
+                    self.layout.group(PIPE), self.timeout,
+                    sabotage=os.environ.get(SKIP_GATHER_ENV) or None)
         return self._mark_split(model)
 
     def _check_whole_batch(self, spec: stage.ModelSpec) -> None:
@@ -404,8 +419,7 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
         loss_fn = mean_loss(keras.losses.get(loss))
         engine = model._engine  # noqa: SLF001
         self.check_optimizer(optimizer)
-        keras_compat.build_optimizer(optimizer, list(model.trainable_variables),
-                                     tf.distribute.get_strategy())
+        build_stage_optimizer(model, optimizer, tf.distribute.get_strategy())
 
         @tf.function
         def step(x: Any, y: Any, sample_weight: Any = None) -> Any:
@@ -434,6 +448,12 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
             check_clipping(optimizer)
         if self.spec is not None and self.bounds is not None:
             tied.check_clipping(optimizer, self.spec, self.bounds)
+        if self.zero:
+            from tfdist.pipeline.zero import check_zero_optimizer
+
+            shared = self.spec is not None and self.bounds is not None and \
+                bool(tied.shared_layers(self.spec, self.bounds))
+            check_zero_optimizer(optimizer, self.zero, tied=shared)
 
     def check_rows(self, rows: int) -> None:
         """Raises unless a batch of ``rows`` rows divides into D replicas x M micro-batches."""
@@ -472,3 +492,17 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
             transport.broadcast_variable(
                 variable, group=group, instance=transport.instance_key(transport.WEIGHTS, 0, i),
                 timeout=self.timeout)
+
+
+def _zero_stage(zero: int | None, replicas: int, tensor: int) -> int:
+    """The ZeRO stage asked for (``zero``, else ``$TFDIST_ZERO``; 0: none), refused before any
+    process waits for another where the pipeline cannot run it (`tfdist.pipeline.zero`)."""
+    from tfdist.zero.partition import check_stage
+
+    stage = check_stage(os.environ.get(builtin.ZERO_ENV) or None, field=builtin.ZERO_ENV) \
+        if zero is None else check_stage(zero)
+    if stage:
+        from tfdist.pipeline.zero import check_zero
+
+        check_zero(stage, replicas, tensor, flavour.keras_flavour())
+    return stage

@@ -1,0 +1,114 @@
+"""One process of a D=2 x K=2 pipeline job with ZeRO on its data axis (4 processes): trains an
+Embedding model (stage 0: the embedding, its gradient row slices; stage 1: the dense layers)
+with Adam, ``global_clipnorm`` (a norm over every stage and every part) and sample weights,
+once per phase in the same job, and reports what the test checks.
+
+Args: ``steps DIR``. The strategy is ``get_strategy("auto")`` under ``TFDIST_ZERO=1`` (as
+``tfdist-launch --zero 1`` writes it); each phase sets ``strategy.zero`` before building its
+model (one strategy per process: the collectives join once). Phases, each on a fresh copy of
+the same initial weights: ``zero1``; ``zero2``, whose model is then saved whole to
+``DIR/zero2.keras`` (every process calls it; the chief writes it); ``sabotage``: stage 2 with the
+all-gather after the update skipped (``TFDIST_PIPELINE_ZERO_SABOTAGE=skip_gather``): parity must
+fail. The chief also trains the whole model in one process with Keras's own ``fit`` on the same
+global batches: the reference. Each phase reports the gathered weights (chief), the loss per
+epoch, the bytes of the optimizer's variables this process holds and those of the same Adam
+built on the whole stage (what the replicated pipeline holds).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import keras
+import numpy as np
+
+import tfdist
+from tfdist.pipeline.zero import SKIP_GATHER_ENV
+from tfdist.testing import report
+
+GLOBAL, SEQ, VOCAB, DIM, LR, CLIP = 16, 6, 16, 4, 0.05, 0.05
+
+
+def build():
+    return keras.Sequential([
+        keras.Input((SEQ,), dtype="int32"),
+        keras.layers.Embedding(VOCAB, DIM, name="emb"),
+        keras.layers.Flatten(name="flat"),
+        keras.layers.Dense(8, activation="tanh", name="d0"),
+        keras.layers.Dense(1, name="out"),
+    ], name="embedding_mlp")
+
+
+def data(steps):
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, VOCAB, size=(steps * GLOBAL, SEQ)).astype("int32")
+    y = (np.sin(x[:, :1]) + 0.1 * x[:, 1:2]).astype("float32")
+    weight = rng.uniform(0.2, 2.0, size=(steps * GLOBAL,)).astype("float32")
+    return x, y, weight
+
+
+def optimizer():
+    return keras.optimizers.Adam(LR, global_clipnorm=CLIP)
+
+
+def slot_bytes(adam):
+    return sum(int(v.numpy().nbytes) for v in adam.variables)
+
+
+def fit_reference(initial, x, y, weight):
+    model = build()
+    model.set_weights(initial)
+    model.compile(optimizer=optimizer(), loss="mse")
+    history = model.fit(x, y, sample_weight=weight, batch_size=GLOBAL, epochs=1,
+                        shuffle=False, verbose=0)
+    return [w.tolist() for w in model.get_weights()], history.history["loss"]
+
+
+def run_phase(strategy, name, stage, initial, x, y, weight, folder):
+    strategy.zero = stage
+    if name == "sabotage":
+        os.environ[SKIP_GATHER_ENV] = "skip_gather"
+    whole = build()
+    whole.set_weights(initial)
+    model = strategy.build_model(whole)
+    model.compile(optimizer=optimizer(), loss="mse")
+    start = time.process_time()
+    loss = model.fit(x, y, sample_weight=weight, batch_size=GLOBAL, epochs=1, shuffle=False,
+                     verbose=0).history["loss"]
+    result = {"loss": loss, "cpu_seconds": time.process_time() - start,
+              "slots": slot_bytes(model.optimizer)}
+    whole_adam = optimizer()
+    whole_adam.build(model.trainable_variables)
+    result["replicated_slots"] = slot_bytes(whole_adam)
+    result["stage_bytes"] = sum(int(v.numpy().nbytes) for v in model.trainable_variables)
+    gathered = strategy.gather_weights(model)
+    result["weights"] = None if gathered is None else [w.tolist() for w in gathered]
+    if name == "zero2":
+        path = os.path.join(folder, "zero2.keras")
+        result["saved"] = strategy.save_model(model, path)
+        if strategy.is_chief:
+            result["loaded"] = [w.tolist() for w in keras.models.load_model(path).get_weights()]
+    os.environ.pop(SKIP_GATHER_ENV, None)
+    return result
+
+
+def main(argv):
+    steps, folder = int(argv[0]), argv[1]
+    strategy = tfdist.get_strategy("auto", micro_batches=2, split_points=["d0"])
+    keras.utils.set_random_seed(1)
+    initial = [w.copy() for w in build().get_weights()]
+    x, y, weight = data(steps)
+    out = {"class": type(strategy).__name__, "zero_from_env": strategy.zero,
+           "layout": strategy.backup_layout(), "phases": {}}
+    for name, stage in (("zero1", 1), ("zero2", 2), ("sabotage", 2)):
+        out["phases"][name] = run_phase(strategy, name, stage, initial, x, y, weight, folder)
+    if strategy.is_chief:
+        out["initial"] = [w.tolist() for w in initial]
+        out["reference"], out["reference_loss"] = fit_reference(initial, x, y, weight)
+    report(out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,351 @@
+"""ZeRO stages 1 and 2 on the data axis of a pipeline: a stage's D replicas share its optimizer
+state (and, stage 2, its summed gradients) instead of each holding all of it.
+
+Each stage process partitions its own trainable variables by bytes into D runs
+(`tfdist.zero.partition`, the same partition on the D replicas of the stage, whose variables
+have the same shapes), and keeps one Keras variable per piece it owns; the stage's optimizer is
+built on those pieces only, so its slots are 1/D of the stage's. A step (`DataAxisZero.apply`,
+inside the pipeline's ``tf.function``, after the schedule has summed the micro-batches'
+gradients):
+
+1. the pieces take their rows of the stage's whole weights (which a restore, ``set_weights`` or
+   a load may have changed);
+2. the gradients reach their owners, averaged over the D replicas: stage 1 all-reduces each
+   gradient as the replicated pipeline does and keeps its rows; stage 2 reduce-scatters one
+   buffer of the dense gradients, so a process receives only its pieces' sums. An embedding's
+   gradient (``IndexedSlices``) stays row slices: every replica's slices are gathered and each
+   owner keeps those of its rows, as one device gives them to Keras 3's Adam;
+3. norms are taken over every piece of every stage (``clipnorm`` per whole weight,
+   ``global_clipnorm`` over the whole model: the squared sums all-reduced over the data axis,
+   then over the pipeline's stages), then the optimizer, its own norm clipping off, applies
+   the clipped pieces' gradients (weight decay, its exclusions and ``clipvalue`` are
+   element-wise: exact on a piece);
+4. the updated pieces are all-gathered into the stage's whole weights: every replica holds the
+   same weights again (the pipeline's consistency check compares them).
+
+Refused before training (`check_zero`): ZeRO stage 3, tf-keras, D = 1, tensor-split stages,
+``use_ema`` and ``gradient_accumulation_steps`` (both keep per-variable state that Keras swaps
+or applies outside this step), and weights tied across stages under stage 2 (their gradients
+are summed whole across stages).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tfdist.errors import StrategyConfigError, format_error
+from tfdist.parallel.keys import REDUCE, TRAIN, instance_key
+from tfdist.parallel.mesh import ProcessGroup
+from tfdist.parallel.ops import all_gather, all_reduce, reduce_scatter
+from tfdist.pipeline.gradients import GATHER_INDEX, is_sparse
+from tfdist.zero.partition import Piece, ZeroPartition, partition
+
+__all__ = ["DataAxisZero", "check_zero", "check_zero_optimizer", "SKIP_GATHER_ENV"]
+
+SKIP_GATHER_ENV = "TFDIST_PIPELINE_ZERO_SABOTAGE"
+"""Test-only: ``skip_gather`` leaves the updated pieces ungathered (parity must then fail)."""
+ZERO_MICRO_BATCH = 2
+"""ZeRO's collectives on the data group use REDUCE's named keys of micro-batch 2 (the
+replicated gradients use 0, the global norm over the stages 1)."""
+BUFFER, WEIGHTS_GATHER, GLOBAL_NORM, WEIGHT_NORMS = 0, 1, 2, 3
+"""Their indexes: the dense gradients' buffer, the updated pieces' gather, the global squared
+norm (a scalar), each weight's squared norm (a vector: a key keeps one shape for the job)."""
+
+
+def check_zero(stage: int, replicas: int, tensor: int, flavour: str) -> None:
+    """Refuses, before any process waits for another, a ZeRO stage the pipeline cannot run.
+
+    Example:
+        >>> check_zero(2, 2, 1, "keras3")
+        >>> check_zero(3, 2, 1, "keras3")
+        Traceback (most recent call last):
+        ...
+        tfdist.errors.StrategyConfigError: ZeRO stage 3 (weights sharded, gathered layer by \
+layer) is not built for the pipeline: its stages hold their weights whole. Received: \
+zero=3 with strategy pipeline. Expected: zero=1 or 2 with the pipeline (stage 3 with \
+multi_worker). Fix: pass zero=2 (tfdist-launch --zero 2), or --strategy multi_worker for stage 3
+    """
+    if stage == 3:
+        raise StrategyConfigError(format_error(
+            "ZeRO stage 3 (weights sharded, gathered layer by layer) is not built for the "
+            "pipeline: its stages hold their weights whole.",
+            received="zero=3 with strategy pipeline",
+            expected="zero=1 or 2 with the pipeline (stage 3 with multi_worker)",
+            fix="pass zero=2 (tfdist-launch --zero 2), or --strategy multi_worker for stage 3"))
+    if flavour == "tf_keras":
+        raise StrategyConfigError(format_error(
+            "ZeRO builds the optimizer on parts of the weights with Keras 3's API.",
+            received=f"zero={stage} with tf-keras (TF_USE_LEGACY_KERAS=1)",
+            expected="Keras 3 (TF_USE_LEGACY_KERAS unset)",
+            fix="unset TF_USE_LEGACY_KERAS, or drop zero"))
+    if replicas < 2:
+        raise StrategyConfigError(format_error(
+            "ZeRO shards a stage over its data-parallel replicas, and this pipeline has one "
+            "(D=1): there is nothing to shard.",
+            received=f"zero={stage} with D={replicas} pipeline replica(s)",
+            expected="D >= 2: processes = D x K (x T)",
+            fix="launch with twice the workers (tfdist-launch --workers 4 --stages 2 --zero "
+                f"{stage}), or drop zero"))
+    if tensor > 1:
+        raise StrategyConfigError(format_error(
+            "ZeRO on the pipeline's data axis is not built for tensor-split stages.",
+            received=f"zero={stage} with tensor={tensor}",
+            expected="tensor=1 (whole stages) with zero",
+            fix="drop --tensor, or drop --zero"))
+
+
+def check_zero_optimizer(optimizer: Any, stage: int, tied: bool) -> None:
+    """Refuses an optimizer option (or a model) ZeRO cannot apply as one device would.
+
+    Example:
+        >>> import keras
+        >>> check_zero_optimizer(keras.optimizers.Adam(global_clipnorm=1.0), 2, tied=False)
+    """
+    for option in ("use_ema", "gradient_accumulation_steps"):
+        value = getattr(optimizer, option, None)
+        if value:
+            raise StrategyConfigError(format_error(
+                f"ZeRO on the pipeline cannot apply {option}={value!r} as one device would: "
+                "Keras keeps its per-variable state on the optimizer's variables, which are "
+                "this process's parts of the weights, not the weights.",
+                received=f"{option}={value!r} ({type(optimizer).__name__}) with zero={stage}",
+                expected=f"an optimizer without {option}",
+                fix=f"drop {option}, or drop zero"))
+    if tied and stage == 2:
+        raise StrategyConfigError(format_error(
+            "ZeRO stage 2 reduce-scatters each stage's gradients, and a weight tied across "
+            "stages needs its whole gradient summed over the stages that hold it.",
+            received="zero=2 with weights tied across stages",
+            expected="no tied weights with zero=2",
+            fix="use zero=1 (it keeps the whole gradients), or untie the weights"))
+
+
+def _rows(value: Any, piece: Piece, shape: tuple[int, ...]) -> Any:
+    """A piece's rows of a whole tensor (a scalar is its own one row)."""
+    return value if not shape else value[piece.start:piece.stop]
+
+
+def _values(gradient: Any) -> Any:
+    return gradient.values if is_sparse(gradient) else gradient
+
+
+class DataAxisZero:
+    """ZeRO on one pipeline process's variables, over its stage's data group.
+
+    Args:
+        variables: The process's trainable variables (its stage's, in the gradients' order).
+        stage: 1 or 2.
+        group: The stage's data group (D replicas).
+        pipe: The replica's pipeline group (its stages), for the global norm.
+        timeout: Seconds an eager collective waits (inside a step the step's deadline rules).
+        sabotage: Test-only: ``"skip_gather"`` leaves the updated pieces ungathered.
+    """
+
+    def __init__(self, variables: Sequence[Any], stage: int, group: ProcessGroup,
+                 pipe: ProcessGroup, timeout: float = 0.0, sabotage: str | None = None) -> None:
+        import keras
+
+        self.variables, self.stage, self.group, self.pipe = list(variables), stage, group, pipe
+        self.timeout, self.sabotage = timeout, sabotage
+        dtypes = {tf.as_dtype(v.dtype) for v in self.variables}
+        if len(dtypes) != 1:
+            raise StrategyConfigError(format_error(
+                "ZeRO moves a stage's parts in one buffer of one dtype.",
+                received=f"trainable weights of dtypes {sorted(d.name for d in dtypes)}",
+                expected="every trainable weight of a stage of one dtype",
+                fix="give every layer the same variable dtype, or drop zero"))
+        self.dtype = dtypes.pop()
+        self.plan: ZeroPartition = partition([tuple(v.shape) for v in self.variables],
+                                             self.dtype.size, group.size)
+        self.mine = self.plan.of_owner(group.rank)
+        empty = [d for d in range(group.size) if not self.plan.of_owner(d)]
+        if empty:
+            raise StrategyConfigError(format_error(
+                "ZeRO cannot give every replica of this stage a part: its weights have fewer "
+                "rows than the stage has replicas.",
+                received=f"{len(self.variables)} trainable weights, D={group.size} "
+                         f"(data ranks {empty} would own nothing)",
+                expected=f"at least {group.size} rows of weights per stage",
+                fix="use fewer replicas or stages, or drop zero"))
+        self.longest = max(sum(p.size for p in self.plan.of_owner(d))
+                           for d in range(group.size))
+        self.pieces = [keras.Variable(_rows(self.variables[p.variable].numpy(), p,
+                                            self.plan.shapes[p.variable]),
+                                      name=self.variables[p.variable].name, trainable=True)
+                       for p in self.mine]
+
+    # ----------------------------------------------------------------- optimizer
+    def build_optimizer(self, optimizer: Any, strategy: Any) -> None:
+        """Builds ``optimizer`` on this process's pieces (a no-op once built); a weight
+        excluded from weight decay by variable has its pieces excluded."""
+        from tfdist.compat.models import bind_unbuilt_optimizer, build_optimizer
+
+        if getattr(optimizer, "built", False):
+            return
+        excluded = getattr(optimizer, "_exclude_from_weight_decay", None)
+        if excluded:
+            for piece, part in zip(self.pieces, self.mine, strict=True):
+                if optimizer._var_key(self.variables[part.variable]) in excluded:  # noqa: SLF001
+                    excluded.add(optimizer._var_key(piece))  # noqa: SLF001
+        bind_unbuilt_optimizer(optimizer, strategy)
+        build_optimizer(optimizer, self.pieces, strategy)
+
+    def held_bytes(self, optimizer: Any) -> dict[str, int]:
+        """Bytes this process holds: ``pieces`` (its parts' master copies) and ``slots`` (the
+        optimizer's variables, its step counter and learning rate included)."""
+        slots = sum(int(v.numpy().nbytes) for v in getattr(optimizer, "variables", []) or [])
+        return {"pieces": sum(p.size for p in self.mine) * self.dtype.size, "slots": slots}
+
+    # ----------------------------------------------------------------- the step
+    def apply(self, optimizer: Any, gradients: Sequence[Any],
+              average: Callable[[list[Any]], list[Any]],
+              combine: Callable[[list[Any]], list[Any]] | None = None) -> None:
+        """One update of this process's pieces from its stage's summed ``gradients`` and the
+        gather of the stage's whole weights (see the module). ``average`` is the replicated
+        average over the data group (stage 1); ``combine`` sums tied weights' gradients."""
+        from tfdist.compat.models import clipping_off
+
+        for piece, part in zip(self.pieces, self.mine, strict=True):
+            piece.assign(_rows(self.variables[part.variable], part,
+                               self.plan.shapes[part.variable]))
+        if self.stage == 1:
+            whole = average(list(gradients))
+            if combine is not None:
+                whole = combine(whole)
+            owned = self._own_rows(whole)
+        else:
+            owned = self._scatter(list(gradients))
+        owned = self._clip(owned, optimizer)
+        with clipping_off(optimizer):
+            optimizer.apply_gradients(zip(owned, self.pieces, strict=True))
+        if self.sabotage != "skip_gather":
+            for variable, value in zip(self.variables, self.gather_whole(), strict=True):
+                variable.assign(value)
+
+    def gather_whole(self) -> list[Any]:
+        """Every variable's whole value, gathered from its owners' pieces."""
+        mine = [tf.reshape(tf.convert_to_tensor(v), [-1]) for v in self.pieces]
+        flat = tf.concat([*mine, tf.zeros([self.longest - sum(p.size for p in self.mine)],
+                                          self.dtype)], 0)
+        everyone = tf.reshape(all_gather(flat, self.group, instance=self._key(WEIGHTS_GATHER),
+                                         timeout=self._timeout()),
+                              [self.group.size, self.longest])
+        parts: dict[int, list[Any]] = {}
+        for owner in range(self.group.size):
+            offset = 0
+            for piece in self.plan.of_owner(owner):
+                parts.setdefault(piece.variable, []).append(
+                    everyone[owner, offset:offset + piece.size])
+                offset += piece.size
+        return [tf.reshape(tf.concat(parts[i], 0), shape)
+                for i, shape in enumerate(self.plan.shapes)]
+
+    def _key(self, index: int) -> int:
+        return instance_key(REDUCE, ZERO_MICRO_BATCH, index, TRAIN)
+
+    def _timeout(self) -> float:
+        return self.timeout if tf.executing_eagerly() else 0.0
+
+    def _own_rows(self, whole: Sequence[Any]) -> list[Any]:
+        """This process's pieces of replica-averaged whole gradients (stage 1)."""
+        out = []
+        for piece in self.mine:
+            g = whole[piece.variable]
+            if g is None:
+                out.append(None)
+            elif is_sparse(g):
+                out.append(self._own_slices(g.values, g.indices, piece))
+            else:
+                out.append(_rows(g, piece, self.plan.shapes[piece.variable]))
+        return out
+
+    def _scatter(self, gradients: list[Any]) -> list[Any]:
+        """This process's pieces' gradients, averaged over the data group, from one
+        reduce-scatter of the dense ones and a gather of the sparse ones (stage 2)."""
+        size = self.group.size
+        dense = {i for i, g in enumerate(gradients) if g is not None and not is_sparse(g)}
+        rows = []
+        for owner in range(size):
+            segment = [tf.reshape(_rows(gradients[p.variable], p, self.plan.shapes[p.variable]),
+                                  [-1]) for p in self.plan.of_owner(owner) if p.variable in dense]
+            rows.append(tf.concat([*segment, tf.zeros([0], self.dtype)], 0))
+        longest = max(int(r.shape[0]) for r in rows)
+        summed = tf.zeros([0], self.dtype)
+        if longest:  # TensorFlow's all-to-all crashes the process on an empty buffer
+            buffer = tf.stack([tf.pad(r, [[0, longest - int(r.shape[0])]]) for r in rows])
+            summed = tf.reshape(reduce_scatter(buffer, self.group, instance=self._key(BUFFER),
+                                               timeout=self._timeout()), [-1]) / size
+        gathered = {}
+        for i, g in enumerate(gradients):  # every replica gathers every sparse gradient
+            if is_sparse(g):
+                key = instance_key(REDUCE, 0, GATHER_INDEX + 2 * i, TRAIN)
+                values = all_gather(g.values, self.group, instance=key, timeout=self._timeout())
+                indices = all_gather(g.indices, self.group, instance=key + 1,
+                                     timeout=self._timeout())
+                gathered[i] = (values / size, indices)
+        out, offset = [], 0
+        for piece in self.mine:
+            if piece.variable in dense:
+                shape = self.plan.shapes[piece.variable]
+                part_shape = [piece.stop - piece.start, *shape[1:]] if shape else []
+                out.append(tf.reshape(summed[offset:offset + piece.size], part_shape))
+                offset += piece.size
+            elif piece.variable in gathered:
+                out.append(self._own_slices(*gathered[piece.variable], piece))
+            else:
+                out.append(None)
+        return out
+
+    def _own_slices(self, values: Any, indices: Any, piece: Piece) -> tf.IndexedSlices:
+        """The row slices of ``piece``'s rows, their indices from its first row."""
+        keep = tf.logical_and(indices >= piece.start, indices < piece.stop)
+        shape = self.plan.shapes[piece.variable]
+        return tf.IndexedSlices(tf.boolean_mask(values, keep),
+                                tf.boolean_mask(indices, keep) - piece.start,
+                                tf.constant([piece.stop - piece.start, *shape[1:]]))
+
+    # ----------------------------------------------------------------- clipping
+    def _clip(self, gradients: list[Any], optimizer: Any) -> list[Any]:
+        """Keras 3's norm clipping with norms over whole weights (every owner's pieces) and,
+        for ``global_clipnorm``, over every stage of the replica."""
+        limit = getattr(optimizer, "global_clipnorm", None)
+        if limit:
+            squares = [tf.reduce_sum(tf.square(_values(g))) for g in gradients if g is not None]
+            total = all_reduce(tf.add_n([*squares, tf.zeros([], self.dtype)]), self.group,
+                               instance=self._key(GLOBAL_NORM), timeout=self._timeout())
+            total = all_reduce(total, self.pipe, instance=self._key(GLOBAL_NORM),
+                               timeout=self._timeout())
+            norm = tf.sqrt(total)
+            clip = tf.cast(limit, self.dtype)
+            scale = clip * tf.minimum(1.0 / norm, 1.0 / clip) + (norm - norm)
+            # ``g * scale`` as Keras 3 writes it: an embedding's row slices come out dense
+            return [None if g is None else tf.convert_to_tensor(g) * scale for g in gradients]
+        clipnorm = getattr(optimizer, "clipnorm", None)
+        if not clipnorm:
+            return gradients
+        count = len(self.plan.shapes)
+        local = tf.zeros([count], self.dtype)
+        for piece, g in zip(self.mine, gradients, strict=True):
+            if g is not None:
+                local += tf.one_hot(piece.variable, count, dtype=self.dtype) * \
+                    tf.reduce_sum(tf.square(_values(g)))
+        l2sums = all_reduce(local, self.group, instance=self._key(WEIGHT_NORMS),
+                            timeout=self._timeout())
+        clipped = []
+        for piece, g in zip(self.mine, gradients, strict=True):
+            if g is None:
+                clipped.append(g)
+                continue
+            l2sum = l2sums[piece.variable]
+            safe = tf.where(l2sum > 0, l2sum, tf.ones_like(l2sum))
+            l2norm = tf.where(l2sum > 0, tf.sqrt(safe), l2sum)
+            most = tf.maximum(l2norm, clipnorm)
+            if is_sparse(g):
+                clipped.append(tf.IndexedSlices(g.values * clipnorm / most, g.indices,
+                                                g.dense_shape))
+            else:
+                clipped.append(g * clipnorm / most)
+        return clipped
