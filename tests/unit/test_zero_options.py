@@ -102,8 +102,6 @@ def test_zero_reaches_every_task_of_a_multi_worker_job(script, capsys):
      "--zero was given with --strategy horovod, which does not take it"),
     (["--zero", "2", "--strategy", "parameter_server", "--ps", "1", "--workers", "2"],
      "--zero was given with --strategy parameter_server"),
-    (["--zero", "1", "--strategy", "pipeline", "--stages", "2", "--workers", "4"],
-     "--zero was given with --strategy pipeline, which does not take it"),
     (["--zero", "1", "--strategy", "tensor", "--tensor", "2", "--workers", "4"],
      "Fix: drop --zero, or use --strategy multi_worker"),
     (["--zero", "1", "--strategy", "multi_worker", "--workers", "1"],

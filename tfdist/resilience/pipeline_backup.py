@@ -147,12 +147,10 @@ class PipelineBackupMixin(StepBackupMixin):
             1
         """
         layout = self.layout
-        found = {"strategy": self.name, "processes": layout.processes, "data": layout.replicas,
-                 "stages": layout.stages, "tensor": self.shards, "chunks": self.config.chunks,
-                 "stage_bounds": None if self.bounds is None else list(self.bounds)}
-        if getattr(self, "zero", 0):  # each process's slots are its part of its stage's
-            found["zero"] = self.zero
-        return found
+        return {"strategy": self.name, "processes": layout.processes, "data": layout.replicas,
+                "stages": layout.stages, "tensor": self.shards, "chunks": self.config.chunks,
+                "stage_bounds": None if self.bounds is None else list(self.bounds),
+                "zero": getattr(self, "zero", 0)}
 
 
 def _check_save_freq(save_freq: Any) -> None:

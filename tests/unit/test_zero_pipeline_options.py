@@ -1,0 +1,102 @@
+"""ZeRO on the pipeline's data axis without a cluster: ``--zero 1|2`` reaching a pipeline job's
+tasks, and what the pipeline cannot run (stage 3, D=1, tensor-split stages, options Keras keeps
+per variable, tied weights under stage 2) refused before anything starts with the field, the
+value and the fix; a backup written with ZeRO refused by a job without it. The training itself
+is tested on 4 processes in ``tests/multiprocess/test_zero_pipeline.py``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tfdist.errors import StrategyConfigError
+from tfdist.launcher import cli
+from tfdist.pipeline.zero import check_zero, check_zero_optimizer
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> str:
+    path = tmp_path / "train.py"
+    path.write_text("print('never run')\n")
+    return str(path)
+
+
+def test_zero_reaches_every_task_of_a_pipeline_job(script, capsys):
+    argv = ["--dry-run", "--strategy", "pipeline", "--stages", "2", "--workers", "4",
+            "--zero", "2", script]
+    assert cli.main(argv) == 0
+    tasks = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [t["env"]["TFDIST_ZERO"] for t in tasks] == ["2"] * 4
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--zero", "3", "--stages", "2", "--workers", "4"],
+     "--zero 3 with --strategy pipeline: stage 3"),
+    (["--zero", "1", "--stages", "2", "--workers", "2"],
+     "--zero 1 with 2 process(es) and --stages 2 (D=1)"),
+    (["--zero", "2", "--stages", "2", "--tensor", "2", "--workers", "8"],
+     "--zero 2 with --tensor 2: ZeRO on the pipeline's data axis is not built for"),
+])
+def test_what_the_pipeline_cannot_shard_is_refused_before_start(script, capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--dry-run", "--strategy", "pipeline", *argv, script])
+    assert exit_info.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert message in err and "Fix:" in err
+
+
+def test_the_strategy_refuses_before_joining(monkeypatch):
+    from tfdist import get_strategy
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("TFDIST_ZERO", raising=False)
+    with pytest.raises(StrategyConfigError, match=r"zero=3 with strategy pipeline.*Fix: pass "
+                       "zero=2"):
+        get_strategy("pipeline", zero=3)
+    monkeypatch.setenv("TFDIST_ZERO", "1")  # as tfdist-launch --zero 1 writes it
+    with pytest.raises(StrategyConfigError) as error:
+        get_strategy("pipeline")
+    assert "zero=1 with D=1 pipeline replica(s)" in str(error.value)
+    assert "Fix: launch with twice the workers" in str(error.value)
+
+
+@pytest.mark.parametrize(("stage", "replicas", "tensor", "flavour", "message"), [
+    (2, 2, 2, "keras3", "zero=2 with tensor=2"),
+    (1, 2, 1, "tf_keras", "zero=1 with tf-keras"),
+])
+def test_check_zero_names_what_it_refuses(stage, replicas, tensor, flavour, message):
+    with pytest.raises(StrategyConfigError) as error:
+        check_zero(stage, replicas, tensor, flavour)
+    assert message in str(error.value) and "Fix:" in str(error.value)
+
+
+def test_optimizer_state_kept_per_variable_and_tied_weights_under_stage_two_are_refused():
+    import keras
+
+    for option, value in (("use_ema", True), ("gradient_accumulation_steps", 2)):
+        with pytest.raises(StrategyConfigError) as error:
+            check_zero_optimizer(keras.optimizers.Adam(**{option: value}), 1, tied=False)
+        assert f"{option}={value!r}" in str(error.value) and "Fix: drop" in str(error.value)
+    check_zero_optimizer(keras.optimizers.Adam(clipnorm=1.0), 1, tied=True)  # stage 1: whole
+    with pytest.raises(StrategyConfigError, match="zero=2 with weights tied.*Fix: use zero=1"):
+        check_zero_optimizer(keras.optimizers.Adam(), 2, tied=True)
+
+
+def test_a_backup_written_with_zero_is_refused_without_it(tmp_path, monkeypatch):
+    from tfdist.resilience.claim import claim_backup
+    from tfdist.strategies.pipeline import PipelineStrategy
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("TFDIST_ZERO", raising=False)
+    strategy = PipelineStrategy()
+    assert strategy.backup_layout()["zero"] == 0
+    strategy.zero = 1  # the layout a ZeRO job records (its slots: its part of its stage's)
+    claim_backup(strategy, str(tmp_path / "rank-0"), str(tmp_path))
+    strategy.zero = 0
+    with pytest.raises(StrategyConfigError) as error:
+        claim_backup(strategy, str(tmp_path / "rank-0"), str(tmp_path))
+    assert "zero=1 (now 0)" in str(error.value) and "Fix:" in str(error.value)
