@@ -13,7 +13,7 @@ import pytest
 
 from tfdist.errors import StrategyConfigError
 from tfdist.launcher import cli
-from tfdist.pipeline.zero import check_zero, check_zero_optimizer
+from tfdist.zero.data_axis import check_zero, check_zero_optimizer
 
 pytestmark = pytest.mark.unit
 

@@ -74,7 +74,7 @@ TENSOR_SHARDS_ENV = "TFDIST_TENSOR_SHARDS"
 ZERO_ENV = "TFDIST_ZERO"
 """The ZeRO stage (1, 2, 3) of a ``multi_worker`` job (1, 2 of a ``pipeline`` job):
 ``tfdist-launch --zero`` writes it and ``get_strategy("multi_worker")``, ``"pipeline"`` (or
-``auto``) reads it (`tfdist.strategies.zero`, `tfdist.pipeline.zero`)."""
+``auto``) reads it (`tfdist.strategies.zero`, `tfdist.zero.data_axis`)."""
 MESH_ENV = "TFDIST_MESH"
 """The job's mesh, ``"data=2,pipe=1,tensor=2"`` (`tfdist.parallel.mesh.Mesh.to_env`): written by
 ``tfdist-launch`` on every task of a strategy that takes ``--stages`` or ``--tensor``."""

@@ -42,7 +42,7 @@ class StrategyOptions:
         batch_norm: ``--batch-norm``: ``"per_micro_batch"`` opts in to BatchNormalization
             with M > 1 (its statistics per micro-batch); ``"refuse"`` is the default.
         zero: ``--zero 1|2|3``: ZeRO stage of a ``multi_worker`` job (`tfdist.strategies.zero`),
-            or 1|2 on the data axis of a ``pipeline`` job (`tfdist.pipeline.zero`).
+            or 1|2 on the data axis of a ``pipeline`` job (`tfdist.zero.data_axis`).
 
     Example:
         >>> StrategyOptions(micro_batches=4, schedule="1f1b").given()

@@ -130,7 +130,7 @@ def apply_step(model: Any, engine: PipelineEngine, optimizer: Any, x: Any, y: An
     total, grads, outs = engine.train(model.stage_calls(training=True), model.stage_variables(),
                                       x, y, loss, sample_weight, model.stage_loss_terms())
     zero = getattr(model, "_pipeline_zero", None)
-    if zero is not None:  # ZeRO on the data axis (`tfdist.pipeline.zero`)
+    if zero is not None:  # ZeRO on the data axis (`tfdist.zero.data_axis`)
         zero.apply(optimizer, grads, engine.average_over_replicas, combine=model.sum_tied)
     else:
         optimizers.apply_gradients(optimizer, engine, grads, variables, combine=model.sum_tied)
@@ -139,7 +139,7 @@ def apply_step(model: Any, engine: PipelineEngine, optimizer: Any, x: Any, y: An
 
 def build_stage_optimizer(model: Any, optimizer: Any, strategy: Any) -> None:
     """Builds ``optimizer`` (if not yet) on what the stage model updates: its trainable
-    variables, or under ZeRO this process's parts of them (`tfdist.pipeline.zero`)."""
+    variables, or under ZeRO this process's parts of them (`tfdist.zero.data_axis`)."""
     zero = getattr(model, "_pipeline_zero", None)
     if zero is not None:
         zero.build_optimizer(optimizer, strategy)

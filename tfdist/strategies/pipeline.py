@@ -155,7 +155,7 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
         zero: ZeRO stage 1 or 2 on the data axis (None: ``$TFDIST_ZERO``, which
             ``tfdist-launch --zero`` writes; else none): each stage's D replicas keep the
             optimizer slots of 1/D of the stage's weights, update that part and all-gather it
-            (stage 2 also reduce-scatters the gradients; `tfdist.pipeline.zero`). Keras 3,
+            (stage 2 also reduce-scatters the gradients; `tfdist.zero.data_axis`). Keras 3,
             D >= 2, T = 1; stage 3 is refused.
 
     Attributes:
@@ -365,12 +365,12 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
                   spec.names[bounds[held[-1] + 1] - 1], size / 1e6, spec.total_param_bytes / 1e6,
                   100.0 * size / max(1, spec.total_param_bytes))
         if self.zero:
-            from tfdist.pipeline.zero import SKIP_GATHER_ENV, DataAxisZero
+            from tfdist.zero.data_axis import SKIP_GATHER_ENV, DataAxisZero
 
             with self.scope():
                 model._pipeline_zero = DataAxisZero(  # noqa: SLF001
                     model.trainable_variables, self.zero, self.layout.group(DATA),
-                    self.layout.group(PIPE), self.timeout,
+                    pipe=self.layout.group(PIPE), timeout=self.timeout,
                     sabotage=os.environ.get(SKIP_GATHER_ENV) or None)
         return self._mark_split(model)
 
@@ -449,7 +449,7 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
         if self.spec is not None and self.bounds is not None:
             tied.check_clipping(optimizer, self.spec, self.bounds)
         if self.zero:
-            from tfdist.pipeline.zero import check_zero_optimizer
+            from tfdist.zero.data_axis import check_zero_optimizer
 
             shared = self.spec is not None and self.bounds is not None and \
                 bool(tied.shared_layers(self.spec, self.bounds))
@@ -496,13 +496,13 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
 
 def _zero_stage(zero: int | None, replicas: int, tensor: int) -> int:
     """The ZeRO stage asked for (``zero``, else ``$TFDIST_ZERO``; 0: none), refused before any
-    process waits for another where the pipeline cannot run it (`tfdist.pipeline.zero`)."""
+    process waits for another where the pipeline cannot run it (`tfdist.zero.data_axis`)."""
     from tfdist.zero.partition import check_stage
 
     stage = check_stage(os.environ.get(builtin.ZERO_ENV) or None, field=builtin.ZERO_ENV) \
         if zero is None else check_stage(zero)
     if stage:
-        from tfdist.pipeline.zero import check_zero
+        from tfdist.zero.data_axis import check_zero
 
         check_zero(stage, replicas, tensor, flavour.keras_flavour())
     return stage

@@ -8,7 +8,7 @@ Args: ``steps DIR``. The strategy is ``get_strategy("auto")`` under ``TFDIST_ZER
 model (one strategy per process: the collectives join once). Phases, each on a fresh copy of
 the same initial weights: ``zero1``; ``zero2``, whose model is then saved whole to
 ``DIR/zero2.keras`` (every process calls it; the chief writes it); ``sabotage``: stage 2 with the
-all-gather after the update skipped (``TFDIST_PIPELINE_ZERO_SABOTAGE=skip_gather``): parity must
+all-gather after the update skipped (``TFDIST_ZERO_SABOTAGE=skip_gather``): parity must
 fail. The chief also trains the whole model in one process with Keras's own ``fit`` on the same
 global batches: the reference. Each phase reports the gathered weights (chief), the loss per
 epoch, the bytes of the optimizer's variables this process holds and those of the same Adam
@@ -25,8 +25,8 @@ import keras
 import numpy as np
 
 import tfdist
-from tfdist.pipeline.zero import SKIP_GATHER_ENV
 from tfdist.testing import report
+from tfdist.zero.data_axis import SKIP_GATHER_ENV
 
 GLOBAL, SEQ, VOCAB, DIM, LR, CLIP = 16, 6, 16, 4, 0.05, 0.05
 

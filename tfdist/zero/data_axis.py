@@ -1,12 +1,12 @@
-"""ZeRO stages 1 and 2 on the data axis of a pipeline: a stage's D replicas share its optimizer
-state (and, stage 2, its summed gradients) instead of each holding all of it.
+"""ZeRO stages 1 and 2 on the data axis of a model-parallel strategy: the D replicas of a
+pipeline stage (``pipeline``) or of a tensor shard (``tensor``) share its optimizer state (and,
+stage 2, its summed gradients) instead of each holding all of it.
 
-Each stage process partitions its own trainable variables by bytes into D runs
-(`tfdist.zero.partition`, the same partition on the D replicas of the stage, whose variables
-have the same shapes), and keeps one Keras variable per piece it owns; the stage's optimizer is
-built on those pieces only, so its slots are 1/D of the stage's. A step (`DataAxisZero.apply`,
-inside the pipeline's ``tf.function``, after the schedule has summed the micro-batches'
-gradients):
+Each process partitions its own trainable variables (its stage's, or its shard's) by bytes into
+D runs (`tfdist.zero.partition`, the same partition on its D replicas, whose variables have the
+same shapes), and keeps one Keras variable per piece it owns; the optimizer is built on those
+pieces only, so its slots are 1/D of the process's. A step (`DataAxisZero.apply`, inside the
+strategy's ``tf.function``, once the process's gradients are summed):
 
 1. the pieces take their rows of the stage's whole weights (which a restore, ``set_weights`` or
    a load may have changed);
@@ -15,18 +15,18 @@ gradients):
    buffer of the dense gradients, so a process receives only its pieces' sums. An embedding's
    gradient (``IndexedSlices``) stays row slices: every replica's slices are gathered and each
    owner keeps those of its rows, as one device gives them to Keras 3's Adam;
-3. norms are taken over every piece of every stage (``clipnorm`` per whole weight,
-   ``global_clipnorm`` over the whole model: the squared sums all-reduced over the data axis,
-   then over the pipeline's stages), then the optimizer, its own norm clipping off, applies
-   the clipped pieces' gradients (weight decay, its exclusions and ``clipvalue`` are
-   element-wise: exact on a piece);
-4. the updated pieces are all-gathered into the stage's whole weights: every replica holds the
-   same weights again (the pipeline's consistency check compares them).
+3. norms are taken over every piece of the whole model (``clipnorm`` per whole weight,
+   ``global_clipnorm`` over every weight: the squared sums all-reduced over the data axis, then
+   a split weight's over its tensor group and everything over the pipeline's stages), then the
+   optimizer, its own norm clipping off, applies the clipped pieces' gradients (weight decay,
+   its exclusions and ``clipvalue`` are element-wise: exact on a piece);
+4. the updated pieces are all-gathered into the process's whole weights: every replica holds
+   the same weights again (the strategies' consistency checks compare them).
 
-Refused before training (`check_zero`): ZeRO stage 3, tf-keras, D = 1, tensor-split stages,
-``use_ema`` and ``gradient_accumulation_steps`` (both keep per-variable state that Keras swaps
-or applies outside this step), and weights tied across stages under stage 2 (their gradients
-are summed whole across stages).
+Refused before training (`check_zero`, `check_zero_optimizer`): ZeRO stage 3, tf-keras, D = 1,
+a pipeline's tensor-split stages, ``use_ema`` and ``gradient_accumulation_steps`` (both keep
+per-variable state that Keras swaps or applies outside this step), and weights tied across
+pipeline stages under stage 2 (their gradients are summed whole across stages).
 """
 
 from __future__ import annotations
@@ -40,19 +40,25 @@ from tfdist.errors import StrategyConfigError, format_error
 from tfdist.parallel.keys import REDUCE, TRAIN, instance_key
 from tfdist.parallel.mesh import ProcessGroup
 from tfdist.parallel.ops import all_gather, all_reduce, reduce_scatter
-from tfdist.pipeline.gradients import GATHER_INDEX, is_sparse
 from tfdist.zero.partition import Piece, ZeroPartition, partition
 
 __all__ = ["DataAxisZero", "check_zero", "check_zero_optimizer", "SKIP_GATHER_ENV"]
 
-SKIP_GATHER_ENV = "TFDIST_PIPELINE_ZERO_SABOTAGE"
+SKIP_GATHER_ENV = "TFDIST_ZERO_SABOTAGE"
 """Test-only: ``skip_gather`` leaves the updated pieces ungathered (parity must then fail)."""
 ZERO_MICRO_BATCH = 2
 """ZeRO's collectives on the data group use REDUCE's named keys of micro-batch 2 (the
 replicated gradients use 0, the global norm over the stages 1)."""
-BUFFER, WEIGHTS_GATHER, GLOBAL_NORM, WEIGHT_NORMS = 0, 1, 2, 3
+BUFFER, WEIGHTS_GATHER, GLOBAL_NORM, WEIGHT_NORMS, SPLIT_NORMS, SPARSE = 0, 1, 2, 3, 4, 16
 """Their indexes: the dense gradients' buffer, the updated pieces' gather, the global squared
-norm (a scalar), each weight's squared norm (a vector: a key keeps one shape for the job)."""
+norm (a vector of two), each weight's squared norm (a vector: a key keeps one shape for the
+job), their sums over a tensor group, and from 16 on sparse gradient ``i``'s values (``16 + 2
+i``) and indices (one more)."""
+
+
+def is_sparse(gradient: Any) -> bool:
+    """Whether ``gradient`` is an ``IndexedSlices`` (an embedding-like gradient)."""
+    return isinstance(gradient, tf.IndexedSlices)
 
 
 def check_zero(stage: int, replicas: int, tensor: int, flavour: str) -> None:
@@ -133,22 +139,28 @@ def _values(gradient: Any) -> Any:
 
 
 class DataAxisZero:
-    """ZeRO on one pipeline process's variables, over its stage's data group.
+    """ZeRO on one process's variables, over its data group.
 
     Args:
-        variables: The process's trainable variables (its stage's, in the gradients' order).
+        variables: The process's trainable variables (in the gradients' order).
         stage: 1 or 2.
-        group: The stage's data group (D replicas).
-        pipe: The replica's pipeline group (its stages), for the global norm.
+        group: The process's data group (D replicas of its stage or shard).
+        pipe: The replica's pipeline group (its stages), for the global norm; None: none.
+        tensor: The tensor group over which the ``split`` variables are spread; None: none.
+        split: Indexes (in ``variables``) of the weights split over ``tensor``.
         timeout: Seconds an eager collective waits (inside a step the step's deadline rules).
         sabotage: Test-only: ``"skip_gather"`` leaves the updated pieces ungathered.
     """
 
     def __init__(self, variables: Sequence[Any], stage: int, group: ProcessGroup,
-                 pipe: ProcessGroup, timeout: float = 0.0, sabotage: str | None = None) -> None:
+                 pipe: ProcessGroup | None = None, tensor: ProcessGroup | None = None,
+                 split: frozenset[int] = frozenset(), timeout: float = 0.0,
+                 sabotage: str | None = None) -> None:
         import keras
 
         self.variables, self.stage, self.group, self.pipe = list(variables), stage, group, pipe
+        self.tensor, self.split = tensor, split if tensor is not None and tensor.size > 1 \
+            else frozenset()
         self.timeout, self.sabotage = timeout, sabotage
         dtypes = {tf.as_dtype(v.dtype) for v in self.variables}
         if len(dtypes) != 1:
@@ -281,7 +293,7 @@ class DataAxisZero:
         gathered = {}
         for i, g in enumerate(gradients):  # every replica gathers every sparse gradient
             if is_sparse(g):
-                key = instance_key(REDUCE, 0, GATHER_INDEX + 2 * i, TRAIN)
+                key = self._key(SPARSE + 2 * i)
                 values = all_gather(g.values, self.group, instance=key, timeout=self._timeout())
                 indices = all_gather(g.indices, self.group, instance=key + 1,
                                      timeout=self._timeout())
@@ -308,16 +320,29 @@ class DataAxisZero:
                                 tf.constant([piece.stop - piece.start, *shape[1:]]))
 
     # ----------------------------------------------------------------- clipping
+    def _over_tensor(self, value: Any, index: int) -> Any:
+        """``value`` summed over the tensor group (as is where no weight is split)."""
+        if not self.split:
+            return value
+        return all_reduce(value, self.tensor, instance=self._key(index),  # type: ignore[arg-type]
+                          timeout=self._timeout())
+
     def _clip(self, gradients: list[Any], optimizer: Any) -> list[Any]:
         """Keras 3's norm clipping with norms over whole weights (every owner's pieces) and,
         for ``global_clipnorm``, over every stage of the replica."""
         limit = getattr(optimizer, "global_clipnorm", None)
         if limit:
-            squares = [tf.reduce_sum(tf.square(_values(g))) for g in gradients if g is not None]
-            total = all_reduce(tf.add_n([*squares, tf.zeros([], self.dtype)]), self.group,
-                               instance=self._key(GLOBAL_NORM), timeout=self._timeout())
-            total = all_reduce(total, self.pipe, instance=self._key(GLOBAL_NORM),
-                               timeout=self._timeout())
+            local = tf.zeros([2], self.dtype)  # [replicated weights', split weights'] squares
+            for piece, g in zip(self.mine, gradients, strict=True):
+                if g is not None:
+                    local += tf.one_hot(int(piece.variable in self.split), 2,
+                                        dtype=self.dtype) * tf.reduce_sum(tf.square(_values(g)))
+            both = all_reduce(local, self.group, instance=self._key(GLOBAL_NORM),
+                              timeout=self._timeout())
+            total = both[0] + self._over_tensor(both[1], SPLIT_NORMS)
+            if self.pipe is not None:
+                total = all_reduce(total, self.pipe, instance=self._key(GLOBAL_NORM),
+                                   timeout=self._timeout())
             norm = tf.sqrt(total)
             clip = tf.cast(limit, self.dtype)
             scale = clip * tf.minimum(1.0 / norm, 1.0 / clip) + (norm - norm)
@@ -334,6 +359,9 @@ class DataAxisZero:
                     tf.reduce_sum(tf.square(_values(g)))
         l2sums = all_reduce(local, self.group, instance=self._key(WEIGHT_NORMS),
                             timeout=self._timeout())
+        if self.split:  # a split weight's norm: its squares summed over its shards too
+            mask = tf.constant([float(i in self.split) for i in range(count)], self.dtype)
+            l2sums = l2sums * (1.0 - mask) + self._over_tensor(l2sums * mask, SPLIT_NORMS + 1)
         clipped = []
         for piece, g in zip(self.mine, gradients, strict=True):
             if g is None:
