@@ -1,11 +1,11 @@
-"""ZeRO stages 1 and 2 on the data axis of a D=2 x K=2 pipeline (4 processes, one launch,
-`scripts/zero_pipeline.py`): an Embedding model (sparse gradients on stage 0), Adam with
-``global_clipnorm`` (one norm over both stages and both parts of each) and sample weights
-train to the weights one process reaches with Keras's own ``fit``; each process holds about
-half its stage's Adam slots; skipping the all-gather after the update breaks parity; the model
-saved whole reloads with the trained weights. The launcher and the strategy refuse what the
-pipeline cannot run (stage 3, D=1, tensor-split stages, use_ema), naming the fix, and a backup
-written with ZeRO is refused by a job without it (its layout names the stage)."""
+"""ZeRO stages 1 and 2 on the data axis of a D=2 x K=2 pipeline and of a D=2 x T=2 tensor job
+(4 processes each, one launch each, `scripts/zero_pipeline.py`): an Embedding model (sparse
+gradients: pipeline stage 0; split by vocabulary under tensor, its dense layers split by
+columns and rows), Adam with ``global_clipnorm`` (one norm over every stage or shard and every
+part) and sample weights train to the weights one process reaches with Keras's own ``fit``;
+each process holds about half its stage's (shard's) Adam slots; skipping the all-gather after
+the update breaks parity; the model saved whole reloads with the trained weights. What they
+cannot run is refused before start (`tests/unit/test_zero_pipeline_options.py`)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from parity_checks import MIN_TRAVEL, max_gap
 
 from tfdist.cluster import ClusterSpec
 
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]  # one launch each: 35-77 s under load
+
 SCRIPT = __import__("pathlib").Path(__file__).parent / "scripts" / "zero_pipeline.py"
 REPO = SCRIPT.parents[3]
 PARITY_ATOL = 1e-6
@@ -22,25 +24,30 @@ PARITY_ATOL = 1e-6
 SABOTAGE_MIN_GAP = 1e-2
 """Skipping the all-gather leaves the stages' weights as they were."""
 TASKS = [f"worker:{r}" for r in range(4)]
+JOB_ENV = {"pipeline": {"TFDIST_MESH": "data=2,pipe=2,tensor=1", "TFDIST_PIPELINE_STAGES": "2"},
+           "tensor": {"TFDIST_MESH": "data=2,pipe=1,tensor=2"}}
+"""What ``tfdist-launch --workers 4 --stages 2`` (``--tensor 2``) writes on each task."""
 
 
-@pytest.fixture(scope="module")
-def zero_pipeline_job(tmp_path_factory):
+@pytest.fixture(scope="module", params=["pipeline", "tensor"])
+def zero_pipeline_job(request, tmp_path_factory):
     from tfdist.cluster import release_ports
     from tfdist.testing import run_cluster
 
-    folder = tmp_path_factory.mktemp("zero_pipeline")
+    strategy = request.param
+    folder = tmp_path_factory.mktemp(f"zero_{strategy}")
     spec = ClusterSpec.local(workers=4)
     try:
-        env = {"PYTHONPATH": str(REPO), "TFDIST_STRATEGY": "pipeline",
-               "TFDIST_PIPELINE_STAGES": "2", "TFDIST_ZERO": "1"}
-        return run_cluster(spec, SCRIPT, ["3", str(folder)], env=env, strategy="pipeline",
-                           timeout=240)
+        env = {"PYTHONPATH": str(REPO), "TFDIST_STRATEGY": strategy,
+               "TFDIST_ZERO": "1", **JOB_ENV[strategy]}
+        result = run_cluster(spec, SCRIPT, ["3", str(folder)], env=env, strategy=strategy,
+                             timeout=240)
+        result["strategy"] = strategy
+        return result
     finally:
         release_ports(spec.ports())
 
 
-@pytest.mark.multiprocess
 @pytest.mark.parametrize("phase", ["zero1", "zero2"])
 def test_each_stage_on_the_data_axis_equals_one_process(zero_pipeline_job, phase):
     chief = zero_pipeline_job["worker:0"]
@@ -48,28 +55,27 @@ def test_each_stage_on_the_data_axis_equals_one_process(zero_pipeline_job, phase
     assert max_gap(reference, chief["initial"]) > MIN_TRAVEL
     result = chief["phases"][phase]
     gap = max_gap(result["weights"], reference)
-    print(f"{phase}: gap {gap:.1e}, chief {result['cpu_seconds']:.1f} CPU-s")
+    print(f"{zero_pipeline_job['strategy']} {phase}: gap {gap:.1e}, chief "
+          f"{result['cpu_seconds']:.1f} CPU-s in fit")
     assert gap <= PARITY_ATOL
     for task in TASKS:  # the loss every process shows
         np.testing.assert_allclose(zero_pipeline_job[task]["phases"][phase]["loss"],
                                    chief["reference_loss"], atol=PARITY_ATOL)
 
 
-@pytest.mark.multiprocess
 def test_the_strategy_reads_the_stage_the_launcher_writes(zero_pipeline_job):
     chief = zero_pipeline_job["worker:0"]
-    assert chief["class"] == "PipelineStrategy" and chief["zero_from_env"] == 1
+    assert chief["class"] == f"{zero_pipeline_job['strategy'].title()}Strategy"
+    assert chief["zero_from_env"] == 1
     assert chief["layout"]["zero"] == 1 and chief["layout"]["data"] == 2
 
 
-@pytest.mark.multiprocess
 def test_skipping_the_all_gather_breaks_parity(zero_pipeline_job):
     chief = zero_pipeline_job["worker:0"]
     assert max_gap(chief["phases"]["sabotage"]["weights"], chief["reference"]) > \
         SABOTAGE_MIN_GAP
 
 
-@pytest.mark.multiprocess
 @pytest.mark.parametrize("phase", ["zero1", "zero2"])
 def test_each_process_holds_about_half_its_stages_slots(zero_pipeline_job, phase):
     for task in TASKS:
@@ -82,7 +88,6 @@ def test_each_process_holds_about_half_its_stages_slots(zero_pipeline_job, phase
         assert result["slots"] <= 0.6 * replicated
 
 
-@pytest.mark.multiprocess
 def test_the_model_saved_whole_reloads_with_the_trained_weights(zero_pipeline_job):
     chief = zero_pipeline_job["worker:0"]["phases"]["zero2"]
     assert chief["saved"] and chief["loaded"] is not None

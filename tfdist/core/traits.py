@@ -72,9 +72,9 @@ opt-in ``per_micro_batch``)."""
 TENSOR_SHARDS_ENV = "TFDIST_TENSOR_SHARDS"
 """T for a hand-set environment without `MESH_ENV` (``tfdist-launch`` writes T in the mesh)."""
 ZERO_ENV = "TFDIST_ZERO"
-"""The ZeRO stage (1, 2, 3) of a ``multi_worker`` job (1, 2 of a ``pipeline`` job):
-``tfdist-launch --zero`` writes it and ``get_strategy("multi_worker")``, ``"pipeline"`` (or
-``auto``) reads it (`tfdist.strategies.zero`, `tfdist.zero.data_axis`)."""
+"""The ZeRO stage (1, 2, 3) of a ``multi_worker`` job (1, 2 of a ``pipeline`` or ``tensor``
+job): ``tfdist-launch --zero`` writes it and ``get_strategy("multi_worker")``, ``"pipeline"``,
+``"tensor"`` (or ``auto``) reads it (`tfdist.strategies.zero`, `tfdist.zero.data_axis`)."""
 MESH_ENV = "TFDIST_MESH"
 """The job's mesh, ``"data=2,pipe=1,tensor=2"`` (`tfdist.parallel.mesh.Mesh.to_env`): written by
 ``tfdist-launch`` on every task of a strategy that takes ``--stages`` or ``--tensor``."""
@@ -290,8 +290,9 @@ TENSOR = StrategyTraits(
     keras=("keras3",),
     keras_unsupported="its split layers subclass Keras 3's Dense, Embedding and "
     "MultiHeadAttention",
-    launch_options=MappingProxyType({"tensor": MESH_ENV}),
+    launch_options=MappingProxyType({"tensor": MESH_ENV, "zero": ZERO_ENV}),
     tensor_default="all",
     saves_on_sigterm=True,
 )
-"""Keras 3 only: the split layers (`tfdist.tensor.layers`) subclass Keras 3's layers."""
+"""Keras 3 only: the split layers (`tfdist.tensor.layers`) subclass Keras 3's layers.
+``--zero 1|2`` shards each shard's optimizer state (and gradients) over its D replicas."""

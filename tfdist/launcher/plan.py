@@ -278,33 +278,34 @@ def _strategy_options_problem(
 
 def _zero_problem(options: JobOptions, strategy: str, traits: StrategyTraits) -> str | None:
     """What is wrong with ``--zero`` for this job, as one line, or None: ZeRO shards over the
-    D data-parallel processes (D = processes / (K x T) for the pipeline), so D must be 2 or
-    more; the pipeline runs stages 1 and 2 on whole stages (T = 1)."""
+    D data-parallel processes (D = processes / (K x T) on a mesh), so D must be 2 or more;
+    the pipeline and tensor strategies run stages 1 and 2, the pipeline on whole stages."""
     zero = options.strategy_options.zero
     if zero is None:
         return None
     processes = training_processes(options, traits)
-    if "stages" not in traits.launch_options:
+    try:
+        mesh = plan_mesh(options, traits)
+    except TfdistError:
+        return None  # processes the mesh cannot hold: `mesh_problem` names them
+    if mesh is None:
         if processes < 2:
             return (f"--zero {zero} with {processes} training process (D=1): ZeRO shards over "
                     "the data-parallel processes, and one has nothing to share. Fix: --workers 2 "
                     "or more, or drop --zero")
         return None
-    stages = options.strategy_options.stages or 1
-    tensor = options.strategy_options.tensor or 1
     if zero == 3:
         return (f"--zero 3 with --strategy {strategy}: stage 3 (weights sharded, gathered layer "
-                "by layer) is not built for the pipeline, whose stages hold their weights whole. "
-                "Fix: --zero 1 or --zero 2, or --strategy multi_worker for stage 3")
-    if tensor > 1:
-        return (f"--zero {zero} with --tensor {tensor}: ZeRO on the pipeline's data axis is not "
-                "built for tensor-split stages. Fix: drop --tensor, or drop --zero")
-    replicas = processes // (stages * tensor)
-    if replicas < 2:
-        return (f"--zero {zero} with {processes} process(es) and --stages {stages} (D="
-                f"{replicas}): ZeRO shards each stage over its data-parallel replicas, and one "
-                f"has nothing to share. Fix: --workers {2 * stages * tensor} (D=2), or drop "
-                "--zero")
+                f"by layer) is not built for {strategy}, whose processes hold their weights "
+                "whole. Fix: --zero 1 or --zero 2, or --strategy multi_worker for stage 3")
+    if mesh.tensor > 1 and "stages" in traits.launch_options:  # the pipeline's stages
+        return (f"--zero {zero} with --tensor {mesh.tensor}: ZeRO on the pipeline's data axis "
+                "is not built for tensor-split stages. Fix: drop --tensor, or drop --zero")
+    if mesh.data < 2:
+        split = f"--stages {mesh.pipe}" if mesh.pipe > 1 else f"--tensor {mesh.tensor}"
+        return (f"--zero {zero} with {processes} process(es) and {split} (D={mesh.data}): ZeRO "
+                "shards over the data-parallel replicas, and one has nothing to share. Fix: "
+                f"--workers {2 * mesh.pipe * mesh.tensor} (D=2), or drop --zero")
     return None
 
 

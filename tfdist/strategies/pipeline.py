@@ -504,5 +504,5 @@ def _zero_stage(zero: int | None, replicas: int, tensor: int) -> int:
     if stage:
         from tfdist.zero.data_axis import check_zero
 
-        check_zero(stage, replicas, tensor, flavour.keras_flavour())
+        check_zero(stage, replicas, tensor, flavour.keras_flavour(), "pipeline")
     return stage

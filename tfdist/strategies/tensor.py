@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -70,6 +71,11 @@ class TensorStrategy(StepBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
         timeout_seconds: Deadline of each collective (default 300 s).
         startup_timeout_seconds: Deadline for all processes to join.
         tf_config: The TF_CONFIG to use instead of the environment's.
+        zero: ZeRO stage 1 or 2 on the data axis (None: ``$TFDIST_ZERO``, which
+            ``tfdist-launch --zero`` writes; else none): each shard's D replicas keep the
+            optimizer slots of 1/D of its weights, update that part and all-gather it (stage 2
+            also reduce-scatters the gradients; `tfdist.zero.data_axis`). D >= 2; stage 3 is
+            refused.
 
     Raises:
         StrategyConfigError: a shard count that is not a positive int or does not divide the
@@ -89,7 +95,8 @@ class TensorStrategy(StepBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
     def __init__(self, shards: int | None = None, rules: Mapping[str, str] | None = None,
                  timeout_seconds: float | None = None,
                  startup_timeout_seconds: float | None = None,
-                 tf_config: str | Mapping[str, Any] | None = None) -> None:
+                 tf_config: str | Mapping[str, Any] | None = None,
+                 zero: int | None = None) -> None:
         self._check_keras()
         deadline = check_positive_number(
             "startup_timeout_seconds", resolve_startup_timeout(startup_timeout_seconds))
@@ -99,6 +106,7 @@ class TensorStrategy(StepBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
         self.first_step_timeout = max(self.timeout, float(deadline or 0.0))
         cluster, task, self.place = self._job_place(tf_config, shards, self.traits.tensor_default)
         self.rules = check_rules(rules)
+        self.zero = _zero_stage(zero, self.place.size_of(DATA), self.place.size_of(TENSOR))
         if self.mesh.size > 1:
             self._join_collectives(deadline, cluster, task, self.place.world())
         super().__init__(self._device())
@@ -185,7 +193,7 @@ class TensorStrategy(StepBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
         self._agree_seeds(model)
         if self.is_chief:
             _log.info("%s\n%s", self.describe(), self.plan.table())
-        return self._mark_split(model)
+        return self._mark_split(self._attach_zero(model))
 
     def _of_blocks(self, model_or_fn: Any) -> bool:
         """Whether the model holds layers inside its layers (a KerasHub task, custom blocks):
@@ -220,7 +228,21 @@ class TensorStrategy(StepBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
         shard.attach(plan, tensor, self.data_group, shards_of.vocab_start(plan, tensor),
                      self.timeout, first_timeout=self.first_step_timeout)
         self._agree_seeds(shard)
-        return shard
+        return self._attach_zero(shard)
+
+    def _attach_zero(self, model: Any) -> Any:
+        """Under ZeRO, the step of `tfdist.zero.data_axis` on the shard's variables."""
+        if self.zero:
+            from tfdist.zero.data_axis import SKIP_GATHER_ENV, DataAxisZero
+
+            split = frozenset(i for i, v in enumerate(model.trainable_weights)
+                              if id(v) in model._split_ids)  # noqa: SLF001
+            with self.scope():
+                model.zero = DataAxisZero(
+                    model.trainable_weights, self.zero, self.data_group,
+                    tensor=self.tensor_group, split=split, timeout=self.timeout,
+                    sabotage=os.environ.get(SKIP_GATHER_ENV) or None)
+        return model
 
     def _agree_seeds(self, model: Any) -> None:
         """Every shard of the tensor group draws the same random numbers in its layers: the
@@ -271,7 +293,6 @@ class TensorStrategy(StepBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
         """
         import keras
 
-        from tfdist.compat.models import build_optimizer
         from tfdist.tensor.model import split_loss
 
         if model.tensor_plan.output_layer is not None:
@@ -287,7 +308,7 @@ class TensorStrategy(StepBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
         def compute_loss(x: Any, y: Any, y_pred: Any, sample_weight: Any) -> Any:
             return loss_fn(y, y_pred, sample_weight=sample_weight)
 
-        build_optimizer(optimizer, model.trainable_variables, model._home_strategy)
+        model.build_update_optimizer(optimizer)
 
         @tf.function
         def traced(x: Any, y: Any, sample_weight: Any = None) -> Any:
@@ -319,10 +340,10 @@ class TensorStrategy(StepBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
 
         Example:
             >>> TensorStrategy().backup_layout()
-            {'strategy': 'tensor', 'processes': 1, 'data': 1, 'tensor': 1}
+            {'strategy': 'tensor', 'processes': 1, 'data': 1, 'tensor': 1, 'zero': 0}
         """
         return {"strategy": self.name, "processes": self.mesh.size, "data": self.mesh.data,
-                "tensor": self.mesh.tensor}
+                "tensor": self.mesh.tensor, "zero": self.zero}
 
     def assemble(self, model: Any) -> Any | None:
         """The whole model with the trained weights on the chief, None elsewhere (every
@@ -335,3 +356,17 @@ class TensorStrategy(StepBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
             shards_of.set_layer_weights(whole, weights)
             return whole
         return shards_of.assemble(self._abstract, weights)
+
+
+def _zero_stage(zero: int | None, replicas: int, tensor: int) -> int:
+    """The ZeRO stage asked for (``zero``, else ``$TFDIST_ZERO``; 0: none), refused before any
+    process waits for another where the tensor strategy cannot run it."""
+    from tfdist.zero.partition import check_stage
+
+    stage = check_stage(os.environ.get(builtin.ZERO_ENV) or None, field=builtin.ZERO_ENV) \
+        if zero is None else check_stage(zero)
+    if stage:
+        from tfdist.zero.data_axis import check_zero
+
+        check_zero(stage, replicas, tensor, "keras3", "tensor")
+    return stage

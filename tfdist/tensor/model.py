@@ -69,7 +69,14 @@ def split_loss(loss: Any, plan: TensorPlan, group: ProcessGroup, start: int,
 
 
 class TensorModel(keras.Model):
-    """One shard of a tensor-parallel model (built by `TensorStrategy.build_model`)."""
+    """One shard of a tensor-parallel model (built by `TensorStrategy.build_model`).
+
+    Attributes:
+        zero: Under ZeRO, the step that updates this process's part of the shard's weights
+            (`tfdist.zero.data_axis.DataAxisZero`); None: every replica updates them whole.
+    """
+
+    zero: Any = None
 
     def attach(self, plan: TensorPlan, tensor: ProcessGroup, data: ProcessGroup, start: int,
                timeout: float, first_timeout: float | None = None) -> None:
@@ -132,6 +139,21 @@ class TensorModel(keras.Model):
         # compile inside strategy.scope() (as scripts for the other strategies do): the
         # optimizer's slots go where the shard's plain variables are.
         bind_unbuilt_optimizer(self.optimizer, self._home_strategy)
+        if self.zero is not None:
+            from tfdist.zero.data_axis import check_zero_optimizer
+
+            check_zero_optimizer(self.optimizer, self.zero.stage, tied=False)
+
+    def build_update_optimizer(self, optimizer: Any) -> None:
+        """Builds ``optimizer`` (if not yet) on what a step updates: the shard's trainable
+        variables, or under ZeRO this process's parts of them."""
+        if self.zero is not None:
+            from tfdist.zero.data_axis import check_zero_optimizer
+
+            check_zero_optimizer(optimizer, self.zero.stage, tied=False)
+            self.zero.build_optimizer(optimizer, self._home_strategy)
+        else:
+            build_optimizer(optimizer, self.trainable_variables, self._home_strategy)
 
     # ------------------------------------------------- the steps' deadline
     def _with_deadline(self, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -151,7 +173,7 @@ class TensorModel(keras.Model):
 
     def fit(self, *args: Any, **kwargs: Any) -> Any:
         args, kwargs = self._with_deadline(args, kwargs, 5)
-        build_optimizer(self.optimizer, self.trainable_variables, self._home_strategy)
+        self.build_update_optimizer(self.optimizer)
         return super().fit(*args, **kwargs)
 
     def evaluate(self, *args: Any, **kwargs: Any) -> Any:
@@ -234,10 +256,13 @@ class TensorModel(keras.Model):
             y_pred = self(x, training=True)
             loss = compute_loss(x, y, y_pred, sample_weight)
             loss = loss * tf.cast(share, loss.dtype)
-        gradients = self.clip(self.average_gradients(
-            tape.gradient(loss, self.trainable_weights)), optimizer)
-        with clipping_off(optimizer):
-            optimizer.apply_gradients(zip(gradients, self.trainable_weights, strict=True))
+        gradients = tape.gradient(loss, self.trainable_weights)
+        if self.zero is not None:  # ZeRO on the data axis: norms over every replica's part
+            self.zero.apply(optimizer, gradients, self.average_gradients)
+        else:
+            gradients = self.clip(self.average_gradients(gradients), optimizer)
+            with clipping_off(optimizer):
+                optimizer.apply_gradients(zip(gradients, self.trainable_weights, strict=True))
         if self.data_group.size > 1:
             loss = all_reduce_sum(loss, self.data_group, self.tensor_timeout) / \
                 self.data_group.size

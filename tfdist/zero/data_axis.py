@@ -61,8 +61,10 @@ def is_sparse(gradient: Any) -> bool:
     return isinstance(gradient, tf.IndexedSlices)
 
 
-def check_zero(stage: int, replicas: int, tensor: int, flavour: str) -> None:
-    """Refuses, before any process waits for another, a ZeRO stage the pipeline cannot run.
+def check_zero(stage: int, replicas: int, tensor: int, flavour: str,
+               strategy: str = "pipeline") -> None:
+    """Refuses, before any process waits for another, a ZeRO stage ``strategy`` (``pipeline``
+    or ``tensor``) cannot run on its data axis of ``replicas`` (T = ``tensor``).
 
     Example:
         >>> check_zero(2, 2, 1, "keras3")
@@ -77,9 +79,9 @@ multi_worker). Fix: pass zero=2 (tfdist-launch --zero 2), or --strategy multi_wo
     if stage == 3:
         raise StrategyConfigError(format_error(
             "ZeRO stage 3 (weights sharded, gathered layer by layer) is not built for the "
-            "pipeline: its stages hold their weights whole.",
-            received="zero=3 with strategy pipeline",
-            expected="zero=1 or 2 with the pipeline (stage 3 with multi_worker)",
+            f"{strategy} strategy: its processes hold their weights whole.",
+            received=f"zero=3 with strategy {strategy}",
+            expected=f"zero=1 or 2 with the {strategy} strategy (stage 3 with multi_worker)",
             fix="pass zero=2 (tfdist-launch --zero 2), or --strategy multi_worker for stage 3"))
     if flavour == "tf_keras":
         raise StrategyConfigError(format_error(
@@ -89,13 +91,13 @@ multi_worker). Fix: pass zero=2 (tfdist-launch --zero 2), or --strategy multi_wo
             fix="unset TF_USE_LEGACY_KERAS, or drop zero"))
     if replicas < 2:
         raise StrategyConfigError(format_error(
-            "ZeRO shards a stage over its data-parallel replicas, and this pipeline has one "
+            f"ZeRO shards over the data-parallel replicas, and this {strategy} job has one "
             "(D=1): there is nothing to shard.",
-            received=f"zero={stage} with D={replicas} pipeline replica(s)",
-            expected="D >= 2: processes = D x K (x T)",
+            received=f"zero={stage} with D={replicas} {strategy} replica(s)",
+            expected="D >= 2: processes = D x K x T",
             fix="launch with twice the workers (tfdist-launch --workers 4 --stages 2 --zero "
-                f"{stage}), or drop zero"))
-    if tensor > 1:
+                f"{stage}, or --workers 4 --tensor 2), or drop zero"))
+    if tensor > 1 and strategy == "pipeline":
         raise StrategyConfigError(format_error(
             "ZeRO on the pipeline's data axis is not built for tensor-split stages.",
             received=f"zero={stage} with tensor={tensor}",

@@ -1,9 +1,11 @@
-"""One process of a D=2 x K=2 pipeline job with ZeRO on its data axis (4 processes): trains an
-Embedding model (stage 0: the embedding, its gradient row slices; stage 1: the dense layers)
-with Adam, ``global_clipnorm`` (a norm over every stage and every part) and sample weights,
-once per phase in the same job, and reports what the test checks.
+"""One process of a D=2 x K=2 pipeline job, or a D=2 x T=2 tensor job, with ZeRO on its data
+axis (4 processes): trains an Embedding model (pipeline stage 0: the embedding, its gradient
+row slices; stage 1: the dense layers; tensor: each layer split over 2 shards) with Adam,
+``global_clipnorm`` (a norm over every stage or shard and every part) and sample weights, once
+per phase in the same job, and reports what the test checks.
 
-Args: ``steps DIR``. The strategy is ``get_strategy("auto")`` under ``TFDIST_ZERO=1`` (as
+Args: ``steps DIR``. The strategy (``$TFDIST_STRATEGY``: pipeline or tensor) is
+``get_strategy("auto")`` under ``TFDIST_ZERO=1`` (as
 ``tfdist-launch --zero 1`` writes it); each phase sets ``strategy.zero`` before building its
 model (one strategy per process: the collectives join once). Phases, each on a fresh copy of
 the same initial weights: ``zero1``; ``zero2``, whose model is then saved whole to
@@ -84,7 +86,9 @@ def run_phase(strategy, name, stage, initial, x, y, weight, folder):
     result["replicated_slots"] = slot_bytes(whole_adam)
     result["stage_bytes"] = sum(int(v.numpy().nbytes) for v in model.trainable_variables)
     gathered = strategy.gather_weights(model)
-    result["weights"] = None if gathered is None else [w.tolist() for w in gathered]
+    if isinstance(gathered, dict):  # tensor: each layer's whole weights, by name
+        gathered = [w for layer in build().layers for w in gathered.get(layer.name, [])]
+    result["weights"] = None if gathered is None else [np.asarray(w).tolist() for w in gathered]
     if name == "zero2":
         path = os.path.join(folder, "zero2.keras")
         result["saved"] = strategy.save_model(model, path)
@@ -96,7 +100,10 @@ def run_phase(strategy, name, stage, initial, x, y, weight, folder):
 
 def main(argv):
     steps, folder = int(argv[0]), argv[1]
-    strategy = tfdist.get_strategy("auto", micro_batches=2, split_points=["d0"])
+    pipeline = os.environ["TFDIST_STRATEGY"] == "pipeline"
+    options = {"micro_batches": 2, "split_points": ["d0"]} if pipeline else \
+        {"rules": {"d0": "column", "out": "row"}}  # and the embedding split by vocabulary
+    strategy = tfdist.get_strategy("auto", **options)
     keras.utils.set_random_seed(1)
     initial = [w.copy() for w in build().get_weights()]
     x, y, weight = data(steps)
