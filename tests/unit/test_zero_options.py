@@ -102,7 +102,7 @@ def test_zero_reaches_every_task_of_a_multi_worker_job(script, capsys):
      "--zero was given with --strategy horovod, which does not take it"),
     (["--zero", "2", "--strategy", "parameter_server", "--ps", "1", "--workers", "2"],
      "--zero was given with --strategy parameter_server"),
-    (["--zero", "1", "--strategy", "tensor", "--tensor", "2", "--workers", "4"],
+    (["--zero", "1", "--strategy", "mirrored"],
      "Fix: drop --zero, or use --strategy multi_worker"),
     (["--zero", "1", "--strategy", "multi_worker", "--workers", "1"],
      "--zero 1 with 1 training process (D=1)"),

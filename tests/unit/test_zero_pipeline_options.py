@@ -1,8 +1,9 @@
-"""ZeRO on the pipeline's data axis without a cluster: ``--zero 1|2`` reaching a pipeline job's
-tasks, and what the pipeline cannot run (stage 3, D=1, tensor-split stages, options Keras keeps
-per variable, tied weights under stage 2) refused before anything starts with the field, the
-value and the fix; a backup written with ZeRO refused by a job without it. The training itself
-is tested on 4 processes in ``tests/multiprocess/test_zero_pipeline.py``."""
+"""ZeRO on the data axis of the pipeline and tensor strategies without a cluster: ``--zero 1|2``
+reaching their tasks, and what they cannot run (stage 3, D=1, the pipeline's tensor-split
+stages, options Keras keeps per variable, tied weights under stage 2) refused before anything
+starts with the field, the value and the fix; a backup written with ZeRO refused by a job
+without it. The training itself is tested on 4 processes in
+``tests/multiprocess/test_zero_pipeline.py``."""
 
 from __future__ import annotations
 
@@ -25,25 +26,30 @@ def script(tmp_path: Path) -> str:
     return str(path)
 
 
-def test_zero_reaches_every_task_of_a_pipeline_job(script, capsys):
-    argv = ["--dry-run", "--strategy", "pipeline", "--stages", "2", "--workers", "4",
-            "--zero", "2", script]
+@pytest.mark.parametrize("split", [["--stages", "2"], ["--tensor", "2"]])
+def test_zero_reaches_every_task_of_a_pipeline_or_tensor_job(script, capsys, split):
+    strategy = "pipeline" if "--stages" in split else "tensor"
+    argv = ["--dry-run", "--strategy", strategy, *split, "--workers", "4", "--zero", "2", script]
     assert cli.main(argv) == 0
     tasks = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [t["env"]["TFDIST_ZERO"] for t in tasks] == ["2"] * 4
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--zero", "3", "--stages", "2", "--workers", "4"],
+    (["pipeline", "--zero", "3", "--stages", "2", "--workers", "4"],
      "--zero 3 with --strategy pipeline: stage 3"),
-    (["--zero", "1", "--stages", "2", "--workers", "2"],
+    (["tensor", "--zero", "3", "--tensor", "2", "--workers", "4"],
+     "--zero 3 with --strategy tensor: stage 3"),
+    (["pipeline", "--zero", "1", "--stages", "2", "--workers", "2"],
      "--zero 1 with 2 process(es) and --stages 2 (D=1)"),
-    (["--zero", "2", "--stages", "2", "--tensor", "2", "--workers", "8"],
+    (["tensor", "--zero", "1", "--workers", "2"],  # T defaults to every process
+     "--zero 1 with 2 process(es) and --tensor 2 (D=1)"),
+    (["pipeline", "--zero", "2", "--stages", "2", "--tensor", "2", "--workers", "8"],
      "--zero 2 with --tensor 2: ZeRO on the pipeline's data axis is not built for"),
 ])
-def test_what_the_pipeline_cannot_shard_is_refused_before_start(script, capsys, argv, message):
+def test_what_cannot_be_sharded_is_refused_before_start(script, capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["--dry-run", "--strategy", "pipeline", *argv, script])
+        cli.main(["--dry-run", "--strategy", *argv, script])
     assert exit_info.value.code == 2
     err = " ".join(capsys.readouterr().err.split())
     assert message in err and "Fix:" in err
@@ -62,6 +68,11 @@ def test_the_strategy_refuses_before_joining(monkeypatch):
         get_strategy("pipeline")
     assert "zero=1 with D=1 pipeline replica(s)" in str(error.value)
     assert "Fix: launch with twice the workers" in str(error.value)
+    with pytest.raises(StrategyConfigError, match="zero=1 with D=1 tensor replica"):
+        get_strategy("tensor")
+    monkeypatch.delenv("TFDIST_ZERO")
+    with pytest.raises(StrategyConfigError, match="zero=3 with strategy tensor"):
+        get_strategy("tensor", zero=3)
 
 
 @pytest.mark.parametrize(("stage", "replicas", "tensor", "flavour", "message"), [
