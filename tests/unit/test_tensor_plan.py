@@ -179,7 +179,8 @@ def test_the_registry_makes_it_by_name_and_refuses_tf_keras_with_the_fix():
     strategy = tfdist.get_strategy("tensor", shards=1)
     assert strategy.describe() == "tensor: shard 0 of 1, replica 0 of 1, chief"
     traits = strategy_traits("tensor")
-    assert traits.launch_options == {"tensor": "TFDIST_MESH"}  # T travels in the mesh alone
+    # T travels in the mesh alone; --zero 1|2 shards on the data axis (tfdist.zero.data_axis)
+    assert traits.launch_options == {"tensor": "TFDIST_MESH", "zero": "TFDIST_ZERO"}
     assert traits.tensor_default == "all"
     with pytest.raises(KerasCompatibilityError, match="unset TF_USE_LEGACY_KERAS"):
         traits.check_keras("tensor", "tf_keras")
