@@ -9,7 +9,9 @@ Args: ``steps DIR``. The strategy (``$TFDIST_STRATEGY``: pipeline or tensor) is
 ``tfdist-launch --zero 1`` writes it); each phase sets ``strategy.zero`` before building its
 model (one strategy per process: the collectives join once). Phases, each on a fresh copy of
 the same initial weights: ``zero1``; ``zero2``, whose model is then saved whole to
-``DIR/zero2.keras`` (every process calls it; the chief writes it); ``sabotage``: stage 2 with the
+``DIR/zero2.keras`` (every process calls it; the chief writes it); ``zero1_clipnorm``: Adam
+with ``clipnorm`` (each whole weight's norm, over its parts and shards) and weight decay, the
+biases excluded (the exclusion must reach the parts); ``sabotage``: stage 2 with the
 all-gather after the update skipped (``TFDIST_ZERO_SABOTAGE=skip_gather``): parity must
 fail. The chief also trains the whole model in one process with Keras's own ``fit`` on the same
 global batches: the reference. Each phase reports the gathered weights (chief), the loss per
@@ -31,6 +33,8 @@ from tfdist.testing import report
 from tfdist.zero.data_axis import SKIP_GATHER_ENV
 
 GLOBAL, SEQ, VOCAB, DIM, LR, CLIP = 16, 6, 16, 4, 0.05, 0.05
+PHASES = (("zero1", 1, "global_clipnorm"), ("zero2", 2, "global_clipnorm"),
+          ("zero1_clipnorm", 1, "clipnorm"), ("sabotage", 2, "global_clipnorm"))
 
 
 def build():
@@ -51,31 +55,37 @@ def data(steps):
     return x, y, weight
 
 
-def optimizer():
-    return keras.optimizers.Adam(LR, global_clipnorm=CLIP)
+def optimizer(clip="global_clipnorm"):
+    """Adam with ``global_clipnorm``; or with ``clipnorm`` (each whole weight's norm) and
+    decoupled weight decay, the biases excluded by name."""
+    if clip == "global_clipnorm":
+        return keras.optimizers.Adam(LR, global_clipnorm=CLIP)
+    adam = keras.optimizers.Adam(LR, clipnorm=CLIP / 4, weight_decay=0.5)
+    adam.exclude_from_weight_decay(var_names=["bias"])
+    return adam
 
 
 def slot_bytes(adam):
     return sum(int(v.numpy().nbytes) for v in adam.variables)
 
 
-def fit_reference(initial, x, y, weight):
+def fit_reference(initial, x, y, weight, clip):
     model = build()
     model.set_weights(initial)
-    model.compile(optimizer=optimizer(), loss="mse")
+    model.compile(optimizer=optimizer(clip), loss="mse")
     history = model.fit(x, y, sample_weight=weight, batch_size=GLOBAL, epochs=1,
                         shuffle=False, verbose=0)
     return [w.tolist() for w in model.get_weights()], history.history["loss"]
 
 
-def run_phase(strategy, name, stage, initial, x, y, weight, folder):
+def run_phase(strategy, name, stage, initial, x, y, weight, folder, clip):
     strategy.zero = stage
     if name == "sabotage":
         os.environ[SKIP_GATHER_ENV] = "skip_gather"
     whole = build()
     whole.set_weights(initial)
     model = strategy.build_model(whole)
-    model.compile(optimizer=optimizer(), loss="mse")
+    model.compile(optimizer=optimizer(clip), loss="mse")
     start = time.process_time()
     loss = model.fit(x, y, sample_weight=weight, batch_size=GLOBAL, epochs=1, shuffle=False,
                      verbose=0).history["loss"]
@@ -109,11 +119,13 @@ def main(argv):
     x, y, weight = data(steps)
     out = {"class": type(strategy).__name__, "zero_from_env": strategy.zero,
            "layout": strategy.backup_layout(), "phases": {}}
-    for name, stage in (("zero1", 1), ("zero2", 2), ("sabotage", 2)):
-        out["phases"][name] = run_phase(strategy, name, stage, initial, x, y, weight, folder)
+    for name, stage, clip in PHASES:
+        out["phases"][name] = run_phase(strategy, name, stage, initial, x, y, weight, folder,
+                                        clip)
     if strategy.is_chief:
         out["initial"] = [w.tolist() for w in initial]
-        out["reference"], out["reference_loss"] = fit_reference(initial, x, y, weight)
+        out["reference"] = {clip: fit_reference(initial, x, y, weight, clip)
+                            for clip in ("global_clipnorm", "clipnorm")}
     report(out)
 
 
