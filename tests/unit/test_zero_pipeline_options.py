@@ -111,3 +111,55 @@ def test_a_backup_written_with_zero_is_refused_without_it(tmp_path, monkeypatch)
     with pytest.raises(StrategyConfigError) as error:
         claim_backup(strategy, str(tmp_path / "rank-0"), str(tmp_path))
     assert "zero=1 (now 0)" in str(error.value) and "Fix:" in str(error.value)
+
+
+def _adam(keras, clip):
+    return keras.optimizers.Adam(0.05, **{clip: 0.05})
+
+
+@pytest.mark.parametrize("clip", ["global_clipnorm", "clipnorm"])
+def test_the_step_on_one_replica_is_keras_s_own(clip):
+    """D=1 (the collectives are the identity): the pieces are the whole weights, and the step
+    (its norms, an embedding's row slices, the gather back) updates them as Keras's Adam
+    updates the weights themselves."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from tfdist.parallel.mesh import Mesh
+    from tfdist.zero.data_axis import DataAxisZero
+
+    rng = np.random.default_rng(0)
+    values = [rng.normal(size=(6, 3)).astype("float32"), rng.normal(size=(3,)).astype("float32")]
+    ours = [keras.Variable(v) for v in values]
+    theirs = [keras.Variable(v) for v in values]
+    zero = DataAxisZero(ours, 2, Mesh().group("data", 0), pipe=Mesh().group("pipe", 0))
+    assert [tuple(p.shape) for p in zero.pieces] == [(6, 3), (3,)]
+    optimizer, reference = _adam(keras, clip), _adam(keras, clip)
+    zero.build_optimizer(optimizer, tf.distribute.get_strategy())
+    reference.build(theirs)
+    for step in range(3):
+        grads = [tf.IndexedSlices(tf.constant(rng.normal(size=(4, 3)), tf.float32),
+                                  tf.constant([0, 2, 2, 5 - step]), tf.constant([6, 3])),
+                 tf.constant(rng.normal(size=(3,)), tf.float32)]
+        zero.apply(optimizer, grads, average=list)
+        reference.apply_gradients(zip(grads, theirs, strict=True))
+    for got, want in zip(ours, theirs, strict=True):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=0, atol=1e-6)
+    assert float(np.max(np.abs(ours[0].numpy() - values[0]))) > 1e-2
+
+
+def test_a_weightless_stage_takes_part_without_weights():
+    import keras
+    import tensorflow as tf
+
+    from tfdist.parallel.mesh import Mesh
+    from tfdist.zero.data_axis import DataAxisZero
+
+    zero = DataAxisZero([], 2, Mesh().group("data", 0), pipe=Mesh().group("pipe", 0))
+    assert zero.pieces == [] and zero.longest == 0
+    for clip in ("global_clipnorm", "clipnorm"):
+        optimizer = _adam(keras, clip)
+        zero.build_optimizer(optimizer, tf.distribute.get_strategy())
+        zero.apply(optimizer, [], average=list)
+        assert int(optimizer.iterations.numpy()) == 1  # the step counted, as on the others

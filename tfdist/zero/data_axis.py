@@ -164,7 +164,7 @@ class DataAxisZero:
         self.tensor, self.split = tensor, split if tensor is not None and tensor.size > 1 \
             else frozenset()
         self.timeout, self.sabotage = timeout, sabotage
-        dtypes = {tf.as_dtype(v.dtype) for v in self.variables}
+        dtypes = {tf.as_dtype(v.dtype) for v in self.variables} or {tf.float32}
         if len(dtypes) != 1:
             raise StrategyConfigError(format_error(
                 "ZeRO moves a stage's parts in one buffer of one dtype.",
@@ -176,7 +176,7 @@ class DataAxisZero:
                                              self.dtype.size, group.size)
         self.mine = self.plan.of_owner(group.rank)
         empty = [d for d in range(group.size) if not self.plan.of_owner(d)]
-        if empty:
+        if empty and self.variables:  # none at all (a stage of Flatten): nothing to update
             raise StrategyConfigError(format_error(
                 "ZeRO cannot give every replica of this stage a part: its weights have fewer "
                 "rows than the stage has replicas.",
@@ -185,7 +185,7 @@ class DataAxisZero:
                 expected=f"at least {group.size} rows of weights per stage",
                 fix="use fewer replicas or stages, or drop zero"))
         self.longest = max(sum(p.size for p in self.plan.of_owner(d))
-                           for d in range(group.size))
+                           for d in range(group.size))  # 0 without weights: nothing gathered
         self.pieces = [keras.Variable(_rows(self.variables[p.variable].numpy(), p,
                                             self.plan.shapes[p.variable]),
                                       name=self.variables[p.variable].name, trainable=True)
@@ -233,9 +233,12 @@ class DataAxisZero:
         else:
             owned = self._scatter(list(gradients))
         owned = self._clip(owned, optimizer)
-        with clipping_off(optimizer):
-            optimizer.apply_gradients(zip(owned, self.pieces, strict=True))
-        if self.sabotage != "skip_gather":
+        if not self.pieces:  # a weightless stage: Keras refuses an empty update; count it
+            optimizer.iterations.assign_add(1)
+        else:
+            with clipping_off(optimizer):
+                optimizer.apply_gradients(zip(owned, self.pieces, strict=True))
+        if self.longest and self.sabotage != "skip_gather":
             for variable, value in zip(self.variables, self.gather_whole(), strict=True):
                 variable.assign(value)
 
@@ -354,6 +357,8 @@ class DataAxisZero:
         if not clipnorm:
             return gradients
         count = len(self.plan.shapes)
+        if not count:  # every replica of a weightless stage: nothing to clip, nothing to sum
+            return gradients
         local = tf.zeros([count], self.dtype)
         for piece, g in zip(self.mine, gradients, strict=True):
             if g is not None:
