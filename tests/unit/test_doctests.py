@@ -67,6 +67,7 @@ MODULES = [
     "tfdist.horovod.rendezvous",
     "tfdist.resilience.preemption",
     "tfdist.resilience",
+    "tfdist.zero.data_axis",
 ]
 
 

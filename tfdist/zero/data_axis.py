@@ -72,9 +72,10 @@ def check_zero(stage: int, replicas: int, tensor: int, flavour: str,
         Traceback (most recent call last):
         ...
         tfdist.errors.StrategyConfigError: ZeRO stage 3 (weights sharded, gathered layer by \
-layer) is not built for the pipeline: its stages hold their weights whole. Received: \
-zero=3 with strategy pipeline. Expected: zero=1 or 2 with the pipeline (stage 3 with \
-multi_worker). Fix: pass zero=2 (tfdist-launch --zero 2), or --strategy multi_worker for stage 3
+layer) is not built for the pipeline strategy: its processes hold their weights whole. \
+Received: zero=3 with strategy pipeline. Expected: zero=1 or 2 with the pipeline strategy \
+(stage 3 with multi_worker). Fix: pass zero=2 (tfdist-launch --zero 2), or --strategy \
+multi_worker for stage 3
     """
     if stage == 3:
         raise StrategyConfigError(format_error(
