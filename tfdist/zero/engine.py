@@ -23,7 +23,7 @@ process of the data axis is given the same global batch and takes its rows (1/D)
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import keras
@@ -33,6 +33,7 @@ from tfdist.compat.models import bind_unbuilt_optimizer, build_optimizer
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.parallel.mesh import ProcessGroup
 from tfdist.parallel.ops import all_gather, all_reduce, reduce_scatter
+from tfdist.zero.layerwise import units
 from tfdist.zero.partition import Piece, ZeroPartition, partition
 
 __all__ = ["ZeroEngine", "check_partitionable"]
@@ -120,6 +121,8 @@ class ZeroEngine:
                        for p in self.mine]
         self.dropped = False
         self.home = tf.distribute.get_strategy()  # the strategy the pieces live under
+        # stage 3 gathers layer by layer where every weight belongs to a layer
+        self.units = units(model, self.variables) if stage == 3 else None
         if stage == 3:
             self.drop_whole()
 
@@ -226,46 +229,83 @@ class ZeroEngine:
     def gather_whole(self, parts: Sequence[Any] | None = None) -> list[Any]:
         """Every trainable weight's whole value, gathered from its owners' pieces (or from
         ``parts``, one tensor per piece of this process, e.g. an optimizer slot's)."""
-        mine = [tf.reshape(tf.convert_to_tensor(v), [-1]) for v in (parts or self.pieces)]
-        flat = tf.concat([*mine, tf.zeros([self.longest - sum(p.size for p in self.mine)],
+        whole = self._gather([self.plan.of_owner(d) for d in range(self.group.size)],
+                             parts or self.pieces)
+        return [whole[i] for i in range(len(self.plan.shapes))]
+
+    def gather_variables(self, variables: Collection[int], parts: Sequence[Any]) -> dict[int, Any]:
+        """The whole values of the trainable weights numbered ``variables`` (one layer's),
+        gathered from their owners; ``parts``: this process's pieces of them, in its order
+        (`pieces_of`). Every process calls it with the same ``variables``."""
+        return self._gather([[p for p in self.plan.of_owner(d) if p.variable in variables]
+                             for d in range(self.group.size)], parts)
+
+    def pieces_of(self, variables: Collection[int]) -> list[int]:
+        """Which of this process's pieces (indices into ``self.pieces``) belong to
+        ``variables``."""
+        return [k for k, p in enumerate(self.mine) if p.variable in variables]
+
+    def _gather(self, owned: Sequence[Sequence[Piece]], parts: Sequence[Any]) -> dict[int, Any]:
+        """All-gathers each owner's ``owned`` pieces (this process's values: ``parts``), padded
+        to the longest owner's; returns each weight's whole value by number."""
+        longest = max(sum(p.size for p in pieces) for pieces in owned)
+        mine = [tf.reshape(tf.convert_to_tensor(v), [-1]) for v in parts]
+        flat = tf.concat([*mine, tf.zeros([longest - sum(p.size for p in
+                                                         owned[self.group.rank])],
                                           self.dtype)], 0)
         everyone = tf.reshape(all_gather(flat, self.group, timeout=self._timeout()),
-                              [self.group.size, self.longest])
-        parts: dict[int, list[Any]] = {}
-        for owner in range(self.group.size):
+                              [self.group.size, longest])
+        rows: dict[int, list[Any]] = {}
+        for owner, pieces in enumerate(owned):
             offset = 0
-            for piece in self.plan.of_owner(owner):
-                rows = everyone[owner, offset:offset + piece.size]
-                parts.setdefault(piece.variable, []).append(rows)
+            for piece in pieces:
+                rows.setdefault(piece.variable, []).append(
+                    everyone[owner, offset:offset + piece.size])
                 offset += piece.size
-        return [tf.reshape(tf.concat(parts[i], 0), shape)
-                for i, shape in enumerate(self.plan.shapes)]
+        return {i: tf.reshape(tf.concat(r, 0), self.plan.shapes[i]) for i, r in rows.items()}
 
     def _timeout(self) -> float:
         return self.timeout if tf.executing_eagerly() else 0.0
 
-    def reduce_to_owners(self, gradients: Sequence[Any]) -> list[Any]:
-        """This process's pieces' gradients, averaged over the data axis (see the module)."""
+    def reduce_to_owners(self, gradients: Sequence[Any] | Mapping[int, Any],
+                         only: Collection[int] | None = None) -> list[Any]:
+        """This process's pieces' gradients, averaged over the data axis (see the module).
+
+        Args:
+            gradients: Each trainable weight's gradient (by number: a list of all, or a
+                mapping of those in ``only``); None where it has none.
+            only: The weights to reduce (one layer's); None: all. Every process passes the
+                same, and gets its pieces of them (`pieces_of`'s order).
+        """
         size = self.group.size
-        dense = {i for i, g in enumerate(gradients)
+        numbers = range(len(self.plan.shapes)) if only is None else sorted(only)
+        grads = {i: gradients[i] if not isinstance(gradients, Mapping) else gradients.get(i)
+                 for i in numbers}
+        dense = {i for i, g in grads.items()
                  if g is not None and not isinstance(g, tf.IndexedSlices)}
         rows = []
         for owner in range(size):
-            segment = [tf.reshape(_rows(gradients[p.variable], p, self.plan.shapes[p.variable]),
+            segment = [tf.reshape(_rows(grads[p.variable], p, self.plan.shapes[p.variable]),
                                   [-1]) for p in self.plan.of_owner(owner) if p.variable in dense]
             rows.append(tf.concat([*segment, tf.zeros([0], self.dtype)], 0))
         longest = max(int(r.shape[0]) for r in rows)
-        buffer = tf.stack([tf.pad(r, [[0, longest - int(r.shape[0])]]) for r in rows])
-        if self.stage == 1:
-            summed = all_reduce(buffer, self.group, "sum", timeout=self._timeout())[self.group.rank]
-        else:
-            summed = tf.reshape(reduce_scatter(buffer, self.group, timeout=self._timeout()), [-1])
-        summed = summed / size
+        summed = tf.zeros([0], self.dtype)
+        if longest:  # every process knows the same shapes: all skip, or none
+            buffer = tf.stack([tf.pad(r, [[0, longest - int(r.shape[0])]]) for r in rows])
+            if self.stage == 1:
+                summed = all_reduce(buffer, self.group, "sum",
+                                    timeout=self._timeout())[self.group.rank]
+            else:
+                summed = tf.reshape(reduce_scatter(buffer, self.group,
+                                                   timeout=self._timeout()), [-1])
+            summed = summed / size
         # every process gathers every sparse gradient (owner or not: the collectives match)
-        gathered = {i: self._gather_slices(g) for i, g in enumerate(gradients)
+        gathered = {i: self._gather_slices(g) for i, g in grads.items()
                     if isinstance(g, tf.IndexedSlices)}
         out, offset = [], 0
         for piece in self.mine:
+            if piece.variable not in grads:
+                continue
             if piece.variable in dense:
                 shape = self.plan.shapes[piece.variable]
                 part_shape = [piece.stop - piece.start, *shape[1:]] if shape else []
