@@ -27,6 +27,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tfdist.compat.models import bind_unbuilt_optimizer, build_optimizer
@@ -115,8 +116,9 @@ class ZeroEngine:
         _refuse_empty_parts(self.plan, self.variables)
         self.longest = max(sum(p.size for p in self.plan.of_owner(d))
                            for d in range(group.size))
-        self.pieces = [keras.Variable(_rows(self.variables[p.variable].value, p,
-                                            self.plan.shapes[p.variable]),
+        # a copy: a slice of a weight may share its buffer, and keep all of it resident
+        self.pieces = [keras.Variable(np.array(_rows(self.variables[p.variable].value, p,
+                                                     self.plan.shapes[p.variable]), copy=True),
                                       name=self.variables[p.variable].name, trainable=True)
                        for p in self.mine]
         self.dropped = False
@@ -175,7 +177,8 @@ class ZeroEngine:
         """This process's pieces from the model's whole weights (after loading them)."""
         for piece, part in zip(self.pieces, self.mine, strict=True):
             whole = self.variables[part.variable]
-            piece.assign(_rows(whole.value, part, self.plan.shapes[part.variable]))
+            piece.assign(np.array(_rows(whole.value, part, self.plan.shapes[part.variable]),
+                                  copy=True))
 
     def allocate_whole(self) -> None:
         """Stage 3: room (zeros) for the whole weights, without a collective (to load into)."""
@@ -283,15 +286,17 @@ class ZeroEngine:
                  for i in numbers}
         dense = {i for i, g in grads.items()
                  if g is not None and not isinstance(g, tf.IndexedSlices)}
-        rows = []
-        for owner in range(size):
-            segment = [tf.reshape(_rows(grads[p.variable], p, self.plan.shapes[p.variable]),
-                                  [-1]) for p in self.plan.of_owner(owner) if p.variable in dense]
-            rows.append(tf.concat([*segment, tf.zeros([0], self.dtype)], 0))
-        longest = max(int(r.shape[0]) for r in rows)
+        owned = [[p for p in self.plan.of_owner(d) if p.variable in dense] for d in range(size)]
+        longest = max(sum(p.size for p in pieces) for pieces in owned)
         summed = tf.zeros([0], self.dtype)
         if longest:  # every process knows the same shapes: all skip, or none
-            buffer = tf.stack([tf.pad(r, [[0, longest - int(r.shape[0])]]) for r in rows])
+            # one buffer of D rows (each owner's pieces, padded), made in one copy
+            flat = []
+            for pieces in owned:
+                flat += [tf.reshape(_rows(grads[p.variable], p, self.plan.shapes[p.variable]),
+                                    [-1]) for p in pieces]
+                flat.append(tf.zeros([longest - sum(p.size for p in pieces)], self.dtype))
+            buffer = tf.reshape(tf.concat(flat, 0), [size, longest])
             if self.stage == 1:
                 summed = all_reduce(buffer, self.group, "sum",
                                     timeout=self._timeout())[self.group.rank]
