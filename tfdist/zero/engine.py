@@ -35,7 +35,7 @@ from tfdist.errors import StrategyConfigError, format_error
 from tfdist.parallel.mesh import ProcessGroup
 from tfdist.parallel.ops import all_gather, all_reduce, reduce_scatter
 from tfdist.zero.layerwise import units
-from tfdist.zero.partition import Piece, ZeroPartition, partition
+from tfdist.zero.partition import Piece, ZeroPartition, partition, partition_groups
 
 __all__ = ["ZeroEngine", "check_partitionable"]
 
@@ -110,8 +110,14 @@ class ZeroEngine:
         self.sabotage = sabotage
         self.variables = list(model.trainable_variables)
         self.dtype = check_partitionable(self.variables)
-        self.plan: ZeroPartition = partition([tuple(v.shape) for v in self.variables],
-                                             tf.as_dtype(self.dtype).size, group.size)
+        # stage 3 gathers layer by layer where every weight belongs to a layer: each layer is
+        # then cut into D parts of its own
+        self.units = units(model, self.variables) if stage == 3 else None
+        shapes = [tuple(v.shape) for v in self.variables]
+        itemsize = tf.as_dtype(self.dtype).size
+        self.plan: ZeroPartition = partition(shapes, itemsize, group.size) \
+            if self.units is None else partition_groups(
+                shapes, [sorted(u.variables) for u in self.units], itemsize, group.size)
         self.mine = self.plan.of_owner(group.rank)
         _refuse_empty_parts(self.plan, self.variables)
         self.longest = max(sum(p.size for p in self.plan.of_owner(d))
@@ -123,8 +129,6 @@ class ZeroEngine:
                        for p in self.mine]
         self.dropped = False
         self.home = tf.distribute.get_strategy()  # the strategy the pieces live under
-        # stage 3 gathers layer by layer where every weight belongs to a layer
-        self.units = units(model, self.variables) if stage == 3 else None
         if stage == 3:
             self.drop_whole()
 
