@@ -218,18 +218,26 @@ class ZeroEngine:
         (ring model: an all-reduce of ``b`` bytes sends ``2 (D-1)/D b``, a reduce-scatter or an
         all-gather ``(D-1)/D b``; the buffers are padded to the largest part), against
         ``replicated``: one all-reduce of the gradients. An embedding's row slices are
-        gathered besides, in proportion to the batch (not counted).
+        gathered besides, in proportion to the batch (not counted). Stage 3 layer by layer
+        gathers each layer twice (its forward, its backward) and reduce-scatters it once.
 
         Example:
             >>> ZeroEngine.step_traffic.__doc__ is not None
             True
         """
         size = self.group.size
-        buffer = size * self.longest * tf.as_dtype(self.dtype).size
+        itemsize = tf.as_dtype(self.dtype).size
         share = (size - 1) / size
+        if self.units is not None:  # one buffer per layer, padded to its longest part
+            buffer = sum(size * max(sum(p.size for p in self.plan.of_owner(d)
+                                        if p.variable in unit.variables) for d in range(size))
+                         for unit in self.units) * itemsize
+            gather = 2 * share * buffer
+        else:
+            buffer = size * self.longest * itemsize
+            gather = share * buffer
         scatter = 2 * share * buffer if self.stage == 1 else share * buffer
-        return {"reduce": int(scatter), "gather": int(share * buffer),
-                "sent": int(scatter + share * buffer),
+        return {"reduce": int(scatter), "gather": int(gather), "sent": int(scatter + gather),
                 "replicated": int(2 * share * self.plan.total_bytes)}
 
     # ------------------------------------------------------------- collectives
