@@ -150,6 +150,12 @@ def _run_unit(engine: Any, unit: Unit, call: Any, args: tuple, kwargs: dict) -> 
             of_inputs, of_weights = found[:len(inputs)], found[len(inputs):]
             owned = engine.reduce_to_owners(dict(zip(numbers, of_weights, strict=True)),
                                             only=unit.variables)
+            # the layer below gathers its weights once this layer's gradient is scattered: one
+            # layer's buffers at a time (memory first; overlapping them would be the prefetch)
+            done = [g.values if isinstance(g, tf.IndexedSlices) else g
+                    for g in owned if g is not None]
+            with tf.control_dependencies(done):
+                of_inputs = [None if g is None else tf.identity(g) for g in of_inputs]
             return [*of_inputs, *owned, tf.zeros([], unit.token.dtype)]
 
         return outputs, grad
