@@ -4,8 +4,11 @@ updating its part with the model's own optimizer, the updated parts gathered.
 `ZeroEngine` is attached to a model by `tfdist.strategies.zero.ZeroStrategy.build_model`. Every
 process of the data axis is given the same global batch and takes its rows (1/D). A step:
 
-1. stage 3 only: gathers the whole weights from their owners (`gather_whole`) and runs the
-   model on them (``keras.StatelessScope``: the model's own variables hold no values);
+1. stage 3: gathers each layer's weights just before its forward and its backward and
+   reduce-scatters its gradient as soon as it is computed (`tfdist.zero.layerwise`; each layer
+   is cut into D parts of its own); a model with a weight outside every layer gathers the whole
+   weights at once (`gather_whole`) and runs on them (``keras.StatelessScope``: the model's own
+   variables hold no values);
 2. runs the model forward and backward on this process's rows (the loss weighed by the rows'
    share, so the D means average to the global batch's mean);
 3. sums the gradients onto their owners (`reduce_to_owners`): stage 1 all-reduces every dense
