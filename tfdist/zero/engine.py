@@ -113,9 +113,9 @@ class ZeroEngine:
         self.sabotage = sabotage
         self.variables = list(model.trainable_variables)
         self.dtype = check_partitionable(self.variables)
-        # stage 3 gathers layer by layer where every weight belongs to a layer: each layer is
-        # then cut into D parts of its own
-        self.units = units(model, self.variables) if stage == 3 else None
+        # stage 3 gathers layer by layer, and stage 2 reduce-scatters layer by layer, where
+        # every weight belongs to a layer: each layer is then cut into D parts of its own
+        self.units = units(model, self.variables) if stage >= 2 else None
         shapes = [tuple(v.shape) for v in self.variables]
         itemsize = tf.as_dtype(self.dtype).size
         self.plan: ZeroPartition = partition(shapes, itemsize, group.size) \
@@ -235,7 +235,7 @@ class ZeroEngine:
             buffer = sum(size * max(sum(p.size for p in self.plan.of_owner(d)
                                         if p.variable in unit.variables) for d in range(size))
                          for unit in self.units) * itemsize
-            gather = 2 * share * buffer
+            gather = 2 * share * buffer if self.stage == 3 else share * buffer
         else:
             buffer = size * self.longest * itemsize
             gather = share * buffer

@@ -34,7 +34,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-__all__ = ["Unit", "units", "layerwise"]
+__all__ = ["Unit", "units", "layerwise", "scattering"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -164,3 +164,30 @@ def _run_unit(engine: Any, unit: Unit, call: Any, args: tuple, kwargs: dict) -> 
     token = tf.convert_to_tensor(unit.token)
     outputs = tf.custom_gradient(unit_call)(*[flat[i] for i in at], *parts, token)
     return tf.nest.pack_sequence_as(structure[0], list(outputs))
+
+
+def scattering(engine: Any, found: Sequence[Unit]) -> list[Any]:
+    """Stage 2: each trainable weight's whole value (the engine's order), through an identity
+    whose gradient is reduce-scattered to the owners unit by unit as soon as the unit's weights'
+    gradients are complete, so the whole gradient is never resident. Run the model on them
+    (``keras.StatelessScope``) inside the tape, and differentiate by the pieces and the units'
+    tokens: the pieces' gradients come out summed and averaged."""
+    whole: dict[int, Any] = {}
+    for unit in found:
+        numbers = sorted(unit.variables)
+        values = [tf.convert_to_tensor(engine.variables[i].value) for i in numbers]
+        parts = [tf.convert_to_tensor(engine.pieces[k].value)
+                 for k in engine.pieces_of(unit.variables)]
+
+        def scatter(*tensors: Any, _unit: Unit = unit, _numbers: list[int] = numbers) -> Any:
+            def grad(*upstream: Any) -> list[Any]:
+                owned = engine.reduce_to_owners(dict(zip(_numbers, upstream, strict=True)),
+                                                only=_unit.variables)
+                return [*([None] * len(_numbers)), *owned, tf.zeros([], _unit.token.dtype)]
+
+            return [tf.identity(t) for t in tensors[:len(_numbers)]], grad
+
+        scatter.__name__ = f"zero_scatter_{unit.layer.name}"
+        out = tf.custom_gradient(scatter)(*values, *parts, tf.convert_to_tensor(unit.token))
+        whole.update(zip(numbers, out, strict=True))
+    return [whole[i] for i in range(len(engine.variables))]

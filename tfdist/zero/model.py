@@ -19,7 +19,7 @@ from tfdist.compat.models import clipping_off
 from tfdist.parallel.ops import all_reduce
 from tfdist.watchdog import StepDeadline, StepWatchdog
 from tfdist.zero.engine import ZeroEngine
-from tfdist.zero.layerwise import layerwise
+from tfdist.zero.layerwise import layerwise, scattering
 
 __all__ = ["ZeroModelMixin", "attach", "original_class", "train_step"]
 
@@ -77,8 +77,10 @@ def train_step(model: Any, data: Any) -> Any:
     rows = tf.shape(tf.nest.flatten(x)[0])[0]
     share = replica_share(x, group.rank, group.size)
     x, y, sample_weight = (replica_rows(v, group.rank, group.size) for v in (x, y, sample_weight))
-    if engine.units is not None:
+    if engine.units is not None and engine.stage == 3:
         pieces, y_pred, loss = _layerwise_gradients(model, engine, x, y, sample_weight, share)
+    elif engine.units is not None:
+        pieces, y_pred, loss = _scattered_gradients(model, engine, x, y, sample_weight, share)
     else:
         pieces, y_pred, loss = _whole_gradients(model, engine, x, y, sample_weight, share)
     pieces = engine.clip_pieces(pieces, optimizer)
@@ -100,6 +102,22 @@ def _layerwise_gradients(model: Any, engine: ZeroEngine, x: Any, y: Any, sample_
     found = engine.units or []
     with tf.GradientTape() as tape:
         with layerwise(engine, found):
+            y_pred = model(x, training=True)
+            loss = model._compute_loss(x=x, y=y, y_pred=y_pred,  # noqa: SLF001
+                                       sample_weight=sample_weight, training=True)
+        loss = loss * tf.cast(share, loss.dtype)
+    targets = [piece.value for piece in engine.pieces] + [unit.token for unit in found]
+    gradients = tape.gradient(loss, targets)
+    return list(gradients[:len(engine.pieces)]), y_pred, loss
+
+
+def _scattered_gradients(model: Any, engine: ZeroEngine, x: Any, y: Any, sample_weight: Any,
+                         share: Any) -> tuple[list[Any], Any, Any]:
+    """Stage 2: the model on its whole weights, each layer's gradient reduce-scattered as soon
+    as it is complete (`tfdist.zero.layerwise.scattering`)."""
+    found = engine.units or []
+    with tf.GradientTape() as tape:
+        with whole_weights(engine, scattering(engine, found)):
             y_pred = model(x, training=True)
             loss = model._compute_loss(x=x, y=y, y_pred=y_pred,  # noqa: SLF001
                                        sample_weight=sample_weight, training=True)
