@@ -60,6 +60,14 @@ def test_each_stage_at_two_processes_equals_one_process(zero_job, phase):
         np.testing.assert_allclose(result["loss"], reference["loss"], atol=PARITY_ATOL)
 
 
+def test_stages_two_and_three_work_layer_by_layer(zero_job):
+    # the four layers with weights (two embeddings, two Dense): each gathered (stage 3) and
+    # its gradient reduce-scattered (stages 2 and 3) on its own
+    phases = zero_job["worker:0"]["phases"]
+    assert phases["zero3"]["units"] == phases["zero2"]["units"] == 4
+    assert phases["zero1"]["units"] is None
+
+
 def test_auto_reads_the_stage_the_launcher_writes(zero_job):
     phases = zero_job["worker:1"]["phases"]
     assert {phases[p]["class"] for p in STAGES} == {"ZeroStrategy"}

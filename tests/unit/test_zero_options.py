@@ -11,7 +11,7 @@ import pytest
 
 from tfdist.errors import StrategyConfigError
 from tfdist.launcher import cli
-from tfdist.zero.partition import check_stage, partition
+from tfdist.zero.partition import check_stage, partition, partition_groups
 
 pytestmark = pytest.mark.unit
 
@@ -37,6 +37,28 @@ def test_the_parts_cover_every_row_once_and_are_balanced_within_a_row(parts):
     widest_row = max(math.prod(s[1:]) if s else 1 for s in shapes) * 4
     assert max(abs(b - plan.total_bytes / parts) for b in owned) <= widest_row
     assert len(plan.of_variable(0)) > 1  # the large embedding is split across owners
+
+
+@pytest.mark.parametrize("parts", [2, 3])
+def test_stage_three_cuts_each_layer_into_parts_of_its_own(parts):
+    # a whole-model cut gives the first layer to one owner: gathering it would move as many
+    # bytes of padding; cut per layer, every owner holds about 1/D of each layer
+    shapes = [(16, 16), (16,), (64, 16), (16,), (16, 2), (2,)]
+    groups = [[0, 1], [2, 3], [4, 5]]
+    plan = partition_groups(shapes, groups, itemsize=4, parts=parts)
+    assert len(partition(shapes, 4, parts).of_variable(0)) == 1
+    for group in groups:
+        owned = [sum(p.size for p in plan.of_owner(d) if p.variable in group) * 4
+                 for d in range(parts)]
+        total = sum(math.prod(shapes[i]) for i in group) * 4
+        assert sum(owned) == total
+        assert max(abs(b - total / parts) for b in owned) <= 16 * 4  # within one row
+    for index, shape in enumerate(shapes):
+        pieces = plan.of_variable(index)
+        assert [p.start for p in pieces] == [0, *(p.stop for p in pieces[:-1])]
+        assert pieces[-1].stop == shape[0]
+    with pytest.raises(StrategyConfigError, match="every trainable weight exactly once"):
+        partition_groups(shapes, [[0, 1], [2, 3], [4]], itemsize=4, parts=2)
 
 
 def test_sabotaged_balance_would_be_seen():

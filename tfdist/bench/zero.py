@@ -9,8 +9,8 @@ stages 1, 2 and 3 in turn. Per row:
   trainable weights with values, its parts' master copies, the optimizer's variables);
 * ``sent``: bytes one process sends per step in the collectives of dense weights and gradients
   (ring model; `tfdist.zero.engine.ZeroEngine.step_traffic`), and ``sent_over_bound``: that
-  against the replicated all-reduce's (stages 1-2's bound: 1.0; stage 3's: 1.5, the weights
-  gathered twice per step where each layer is gathered again for its backward).
+  against the replicated all-reduce's (stages 1-2's bound: 1.0; stage 3's: 1.5, each layer's
+  weights gathered twice per step, for its forward and again for its backward).
 
 Example:
     >>> ZeroBenchConfig(quick=True).width
@@ -97,4 +97,4 @@ def run(config: ZeroBenchConfig, log: IO[str]) -> dict[str, Any]:
             "note": "bytes per process; sent: dense collectives per step (ring model), "
                     "against the replicated all-reduce's; stage 1 all-reduces the gradients "
                     "and gathers the weights (1.5x), stage 2 reduce-scatters them (1.0x), "
-                    "stage 3 gathers the whole weights once per step here (1.0x, bound 1.5x)."}
+                    "stage 3 gathers each layer for its forward and again for its backward (1.5x)."}

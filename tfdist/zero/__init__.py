@@ -4,6 +4,8 @@
   bytes;
 * `engine`: the step's collectives (gradients summed onto their owners, norms over every part,
   the updated parts gathered) and what a process holds;
+* `layerwise`: stage 3's step layer by layer (each layer gathered for its forward and its
+  backward, its gradient reduce-scattered as it appears);
 * `model`: the user's model with ZeRO's steps (`model.attach`).
 
 `tfdist.strategies.zero.ZeroStrategy` (``get_strategy("multi_worker", zero=stage)``) puts them

@@ -4,8 +4,11 @@ updating its part with the model's own optimizer, the updated parts gathered.
 `ZeroEngine` is attached to a model by `tfdist.strategies.zero.ZeroStrategy.build_model`. Every
 process of the data axis is given the same global batch and takes its rows (1/D). A step:
 
-1. stage 3 only: gathers the whole weights from their owners (`gather_whole`) and runs the
-   model on them (``keras.StatelessScope``: the model's own variables hold no values);
+1. stage 3: gathers each layer's weights just before its forward and its backward and
+   reduce-scatters its gradient as soon as it is computed (`tfdist.zero.layerwise`; each layer
+   is cut into D parts of its own); a model with a weight outside every layer gathers the whole
+   weights at once (`gather_whole`) and runs on them (``keras.StatelessScope``: the model's own
+   variables hold no values);
 2. runs the model forward and backward on this process's rows (the loss weighed by the rows'
    share, so the D means average to the global batch's mean);
 3. sums the gradients onto their owners (`reduce_to_owners`): stage 1 all-reduces every dense
@@ -23,17 +26,19 @@ process of the data axis is given the same global batch and takes its rows (1/D)
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tfdist.compat.models import bind_unbuilt_optimizer, build_optimizer
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.parallel.mesh import ProcessGroup
 from tfdist.parallel.ops import all_gather, all_reduce, reduce_scatter
-from tfdist.zero.partition import Piece, ZeroPartition, partition
+from tfdist.zero.layerwise import units
+from tfdist.zero.partition import Piece, ZeroPartition, partition, partition_groups
 
 __all__ = ["ZeroEngine", "check_partitionable"]
 
@@ -108,14 +113,21 @@ class ZeroEngine:
         self.sabotage = sabotage
         self.variables = list(model.trainable_variables)
         self.dtype = check_partitionable(self.variables)
-        self.plan: ZeroPartition = partition([tuple(v.shape) for v in self.variables],
-                                             tf.as_dtype(self.dtype).size, group.size)
+        # stage 3 gathers layer by layer, and stage 2 reduce-scatters layer by layer, where
+        # every weight belongs to a layer: each layer is then cut into D parts of its own
+        self.units = units(model, self.variables) if stage >= 2 else None
+        shapes = [tuple(v.shape) for v in self.variables]
+        itemsize = tf.as_dtype(self.dtype).size
+        self.plan: ZeroPartition = partition(shapes, itemsize, group.size) \
+            if self.units is None else partition_groups(
+                shapes, [sorted(u.variables) for u in self.units], itemsize, group.size)
         self.mine = self.plan.of_owner(group.rank)
         _refuse_empty_parts(self.plan, self.variables)
         self.longest = max(sum(p.size for p in self.plan.of_owner(d))
                            for d in range(group.size))
-        self.pieces = [keras.Variable(_rows(self.variables[p.variable].value, p,
-                                            self.plan.shapes[p.variable]),
+        # a copy: a slice of a weight may share its buffer, and keep all of it resident
+        self.pieces = [keras.Variable(np.array(_rows(self.variables[p.variable].value, p,
+                                                     self.plan.shapes[p.variable]), copy=True),
                                       name=self.variables[p.variable].name, trainable=True)
                        for p in self.mine]
         self.dropped = False
@@ -172,7 +184,8 @@ class ZeroEngine:
         """This process's pieces from the model's whole weights (after loading them)."""
         for piece, part in zip(self.pieces, self.mine, strict=True):
             whole = self.variables[part.variable]
-            piece.assign(_rows(whole.value, part, self.plan.shapes[part.variable]))
+            piece.assign(np.array(_rows(whole.value, part, self.plan.shapes[part.variable]),
+                                  copy=True))
 
     def allocate_whole(self) -> None:
         """Stage 3: room (zeros) for the whole weights, without a collective (to load into)."""
@@ -208,64 +221,111 @@ class ZeroEngine:
         (ring model: an all-reduce of ``b`` bytes sends ``2 (D-1)/D b``, a reduce-scatter or an
         all-gather ``(D-1)/D b``; the buffers are padded to the largest part), against
         ``replicated``: one all-reduce of the gradients. An embedding's row slices are
-        gathered besides, in proportion to the batch (not counted).
+        gathered besides, in proportion to the batch (not counted). Stage 3 layer by layer
+        gathers each layer twice (its forward, its backward) and reduce-scatters it once.
 
         Example:
             >>> ZeroEngine.step_traffic.__doc__ is not None
             True
         """
         size = self.group.size
-        buffer = size * self.longest * tf.as_dtype(self.dtype).size
+        itemsize = tf.as_dtype(self.dtype).size
         share = (size - 1) / size
+        if self.units is not None:  # one buffer per layer, padded to its longest part
+            buffer = sum(size * max(sum(p.size for p in self.plan.of_owner(d)
+                                        if p.variable in unit.variables) for d in range(size))
+                         for unit in self.units) * itemsize
+            gather = 2 * share * buffer if self.stage == 3 else share * buffer
+        else:
+            buffer = size * self.longest * itemsize
+            gather = share * buffer
         scatter = 2 * share * buffer if self.stage == 1 else share * buffer
-        return {"reduce": int(scatter), "gather": int(share * buffer),
-                "sent": int(scatter + share * buffer),
+        return {"reduce": int(scatter), "gather": int(gather), "sent": int(scatter + gather),
                 "replicated": int(2 * share * self.plan.total_bytes)}
 
     # ------------------------------------------------------------- collectives
     def gather_whole(self, parts: Sequence[Any] | None = None) -> list[Any]:
         """Every trainable weight's whole value, gathered from its owners' pieces (or from
         ``parts``, one tensor per piece of this process, e.g. an optimizer slot's)."""
-        mine = [tf.reshape(tf.convert_to_tensor(v), [-1]) for v in (parts or self.pieces)]
-        flat = tf.concat([*mine, tf.zeros([self.longest - sum(p.size for p in self.mine)],
+        whole = self._gather([self.plan.of_owner(d) for d in range(self.group.size)],
+                             parts or self.pieces)
+        return [whole[i] for i in range(len(self.plan.shapes))]
+
+    def gather_variables(self, variables: Collection[int], parts: Sequence[Any]) -> dict[int, Any]:
+        """The whole values of the trainable weights numbered ``variables`` (one layer's),
+        gathered from their owners; ``parts``: this process's pieces of them, in its order
+        (`pieces_of`). Every process calls it with the same ``variables``."""
+        return self._gather([[p for p in self.plan.of_owner(d) if p.variable in variables]
+                             for d in range(self.group.size)], parts)
+
+    def pieces_of(self, variables: Collection[int]) -> list[int]:
+        """Which of this process's pieces (indices into ``self.pieces``) belong to
+        ``variables``."""
+        return [k for k, p in enumerate(self.mine) if p.variable in variables]
+
+    def _gather(self, owned: Sequence[Sequence[Piece]], parts: Sequence[Any]) -> dict[int, Any]:
+        """All-gathers each owner's ``owned`` pieces (this process's values: ``parts``), padded
+        to the longest owner's; returns each weight's whole value by number."""
+        longest = max(sum(p.size for p in pieces) for pieces in owned)
+        mine = [tf.reshape(tf.convert_to_tensor(v), [-1]) for v in parts]
+        flat = tf.concat([*mine, tf.zeros([longest - sum(p.size for p in
+                                                         owned[self.group.rank])],
                                           self.dtype)], 0)
         everyone = tf.reshape(all_gather(flat, self.group, timeout=self._timeout()),
-                              [self.group.size, self.longest])
-        parts: dict[int, list[Any]] = {}
-        for owner in range(self.group.size):
+                              [self.group.size, longest])
+        rows: dict[int, list[Any]] = {}
+        for owner, pieces in enumerate(owned):
             offset = 0
-            for piece in self.plan.of_owner(owner):
-                rows = everyone[owner, offset:offset + piece.size]
-                parts.setdefault(piece.variable, []).append(rows)
+            for piece in pieces:
+                rows.setdefault(piece.variable, []).append(
+                    everyone[owner, offset:offset + piece.size])
                 offset += piece.size
-        return [tf.reshape(tf.concat(parts[i], 0), shape)
-                for i, shape in enumerate(self.plan.shapes)]
+        return {i: tf.reshape(tf.concat(r, 0), self.plan.shapes[i]) for i, r in rows.items()}
 
     def _timeout(self) -> float:
         return self.timeout if tf.executing_eagerly() else 0.0
 
-    def reduce_to_owners(self, gradients: Sequence[Any]) -> list[Any]:
-        """This process's pieces' gradients, averaged over the data axis (see the module)."""
+    def reduce_to_owners(self, gradients: Sequence[Any] | Mapping[int, Any],
+                         only: Collection[int] | None = None) -> list[Any]:
+        """This process's pieces' gradients, averaged over the data axis (see the module).
+
+        Args:
+            gradients: Each trainable weight's gradient (by number: a list of all, or a
+                mapping of those in ``only``); None where it has none.
+            only: The weights to reduce (one layer's); None: all. Every process passes the
+                same, and gets its pieces of them (`pieces_of`'s order).
+        """
         size = self.group.size
-        dense = {i for i, g in enumerate(gradients)
+        numbers = range(len(self.plan.shapes)) if only is None else sorted(only)
+        grads = {i: gradients[i] if not isinstance(gradients, Mapping) else gradients.get(i)
+                 for i in numbers}
+        dense = {i for i, g in grads.items()
                  if g is not None and not isinstance(g, tf.IndexedSlices)}
-        rows = []
-        for owner in range(size):
-            segment = [tf.reshape(_rows(gradients[p.variable], p, self.plan.shapes[p.variable]),
-                                  [-1]) for p in self.plan.of_owner(owner) if p.variable in dense]
-            rows.append(tf.concat([*segment, tf.zeros([0], self.dtype)], 0))
-        longest = max(int(r.shape[0]) for r in rows)
-        buffer = tf.stack([tf.pad(r, [[0, longest - int(r.shape[0])]]) for r in rows])
-        if self.stage == 1:
-            summed = all_reduce(buffer, self.group, "sum", timeout=self._timeout())[self.group.rank]
-        else:
-            summed = tf.reshape(reduce_scatter(buffer, self.group, timeout=self._timeout()), [-1])
-        summed = summed / size
+        owned = [[p for p in self.plan.of_owner(d) if p.variable in dense] for d in range(size)]
+        longest = max(sum(p.size for p in pieces) for pieces in owned)
+        summed = tf.zeros([0], self.dtype)
+        if longest:  # every process knows the same shapes: all skip, or none
+            # one buffer of D rows (each owner's pieces, padded), made in one copy
+            flat = []
+            for pieces in owned:
+                flat += [tf.reshape(_rows(grads[p.variable], p, self.plan.shapes[p.variable]),
+                                    [-1]) for p in pieces]
+                flat.append(tf.zeros([longest - sum(p.size for p in pieces)], self.dtype))
+            buffer = tf.reshape(tf.concat(flat, 0), [size, longest])
+            if self.stage == 1:
+                summed = all_reduce(buffer, self.group, "sum",
+                                    timeout=self._timeout())[self.group.rank]
+            else:
+                summed = tf.reshape(reduce_scatter(buffer, self.group,
+                                                   timeout=self._timeout()), [-1])
+            summed = summed / size
         # every process gathers every sparse gradient (owner or not: the collectives match)
-        gathered = {i: self._gather_slices(g) for i, g in enumerate(gradients)
+        gathered = {i: self._gather_slices(g) for i, g in grads.items()
                     if isinstance(g, tf.IndexedSlices)}
         out, offset = [], 0
         for piece in self.mine:
+            if piece.variable not in grads:
+                continue
             if piece.variable in dense:
                 shape = self.plan.shapes[piece.variable]
                 part_shape = [piece.stop - piece.start, *shape[1:]] if shape else []

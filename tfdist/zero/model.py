@@ -19,6 +19,7 @@ from tfdist.compat.models import clipping_off
 from tfdist.parallel.ops import all_reduce
 from tfdist.watchdog import StepDeadline, StepWatchdog
 from tfdist.zero.engine import ZeroEngine
+from tfdist.zero.layerwise import layerwise, scattering
 
 __all__ = ["ZeroModelMixin", "attach", "original_class", "train_step"]
 
@@ -76,6 +77,60 @@ def train_step(model: Any, data: Any) -> Any:
     rows = tf.shape(tf.nest.flatten(x)[0])[0]
     share = replica_share(x, group.rank, group.size)
     x, y, sample_weight = (replica_rows(v, group.rank, group.size) for v in (x, y, sample_weight))
+    if engine.units is not None and engine.stage == 3:
+        pieces, y_pred, loss = _layerwise_gradients(model, engine, x, y, sample_weight, share)
+    elif engine.units is not None:
+        pieces, y_pred, loss = _scattered_gradients(model, engine, x, y, sample_weight, share)
+    else:
+        pieces, y_pred, loss = _whole_gradients(model, engine, x, y, sample_weight, share)
+    pieces = engine.clip_pieces(pieces, optimizer)
+    with clipping_off(optimizer):
+        optimizer.apply_gradients(zip(pieces, engine.pieces, strict=True))
+    if engine.stage < 3 and engine.sabotage != "skip_gather":
+        for variable, value in zip(engine.variables, engine.gather_whole(), strict=True):
+            variable.assign(value)
+    if group.size > 1:
+        loss = all_reduce(loss, group, "sum") / group.size
+    model._loss_tracker.update_state(loss, sample_weight=rows)  # noqa: SLF001
+    return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+def _layerwise_gradients(model: Any, engine: ZeroEngine, x: Any, y: Any, sample_weight: Any,
+                         share: Any) -> tuple[list[Any], Any, Any]:
+    """Stage 3, layer by layer (`tfdist.zero.layerwise`): this process's pieces' gradients,
+    already summed onto it, the predictions and the loss."""
+    found = engine.units or []
+    with tf.GradientTape() as tape:
+        with layerwise(engine, found):
+            y_pred = model(x, training=True)
+            loss = model._compute_loss(x=x, y=y, y_pred=y_pred,  # noqa: SLF001
+                                       sample_weight=sample_weight, training=True)
+        loss = loss * tf.cast(share, loss.dtype)
+    targets = [piece.value for piece in engine.pieces] + [unit.token for unit in found]
+    gradients = tape.gradient(loss, targets)
+    return list(gradients[:len(engine.pieces)]), y_pred, loss
+
+
+def _scattered_gradients(model: Any, engine: ZeroEngine, x: Any, y: Any, sample_weight: Any,
+                         share: Any) -> tuple[list[Any], Any, Any]:
+    """Stage 2: the model on its whole weights, each layer's gradient reduce-scattered as soon
+    as it is complete (`tfdist.zero.layerwise.scattering`)."""
+    found = engine.units or []
+    with tf.GradientTape() as tape:
+        with whole_weights(engine, scattering(engine, found)):
+            y_pred = model(x, training=True)
+            loss = model._compute_loss(x=x, y=y, y_pred=y_pred,  # noqa: SLF001
+                                       sample_weight=sample_weight, training=True)
+        loss = loss * tf.cast(share, loss.dtype)
+    targets = [piece.value for piece in engine.pieces] + [unit.token for unit in found]
+    gradients = tape.gradient(loss, targets)
+    return list(gradients[:len(engine.pieces)]), y_pred, loss
+
+
+def _whole_gradients(model: Any, engine: ZeroEngine, x: Any, y: Any, sample_weight: Any,
+                     share: Any) -> tuple[list[Any], Any, Any]:
+    """The whole local gradients (stage 3: on the whole weights gathered at once), summed onto
+    their owners: this process's pieces' gradients, the predictions and the loss."""
     whole = engine.gather_whole() if engine.stage == 3 else None
     with tf.GradientTape() as tape:
         if whole is not None:
@@ -86,16 +141,7 @@ def train_step(model: Any, data: Any) -> Any:
                                        sample_weight=sample_weight, training=True)
         loss = loss * tf.cast(share, loss.dtype)
     gradients = tape.gradient(loss, whole if whole is not None else engine.variables)
-    pieces = engine.clip_pieces(engine.reduce_to_owners(gradients), optimizer)
-    with clipping_off(optimizer):
-        optimizer.apply_gradients(zip(pieces, engine.pieces, strict=True))
-    if engine.stage < 3 and engine.sabotage != "skip_gather":
-        for variable, value in zip(engine.variables, engine.gather_whole(), strict=True):
-            variable.assign(value)
-    if group.size > 1:
-        loss = all_reduce(loss, group, "sum") / group.size
-    model._loss_tracker.update_state(loss, sample_weight=rows)  # noqa: SLF001
-    return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+    return engine.reduce_to_owners(gradients), y_pred, loss
 
 
 class ZeroModelMixin:

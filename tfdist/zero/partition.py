@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from tfdist.errors import StrategyConfigError, format_error
 
-__all__ = ["Piece", "ZeroPartition", "partition", "STAGES", "check_stage"]
+__all__ = ["Piece", "ZeroPartition", "partition", "partition_groups", "STAGES", "check_stage"]
 
 STAGES = (1, 2, 3)
 """ZeRO's stages: 1 optimizer state, 2 also the gradients, 3 also the weights."""
@@ -154,3 +154,36 @@ def partition(shapes: Sequence[Sequence[int]], itemsize: int, parts: int) -> Zer
                 start = r
         offset += rows * row
     return ZeroPartition(tuple(fixed), itemsize, parts, tuple(pieces))
+
+
+def partition_groups(shapes: Sequence[Sequence[int]], groups: Sequence[Sequence[int]],
+                     itemsize: int, parts: int) -> ZeroPartition:
+    """`partition` of each group of weights (one layer's, numbers into ``shapes``) on its own:
+    every owner holds about 1/D of each group, so gathering one group moves no padding.
+
+    ZeRO stage 3 gathers layer by layer; cut across the whole model, a layer could belong to
+    one owner alone, and the others would send as many bytes of padding to gather it.
+
+    Raises:
+        StrategyConfigError: as `partition`; or groups that do not cover every weight once.
+
+    Example:
+        >>> plan = partition_groups([(4, 2), (2,), (6,)], [[0, 1], [2]], itemsize=4, parts=2)
+        >>> [(p.variable, p.start, p.stop, p.owner) for p in plan.pieces]
+        [(0, 0, 3, 0), (0, 3, 4, 1), (1, 0, 2, 1), (2, 0, 3, 0), (2, 3, 6, 1)]
+    """
+    numbers = sorted(i for group in groups for i in group)
+    if numbers != list(range(len(shapes))):
+        raise StrategyConfigError(format_error(
+            "ZeRO's groups of weights must name every trainable weight exactly once.",
+            received=f"groups {[list(g) for g in groups]} for {len(shapes)} weights",
+            expected=f"each of 0..{len(shapes) - 1} in one group",
+            fix="pass each layer's weight numbers once"))
+    whole = partition(shapes, itemsize, parts)  # checks every shape
+    pieces: list[Piece] = []
+    for group in groups:
+        ordered = sorted(group)
+        cut = partition([whole.shapes[i] for i in ordered], itemsize, parts)
+        pieces += [dataclasses.replace(p, variable=ordered[p.variable]) for p in cut.pieces]
+    pieces.sort(key=lambda p: (p.variable, p.start))
+    return ZeroPartition(whole.shapes, itemsize, parts, tuple(pieces))

@@ -124,7 +124,8 @@ def phase(stage, clip, steps, sabotage=None, save=None):
               "owned": engine.plan.owned_bytes(), "total": engine.plan.total_bytes,
               "largest": engine.plan.largest_variable_bytes(),
               "pieces": [[p.variable, p.start, p.stop, p.owner] for p in engine.plan.pieces],
-              "describe": strategy.describe()}
+              "describe": strategy.describe(),
+              "units": None if engine.units is None else len(engine.units)}
     if save:
         result["saved"] = strategy.save_model(model, save)
     if stage == 3:
