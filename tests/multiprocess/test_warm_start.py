@@ -107,8 +107,10 @@ def test_which_processes_start_warm():
     assert not warm_start.is_warm_task(warm_start.parse_command(["py", "/elsewhere/t.py"]), {})
     assert warm_start.is_warm_task(
         warm_start.parse_command(["py", str(REPO / "keras_examples" / "deep_mlp.py")]), {})
+    assert warm_start.is_warm_task(warm_start.parse_command(["py", "t.py"]),  # Open MPI's rank
+                                   {**task, "OMPI_COMM_WORLD_RANK": "0"})
     assert not warm_start.is_warm_task(warm_start.parse_command(["py", "t.py"]),
-                                       {**task, "OMPI_COMM_WORLD_RANK": "0"})
+                                       {**task, "SLURM_JOB_ID": "7"})
     assert warm_start.parse_command(["py", "-X", "importtime", "t.py"]) is None
     keras3, legacy = {"PYTHONPATH": "/x"}, {"PYTHONPATH": "/x", "TF_USE_LEGACY_KERAS": "1"}
     assert warm_start.server_key(keras3) != warm_start.server_key(legacy)
