@@ -13,10 +13,10 @@ the checkout), so these tests build the wheel and look at it:
   ``export`` extra, and import the launcher, bench and testing modules. The fresh venv sees the
   test venv's copies of the wheel's core dependencies and theirs (TensorFlow, tf-keras, NumPy, ...)
   and pip, nothing else (no tfdist, Horovod or test tools), through a ``.pth`` that names a
-  folder of links to them: the wheel itself
-  is installed for real (its files, its console scripts) and pip checks its declared dependency
-  ranges against those packages (``--no-index``: a range they do not meet fails the install
-  instead of fetching another version). Nothing of the checkout or the test venv's tfdist is
+  folder of links to them: the wheel itself is installed for real (its files, its console
+  scripts) and pip checks its declared dependency ranges against those packages
+  (``--no-index``: a range they do not meet fails the install instead of fetching another
+  version). Nothing of the checkout or the test venv's tfdist is
   importable there (the test asserts where tfdist is imported from).
 
 Measured on this project's 2 shared cores (load 3-5): building the wheel 1 s. Before the links
