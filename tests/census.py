@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -74,3 +75,20 @@ def cpu_by_test(records: list[dict[str, Any]]) -> list[tuple[str, float]]:
         if test_of.get(pid):
             cpu[test_of[pid]] += seconds
     return sorted(cpu.items(), key=lambda item: -item[1])
+
+
+def main(argv: list[str]) -> int:
+    """``python tests/census.py FILE [TOP]``: the summary of a kept census (a run with
+    ``TFDIST_TEST_PROCESS_LOG=FILE`` set by hand), every test's row unless ``TOP`` is given."""
+    if len(argv) not in (1, 2) or (len(argv) == 2 and not argv[1].isdigit()):
+        print("usage: python tests/census.py CENSUS.jsonl [TOP]; received: "
+              f"{' '.join(argv) or '(nothing)'}", file=sys.stderr)
+        return 2
+    top = int(argv[1]) if len(argv) == 2 else 1_000_000
+    summary = process_census(argv[0], top)
+    print(summary or f"no census in {argv[0]}: it is missing or starts no process")
+    return 0 if summary else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

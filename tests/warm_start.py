@@ -75,9 +75,16 @@ whole and others a minimal one: counted, they split one set of settings into sev
 (28 sets became 15 without them, in a CI run's census)."""
 _DEFAULTS = {"TF_USE_LEGACY_KERAS": "0"}
 """Values that mean the variable's absence."""
-_NOT_WARM = ("SLURM_JOB_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-"""Processes started by Slurm or MPI stay cold: their launchers own them in other ways (Gloo
-ranks of `horovodrun` run warm: it starts, signals and stops them as the launcher does)."""
+_NOT_WARM = ("PMI_RANK",)
+"""Processes of an MPI with a PMI of its own (MPICH's) stay cold: its launcher owns them in
+other ways. Open MPI's ranks (``horovodrun --mpi``) and Slurm's tasks (``srun``) run warm, as
+Gloo's do: the launcher starts, signals and stops the shim (a SIGKILLed shim's task is killed by
+the server), and the task, a child of the server in the shim's network, reads the shim's
+environment after the fork (Open MPI's rank calls ``MPI_Init`` then, reaching ``mpirun``'s PMIx
+server over its Unix socket). Not in the Slurm step's cgroup: a test of that runs cold. Measured,
+load 10-17: the quick benchmark's horovod-mpi allreduce ranks 2.2 CPU-s each warm against 7.5
+cold, Slurm's ``slurm_train.py`` tasks 1.3-1.5 against 3.4; every ``--mpi`` and Slurm test passes
+warm."""
 WARM_MODULES = frozenset({"tfdist.server"})
 """Modules that run warm as tasks; not the launcher's own (``tfdist.launcher.hosts.remote`` watches
 its parent, which a forked task does not share)."""
@@ -127,10 +134,19 @@ def _settings(environ: dict[str, str]) -> list[tuple[str, str]]:
         ...            "TF_CLI_CONFIG_FILE": "/root/.terraformrc", "USER": "root",
         ...            "TFDIST_TEST_WARM_PREIMPORT": "sklearn.datasets"})
         [('TFDIST_TEST_WARM_PREIMPORT', 'sklearn.datasets'), ('TF_CPP_MIN_LOG_LEVEL', '2')]
+        >>> _settings({"PYTHONPATH": "/s:/r:/r"})  # site.py drops a repeated entry from sys.path
+        [('PYTHONPATH', '/s:/r')]
     """
-    return sorted((name, value) for name, value in environ.items()
+    return sorted((name, _path_once(value) if name == "PYTHONPATH" else value)
+                  for name, value in environ.items()
                   if name.startswith(_IMPORT_TIME_PREFIXES) and name not in _PER_TASK
                   and not name.startswith(_NO_IMPORT_EFFECT) and _DEFAULTS.get(name) != value)
+
+
+def _path_once(value: str) -> str:
+    """Each entry of a search path once, first place kept (Slurm's tasks, the job script's
+    ``PYTHONPATH`` prepended to the same inherited one, got servers of their own for it)."""
+    return os.pathsep.join(dict.fromkeys(value.split(os.pathsep)))
 
 
 def is_warm_task(command: dict[str, Any] | None, environ: dict[str, str]) -> bool:

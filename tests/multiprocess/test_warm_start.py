@@ -107,8 +107,11 @@ def test_which_processes_start_warm():
     assert not warm_start.is_warm_task(warm_start.parse_command(["py", "/elsewhere/t.py"]), {})
     assert warm_start.is_warm_task(
         warm_start.parse_command(["py", str(REPO / "keras_examples" / "deep_mlp.py")]), {})
+    for launched in ({"OMPI_COMM_WORLD_RANK": "0"}, {"SLURM_JOB_ID": "7"}):  # Open MPI, srun
+        assert warm_start.is_warm_task(warm_start.parse_command(["py", "t.py"]),
+                                       {**task, **launched})
     assert not warm_start.is_warm_task(warm_start.parse_command(["py", "t.py"]),
-                                       {**task, "OMPI_COMM_WORLD_RANK": "0"})
+                                       {**task, "PMI_RANK": "0"})
     assert warm_start.parse_command(["py", "-X", "importtime", "t.py"]) is None
     keras3, legacy = {"PYTHONPATH": "/x"}, {"PYTHONPATH": "/x", "TF_USE_LEGACY_KERAS": "1"}
     assert warm_start.server_key(keras3) != warm_start.server_key(legacy)
@@ -117,4 +120,5 @@ def test_which_processes_start_warm():
             "PYTHONDONTWRITEBYTECODE": "1"}  # what a test's whole environment adds
     assert warm_start.server_key(keras3) == warm_start.server_key(same)
     assert warm_start.server_key(keras3) != warm_start.server_key({**keras3, "HOME": "/h"})
+    assert warm_start.server_key(keras3) == warm_start.server_key({"PYTHONPATH": "/x:/x"})
     assert doctest.testmod(warm_start).failed == 0

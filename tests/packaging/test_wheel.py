@@ -7,16 +7,24 @@ the checkout), so these tests build the wheel and look at it:
   copy of the checkout, so no ``build/`` or ``*.egg-info`` is written into it and two runs do not
   race, then read it: every module of ``tfdist/`` is in it, nothing else is, and its metadata
   declares the version, the console scripts and dependency ranges.
-* Slow: install the wheel alone into a fresh venv (``python -m venv``, then
-  ``pip install --no-compile WHEEL``, dependencies from the package index, never this checkout
-  or the test venv), then, from a directory outside the checkout, run ``tfdist-launch --check``,
-  a real 2-worker MultiWorkerMirrored job, ``--export`` without the ``export`` extra, and import
-  the launcher, bench and testing modules.
+* Slow: install the wheel alone into a fresh venv (``python -m venv --without-pip``, then
+  ``pip install --no-index --no-compile WHEEL``), then, from a directory outside the checkout, run
+  ``tfdist-launch --check``, a real 2-worker MultiWorkerMirrored job, ``--export`` without the
+  ``export`` extra, and import the launcher, bench and testing modules. The fresh venv sees the
+  test venv's copies of the wheel's core dependencies and theirs (TensorFlow, tf-keras, NumPy, ...)
+  and pip, nothing else (no tfdist, Horovod or test tools), through a ``.pth`` that names a
+  folder of links to them: the wheel itself is installed for real (its files, its console
+  scripts) and pip checks its declared dependency ranges against those packages
+  (``--no-index``: a range they do not meet fails the install instead of fetching another
+  version). Nothing of the checkout or the test venv's tfdist is
+  importable there (the test asserts where tfdist is imported from).
 
-Measured on this project's 2 shared cores (load 3-5): building the wheel 1 s; the fresh venv
-5 s; installing the wheel and its dependencies into it 33-53 s (the 572 MB TensorFlow wheel
-dominates; byte-compiling, skipped by ``--no-compile``, added ~15 s; installing from an already
-downloaded wheelhouse instead of the index saved nothing measurable); the whole slow test 65 s.
+Measured on this project's 2 shared cores (load 3-5): building the wheel 1 s. Before the links
+(until November 2026) the test installed the wheel's dependencies from the package index: the
+fresh venv 5 s, the install 33-53 s (the 572 MB TensorFlow wheel dominates), the whole test 65-95
+s; it proved the same of the wheel, plus that the index serves the dependencies, which is pip's
+and the index's business, not the wheel's. Measured one after the other (load 4-14): 72 CPU-s
+(pytest and its children) with the index, 30 with the links.
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 import tfdist
 
@@ -145,6 +155,36 @@ def _clean_env(venv: Path) -> dict[str, str]:
     return env
 
 
+def _link_dependencies(whl: Path, into: Path) -> Path:
+    """A folder of links to what the wheel's core dependencies (``Requires-Dist`` without an
+    extra, and theirs, as installed in the test venv) and pip are made of: ``into``, for a fresh
+    venv's ``.pth``. Nothing else of the test venv (tfdist, Horovod, Ray, the test tools)."""
+    with zipfile.ZipFile(whl) as opened:
+        meta = email.parser.Parser().parsestr(_dist_info(opened, "METADATA"))
+    wanted = [Requirement(r) for r in meta.get_all("Requires-Dist")] + [Requirement("pip")]
+    seen: set[str] = set()
+    into.mkdir()
+    while wanted:
+        req = wanted.pop()
+        name = canonicalize_name(req.name)
+        if name in seen or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
+            continue
+        seen.add(name)
+        dist = importlib.metadata.distribution(name)
+        wanted += [Requirement(r) for r in dist.requires or ()]
+        site = Path(str(dist.locate_file("")))
+        tops = {f.parts[0] for f in dist.files or ()} - {"..", "__pycache__"}  # "..": bin/
+        for top in tops:
+            if not (into / top).exists():
+                (into / top).symlink_to(site / top)
+    return into
+
+
+def _venv_site_packages(venv: Path) -> Path:
+    (site,) = (venv / "lib").glob("python3.*/site-packages")
+    return site
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(600)
@@ -157,11 +197,21 @@ def test_the_wheel_alone_in_a_fresh_venv_runs_a_two_worker_job(wheel, tmp_path):
         return subprocess.run(list(argv), cwd=elsewhere, env=env, capture_output=True,
                               text=True, timeout=timeout)
 
-    made = run(sys.executable, "-m", "venv", str(venv), timeout=120)
+    made = run(sys.executable, "-m", "venv", "--without-pip", str(venv), timeout=120)
     assert made.returncode == 0, made.stderr
+    third_party = _link_dependencies(wheel, tmp_path / "dependencies")
+    (_venv_site_packages(venv) / "test_venv_dependencies.pth").write_text(f"{third_party}\n")
     python = str(venv / "bin" / "python")
-    installed = run(python, "-m", "pip", "install", "-q", "--no-compile", str(wheel), timeout=480)
+    hidden = run(python, "-c", "import tfdist")
+    assert hidden.returncode != 0 and "No module named 'tfdist'" in hidden.stderr, (
+        "the fresh venv sees a tfdist before the wheel is installed", hidden.stderr)
+    installed = run(python, "-m", "pip", "install", "-q", "--no-index", "--no-compile",
+                    str(wheel), timeout=480)
     assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
+    listed = run(python, "-m", "pip", "show", "-f", "tfdist")
+    assert listed.returncode == 0, listed.stderr
+    assert f"Location: {_venv_site_packages(venv)}" in listed.stdout  # installed, not linked
+    assert "../../../bin/tfdist-launch" in listed.stdout  # its console scripts, from the wheel
 
     imported = run(python, "-c", "import tfdist, tfdist.testing, tfdist.launcher.cli, "
                    "tfdist.bench.cli; print(tfdist.__file__)")
