@@ -146,7 +146,8 @@ def _wrapped(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             kwargs.pop("_use_cached_eval_dataset", None)  # fit's, made for the strategy
             return run_locally(self, lambda: original(self, *args, **kwargs))
         try:
-            return original(self, *args, **kwargs)
+            with strategy.model_call_scope(self, name, call):
+                return original(self, *args, **kwargs)
         except tf.errors.OpError as err:
             strategy.explain_failed_call(name, err)  # raises a clearer error, or returns
             raise

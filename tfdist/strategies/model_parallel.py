@@ -16,6 +16,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfdist.compat import shuffle
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.logs import report_written
 from tfdist.parallel import runtime
@@ -109,7 +110,23 @@ class ModelParallelMixin:
         to that device through a ``MultiDeviceIterator`` built and torn down in every ``fit``
         call (tf-keras, 2 stages, 4 steps a call: 0.31 s a call against 0.15 s without)."""
         del options  # nothing to place: no device to fetch to but the one the data is on
+        shuffle.release()  # a fit's input pipeline is built: its permutation took the seed
         return dataset
+
+    def model_call_scope(self, model: Any, method: str,
+                         call: Mapping[str, Any]) -> contextlib.AbstractContextManager[Any]:
+        """An array ``fit`` that Keras shuffles, with no global seed: the seed the job agrees
+        (`tfdist.compat.shuffle`), so every process reads the same global batches."""
+        del model
+        world: ProcessGroup | None = getattr(self, "_tfdist_world", None)
+        if method != "fit" or not shuffle.shuffles_arrays(call) or \
+                shuffle.global_seed() is not None:
+            return contextlib.nullcontext()
+        calls: dict[str, int] = self.__dict__.setdefault("_tfdist_calls", {})
+        calls["shuffled_fit"] = call_number = calls.get("shuffled_fit", 0) + 1
+        rank, size = (world.rank, world.size) if world is not None else (0, 1)
+        seed = shuffle.agree_seed(rank, size, call_number, self.timeout or 300.0)
+        return shuffle.seeded_fit(seed)
 
     def _mark_split(self, model: Any) -> Any:
         """``model``, recorded as this strategy's split (`check_model_call` accepts it)."""
