@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,13 +27,11 @@ from tfdist.parallel.place import (
     process_place,
     tensor_shards,
 )
+from tfdist.strategies import rendezvous
 from tfdist.strategies.startup import startup_deadline
 
 __all__ = ["ModelParallelMixin", "tensor_shards"]
 
-_CALL_KEY = "tfdist/{what}/{call}/{rank}"
-"""A process's Nth call of ``what`` (``save_model``, ``evaluate``...), set when it starts it."""
-_PROBE_MS = 200
 
 
 class ModelParallelMixin:
@@ -215,21 +212,9 @@ class ModelParallelMixin:
             StrategyConfigError: A peer ended (or failed) before the call, or never made it.
         """
         world: ProcessGroup | None = getattr(self, "_tfdist_world", None)
-        if world is None or world.size < 2:
+        if world is None:
             return
-        calls: dict[str, int] = self.__dict__.setdefault("_tfdist_calls", {})
-        calls[what] = call = calls.get(what, 0) + 1
-        runtime.announce(_CALL_KEY.format(what=what, call=call, rank=world.rank))
-        limit = self.timeout or 300.0  # the pipeline's 0: transfers wait without a limit
-        deadline = time.monotonic() + limit
-        for peer in (r for r in range(world.size) if r != world.rank):
-            while not runtime.announced(_CALL_KEY.format(what=what, call=call, rank=peer),
-                                        _PROBE_MS):
-                exited = runtime.announced(runtime.EXIT_KEY.format(rank=peer), 1)
-                if exited or time.monotonic() > deadline:
-                    raise StrategyConfigError(format_error(
-                        f"{why}, but the process of rank {peer} "
-                        + ("reached the end of the script (or failed) without calling it"
-                           if exited else f"did not call it within {limit:g} s") + ".",
-                        received=f"{what} call {call} on rank {world.rank} only",
-                        expected=expected, fix=fix))
+        rendezvous.every_process_calls(
+            self.__dict__.setdefault("_tfdist_calls", {}), world.rank, world.size, what,
+            why=why, expected=expected, fix=fix,
+            limit=self.timeout or 300.0)  # the pipeline's 0: transfers wait without a limit
