@@ -2,7 +2,10 @@
 Keras's default ``shuffle=True`` and no seed trains as one process does on the permutation that
 one process draws from the seed the job agreed (`tfdist.compat.shuffle`): the batch check passes,
 the losses (and the pipeline's gathered weights) equal that run's, the global seed is unset
-again after ``fit``. Sabotage: a seed per process is stopped at step 1 by the batch check. One
+again after ``fit``. Sabotage: a seed per process is stopped at step 1 by the batch check.
+Also: a model made and fit outside every strategy's scope before ``build_model`` is refused
+(each process would train its own whole model), and the one-process references after it are
+not. One
 launch of 2 processes per strategy (about 30 s each)."""
 
 from __future__ import annotations
@@ -41,3 +44,9 @@ def test_an_unseeded_array_fit_shuffles_alike_on_every_process(cluster_runner, s
             np.testing.assert_allclose(got, want, rtol=0, atol=PARITY_ATOL)
     for result in (chief, other):
         assert "do not hold the same global batch" in result["sabotage"], result["sabotage"]
+        refused = result["unsplit_fit"]  # before build_model; the chief's references after
+        assert f"fit outside every tfdist strategy's scope in a {strategy} job of 2 " \
+               "processes" in refused, refused
+        assert "Fix: model = strategy.build_model(build_fn)" in refused
+        assert "A model meant to train in this process alone (a one-process reference) is " \
+               "accepted once strategy.build_model has made the job's model" in refused

@@ -27,10 +27,13 @@ from tfdist.parallel.place import (
     process_place,
     tensor_shards,
 )
-from tfdist.strategies import rendezvous
+from tfdist.strategies import model_calls, rendezvous
 from tfdist.strategies.startup import startup_deadline
 
 __all__ = ["ModelParallelMixin", "tensor_shards"]
+
+_splits = [0]
+"""How many models the model-parallel strategies of this process have split (`build_model`)."""
 
 
 
@@ -83,6 +86,8 @@ class ModelParallelMixin:
         runtime.join(cluster, task, world,
                      startup_deadline(deadline, cluster, task, f"{name} on {task}"))
         self._tfdist_world = world
+        if world.size > 1:
+            model_calls.claim_job(self)
 
     @staticmethod
     def _device() -> str:
@@ -128,7 +133,26 @@ class ModelParallelMixin:
     def _mark_split(self, model: Any) -> Any:
         """``model``, recorded as this strategy's split (`check_model_call` accepts it)."""
         model._tfdist_split_by = self  # noqa: SLF001
+        _splits[0] += 1
         return model
+
+    def check_unscoped_fit(self, model: Any, call: Mapping[str, Any]) -> None:
+        """Refuses ``model.fit`` on a model made and called outside every strategy's scope
+        while this process has split no model yet (`build_model`): in a job of several
+        processes, each would train its own whole model, silently. After `build_model`, such a
+        model is taken for what a test script makes on purpose: one process's reference."""
+        del call
+        if _splits[0]:  # by any strategy of this process (a script may make several)
+            return
+        name = self.name  # type: ignore[attr-defined]
+        self._refuse_unsplit(
+            model, "fit", "made outside strategy.build_model, before any model of this job was "
+            "split", f"fit outside every tfdist strategy's scope in a {name} job of "
+            f"{self.num_workers} processes",
+            fix="model = strategy.build_model(build_fn), where build_fn() builds the whole "
+                "model; then compile and fit that model. A model meant to train in this "
+                "process alone (a one-process reference) is accepted once strategy.build_model "
+                "has made the job's model: build it after")
 
     def check_model_call(self, model: Any, method: str, call: Mapping[str, Any]) -> None:
         """Refuses, at ``compile``/``fit``/``evaluate``/``predict``, a model made in this
@@ -158,15 +182,16 @@ class ModelParallelMixin:
             self._refuse_unsplit(model, method, "made outside strategy.build_model",
                                  "made outside any tfdist strategy's scope")
 
-    def _refuse_unsplit(self, model: Any, method: str, how: str, received: str) -> None:
+    def _refuse_unsplit(self, model: Any, method: str, how: str, received: str,
+                        fix: str | None = None) -> None:
         name = self.name  # type: ignore[attr-defined]
         raise StrategyConfigError(format_error(
             f"Under {name!r} a model must come from strategy.build_model(...): this one was "
             f"{how}, so model.{method} would run all of it on every process, unsplit.",
             received=f"a {type(model).__name__} {received}",
             expected="the model strategy.build_model(build_fn) returns",
-            fix="model = strategy.build_model(build_fn), where build_fn() builds the whole "
-                "model; then compile and fit that model (the same lines run under every "
+            fix=fix or "model = strategy.build_model(build_fn), where build_fn() builds the "
+                "whole model; then compile and fit that model (the same lines run under every "
                 "strategy)"))
 
     def save_model(self, model: Any, filepath: str | os.PathLike[str], **kwargs: Any) -> str | None:

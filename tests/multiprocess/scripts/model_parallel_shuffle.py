@@ -7,7 +7,9 @@ set: the process reports it), takes its part with ``strategy.build_model`` and f
 permutation one process draws with ``tf.random.set_seed(seed)``, the seed the job agreed, and
 reports its losses and weights; and a control, the same run unshuffled (its losses must differ,
 or the shuffle would be untested). Last, the sabotage: a fit whose seed agreement is replaced by
-a seed per process must be stopped at its first step by the batch check.
+a seed per process must be stopped at its first step by the batch check. First of all, before
+``build_model``, a model made and fit outside every strategy's scope must be refused
+(``unsplit_fit``); the chief's one-process runs, after ``build_model``, are accepted.
 """
 
 from __future__ import annotations
@@ -69,9 +71,22 @@ def sabotage(model, x, y, strategy):
         shuffle.agree_seed = agree
 
 
+def unsplit_fit(keras, x, y):
+    """A model made, compiled and fit outside every strategy's scope before ``build_model``:
+    each process would train its own whole model. Must be refused before training."""
+    model = build(keras)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    try:
+        model.fit(x, y, batch_size=GLOBAL, epochs=1, verbose=0)
+        return "TRAINED UNSPLIT"
+    except tfdist.StrategyConfigError as err:
+        return str(err)
+
+
 def main() -> None:
     keras = flavour.get_keras()
     strategy = tfdist.get_strategy("auto")
+    refused = unsplit_fit(keras, *data())
     whole = build(keras)
     initial = [w.copy() for w in whole.get_weights()]
     model = strategy.build_model(whole)
@@ -80,7 +95,8 @@ def main() -> None:
     seed_before = shuffle.global_seed()
     loss = model.fit(x, y, batch_size=GLOBAL, epochs=EPOCHS, verbose=0).history["loss"]
     result = {"flavour": flavour.flavour_of(model), "seed_before": seed_before,
-              "seed_after": shuffle.global_seed(), "seed": shuffle.last_seed(), "loss": loss}
+              "seed_after": shuffle.global_seed(), "seed": shuffle.last_seed(), "loss": loss,
+              "unsplit_fit": refused}
     if strategy.name == "pipeline":
         trained = strategy.gather_weights(model)
         if strategy.is_chief:
