@@ -462,6 +462,7 @@ def run(config: AdviseBenchConfig, log: IO[str]) -> dict[str, Any]:
     """Runs the probe and every example; returns the section's JSON. Constants it measured
     in full (not ``quick``, not given) replace the advisor's cache of this machine
     (`network.default_path`), layout overheads included, so ``tfdist-advise`` prices them."""
+    budget = Budget(config.budget_s)  # the probe's time counts too
     if config.constants:
         net = network.load(config.constants)
     else:
@@ -469,7 +470,6 @@ def run(config: AdviseBenchConfig, log: IO[str]) -> dict[str, Any]:
         net = network.probe(p=config.np, sizes=sizes, repeats=config.repeats, log=log)
     rows: list[dict[str, Any]] = []
     profiles: dict[str, Any] = {}
-    budget = Budget(config.budget_s)
     for ex in config.examples:
         if not budget.allows(f"{ex.name} (all of it)"):
             continue
