@@ -241,19 +241,31 @@ def test_quick_is_short_and_bounded_by_a_time_budget():
     assert advise.AdviseBenchConfig().budget_s is None  # a full run has none
 
 
-def test_a_spent_budget_still_ends_with_the_table_and_says_what_it_skipped(monkeypatch, tmp_path):
+def test_a_spent_budget_still_ends_with_a_row_and_says_what_it_skipped(monkeypatch, tmp_path):
     from tfdist.advise import network
     from tfdist.advise.model import Link
 
     link = Link(alpha=0.0, beta=1e-15)
     net = network.Constants(link, {"tf": link}, 0.0, 2, {}, {})
     monkeypatch.setattr(advise.network, "probe", lambda **kwargs: net)
+
+    def one_row(ex, net, config, log, budget):  # the first candidate's run, as run_example's
+        assert budget.allows(f"{ex.name}: default x1", first_row=True)
+        budget.measured += 1
+        assert not budget.allows(f"{ex.name}: horovod x2", first_row=True)
+        row = {"example": ex.name, "candidate": "default x1", "predicted_rank": 1,
+               "measured_ms": 5.0, "error": 0.1, "load": 7.5, "reference_ms": 4.0}
+        return [row], {}, net
+
+    monkeypatch.setattr(advise, "run_example", one_row)
     config = advise.AdviseBenchConfig(quick=True, budget_s=0.0, only=("image", "lm"))
     with open(tmp_path / "log", "w") as log:
         result = advise.run(config, log)
-    assert result["rows"] == [] and result["skipped"] == ["image (all of it)", "lm (all of it)"]
-    assert "Time budget of 0 s spent: skipped image (all of it), lm (all of it)." in result["note"]
-    assert "no run measured" in result["note"]
+    assert [r["example"] for r in result["rows"]] == ["image"]
+    assert result["skipped"] == ["image: horovod x2", "lm (all of it)"]
+    assert "Time budget of 0 s spent: skipped image: horovod x2, lm (all of it)." in \
+        result["note"]
+    assert "load 7.5-7.5 during the runs" in result["note"]
 
 
 def test_a_quick_run_notes_a_failed_job_and_goes_on(monkeypatch, tmp_path):

@@ -231,9 +231,14 @@ class Budget:
         self.started = time.monotonic()
         self.skipped: list[str] = []
         self.failed: list[str] = []
+        self.measured = 0
 
-    def allows(self, what: str) -> bool:
-        """Whether ``what`` may start; else it is recorded as skipped."""
+    def allows(self, what: str, first_row: bool = False) -> bool:
+        """Whether ``what`` may start; else it is recorded as skipped. ``first_row``: a
+        candidate's run, which starts whatever the time while no row was measured, so the
+        table has one."""
+        if first_row and not self.measured:
+            return True
         if self.seconds is None or time.monotonic() - self.started < self.seconds:
             return True
         self.skipped.append(what)
@@ -419,7 +424,7 @@ def run_example(ex: Example, net: network.Constants, config: AdviseBenchConfig,
         else _chosen(advice, ex, config.top)
     for p in runs:
         c = p.candidate
-        if not budget.allows(f"{ex.name}: {c.label}"):
+        if not budget.allows(f"{ex.name}: {c.label}", first_row=True):
             continue
         print(f"[tfdist-bench] advise {ex.name}: {c.label} ...", flush=True)
         try:
@@ -432,6 +437,7 @@ def run_example(ex: Example, net: network.Constants, config: AdviseBenchConfig,
         previous = load.pop("reference_after")
         met = dataclasses.replace(cluster, cores=load["cores"], speed=load["speed"])
         now = predict(c, prof, links_of(net), met, ex.batch, overheads)
+        budget.measured += 1
         rows.append({"example": ex.name, "candidate": c.label,
                      "predicted_rank": advice.predictions.index(p) + 1,
                      "predicted_ms": now.step_s * 1e3, "measured_ms": measured * 1e3,
@@ -475,7 +481,7 @@ def run(config: AdviseBenchConfig, log: IO[str]) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     profiles: dict[str, Any] = {}
     for ex in config.examples:
-        if not budget.allows(f"{ex.name} (all of it)"):
+        if not budget.allows(f"{ex.name} (all of it)", first_row=True):
             continue
         got, profiles[ex.name], net = run_example(ex, net, config, log, budget)
         rows += got
@@ -505,7 +511,8 @@ def machine_noise(rows: Sequence[Mapping[str, Any]], seconds: float) -> str:
     """
     loads = [r["load"] for r in rows if "load" in r]
     if not loads:
-        return f" Machine: {seconds:.0f} s; no run measured."
+        return (f" Machine: {seconds:.0f} s; no run measured; load {os.getloadavg()[0]:.1f} at "
+                "the end.")
     moved = [max(refs) / min(refs) - 1 for name in {r["example"] for r in rows}
              if len(refs := [r["reference_ms"] for r in rows
                              if r["example"] == name and r.get("reference_ms")]) > 1]
