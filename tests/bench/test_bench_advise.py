@@ -239,6 +239,10 @@ def test_quick_is_short_and_bounded_by_a_time_budget():
     assert config.budget_s == advise.QUICK_BUDGET_S
     assert config.timeout == advise.QUICK_JOB_TIMEOUT_S
     assert advise.AdviseBenchConfig().budget_s is None  # a full run has none
+    from tfdist.bench import cli
+
+    given = cli.configs(cli.parse_args(["advise", "--quick", "--budget", "900"]))["advise"]
+    assert given.budget_s == 900.0
 
 
 def test_a_spent_budget_still_ends_with_a_row_and_says_what_it_skipped(monkeypatch, tmp_path):
