@@ -34,6 +34,9 @@ __all__ = ["ModelParallelMixin", "tensor_shards"]
 
 _splits = [0]
 """How many models the model-parallel strategies of this process have split (`build_model`)."""
+_KERAS_DISTRIBUTION = "_tfdist_keras_distribution"
+"""Where `tfdist.kdist` records the ``keras.distribution.ModelParallel`` a model was made under
+(it splits the model at its first ``fit``)."""
 
 
 
@@ -142,6 +145,9 @@ class ModelParallelMixin:
         processes, each would train its own whole model, silently. After `build_model`, such a
         model is taken for what a test script makes on purpose: one process's reference."""
         del call
+        if getattr(model, _KERAS_DISTRIBUTION, None) is not None:
+            _splits[0] += 1  # made under keras.distribution's ModelParallel: `tfdist.kdist`
+            return  # splits it at this fit; it is the job's model
         if _splits[0]:  # by any strategy of this process (a script may make several)
             return
         name = self.name  # type: ignore[attr-defined]
