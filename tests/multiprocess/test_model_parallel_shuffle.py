@@ -36,9 +36,12 @@ def test_an_unseeded_array_fit_shuffles_alike_on_every_process(cluster_runner, s
         assert result["seed_before"] is None and result["seed_after"] is None, result
     assert chief["seed"] == other["seed"] and chief["seed"] is not None
     assert chief["loss"] == other["loss"]
+    print(f"seed {chief['seed']}: loss {chief['loss']} against {chief['reference_loss']} in "
+          f"one process (unshuffled: {chief['control_loss']})")
     np.testing.assert_allclose(chief["loss"], chief["reference_loss"], rtol=0, atol=PARITY_ATOL)
-    assert abs(chief["control_loss"][0] - chief["reference_loss"][0]) > 100 * PARITY_ATOL, \
-        "the unshuffled control trains alike: the shuffle is not tested"
+    moved = max(abs(c - r) for c, r in zip(chief["control_loss"], chief["reference_loss"],
+                                           strict=True))
+    assert moved > 100 * PARITY_ATOL, "the unshuffled control trains alike: shuffle untested"
     if strategy == "pipeline":
         for got, want in zip(chief["trained"], chief["reference"], strict=True):
             np.testing.assert_allclose(got, want, rtol=0, atol=PARITY_ATOL)

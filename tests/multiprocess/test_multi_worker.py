@@ -93,6 +93,7 @@ def test_workers_match_reference_and_save_once(parity_run):
 def test_evaluate_on_the_chief_alone_is_refused_at_once(parity_run):
     chief = parity_run.results["worker:0"]
     refused = chief["chief_only_evaluate"]
+    print(f"evaluate on the chief alone refused after {chief['chief_only_evaluate_s']:.2f} s")
     assert "model.evaluate under multi_worker is a collective of all 2 workers" in refused
     assert ("the process of rank 1 reached the end of the script (or failed) without calling "
             "it") in refused
