@@ -110,7 +110,7 @@ def test_the_advisor_offers_a_tensor_layout_for_the_lm_and_prices_all_its_all_re
     assert terms["compute"] == pytest.approx((whole + replicated) / 2)  # replicated: not halved
 
 
-def _run_image(monkeypatch, tmp_path, runner, references):
+def _run_image(monkeypatch, tmp_path, runner, references, quick=False, budget=None):
     from tfdist.advise import network
     from tfdist.advise.model import Link
     from tfdist.advise.profile import Line, ModelProfile
@@ -132,9 +132,10 @@ def _run_image(monkeypatch, tmp_path, runner, references):
     monkeypatch.setattr(advise, "RUNNERS", {k: runner for k in advise.RUNNERS})
     monkeypatch.setattr(advise, "measure_overheads", lambda wanted, ex, net, *a: net)
     config = advise.AdviseBenchConfig(top=2, only=("image",))
+    config.quick = quick
     [image] = config.examples
     with open(tmp_path / "log", "w") as log:
-        rows, _, _ = advise.run_example(image, net, config, log)
+        rows, _, _ = advise.run_example(image, net, config, log, budget)
     return rows
 
 
@@ -230,3 +231,61 @@ def test_a_layouts_overhead_is_its_null_models_steps_less_the_formulas_and_joins
     assert [t.kind for t in priced.terms][-1] == "overhead"
     assert "its helper threads take 0.25 cores a process" in priced.terms[-1].detail
     assert network.Constants.from_json(got.to_json()) == got   # kept in the constants file
+
+
+def test_quick_is_short_and_bounded_by_a_time_budget():
+    config = advise.AdviseBenchConfig(quick=True, steps=40, repeats=5)
+    assert (config.steps, config.repeats, config.top) == (10, 2, 1)
+    assert config.budget_s == advise.QUICK_BUDGET_S
+    assert config.timeout == advise.QUICK_JOB_TIMEOUT_S
+    assert advise.AdviseBenchConfig().budget_s is None  # a full run has none
+    from tfdist.bench import cli
+
+    given = cli.configs(cli.parse_args(["advise", "--quick", "--budget", "900"]))["advise"]
+    assert given.budget_s == 900.0
+
+
+def test_a_spent_budget_still_ends_with_a_row_and_says_what_it_skipped(monkeypatch, tmp_path):
+    from tfdist.advise import network
+    from tfdist.advise.model import Link
+
+    link = Link(alpha=0.0, beta=1e-15)
+    net = network.Constants(link, {"tf": link}, 0.0, 2, {}, {})
+    monkeypatch.setattr(advise.network, "probe", lambda **kwargs: net)
+
+    def one_row(ex, net, config, log, budget):  # the first candidate's run, as run_example's
+        assert budget.allows(f"{ex.name}: default x1", first_row=True)
+        budget.measured += 1
+        assert not budget.allows(f"{ex.name}: horovod x2", first_row=True)
+        row = {"example": ex.name, "candidate": "default x1", "predicted_rank": 1,
+               "measured_ms": 5.0, "error": 0.1, "load": 7.5, "reference_ms": 4.0}
+        return [row], {}, net
+
+    monkeypatch.setattr(advise, "run_example", one_row)
+    config = advise.AdviseBenchConfig(quick=True, budget_s=0.0, only=("image", "lm"))
+    with open(tmp_path / "log", "w") as log:
+        result = advise.run(config, log)
+    assert [r["example"] for r in result["rows"]] == ["image"]
+    assert result["skipped"] == ["image: horovod x2", "lm (all of it)"]
+    assert "Time budget of 0 s spent: skipped image: horovod x2, lm (all of it)." in \
+        result["note"]
+    assert "load 7.5-7.5 during the runs" in result["note"]
+
+
+def test_a_quick_run_notes_a_failed_job_and_goes_on(monkeypatch, tmp_path):
+    from tfdist.errors import TaskFailedError
+
+    calls = []
+
+    def runner(c, *args):
+        calls.append(c.label)
+        if len(calls) == 1:
+            raise TaskFailedError("worker:0", 1, "killed")
+        return {}
+
+    budget = advise.Budget(None)
+    rows = _run_image(monkeypatch, tmp_path, runner, [0.01, 0.03, 0.02], quick=True,
+                      budget=budget)
+    assert len(calls) == 2 and [r["candidate"] for r in rows] == [calls[1]]
+    assert budget.failed == [f"image: {calls[0]} (TaskFailedError)"]
+    assert "Failed or timed out (a busy machine): image:" in budget.note()

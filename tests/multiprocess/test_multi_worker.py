@@ -1,8 +1,9 @@
 """MultiWorkerMirrored, 2 processes, Keras 3 and tf-keras: each worker reads a known half of every
 global batch, and both end with identical weights equal to the single-process reference;
 ``evaluate`` and ``predict`` agree with the reference too; the chief's save is the only one left on
-disk. Keras 3 needs tfdist's shims: without them (``TFDIST_KERAS_SHIMS=off``) its ``fit`` fails
-as released. Also: a missing peer ends startup with a named error."""
+disk; ``evaluate`` on the chief alone is refused within seconds. Keras 3 needs tfdist's shims:
+without them (``TFDIST_KERAS_SHIMS=off``) its ``fit`` fails as released.
+Also: a missing peer ends startup with a named error."""
 
 from __future__ import annotations
 
@@ -87,6 +88,17 @@ def test_workers_match_reference_and_save_once(parity_run):
         assert abs(result["evaluate"] - chief["reference_evaluate"]) <= REFERENCE_ATOL
         assert len(result["predict"]) == 2 * PER_REPLICA * STEPS
         assert max_gap(result["predict"], chief["reference_predict"]) <= REFERENCE_ATOL
+
+
+def test_evaluate_on_the_chief_alone_is_refused_at_once(parity_run):
+    chief = parity_run.results["worker:0"]
+    refused = chief["chief_only_evaluate"]
+    print(f"evaluate on the chief alone refused after {chief['chief_only_evaluate_s']:.2f} s")
+    assert "model.evaluate under multi_worker is a collective of all 2 workers" in refused
+    assert ("the process of rank 1 reached the end of the script (or failed) without calling "
+            "it") in refused
+    assert "Fix: call model.evaluate on every worker, not under `if strategy.is_chief`" in refused
+    assert chief["chief_only_evaluate_s"] < 10, "explained only once the peer's heartbeats stopped"
 
 
 def test_tensorboard_callback_writes_the_chiefs_events(parity_run):

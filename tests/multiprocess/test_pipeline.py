@@ -88,9 +88,12 @@ def test_stages_match_one_process_on_the_same_global_batches(
 
 def test_hybrid_two_replicas_of_two_stages_match_one_process(cluster_runner):
     # With sample weights: each replica must weigh its own rows (the reference weighs them too).
+    # The replicas' weights are compared at every step (and pass); then replica 1 moves its
+    # weights and one more step must fail on every process, naming replica 1's ranks.
     results = run_pipeline(cluster_runner, processes=4, stages=2,
-                           args=["3", "2", "gpipe", "--sample-weight", "--regularize"],
-                           timeout=240)
+                           args=["3", "2", "gpipe", "--sample-weight", "--regularize",
+                                 "--then-diverge"],
+                           env={"TFDIST_CHECK_WEIGHTS_EVERY": "1"}, timeout=240)
     chief = results["worker:0"]
     assert chief["replicas"] == 2
     print(f"initial gap {chief['initial_gap']:.2e}")
@@ -101,6 +104,12 @@ def test_hybrid_two_replicas_of_two_stages_match_one_process(cluster_runner):
     assert max_gap(chief["trained"], chief["control"]) > CONTROL_MIN_GAP
     for result in results.values():
         assert loss_gap(result, chief) <= PARITY_ATOL
+    for rank in range(4):
+        diverged = results[f"worker:{rank}"]["diverged"]
+        assert "do not hold the same weights of the replicas of a stage" in diverged, diverged
+        stage = rank % 2
+        assert f"rank {rank + 2 - 2 * (rank // 2)} (stage {stage} of replica 1)" in diverged
+        assert "Fix: change weights on every process alike" in diverged
 
 
 def test_the_custom_loop_path_matches_one_process(cluster_runner):

@@ -22,6 +22,8 @@ MODULES = [
     "tfdist.strategies.input",
     "tfdist.strategies.saving",
     "tfdist.compat.models",
+    "tfdist.compat.shuffle",
+    "tfdist.strategies.rendezvous",
     "tfdist.parallel",
     "tfdist.parallel.place",
     "tfdist.parallel.keys",

@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any
 
@@ -53,13 +54,14 @@ from tfdist.bench.workers.advise_worker import HELPER_CORES, RUN_QUEUE
 from tfdist.cluster import ClusterSpec
 from tfdist.core.flavour import LEGACY_KERAS_ENV
 from tfdist.core.registry import strategy_traits
+from tfdist.errors import LaunchError
 from tfdist.launcher.mesh_plan import MESH_ENV, plan_mesh
 from tfdist.launcher.options import JobOptions, StrategyOptions
 from tfdist.probe import jobs
 from tfdist.probe.common import THREADS_ENV
 
-__all__ = ["Example", "EXAMPLES", "EXAMPLE_NAMES", "NULLS", "AdviseBenchConfig", "run",
-           "summarize", "measure_overheads", "overhead_line", "flavour_of"]
+__all__ = ["Example", "EXAMPLES", "EXAMPLE_NAMES", "NULLS", "AdviseBenchConfig", "Budget", "run",
+           "summarize", "measure_overheads", "overhead_line", "flavour_of", "machine_noise"]
 
 KERAS3 = {LEGACY_KERAS_ENV: "0"}
 """The LM's jobs: the ``tensor`` strategy's split layers are Keras 3's (its traits), so every
@@ -67,6 +69,14 @@ layout of that example runs under Keras 3, the others under the benchmark's tf-k
 
 _MODULE = "tfdist.bench.workers.advise_worker"
 _SCRIPT = WORKERS / "advise_worker.py"
+
+
+QUICK_BUDGET_S = 420.0
+"""``--quick``: once this many seconds have passed, no new job starts; the table shows what
+ran and the note names what was skipped (the run before the budget took over 900 s on a quiet
+machine, and was still in its second example after 19 minutes at load 10-16)."""
+QUICK_JOB_TIMEOUT_S = 180.0
+"""``--quick``: a job that runs longer (a machine too busy) is noted as failed, not waited for."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,10 +114,13 @@ class AdviseBenchConfig:
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     timeout: float = 600.0
     only: tuple[str, ...] = ()
+    budget_s: float | None = None
 
     def __post_init__(self) -> None:
-        if self.quick:
-            self.steps, self.repeats = min(self.steps, 20), min(self.repeats, 3)
+        if self.quick:  # a smoke run: every path once, short jobs, a time budget (`Budget`)
+            self.steps, self.repeats = min(self.steps, 10), min(self.repeats, 2)
+            self.top, self.timeout = min(self.top, 1), min(self.timeout, QUICK_JOB_TIMEOUT_S)
+            self.budget_s = QUICK_BUDGET_S if self.budget_s is None else self.budget_s
         if self.only:  # a subset, to iterate on one example
             self.examples = tuple(e for e in self.examples if e.name in self.only)
 
@@ -197,6 +210,49 @@ class Profiled:
 
 REFERENCE_STEPS = ("--steps", "20", "--repeats", "2", "--warmup-steps", "5")
 """A reference job: 20-step fits, twice, after 5 warm-up steps (15-25 s with start-up)."""
+QUICK_REFERENCE_STEPS = ("--steps", "10", "--repeats", "1", "--warmup-steps", "3")
+"""The same under ``--quick``: one 10-step fit after 3 warm-up steps."""
+
+
+class Budget:
+    """The time a ``--quick`` run may take (`QUICK_BUDGET_S`), and what it skipped.
+
+    Example:
+        >>> budget = Budget(None)
+        >>> budget.allows("image: default x1"), budget.skipped
+        (True, [])
+        >>> spent = Budget(0.0)
+        >>> spent.allows("lm: tensor T=2"), spent.skipped
+        (False, ['lm: tensor T=2'])
+    """
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.started = time.monotonic()
+        self.skipped: list[str] = []
+        self.failed: list[str] = []
+        self.measured = 0
+
+    def allows(self, what: str, first_row: bool = False) -> bool:
+        """Whether ``what`` may start; else it is recorded as skipped. ``first_row``: a
+        candidate's run, which starts whatever the time while no row was measured, so the
+        table has one."""
+        if first_row and not self.measured:
+            return True
+        if self.seconds is None or time.monotonic() - self.started < self.seconds:
+            return True
+        self.skipped.append(what)
+        return False
+
+    def note(self) -> str:
+        """What the budget left out, for the note under the table ('' when nothing)."""
+        parts = []
+        if self.skipped:
+            parts.append(f" Time budget of {self.seconds:g} s spent: skipped "
+                         f"{', '.join(self.skipped)}.")
+        if self.failed:
+            parts.append(f" Failed or timed out (a busy machine): {'; '.join(self.failed)}.")
+        return "".join(parts)
 
 
 def _reference(ex: Example, config: AdviseBenchConfig, log: IO[str],
@@ -205,7 +261,8 @@ def _reference(ex: Example, config: AdviseBenchConfig, log: IO[str],
     (at ``batch`` rows, default the example's). Against the same reading right after the
     profile, it says how fast a process of this model trains now (`Cluster.speed`), under
     the machine's load of this moment."""
-    args = ["--example", ex.name, "--train", "--batch", str(batch or ex.batch), *REFERENCE_STEPS]
+    steps = QUICK_REFERENCE_STEPS if config.quick else REFERENCE_STEPS
+    args = ["--example", ex.name, "--train", "--batch", str(batch or ex.batch), *steps]
     got = jobs.first_report(jobs.run_local(_MODULE, args, env=config.child_env(ex), log=log,
                                            timeout=config.timeout))
     return float(got["step_s"])
@@ -219,7 +276,7 @@ def _profile(ex: Example, config: AdviseBenchConfig, log: IO[str],
     step: 12.5 ms in the profile after its 4- and 8-row steps, 16.1-16.6 in a fresh process,
     whether fit on a plain or a distributed dataset)."""
     args = ["--example", ex.name, "--profile", "--batch", str(ex.batch), "--repeats",
-            str(max(5, config.repeats))]
+            str(3 if config.quick else max(5, config.repeats))]
     got = dict(jobs.first_report(jobs.run_local(_MODULE, args, env=config.child_env(ex),
                                                 log=log, timeout=config.timeout)))
     got.pop(RUN_QUEUE, None)
@@ -227,7 +284,12 @@ def _profile(ex: Example, config: AdviseBenchConfig, log: IO[str],
     if not reference:
         return Profiled(prof, float("nan"))
     batches = sorted({int(b) for b, _ in prof.step.points} | {ex.batch})
-    steps = [_reference(ex, config, log, b) for b in batches]
+    if config.quick:  # one fresh job, at the global batch; the profile's curve scaled to it
+        whole = _reference(ex, config, log)
+        scale = whole / prof.step.at(ex.batch)
+        steps = [prof.step.at(b) * scale for b in batches]
+    else:
+        steps = [_reference(ex, config, log, b) for b in batches]
     return Profiled(dataclasses.replace(prof, step=fit_curve(batches, steps)), steps[-1])
 
 
@@ -273,7 +335,8 @@ def flavour_of(ex: Example) -> str:
 
 
 def measure_overheads(wanted: Iterable[Candidate], ex: Example, net: network.Constants,
-                      config: AdviseBenchConfig, log: IO[str]) -> network.Constants:
+                      config: AdviseBenchConfig, log: IO[str],
+                      budget: Budget | None = None) -> network.Constants:
     """``net`` with the overhead of each layout in ``wanted`` that it lacks under ``ex``'s
     Keras: each of the `NULLS` trained under the layout (the same runner and timing as the
     examples), less what the formulas predict for it from its own profile, gives a residual;
@@ -292,6 +355,8 @@ def measure_overheads(wanted: Iterable[Candidate], ex: Example, net: network.Con
     cluster = Cluster(processes=config.np, cores=usable_cores(min(config.np, os.cpu_count() or 1)))
     idle, links = ["--idle-seconds", str(IDLE_SECONDS)], links_of(net)
     for c in todo:
+        if budget is not None and not budget.allows(f"overhead of {c.label} ({flavour})"):
+            continue
         print(f"[tfdist-bench] advise overhead ({flavour}): {c.label} ...", flush=True)
         results = [RUNNERS[c.strategy](c, null, config, log, extra) for null, extra in
                    zip(nulls, ([], idle), strict=True)]
@@ -333,9 +398,12 @@ def _chosen(advice: Any, ex: Example, top: int) -> list[Any]:
 
 
 def run_example(ex: Example, net: network.Constants, config: AdviseBenchConfig,
-                log: IO[str]) -> tuple[list[dict[str, Any]], dict[str, Any], network.Constants]:
+                log: IO[str], budget: Budget | None = None,
+                ) -> tuple[list[dict[str, Any]], dict[str, Any], network.Constants]:
     """Profiles, advises and measures one example: one row per measured candidate, the
-    profile (as JSON), and ``net`` with the overheads of the layouts considered."""
+    profile (as JSON), and ``net`` with the overheads of the layouts considered (under
+    ``quick``: of the candidates run alone; the others are ranked without theirs)."""
+    budget = budget or Budget(None)
     profiled = _profile(ex, config, log)
     prof = profiled.profile
     # What the processes really get on this (shared) machine, measured just after the profile.
@@ -344,17 +412,32 @@ def run_example(ex: Example, net: network.Constants, config: AdviseBenchConfig,
     ask = lambda constants: advise(  # noqa: E731
         None, cluster, batch=ex.batch, constants=constants, profile=prof, micro_batches=(4,),
         max_ps=1, script=f"keras_examples/{ex.name}.py", flavour=flavour_of(ex))
-    net = measure_overheads((p.candidate for p in ask(net).predictions), ex, net, config, log)
+    first = ask(net)
+    wanted = _chosen(first, ex, config.top) if config.quick else first.predictions
+    net = measure_overheads((p.candidate for p in wanted), ex, net, config, log, budget)
     advice = ask(net)
     overheads = net.overheads_of(flavour_of(ex))
     rows, previous = [], profiled.reference
-    for p in _chosen(advice, ex, config.top):
+    # Under quick, the candidates whose overheads were measured (the ranking may move them).
+    labels = {w.candidate.label for w in wanted}
+    runs = [p for p in advice.predictions if p.candidate.label in labels] if config.quick \
+        else _chosen(advice, ex, config.top)
+    for p in runs:
         c = p.candidate
+        if not budget.allows(f"{ex.name}: {c.label}", first_row=True):
+            continue
         print(f"[tfdist-bench] advise {ex.name}: {c.label} ...", flush=True)
-        measured, load = _measure(c, ex, config, profiled, previous, log)
+        try:
+            measured, load = _measure(c, ex, config, profiled, previous, log)
+        except LaunchError as err:  # a job failed or timed out: the table goes on without it
+            if not config.quick:
+                raise
+            budget.failed.append(f"{ex.name}: {c.label} ({type(err).__name__})")
+            continue
         previous = load.pop("reference_after")
         met = dataclasses.replace(cluster, cores=load["cores"], speed=load["speed"])
         now = predict(c, prof, links_of(net), met, ex.batch, overheads)
+        budget.measured += 1
         rows.append({"example": ex.name, "candidate": c.label,
                      "predicted_rank": advice.predictions.index(p) + 1,
                      "predicted_ms": now.step_s * 1e3, "measured_ms": measured * 1e3,
@@ -389,6 +472,7 @@ def run(config: AdviseBenchConfig, log: IO[str]) -> dict[str, Any]:
     """Runs the probe and every example; returns the section's JSON. Constants it measured
     in full (not ``quick``, not given) replace the advisor's cache of this machine
     (`network.default_path`), layout overheads included, so ``tfdist-advise`` prices them."""
+    budget = Budget(config.budget_s)  # the probe's time counts too
     if config.constants:
         net = network.load(config.constants)
     else:
@@ -397,7 +481,9 @@ def run(config: AdviseBenchConfig, log: IO[str]) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     profiles: dict[str, Any] = {}
     for ex in config.examples:
-        got, profiles[ex.name], net = run_example(ex, net, config, log)
+        if not budget.allows(f"{ex.name} (all of it)", first_row=True):
+            continue
+        got, profiles[ex.name], net = run_example(ex, net, config, log, budget)
         rows += got
 
     if not (config.constants or config.quick):  # measured here, in full: tfdist-advise's cache
@@ -406,9 +492,34 @@ def run(config: AdviseBenchConfig, log: IO[str]) -> dict[str, Any]:
               "(tfdist-advise on this machine reads them)", flush=True)
     summary = summarize(rows)
     noise = "".join(f" Noise: {line}." for line in net.noise)
+    seconds = time.monotonic() - budget.started
     return {"np": config.np, "steps": config.steps, "repeats": config.repeats,
             "rows": rows, "constants": net.to_json(), "profiles": profiles, **summary,
-            "note": note(summary) + noise}
+            "skipped": budget.skipped, "failed": budget.failed, "seconds": round(seconds, 1),
+            "note": note(summary) + noise + machine_noise(rows, seconds) + budget.note()}
+
+
+def machine_noise(rows: Sequence[Mapping[str, Any]], seconds: float) -> str:
+    """How noisy the machine was during the runs: the 1-minute load average's range and how
+    far one example's reference step moved between its runs (the same one-process job).
+
+    Example:
+        >>> text = machine_noise([{"example": "a", "load": 1.0, "reference_ms": 10.0},
+        ...                       {"example": "a", "load": 3.0, "reference_ms": 13.0}], 120.0)
+        >>> "load 1.0-3.0 during the runs" in text, "moved up to 30% within" in text
+        (True, True)
+    """
+    loads = [r["load"] for r in rows if "load" in r]
+    if not loads:
+        return (f" Machine: {seconds:.0f} s; no run measured; load {os.getloadavg()[0]:.1f} at "
+                "the end.")
+    moved = [max(refs) / min(refs) - 1 for name in {r["example"] for r in rows}
+             if len(refs := [r["reference_ms"] for r in rows
+                             if r["example"] == name and r.get("reference_ms")]) > 1]
+    spread = (f"; the reference step moved up to {max(moved):.0%} within an example"
+              if moved else "")
+    return (f" Machine: {seconds:.0f} s; load {min(loads):.1f}-{max(loads):.1f} during the "
+            f"runs{spread}.")
 
 
 def note(summary: Mapping[str, Any]) -> str:

@@ -73,6 +73,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     training.add_argument("--num-ps", default="1,2", help="ps section: ps counts")
     training.add_argument("--constants", help="advise section: network constants JSON to reuse "
                           "(tfdist-advise --probe-only) instead of probing")
+    training.add_argument("--budget", type=float, metavar="SECONDS",
+                          help="advise section: no job starts after this many seconds (the "
+                          "table notes what was skipped; default with --quick: "
+                          f"{advise.QUICK_BUDGET_S:g}, else none)")
     training.add_argument("--examples", default=",".join(advise.EXAMPLE_NAMES),
                           help="advise section: which examples (default: "
                           f"{','.join(advise.EXAMPLE_NAMES)})")
@@ -120,6 +124,7 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
         "advise": advise.AdviseBenchConfig(np=args.np, quick=quick, steps=pick(args.steps, 40, 20),
                                            repeats=pick(args.repeats, 5, 3),
                                            constants=args.constants, env=env,
+                                           budget_s=args.budget,
                                            only=tuple(args.examples.split(","))),
     }
 

@@ -7,6 +7,8 @@ loudly: an unseeded shuffle under the tensor strategy trained to loss 1.754 agai
 seeded, with the replicated weights still equal; a pipeline whose stages read different data
 trained stage 0's ``x`` against stage 1's ``y`` (loss 4.70 against 0.036); an unseeded
 ``Dropout`` made the "replicated" LayerNorm weights of two tensor shards differ after 6 steps.
+(Keras's own shuffle of arrays, ``fit(x, y)`` with its default ``shuffle=True``, is seeded alike
+on every process by `tfdist.compat.shuffle`; a dataset's shuffle is the script's to seed.)
 
 Each process reduces what it holds to a fingerprint (per tensor, in float64: the sum, the sum
 of squares, a position-weighted sum, which a reordering changes, and the sum of magnitudes,

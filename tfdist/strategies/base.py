@@ -34,6 +34,7 @@ process as ``worker:0``: one worker, `worker_index` 0, the chief.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -293,6 +294,20 @@ class TfdistStrategyMixin(InputMixin, SavingMixin):
             >>> import tfdist.strategies
             >>> tfdist.strategies.get_strategy("default").check_model_call(None, "fit", {})
         """
+
+    def model_call_scope(self, model: Any, method: str,
+                         call: Mapping[str, Any]) -> contextlib.AbstractContextManager[Any]:
+        """What ``model.<method>(**call)`` runs inside, after `check_model_call` accepted it
+        (the model-parallel strategies: one shuffle seed for the job's array ``fit``).
+        Default: nothing.
+
+        Example:
+            >>> import tfdist.strategies
+            >>> with tfdist.strategies.get_strategy("default").model_call_scope(None, "fit", {}):
+            ...     pass
+        """
+        del model, method, call
+        return contextlib.nullcontext()
 
     def check_model_from_outside(self, model: Any, method: str,
                                  call: Mapping[str, Any]) -> None:

@@ -13,6 +13,9 @@ whole on every process, unsplit. So each strategy answers, before Keras runs a c
 * `TfdistStrategyMixin.check_model_from_outside` does the same for a model made outside every
   tfdist strategy's scope but called in one's scope or on its ``distribute_dataset``'s input
   (the model-parallel strategies refuse it: it is not split);
+* in a model-parallel job of several processes (`claim_job`), a ``fit`` outside every
+  strategy's scope before ``strategy.build_model`` made the job's model is refused
+  (`ModelParallelMixin.check_unscoped_fit`): each process would train its own whole model;
 * `TfdistStrategyMixin.explain_failed_call` turns a collective's failure that a misuse explains
   into that misuse's message (``evaluate`` on the chief alone under ``multi_worker``);
 * `TfdistStrategyMixin.runs_locally` says which ``evaluate``/``predict`` calls run on this
@@ -40,7 +43,7 @@ import tensorflow as tf
 
 from tfdist.compat.models import in_own_thread
 
-__all__ = ["install", "run_locally", "model_strategy", "call_arguments"]
+__all__ = ["install", "run_locally", "model_strategy", "call_arguments", "claim_job"]
 
 _TRAINERS = {  # flavour: (module, class whose methods are wrapped)
     "keras3": ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer"),
@@ -51,6 +54,7 @@ _METHODS = ("compile", "fit", "evaluate", "predict")
 _FUNCTIONS = ("train_function", "test_function", "predict_function")
 _lock = threading.Lock()
 _installed: list[str] = []
+_job: list[Any] = []  # the model-parallel strategy of this process's job (`claim_job`)
 
 
 def model_strategy(model: Any) -> Any | None:
@@ -128,6 +132,13 @@ def _strategy_at_hand(call: dict[str, Any]) -> Any | None:
     return owner if hasattr(owner, "check_model_from_outside") else None
 
 
+def claim_job(strategy: Any) -> None:
+    """Records ``strategy`` as the one that splits this process's model across the job (a
+    model-parallel strategy of several processes): a ``fit`` outside every strategy's scope is
+    then its to judge (`check_unscoped_fit`)."""
+    _job[:] = [strategy]
+
+
 def _wrapped(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     signature = inspect.signature(getattr(original, "__wrapped_by_tfdist__", original))
 
@@ -139,6 +150,8 @@ def _wrapped(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             at_hand = _strategy_at_hand(call)
             if at_hand is not None:
                 at_hand.check_model_from_outside(self, name, call)
+            elif name == "fit" and _job:
+                _job[0].check_unscoped_fit(self, call)
             return original(self, *args, **kwargs)
         strategy.check_model_call(self, name, call)
         if name in ("evaluate", "predict") and not _distributed(call.get("x")) and \
@@ -146,7 +159,8 @@ def _wrapped(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             kwargs.pop("_use_cached_eval_dataset", None)  # fit's, made for the strategy
             return run_locally(self, lambda: original(self, *args, **kwargs))
         try:
-            return original(self, *args, **kwargs)
+            with strategy.model_call_scope(self, name, call):
+                return original(self, *args, **kwargs)
         except tf.errors.OpError as err:
             strategy.explain_failed_call(name, err)  # raises a clearer error, or returns
             raise

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Mapping
 from typing import Any
 
 import tensorflow as tf
 
+from tfdist.compat import shuffle
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.logs import report_written
 from tfdist.parallel import runtime
@@ -27,13 +27,17 @@ from tfdist.parallel.place import (
     process_place,
     tensor_shards,
 )
+from tfdist.strategies import model_calls, rendezvous
 from tfdist.strategies.startup import startup_deadline
 
 __all__ = ["ModelParallelMixin", "tensor_shards"]
 
-_CALL_KEY = "tfdist/{what}/{call}/{rank}"
-"""A process's Nth call of ``what`` (``save_model``, ``evaluate``...), set when it starts it."""
-_PROBE_MS = 200
+_splits = [0]
+"""How many models the model-parallel strategies of this process have split (`build_model`)."""
+_KERAS_DISTRIBUTION = "_tfdist_keras_distribution"
+"""Where `tfdist.kdist` records the ``keras.distribution.ModelParallel`` a model was made under
+(it splits the model at its first ``fit``)."""
+
 
 
 class ModelParallelMixin:
@@ -85,6 +89,8 @@ class ModelParallelMixin:
         runtime.join(cluster, task, world,
                      startup_deadline(deadline, cluster, task, f"{name} on {task}"))
         self._tfdist_world = world
+        if world.size > 1:
+            model_calls.claim_job(self)
 
     @staticmethod
     def _device() -> str:
@@ -109,12 +115,50 @@ class ModelParallelMixin:
         to that device through a ``MultiDeviceIterator`` built and torn down in every ``fit``
         call (tf-keras, 2 stages, 4 steps a call: 0.31 s a call against 0.15 s without)."""
         del options  # nothing to place: no device to fetch to but the one the data is on
+        shuffle.release()  # a fit's input pipeline is built: its permutation took the seed
         return dataset
+
+    def model_call_scope(self, model: Any, method: str,
+                         call: Mapping[str, Any]) -> contextlib.AbstractContextManager[Any]:
+        """An array ``fit`` that Keras shuffles, with no global seed: the seed the job agrees
+        (`tfdist.compat.shuffle`), so every process reads the same global batches."""
+        del model
+        world: ProcessGroup | None = getattr(self, "_tfdist_world", None)
+        if method != "fit" or not shuffle.shuffles_arrays(call) or \
+                shuffle.global_seed() is not None:
+            return contextlib.nullcontext()
+        calls: dict[str, int] = self.__dict__.setdefault("_tfdist_calls", {})
+        calls["shuffled_fit"] = call_number = calls.get("shuffled_fit", 0) + 1
+        rank, size = (world.rank, world.size) if world is not None else (0, 1)
+        seed = shuffle.agree_seed(rank, size, call_number, self.timeout or 300.0)
+        return shuffle.seeded_fit(seed)
 
     def _mark_split(self, model: Any) -> Any:
         """``model``, recorded as this strategy's split (`check_model_call` accepts it)."""
         model._tfdist_split_by = self  # noqa: SLF001
+        _splits[0] += 1
         return model
+
+    def check_unscoped_fit(self, model: Any, call: Mapping[str, Any]) -> None:
+        """Refuses ``model.fit`` on a model made and called outside every strategy's scope
+        while this process has split no model yet (`build_model`): in a job of several
+        processes, each would train its own whole model, silently. After `build_model`, such a
+        model is taken for what a test script makes on purpose: one process's reference."""
+        del call
+        if getattr(model, _KERAS_DISTRIBUTION, None) is not None:
+            _splits[0] += 1  # made under keras.distribution's ModelParallel: `tfdist.kdist`
+            return  # splits it at this fit; it is the job's model
+        if _splits[0]:  # by any strategy of this process (a script may make several)
+            return
+        name = self.name  # type: ignore[attr-defined]
+        self._refuse_unsplit(
+            model, "fit", "made outside strategy.build_model, before any model of this job was "
+            "split", f"fit outside every tfdist strategy's scope in a {name} job of "
+            f"{self.num_workers} processes",
+            fix="model = strategy.build_model(build_fn), where build_fn() builds the whole "
+                "model; then compile and fit that model. A model meant to train in this "
+                "process alone (a one-process reference) is accepted once strategy.build_model "
+                "has made the job's model: build it after")
 
     def check_model_call(self, model: Any, method: str, call: Mapping[str, Any]) -> None:
         """Refuses, at ``compile``/``fit``/``evaluate``/``predict``, a model made in this
@@ -144,15 +188,16 @@ class ModelParallelMixin:
             self._refuse_unsplit(model, method, "made outside strategy.build_model",
                                  "made outside any tfdist strategy's scope")
 
-    def _refuse_unsplit(self, model: Any, method: str, how: str, received: str) -> None:
+    def _refuse_unsplit(self, model: Any, method: str, how: str, received: str,
+                        fix: str | None = None) -> None:
         name = self.name  # type: ignore[attr-defined]
         raise StrategyConfigError(format_error(
             f"Under {name!r} a model must come from strategy.build_model(...): this one was "
             f"{how}, so model.{method} would run all of it on every process, unsplit.",
             received=f"a {type(model).__name__} {received}",
             expected="the model strategy.build_model(build_fn) returns",
-            fix="model = strategy.build_model(build_fn), where build_fn() builds the whole "
-                "model; then compile and fit that model (the same lines run under every "
+            fix=fix or "model = strategy.build_model(build_fn), where build_fn() builds the "
+                "whole model; then compile and fit that model (the same lines run under every "
                 "strategy)"))
 
     def save_model(self, model: Any, filepath: str | os.PathLike[str], **kwargs: Any) -> str | None:
@@ -198,21 +243,9 @@ class ModelParallelMixin:
             StrategyConfigError: A peer ended (or failed) before the call, or never made it.
         """
         world: ProcessGroup | None = getattr(self, "_tfdist_world", None)
-        if world is None or world.size < 2:
+        if world is None:
             return
-        calls: dict[str, int] = self.__dict__.setdefault("_tfdist_calls", {})
-        calls[what] = call = calls.get(what, 0) + 1
-        runtime.announce(_CALL_KEY.format(what=what, call=call, rank=world.rank))
-        limit = self.timeout or 300.0  # the pipeline's 0: transfers wait without a limit
-        deadline = time.monotonic() + limit
-        for peer in (r for r in range(world.size) if r != world.rank):
-            while not runtime.announced(_CALL_KEY.format(what=what, call=call, rank=peer),
-                                        _PROBE_MS):
-                exited = runtime.announced(runtime.EXIT_KEY.format(rank=peer), 1)
-                if exited or time.monotonic() > deadline:
-                    raise StrategyConfigError(format_error(
-                        f"{why}, but the process of rank {peer} "
-                        + ("reached the end of the script (or failed) without calling it"
-                           if exited else f"did not call it within {limit:g} s") + ".",
-                        received=f"{what} call {call} on rank {world.rank} only",
-                        expected=expected, fix=fix))
+        rendezvous.every_process_calls(
+            self.__dict__.setdefault("_tfdist_calls", {}), world.rank, world.size, what,
+            why=why, expected=expected, fix=fix,
+            limit=self.timeout or 300.0)  # the pipeline's 0: transfers wait without a limit

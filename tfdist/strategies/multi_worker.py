@@ -31,6 +31,7 @@ from tfdist.coordinator_fit import require_steps
 from tfdist.core import traits as builtin
 from tfdist.errors import StrategyConfigError, format_error
 from tfdist.options import check_choice, check_positive_int, check_positive_number
+from tfdist.strategies import rendezvous
 from tfdist.strategies.base import TfdistStrategyMixin, cluster_resolver
 from tfdist.strategies.startup import resolve_startup_timeout, startup_deadline
 
@@ -135,6 +136,9 @@ class MultiWorkerMirroredStrategy(TfdistStrategyMixin, tf.distribute.MultiWorker
                 cluster_resolver=cluster_resolver(cluster, task), communication_options=options
             )
         self._init_tfdist(cluster, task)
+        self._tfdist_call_limit = float(options.timeout_seconds or _CALL_LIMIT_S)
+        if self.num_workers > 1:
+            rendezvous.announce_exit_at_exit(self.worker_index)
         _warn_if_created_before(task)
 
     def runs_locally(self, method: str, x: Any = None) -> bool:
@@ -148,7 +152,20 @@ class MultiWorkerMirroredStrategy(TfdistStrategyMixin, tf.distribute.MultiWorker
         """Refuses ``fit(validation_data=...)`` without ``validation_steps``: each worker
         evaluates its shard of the data, and shards of unequal length make the workers run
         different collectives at the end of the first epoch ("Collective instance ...
-        expected type ...")."""
+        expected type ..."). Before ``evaluate`` (a collective), waits for every worker to make
+        the same call and refuses at once when one has ended instead (called on the chief
+        alone: TensorFlow said so only once the peer's heartbeats had stopped)."""
+        if method == "evaluate":
+            rendezvous.every_process_calls(
+                self.__dict__.setdefault("_tfdist_calls", {}), self.worker_index,
+                self.num_workers, "model.evaluate",
+                why=f"model.evaluate under {self.name} is a collective of all "
+                    f"{self.num_workers} workers (their metrics are summed)",
+                expected="model.evaluate called on every worker (each returns the metrics of "
+                         "the whole input)",
+                fix="call model.evaluate on every worker, not under `if strategy.is_chief`; "
+                    "print or save its result on the chief alone",
+                limit=self._tfdist_call_limit)
         if method == "fit" and call.get("validation_data") is not None:
             require_steps(call.get("validation_steps"), "validation_steps", "fit",
                           "MultiWorkerMirroredStrategy",
@@ -158,6 +175,8 @@ class MultiWorkerMirroredStrategy(TfdistStrategyMixin, tf.distribute.MultiWorker
 
 
 _created = 0
+_CALL_LIMIT_S = 300.0
+"""How long ``model.evaluate`` waits for every worker to call it, without ``timeout_seconds``."""
 _ZERO_OPTIONS = frozenset({"timeout_seconds", "startup_timeout_seconds", "tf_config"})
 
 

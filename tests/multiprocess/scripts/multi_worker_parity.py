@@ -3,17 +3,15 @@
 Usage: ``python multi_worker_parity.py OUT_DIR``, once per worker with its TF_CONFIG, with
 TF_USE_LEGACY_KERAS=1 (tf-keras) or without (Keras 3). Worker ``w`` reads batches ``w, w+2, ...``
 of ``per_replica`` rows, so global batch ``k`` is rows ``[2k*B, (2k+2)*B)``, the ``k``-th batch of
-the reference. ``evaluate`` and ``predict`` then run on the same sharded input.
-
-Callbacks: ``strategy.checkpoint_callback`` (a ``ModelCheckpoint`` of the weights that the chief
-alone writes, under either Keras) and, with ``TENSORBOARD_DIR`` set, every worker a
-``TensorBoard`` callback writing to its `write_path` (the chief: ``TENSORBOARD_DIR``).
+the reference. ``evaluate`` and ``predict`` then run on the same sharded input. Last, the chief
+alone calls ``evaluate`` once more (``chief_only_evaluate``: the refusal, and how long it took).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 import numpy as np
 import parity_lib
@@ -22,6 +20,7 @@ import tensorflow as tf
 import tfdist.strategies
 import tfdist.strategies.input
 from tfdist.core import flavour
+from tfdist.errors import StrategyConfigError
 from tfdist.testing import report
 
 PER_REPLICA, STEPS = 4, 5
@@ -100,4 +99,13 @@ if strategy.is_chief:
     result["reference_predict"] = trained.predict(x, batch_size=global_batch, verbose=0).tolist()
     result["half_batch"] = parity_lib.as_lists(
         parity_lib.half_batch_weights(keras, initial, x, y, PER_REPLICA))
+    # Last, evaluate on the chief alone, the other worker gone on to its end: refused at once
+    # (TensorFlow failed it only once the peer's heartbeats had stopped).
+    started = time.monotonic()
+    try:
+        model.evaluate(strategy.distribute_dataset(dataset_fn), steps=STEPS, verbose=0)
+        result["chief_only_evaluate"] = "ran"
+    except StrategyConfigError as err:
+        result["chief_only_evaluate"] = str(err)
+    result["chief_only_evaluate_s"] = time.monotonic() - started
 report(result)

@@ -2,7 +2,7 @@
 ``model.fit`` and reports the reassembled weights, and the single-process reference.
 
 Args: ``steps micro_batches schedule [--sabotage] [--save DIR] [--custom-loop]
-[--sample-weight] [--regularize] [--adam]``. Every process
+[--sample-weight] [--regularize] [--adam] [--then-diverge]``. Every process
 builds the whole model once with a fixed seed (so the stages start from the reference's weights),
 takes its stage with ``strategy.build_model(model)``, and fits ``steps`` global batches of
 ``GLOBAL`` rows (or runs ``strategy.train_step`` on them: ``--custom-loop``). The chief then
@@ -120,6 +120,22 @@ def fitted(keras, initial, x, y, batch, weight=None, regularize=False, adam=Fals
     return model, history
 
 
+def diverge_replica(strategy, model, x, y):
+    """The sabotage of ``--then-diverge``: replica 1 moves its first weight (each stage's) by
+    1e-3, then the job fits one more step. With ``TFDIST_CHECK_WEIGHTS_EVERY=1`` the replicated
+    weights' check must stop that step on every process, naming replica 1's ranks."""
+    import tensorflow as tf
+
+    if strategy.stage_report()["replica"] == 1:
+        variable = model.trainable_variables[0]
+        variable.assign(variable + 1e-3)
+    try:
+        model.fit(x[:GLOBAL], y[:GLOBAL], batch_size=GLOBAL, epochs=1, shuffle=False, verbose=0)
+        return "TRAINED WITH DIVERGED REPLICAS"
+    except tf.errors.InvalidArgumentError as err:
+        return str(err)[:3000]
+
+
 def main(argv):
     steps, micro_batches, schedule = int(argv[0]), int(argv[1]), argv[2]
     if "--sabotage" in argv:
@@ -156,6 +172,8 @@ def main(argv):
     if save_dir:
         result["saved"] = strategy.save_model(model, os.path.join(save_dir, "model.keras"))
     trained = strategy.gather_weights(model)
+    if "--then-diverge" in argv:  # before the chief's references: no collective left waiting
+        result["diverged"] = diverge_replica(strategy, model, x, y)
     if strategy.is_chief:
         reference, ref_history = fitted(keras, initial, x, y, GLOBAL, weight, regularize, adam)
         part = GLOBAL // 2
