@@ -7,12 +7,12 @@ the chief; ``--then-from-function``: the first model built by ``build_model(fn)`
 drawing with its own seed (the shards must be slices of rank 0's draw). For each model:
 every process builds it with a fixed seed, takes its shard (`TensorStrategy.build_model`: the
 whole tree planned, each block checked whole against split, the split layers sliced in place),
-fits ``steps`` global batches (Adam, a padding mask with padded positions, the mask as sample
-weights) and reports its gathered weights; the chief also trains the whole model in one process
-on the same batches from the same initial weights (the reference). ``--then-sabotage`` trains
-the first model again with every row-split layer skipping its all-reduce across processes
-(the pre-training check, which sums in one process, still sees them right), so parity must
-fail."""
+fits ``steps`` global batches of two sequence lengths (Adam, a padding mask with padded
+positions, the mask as sample weights) and reports its gathered weights; the chief also
+trains the whole model in one process on the same batches from the same initial weights (the
+reference). ``--then-sabotage`` trains the first model again with every row-split layer
+skipping its all-reduce across processes (the pre-training check, which sums in one process,
+still sees them right), so parity must fail."""
 
 from __future__ import annotations
 
@@ -59,27 +59,43 @@ def build(name):
 MODELS = ("gpt2", "llama", "gemma", "bert")
 
 
+LENGTHS = (SEQ, SEQ - 3)
+"""Sequence lengths the global batches alternate between (bucketed text): the train step is
+traced once with the length left open, its collectives inside the blocks on sized keys."""
+
+
 def data(steps, name):
-    """Next-token batches (a BERT classifier: a label per sequence, a weight per sequence)."""
+    """``steps`` global batches, lengths alternating over `LENGTHS`, every other sequence
+    padded at its end: next-token targets (a BERT classifier: a label and a weight per
+    sequence), as one dataset (its sequence axis None in the element spec)."""
+    import tensorflow as tf
+
     rng = np.random.default_rng(7)
-    tokens = rng.integers(0, VOCAB, size=(steps * GLOBAL, SEQ + 1)).astype("int32")
-    mask = np.ones((steps * GLOBAL, SEQ), "int32")
-    mask[1::2, -3:] = 0  # every other sequence padded at its end
-    x = {"token_ids": tokens[:, :-1], "padding_mask": mask}
-    if name == "bert":
-        x["segment_ids"] = np.zeros_like(mask)
-        return x, tokens[:, 0] % 2, np.linspace(0.5, 1.5, len(mask)).astype("float32")
-    return x, tokens[:, 1:], mask.astype("float32")
+    batches = []
+    for step in range(steps):
+        length = LENGTHS[step % len(LENGTHS)]
+        tokens = rng.integers(0, VOCAB, size=(GLOBAL, length + 1)).astype("int32")
+        mask = np.ones((GLOBAL, length), "int32")
+        mask[1::2, -3:] = 0
+        x = {"token_ids": tokens[:, :-1], "padding_mask": mask}
+        if name == "bert":
+            x["segment_ids"] = np.zeros_like(mask)
+            batch = (x, tokens[:, 0] % 2, np.linspace(0.5, 1.5, GLOBAL).astype("float32"))
+        else:
+            batch = (x, tokens[:, 1:], mask.astype("float32"))
+        batches.append(tf.data.Dataset.from_tensors(batch))
+    dataset = batches[0]
+    for batch in batches[1:]:
+        dataset = dataset.concatenate(batch)
+    return dataset
 
 
 def fit(model, steps, name, eagerly=False):
     """``steps`` global batches of Adam; ``eagerly`` (the one-process reference): no tracing,
     a third of its time here (the same numbers within float rounding)."""
-    x, y, weights = data(steps, name)
     model.compile(optimizer=keras.optimizers.Adam(LR), run_eagerly=eagerly,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    history = model.fit(x, y, sample_weight=weights, batch_size=GLOBAL, epochs=1,
-                        shuffle=False, verbose=0)
+    history = model.fit(data(steps, name), epochs=1, shuffle=False, verbose=0)
     return history.history["loss"]
 
 
