@@ -153,19 +153,26 @@ def gather_last_axis(x: Any, group: ProcessGroup, timeout: float = DEFAULT_TIMEO
 
 def gather_axis(x: Any, axis: int, group: ProcessGroup,
                 timeout: float = DEFAULT_TIMEOUT) -> tf.Tensor:
-    """The shards of ``group`` concatenated along ``axis`` (no gradient rule); every member's
-    shard has the same shape."""
+    """The shards of ``group`` concatenated along ``axis`` (no gradient rule); traced with an
+    open shape, the members' lengths along ``axis`` may differ."""
     x = tf.convert_to_tensor(x)
-    if not _open_shape(x, group):
+    if not _open_shape(x, group) or x.shape.rank is None:
         return all_gather(x, group, axis, timeout=op_timeout(timeout))
-    padded, elements, cls = _flat_padded(x)
+    # the members' shapes first (a data replica's rows may differ by one): the largest sets
+    # the size class, so every member meets on one key
+    shapes = tf.reshape(all_gather(tf.shape(x, out_type=tf.int32)[tf.newaxis], group,
+                                   timeout=0.0), [group.size, len(x.shape)])
+    counts = tf.reduce_prod(shapes, axis=1)
+    flat = tf.reshape(x, [-1])
+    cls, cap = size_class(tf.reduce_max(counts))
     key, stride = next_sized_key()
+    padded = tf.pad(flat, [[0, cap - tf.size(flat)]])
     rows = tf.reshape(all_gather(padded, group, instance=key + cls * stride, timeout=0.0),
                       [group.size, -1])
-    out = tf.concat([tf.reshape(rows[i, :elements], tf.shape(x)) for i in range(group.size)],
+    out = tf.concat([tf.reshape(rows[i, :counts[i]], shapes[i]) for i in range(group.size)],
                     axis)
     shape = x.shape.as_list()
-    if shape[axis] is not None:
+    if shape[axis] is not None:  # traced with one length, every member has it
         shape[axis] *= group.size
     out.set_shape(shape)
     return out
