@@ -1,6 +1,8 @@
 """`tfdist.parallel`'s ops and mappings between 2 real processes (TF collectives over gRPC):
 all-reduce (sum, mean, max), all-gather, reduce-scatter, send/recv and the scatter/gather
-mappings' forward and gradient equal numpy's; a broken gradient rule is seen. One launch."""
+mappings' forward and gradient equal numpy's; a broken gradient rule is seen; the mappings
+traced once with the length left open serve several lengths (sized keys), and without their
+sized keys TensorFlow refuses the second length. One launch."""
 
 from __future__ import annotations
 
@@ -31,3 +33,20 @@ def test_every_op_and_mapping_gives_numpys_numbers(cluster_runner):
         np.testing.assert_array_equal(got["grad"], weight)  # x replicated: d sum(w * x) = w
         assert np.abs(got["sabotaged_grad"] - weight).max() >= 2.0  # the slices swapped
     np.testing.assert_array_equal(results["worker:1"]["received"], x[0])
+    check_open_lengths(results)
+
+
+def check_open_lengths(results):
+    """The mappings traced once with the length left open served two lengths and uneven
+    gathers; with one key for every length TensorFlow refused the second."""
+    for rank in range(2):
+        got = results[f"worker:{rank}"]["open"]
+        for rows in (2, 3):
+            x = np.arange(4 * rows, dtype="float32").reshape(rows, 4)
+            np.testing.assert_array_equal(got[f"sum_{rows}"], x + 2 * x)
+            np.testing.assert_array_equal(got[f"max_{rows}"], -x)
+        assert got["traces"] == [1, 1]
+        np.testing.assert_array_equal(got["uneven_gather"], [[1.0] * 4] * 2 + [[2.0] * 4] * 3)
+        refused = results[f"worker:{rank}"]["one_key"]
+        print(f"rank {rank}, one key for two lengths: {refused}")
+        assert "shape" in refused.lower(), refused

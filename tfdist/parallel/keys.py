@@ -24,7 +24,10 @@ comes from here, as a 31-bit int in one of two spaces:
 * **traced** (bit 30 set): ``TRACED | n`` (`next_key`), the ``n``-th collective this process
   traced. The tensor-parallel layers use these: every member of a tensor group runs the same
   script and traces the same functions in the same order, so the ``n``-th collective traced gets
-  the same key everywhere, and a retrace (a new shape) gets new keys.
+  the same key everywhere, and a retrace (a new shape) gets new keys. A traced collective whose
+  shape is not known when traced (a sequence length left open, so one trace serves several)
+  takes a block of `SIZE_CLASSES` consecutive traced keys (`next_sized_key`): it travels flat,
+  padded to its size class, on the block's key for that class, as the sized keys do.
 
 Example:
     >>> instance_key(GRADIENT, micro_batch=1, index=0)
@@ -35,7 +38,7 @@ Example:
 
 from __future__ import annotations
 
-import itertools
+import threading
 from typing import Literal
 
 from tfdist.errors import StrategyConfigError, format_error
@@ -44,7 +47,7 @@ __all__ = ["SIZED", "SIZE_CLASSES", "SIZED_INDEXES", "capacity", "sized_key",
            "TIED", "ACTIVATION", "GRADIENT", "WEIGHTS", "REDUCE", "SHARE", "METRICS", "EXIT",
            "TRAIN", "EVALUATE", "PREDICT", "CUSTOM", "CHECK", "TRACED", "STOP_VOTE",
            "instance_key",
-           "next_key", "space"]
+           "next_key", "next_sized_key", "space"]
 
 TIED, ACTIVATION, GRADIENT, WEIGHTS, REDUCE, SHARE, METRICS, EXIT = range(8)
 """The kinds of named transfers (3 bits). `TIED`: the sums (and initial copies) of weights tied
@@ -63,7 +66,9 @@ SIZE_CLASSES = 128
 _FIELDS = {"index": 1 << 12, "micro_batch": 1 << 12, "kind": 1 << 3, "phase": 1 << 3}
 TRACED = 1 << 30
 """The first traced key: above every named key (the largest is ``TRACED - 1``)."""
-_counter = itertools.count()
+_next = [0]
+"""The next traced key's offset from `TRACED` (shared by `next_key` and `next_sized_key`)."""
+_lock = threading.Lock()
 
 
 def instance_key(kind: int, micro_batch: int = 0, index: int = 0, phase: int = TRAIN) -> int:
@@ -156,11 +161,31 @@ def next_key() -> int:
         >>> b == a + 1 and space(a) == "traced"
         True
     """
-    key = TRACED + next(_counter)
-    if key >= SIZED:
+    return _take(1)
+
+
+def next_sized_key() -> tuple[int, int]:
+    """``(key, stride)``: a block of `SIZE_CLASSES` fresh traced keys for one traced collective
+    whose shape changes from step to step; size class ``c`` (`capacity`) travels on
+    ``key + c * stride``.
+
+    Example:
+        >>> key, stride = next_sized_key()
+        >>> next_key() == key + SIZE_CLASSES * stride, space(key)
+        (True, 'traced')
+    """
+    return _take(SIZE_CLASSES), 1
+
+
+def _take(count: int) -> int:
+    with _lock:
+        key = TRACED + _next[0]
+        _next[0] += count
+    if key + count > SIZED:
         raise StrategyConfigError(format_error(
             "This process traced more collectives than instance keys allow.",
-            received=f"key {key}", expected=f"at most {SIZED - TRACED} traced collectives",
+            received=f"key {key + count - 1}",
+            expected=f"at most {SIZED - TRACED} traced keys",
             fix="retrace less (fixed input shapes), or restart the job"))
     return key
 

@@ -13,7 +13,8 @@ under the same names, with the shard's shape (Megatron-LM's ``tensor_parallel/la
 * `TiedVocabEmbedding`: a tied embedding (``ReversibleEmbedding``, `tfdist.tensor.tied`) split
   by vocabulary rows: ``layer(ids)`` as `VocabEmbedding`, ``layer(hidden, reverse=True)`` this
   shard's vocabulary columns of the logits (the hidden's gradient summed over the group); the
-  two uses' gradients add up in the one shard of the matrix.
+  two uses' gradients add up in the one shard of the matrix. With ``whole_logits`` set (a
+  pipeline's stages, `tfdist.tensor.stages`), the logits are gathered whole over the group.
 * `HeadsAttention`: a ``MultiHeadAttention`` with ``H / T`` heads and its rows of the output
   projection, summed over the group, then the (replicated) output bias.
 
@@ -35,7 +36,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfdist.parallel.mappings import copy_to_group, reduce_from_group
+from tfdist.parallel.mappings import copy_to_group, gather_from_group, reduce_from_group
 from tfdist.parallel.mesh import ProcessGroup
 from tfdist.parallel.ops import DEFAULT_TIMEOUT
 
@@ -103,7 +104,10 @@ class VocabEmbedding(_Grouped, keras.layers.Embedding):
 class TiedVocabEmbedding(VocabEmbedding):
     """A tied embedding's rows ``[start, start + input_dim)``: the lookup of `VocabEmbedding`,
     and with ``reverse=True`` the logits of those vocabulary columns (``hidden @ rows^T``,
-    then KerasHub's ``logit_soft_cap`` if set), for the vocab-parallel cross-entropy."""
+    then KerasHub's ``logit_soft_cap`` if set), for the vocab-parallel cross-entropy; with
+    ``whole_logits``, every column's logits (the shards' gathered, in rank order)."""
+
+    whole_logits = False
 
     def __init__(self, input_dim: int, output_dim: int, *, start: int, group: ProcessGroup,
                  timeout: float | None = None, logit_soft_cap: float | None = None,
@@ -123,12 +127,15 @@ class TiedVocabEmbedding(VocabEmbedding):
         if self.logit_soft_cap is not None:
             cap = self.logit_soft_cap
             logits = keras.ops.multiply(keras.ops.tanh(keras.ops.divide(logits, cap)), cap)
+        if self.whole_logits:
+            return gather_from_group(logits, self.group, self.timeout)
         return logits
 
     def compute_output_spec(self, inputs: Any, reverse: bool = False) -> Any:
         if not reverse:
             return super().compute_output_spec(inputs)
-        return keras.KerasTensor((*inputs.shape[:-1], self.input_dim),
+        columns = self.input_dim * (self.group.size if self.whole_logits else 1)
+        return keras.KerasTensor((*inputs.shape[:-1], columns),
                                  dtype=self.reverse_dtype or self.compute_dtype)
 
 

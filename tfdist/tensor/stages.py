@@ -15,7 +15,12 @@ Two things the tensor strategy does are not done across a cut, and the plan says
   stage) is refused: move the split point, or replicate the pair;
 * the output ``Dense`` is not split by vocabulary (``output``): the last stage computes the
   pipeline's loss on whole logits. The automatic rules' choice becomes ``replicated``; a user
-  rule asking for ``output`` is refused.
+  rule asking for ``output`` is refused. A tied embedding (``tied``: KerasHub's
+  ``ReversibleEmbedding``, the lookup in the first stage, the logits in the last) is split by
+  vocabulary rows in both: the lookup as the tensor strategy's, the logits of this shard's
+  columns gathered whole for the loss (`tfdist.parallel.mappings.gather_from_group`, an exact
+  concatenation; backward, each shard takes its columns' gradient). The two stages' shards
+  ``t`` hold the same rows, and their gradients are summed pairwise (`tfdist.pipeline.tied`).
 
 Example:
     >>> import keras
@@ -56,6 +61,7 @@ __all__ = ["plan_stages", "plan_stage_units", "check_cuts", "StageSplit", "stage
            "check_clipping"]
 
 _OUTPUT_WHOLE = "pipeline: the last stage's loss reads whole logits"
+_TIED_GATHERED = "; pipeline: its logits gathered whole for the last stage's loss"
 _CARRIED_SPLIT = ("column",)
 """Kinds whose output is one shard's columns, not the whole activation."""
 
@@ -67,7 +73,8 @@ def _replicated(layer: LayerSplit, reason: str) -> LayerSplit:
 
 def plan_stages(model: Any, shards: int, rules: Mapping[str, str] | None = None) -> TensorPlan:
     """The tensor plan of a pipeline's whole ``model`` (built, or without weights): the
-    automatic and user rules, with the vocabulary-split output replicated. A model of blocks
+    automatic and user rules, with the vocabulary-split output ``Dense`` replicated (a tied
+    embedding stays split; its logits are gathered whole). A model of blocks
     (a KerasHub model's Transformer layers) is planned through its layer tree
     (`tfdist.tensor.nested`): its entries are paths inside the blocks.
 
@@ -89,12 +96,16 @@ def plan_stage_units(model: Any, shards: int, rules: Mapping[str, str] | None = 
         plan = plan_model(model, shards, rules)
     layers = []
     for layer in plan.layers:
+        if layer.kind == "tied":
+            layers.append(dataclasses.replace(layer, reason=layer.reason + _TIED_GATHERED))
+            continue
         if layer.kind in LOGIT_KINDS and layer.reason.startswith("rule"):
             raise StrategyConfigError(format_error(
                 f"Layer {layer.name!r} cannot be split by vocabulary in a pipeline: the last "
                 "stage computes the loss on whole logits.",
                 received=f"rules: {layer.name!r} -> {layer.kind!r} ({layer.reason})",
-                expected="'replicated' (or 'column' followed by a 'row' layer)",
+                expected="'replicated' (or 'column' followed by a 'row' layer; a tied "
+                "embedding may be 'tied')",
                 fix=f"drop that rule, or use rules={{{layer.name!r}: 'replicated'}}"))
         layers.append(_replicated(layer, _OUTPUT_WHOLE) if layer.kind in LOGIT_KINDS else layer)
     return TensorPlan(plan.shards, tuple(layers)), units
@@ -172,7 +183,10 @@ class StageSplit:
         found = self.split_of(layer.name)
         if found is None or self.group.size == 1:
             return whole
-        return shards_of.split_layer(whole, found, self.group, self.timeout)
+        made = shards_of.split_layer(whole, found, self.group, self.timeout)
+        if found.kind == "tied":
+            made.whole_logits = True  # the last stage's loss reads whole logits
+        return made
 
     def split_of(self, name: str) -> LayerSplit | None:
         found = next((layer for layer in self.plan.layers if layer.name == name), None)

@@ -190,7 +190,7 @@ def train_one(strategy, name):
 
 def main(argv):
     global LENGTHS
-    if "--one-length" in argv:  # K x T: one sequence length (see test_pipeline_hub_tensor.py)
+    if "--one-length" in argv:
         LENGTHS = LENGTHS[:1]
     micro_batches = int(argv[0])
     names = [a for a in argv[1:] if a in MODELS]

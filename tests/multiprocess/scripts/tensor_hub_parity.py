@@ -1,17 +1,20 @@
 """One process of a tensor-parallel job training KerasHub models built from small configs (no
 download), each split inside its blocks (`tfdist.tensor.nested`), and what the test checks.
 
-Args: ``steps MODEL [MODEL ...] [--save FILE] [--then-from-function] [--then-sabotage]``,
-MODEL one of `MODELS`; ``--save``: the first model saved whole (`save_model`) and reloaded by
-the chief; ``--then-from-function``: the first model built by ``build_model(fn)``, each process
-drawing with its own seed (the shards must be slices of rank 0's draw). For each model:
-every process builds it with a fixed seed, takes its shard (`TensorStrategy.build_model`: the
-whole tree planned, each block checked whole against split, the split layers sliced in place),
-fits ``steps`` global batches (Adam, a padding mask with padded positions, the mask as sample
-weights) and reports its gathered weights; the chief also trains the whole model in one process
-on the same batches from the same initial weights (the reference). ``--then-sabotage`` trains
-the first model again with every row-split layer skipping its all-reduce across processes
-(the pre-training check, which sums in one process, still sees them right), so parity must
+Args: ``steps MODEL [MODEL ...] [--global N] [--save FILE] [--then-from-function] [--then-sabotage]
+[--then-skip-data-average]``, MODEL one of `MODELS`; ``--global``: rows of a global batch (4; at
+D=2 an odd count gives the replicas 2 and 3 rows); ``--save``: the first model saved whole
+(`save_model`) and reloaded by the chief; ``--then-from-function``: the first model built by
+``build_model(fn)``, each process drawing with its own seed (the shards must be slices of rank 0's
+draw). For each model: every process builds it with a fixed seed, takes its shard
+(`TensorStrategy.build_model`: the whole tree planned, each block checked whole against split, the
+split layers sliced in place), fits ``steps`` global batches of two sequence lengths (Adam, a
+padding mask with padded positions, the mask as sample weights) and reports its gathered weights;
+the chief also trains the whole model in one process on the same batches from the same initial
+weights (the reference). ``--then-sabotage`` trains the first model again with every row-split
+layer skipping its all-reduce across processes (the pre-training check, which sums in one process,
+still sees them right), so parity must fail; ``--then-skip-data-average`` (D x T) trains it again
+with each data replica keeping its own gradients (not averaged over the data axis): parity must
 fail."""
 
 from __future__ import annotations
@@ -59,27 +62,43 @@ def build(name):
 MODELS = ("gpt2", "llama", "gemma", "bert")
 
 
+LENGTHS = (SEQ, SEQ - 3)
+"""Sequence lengths the global batches alternate between (bucketed text): the train step is
+traced once with the length left open, its collectives inside the blocks on sized keys."""
+
+
 def data(steps, name):
-    """Next-token batches (a BERT classifier: a label per sequence, a weight per sequence)."""
+    """``steps`` global batches, lengths alternating over `LENGTHS`, every other sequence
+    padded at its end: next-token targets (a BERT classifier: a label and a weight per
+    sequence), as one dataset (its sequence axis None in the element spec)."""
+    import tensorflow as tf
+
     rng = np.random.default_rng(7)
-    tokens = rng.integers(0, VOCAB, size=(steps * GLOBAL, SEQ + 1)).astype("int32")
-    mask = np.ones((steps * GLOBAL, SEQ), "int32")
-    mask[1::2, -3:] = 0  # every other sequence padded at its end
-    x = {"token_ids": tokens[:, :-1], "padding_mask": mask}
-    if name == "bert":
-        x["segment_ids"] = np.zeros_like(mask)
-        return x, tokens[:, 0] % 2, np.linspace(0.5, 1.5, len(mask)).astype("float32")
-    return x, tokens[:, 1:], mask.astype("float32")
+    batches = []
+    for step in range(steps):
+        length = LENGTHS[step % len(LENGTHS)]
+        tokens = rng.integers(0, VOCAB, size=(GLOBAL, length + 1)).astype("int32")
+        mask = np.ones((GLOBAL, length), "int32")
+        mask[1::2, -3:] = 0
+        x = {"token_ids": tokens[:, :-1], "padding_mask": mask}
+        if name == "bert":
+            x["segment_ids"] = np.zeros_like(mask)
+            batch = (x, tokens[:, 0] % 2, np.linspace(0.5, 1.5, GLOBAL).astype("float32"))
+        else:
+            batch = (x, tokens[:, 1:], mask.astype("float32"))
+        batches.append(tf.data.Dataset.from_tensors(batch))
+    dataset = batches[0]
+    for batch in batches[1:]:
+        dataset = dataset.concatenate(batch)
+    return dataset
 
 
 def fit(model, steps, name, eagerly=False):
     """``steps`` global batches of Adam; ``eagerly`` (the one-process reference): no tracing,
     a third of its time here (the same numbers within float rounding)."""
-    x, y, weights = data(steps, name)
     model.compile(optimizer=keras.optimizers.Adam(LR), run_eagerly=eagerly,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    history = model.fit(x, y, sample_weight=weights, batch_size=GLOBAL, epochs=1,
-                        shuffle=False, verbose=0)
+    history = model.fit(data(steps, name), epochs=1, shuffle=False, verbose=0)
     return history.history["loss"]
 
 
@@ -113,6 +132,13 @@ def sabotage_rows():
             layer.call = partial
 
     inplace._WRAPS["row"] = skipping
+
+
+def skip_data_average():
+    """The D x T sabotage: each data replica applies its own gradients (no mean over replicas)."""
+    from tfdist.tensor.model import TensorModel
+
+    TensorModel.average_gradients = lambda self, gradients: gradients
 
 
 def train_one(strategy, name, steps, reference, save=None):
@@ -168,10 +194,13 @@ def from_function(strategy, name):
 
 
 def main(argv):
+    global GLOBAL
+    if "--global" in argv:
+        GLOBAL = int(argv[argv.index("--global") + 1])
     steps = int(argv[0])
     names = [a for a in argv[1:] if a in MODELS]
     strategy = tfdist.get_strategy("auto")
-    result = {"shards": strategy.shards, "models": {}}
+    result = {"shards": strategy.shards, "replicas": strategy.num_replicas, "models": {}}
     save = argv[argv.index("--save") + 1] if "--save" in argv else None
     for name in names:
         result["models"][name] = train_one(strategy, name, steps, reference=True,
@@ -180,6 +209,9 @@ def main(argv):
         result["from_function"] = from_function(strategy, names[0])
     if "--then-sabotage" in argv:
         sabotage_rows()
+        result["sabotage"] = train_one(strategy, names[0], steps, reference=False)
+    if "--then-skip-data-average" in argv:
+        skip_data_average()
         result["sabotage"] = train_one(strategy, names[0], steps, reference=False)
     report(result)
 
