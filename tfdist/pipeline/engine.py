@@ -140,11 +140,13 @@ class StageEngine:
 
     # ----------------------------------------------------------------- data
     def replica_rows(self, tensor: Any) -> Any:
-        """This replica's rows of a global batch: the d-th of D equal slices."""
+        """This replica's rows of a global batch (one tensor or a structure of them, such as a
+        KerasHub model's dict of inputs): the d-th of D equal slices."""
         replicas = self.layout.replicas
         if replicas == 1 or tensor is None:
             return tensor
-        return tf.split(tensor, replicas, axis=0)[self.layout.replica]
+        return tf.nest.map_structure(
+            lambda t: tf.split(t, replicas, axis=0)[self.layout.replica], tensor)
 
     def _split(self, tensor: Any) -> list[Any]:
         return tf.split(tensor, self.micro_batches, axis=0)

@@ -33,6 +33,7 @@ import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
 from tfdist.parallel.keys import REDUCE, TRAIN, instance_key
+from tfdist.parallel.mappings import gather_axis
 from tfdist.parallel.mesh import ProcessGroup
 
 __all__ = ["add", "accumulate", "average_over_group", "markers", "is_sparse"]
@@ -85,14 +86,20 @@ def average_over_group(gradients: Sequence[Any], group: ProcessGroup, kind: int 
     """The mean of each gradient over the members of ``group`` (the D replicas of a stage).
 
     Dense gradients are all-reduced (instance index ``i``); an ``IndexedSlices`` is gathered
-    (every replica's rows, equal counts on every replica since their batches have one shape), its
-    values divided by ``group.size``: the form one device gives for the whole batch.
+    (every replica's rows; where the step is traced with an open row count, padded to a size
+    class), its values divided by ``group.size``: the form one device gives for the whole batch.
     """
     if group.size == 1:
         return list(gradients)
     averaged = []
     for i, g in enumerate(gradients):
-        if is_sparse(g):
+        if is_sparse(g) and g.values.shape[0] is None:
+            # traced with an open row count (a KerasHub batch's sequence length): TensorFlow
+            # keeps one shape per key, so the rows travel padded to a size class on keys of it
+            values = gather_axis(g.values, 0, group, timeout)
+            indices = gather_axis(g.indices, 0, group, timeout)
+            averaged.append(tf.IndexedSlices(values / group.size, indices, g.dense_shape))
+        elif is_sparse(g):
             key = instance_key(kind, 0, GATHER_INDEX + 2 * i, phase)
             values = _gather(g.values, group, key, timeout)
             indices = _gather(g.indices, group, key + 1, timeout)
