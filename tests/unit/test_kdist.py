@@ -283,6 +283,8 @@ def llama_plan():
 def test_the_hidden_split_gives_the_whole_blocks_outputs_and_gradients(monkeypatch):
     """The block check (T shards in this process, forward and backward) on Llama's hidden-unit
     q/k/v split; and skipping the split's all-reduces (sabotage) makes the check fail."""
+    from threading import local
+
     from tfdist.parallel import mappings
     from tfdist.tensor import blocks, inplace
     from tfdist.tensor.check import TOLERANCE
@@ -293,16 +295,24 @@ def test_the_hidden_split_gives_the_whole_blocks_outputs_and_gradients(monkeypat
     assert [e.kind for e in plan.layers if "self_attention/" in e.name] == \
         ["hidden", "hidden", "hidden", "row"]
 
-    hidden = inplace._WRAPS["hidden"]
+    # The T shards run at once, each in a thread: the sabotage is one patch for the whole
+    # test that skips the sum only inside a hidden-split layer's call (a patch set and undone
+    # by each shard's thread raced: one thread restored the other's patch, and the module kept
+    # it for the tests that came after).
+    hidden, copy_to_group, inside = inplace._WRAPS["hidden"], mappings.copy_to_group, local()
+    monkeypatch.setattr(mappings, "copy_to_group", lambda x, *rest: x if getattr(
+        inside, "hidden", False) else copy_to_group(x, *rest))
 
     def skipping(layer, group, timeout):
         hidden(layer, group, timeout)
         call = layer.call
 
         def alone(inputs, training=None):
-            with monkeypatch.context() as patch:
-                patch.setattr(mappings, "copy_to_group", lambda x, *_: x)
+            inside.hidden = True
+            try:
                 return call(inputs, training)
+            finally:
+                inside.hidden = False
 
         layer.call = alone
 
