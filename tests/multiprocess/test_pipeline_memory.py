@@ -52,7 +52,9 @@ RATIO = 0.6
 """Issue 36's bound. Measured on 2026-11-27 at load 10-18 (2 cores): oneDNN off (two runs),
 stages 446-447 / 454 MB against one process 842 (0.53 / 0.54); oneDNN on (its pooled allocator,
 no ``TF_ONEDNN_USE_SYSTEM_ALLOCATOR`` needed), 476 / 482 against 878 (0.54 / 0.55), and 477 / 492
-(0.54 / 0.56) in a run whose stages had the one-at-a-time change below.
+(0.54 / 0.56) in a run whose stages had the one-at-a-time change below. The sabotage: summing
+the micro-batches' gradients (``weight_gradients="sum"``, the default) measured 635 / 636 MB
+against 842 (0.75 / 0.76), which this bound fails.
 
 With SGD (no slots) the same model is at 0.62 / 0.64 (stages 182-190 MB against 296, load 12-18;
 0.62-0.70 on a quiet machine; at 113M parameters, 48 layers, 0.56 / 0.59), and 0.6 is out of
