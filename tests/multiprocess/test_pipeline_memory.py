@@ -52,7 +52,8 @@ RATIO = 0.6
 """Issue 36's bound. Measured on 2026-11-27 at load 10-18 (2 cores): oneDNN off (two runs),
 stages 446-447 / 454 MB against one process 842 (0.53 / 0.54); oneDNN on (its pooled allocator,
 no ``TF_ONEDNN_USE_SYSTEM_ALLOCATOR`` needed), 476 / 482 against 878 (0.54 / 0.55), and 477 / 492
-(0.54 / 0.56) in a run whose stages had the one-at-a-time change below. The sabotage: summing
+(0.54 / 0.56) in a run whose stages had the one-at-a-time change below; starting at load 1.6,
+0.53 / 0.55 off and 0.55 / 0.55 on (both tests 149 s). The sabotage: summing
 the micro-batches' gradients (``weight_gradients="sum"``, the default) measured 635 / 636 MB
 against 842 (0.75 / 0.76), which this bound fails.
 
