@@ -2,15 +2,16 @@
 or with ``--single`` one process training the whole model (the reference).
 
 Args: ``kind width layers micro_batches schedule optimizer [--single] [--whole-batch]
-[--save DIR]`` (``--whole-batch``: the pipeline's ``weight_gradients="whole_batch"``; ``--save
-""``: a temporary folder), ``kind``
-``pipeline`` or ``tensor``. The model is an MLP of ``layers`` square ``width`` layers, seeded (one
-process and the stages start from the same weights). Each phase reports this process's resident
-memory after it (``rss``) and its peak during it (``peak``), both above the memory before the
-model (TensorFlow imported, the strategy made, one op run): ``build`` (the strategy's
-`build_model`, or building the whole model), ``compile``, ``first`` (the first step: tracing),
-``steady`` (``STEPS`` more), ``save`` (``model.save``; the chief writes it). The report's
-``peak`` is the highest of them.
+[--gpt2] [--save DIR]`` (``--whole-batch``: the pipeline's ``weight_gradients="whole_batch"``;
+``--save ""``: a temporary folder), ``kind`` ``pipeline`` or ``tensor``. The model is an MLP of
+``layers`` square ``width`` layers, seeded (one process and the stages start from the same
+weights); with ``--gpt2``, KerasHub's GPT-2 from a config (``layers`` blocks of ``width``, heads
+of 64, no dropout; next-token batches of `SEQ` tokens). Each phase reports this process's
+resident memory after it (``rss``) and its peak during it (``peak``), both above the memory
+before the model (TensorFlow imported, the strategy made, one op run): ``build`` (the
+strategy's `build_model`, or building the whole model), ``compile``, ``first`` (the first step:
+tracing), ``steady`` (``STEPS`` more), ``save`` (``model.save``; the chief writes it). The
+report's ``peak`` is the highest of them.
 
 Run it under `tfdist.bench.memory.MALLOC_ENV` (resident memory then follows allocation).
 """
@@ -29,9 +30,22 @@ from tfdist.core import flavour
 from tfdist.testing import report
 
 FEATURES, GLOBAL, STEPS = 16, 64, 3
+SEQ, VOCAB = 16, 512
 
 
-def build(keras, width, layers):
+def build_gpt2(width, layers):
+    import keras_hub
+
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=VOCAB, num_layers=layers, num_heads=width // 64, hidden_dim=width,
+        intermediate_dim=4 * width, max_sequence_length=SEQ, dropout=0.0)
+    return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+
+
+def build(keras, width, layers, gpt2=False):
+    if gpt2:
+        keras.utils.set_random_seed(0)
+        return build_gpt2(width, layers)
     keras.utils.set_random_seed(0)
     stack = [keras.Input((FEATURES,)), keras.layers.Dense(width, activation="relu", name="in")]
     for i in range(layers):
@@ -42,6 +56,13 @@ def build(keras, width, layers):
 
 def _optimizer(keras, name):
     return keras.optimizers.SGD(1e-4) if name == "sgd" else keras.optimizers.Adam(1e-4)
+
+
+def _rows(x, start, stop):
+    """Rows ``start:stop`` of an array or of a dict of them."""
+    if isinstance(x, dict):
+        return {k: v[start:stop] for k, v in x.items()}
+    return x[start:stop]
 
 
 class Phases:
@@ -65,8 +86,14 @@ def main(argv):
 
     kind, width, layers, micro, schedule, opt = argv[0], *map(int, argv[1:4]), *argv[4:6]
     rng = np.random.default_rng(0)
+    gpt2 = "--gpt2" in argv
     x = rng.normal(size=(GLOBAL * (STEPS + 1), FEATURES)).astype("float32")
     y = x[:, :1] * 2
+    loss = "mse"
+    if gpt2:
+        tokens = rng.integers(0, VOCAB, size=(GLOBAL * (STEPS + 1), SEQ + 1)).astype("int32")
+        x = {"token_ids": tokens[:, :-1], "padding_mask": np.ones_like(tokens[:, 1:])}
+        y, loss = tokens[:, 1:], keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     strategy = None
     if "--single" not in argv:  # first: collectives are configured before any op runs
         import tfdist
@@ -78,13 +105,14 @@ def main(argv):
     tf.constant(0.0) + 1
     phases = Phases()
     if strategy is None:
-        model = phases.run("build", lambda: build(keras, width, layers))
+        model = phases.run("build", lambda: build(keras, width, layers, gpt2))
     else:
         model = phases.run("build", lambda: strategy.build_model(
-            lambda: build(keras, width, layers)))
-    phases.run("compile", lambda: model.compile(optimizer=_optimizer(keras, opt), loss="mse"))
-    phases.run("first", lambda: model.fit(x[:GLOBAL], y[:GLOBAL], batch_size=GLOBAL, verbose=0))
-    history = phases.run("steady", lambda: model.fit(x[GLOBAL:], y[GLOBAL:], batch_size=GLOBAL,
+            lambda: build(keras, width, layers, gpt2)))
+    phases.run("compile", lambda: model.compile(optimizer=_optimizer(keras, opt), loss=loss))
+    first, rest = _rows(x, 0, GLOBAL), _rows(x, GLOBAL, None)
+    phases.run("first", lambda: model.fit(first, y[:GLOBAL], batch_size=GLOBAL, verbose=0))
+    history = phases.run("steady", lambda: model.fit(rest, y[GLOBAL:], batch_size=GLOBAL,
                                                      shuffle=False, verbose=0))
     if "--save" in argv:
         path = Path(argv[argv.index("--save") + 1] or tempfile.mkdtemp()) / "model.keras"
