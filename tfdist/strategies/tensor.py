@@ -228,7 +228,7 @@ class TensorStrategy(StepBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
         shard.attach(plan, tensor, self.data_group, shards_of.vocab_start(plan, tensor),
                      self.timeout, first_timeout=self.first_step_timeout)
         self._agree_seeds(shard)
-        return self._attach_zero(shard)
+        return self._mark_split(self._attach_zero(shard))
 
     def _attach_zero(self, model: Any) -> Any:
         """Under ZeRO, the step of `tfdist.zero.data_axis` on the shard's variables."""
