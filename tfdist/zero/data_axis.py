@@ -40,7 +40,8 @@ from tfdist.errors import StrategyConfigError, format_error
 from tfdist.parallel.keys import REDUCE, TRAIN, instance_key
 from tfdist.parallel.mesh import ProcessGroup
 from tfdist.parallel.ops import all_gather, all_reduce, reduce_scatter
-from tfdist.zero.partition import Piece, ZeroPartition, partition
+from tfdist.zero.partition import ZeroPartition, partition
+from tfdist.zero.pieces import gradient_values, own_slices, owner_buffer, piece_rows, take_pieces
 
 __all__ = ["DataAxisZero", "check_zero", "check_zero_optimizer", "SKIP_GATHER_ENV"]
 
@@ -132,15 +133,6 @@ def check_zero_optimizer(optimizer: Any, stage: int, tied: bool) -> None:
             fix="use zero=1 (it keeps the whole gradients), or untie the weights"))
 
 
-def _rows(value: Any, piece: Piece, shape: tuple[int, ...]) -> Any:
-    """A piece's rows of a whole tensor (a scalar is its own one row)."""
-    return value if not shape else value[piece.start:piece.stop]
-
-
-def _values(gradient: Any) -> Any:
-    return gradient.values if is_sparse(gradient) else gradient
-
-
 class DataAxisZero:
     """ZeRO on one process's variables, over its data group.
 
@@ -187,7 +179,7 @@ class DataAxisZero:
                 fix="use fewer replicas or stages, or drop zero"))
         self.longest = max(sum(p.size for p in self.plan.of_owner(d))
                            for d in range(group.size))  # 0 without weights: nothing gathered
-        self.pieces = [keras.Variable(_rows(self.variables[p.variable].numpy(), p,
+        self.pieces = [keras.Variable(piece_rows(self.variables[p.variable].numpy(), p,
                                             self.plan.shapes[p.variable]),
                                       name=self.variables[p.variable].name, trainable=True)
                        for p in self.mine]
@@ -224,7 +216,7 @@ class DataAxisZero:
         from tfdist.compat.models import clipping_off
 
         for piece, part in zip(self.pieces, self.mine, strict=True):
-            piece.assign(_rows(self.variables[part.variable], part,
+            piece.assign(piece_rows(self.variables[part.variable], part,
                                self.plan.shapes[part.variable]))
         if self.stage == 1:
             whole = average(list(gradients))
@@ -275,9 +267,10 @@ class DataAxisZero:
             if g is None:
                 out.append(None)
             elif is_sparse(g):
-                out.append(self._own_slices(g.values, g.indices, piece))
+                out.append(own_slices(g.values, g.indices, piece,
+                                      self.plan.shapes[piece.variable]))
             else:
-                out.append(_rows(g, piece, self.plan.shapes[piece.variable]))
+                out.append(piece_rows(g, piece, self.plan.shapes[piece.variable]))
         return out
 
     def _scatter(self, gradients: list[Any]) -> list[Any]:
@@ -285,15 +278,9 @@ class DataAxisZero:
         reduce-scatter of the dense ones and a gather of the sparse ones (stage 2)."""
         size = self.group.size
         dense = {i for i, g in enumerate(gradients) if g is not None and not is_sparse(g)}
-        rows = []
-        for owner in range(size):
-            segment = [tf.reshape(_rows(gradients[p.variable], p, self.plan.shapes[p.variable]),
-                                  [-1]) for p in self.plan.of_owner(owner) if p.variable in dense]
-            rows.append(tf.concat([*segment, tf.zeros([0], self.dtype)], 0))
-        longest = max(int(r.shape[0]) for r in rows)
         summed = tf.zeros([0], self.dtype)
-        if longest:  # TensorFlow's all-to-all crashes the process on an empty buffer
-            buffer = tf.stack([tf.pad(r, [[0, longest - int(r.shape[0])]]) for r in rows])
+        buffer = owner_buffer(gradients, self.plan, dense, size, self.dtype)
+        if buffer is not None:
             summed = tf.reshape(reduce_scatter(buffer, self.group, instance=self._key(BUFFER),
                                                timeout=self._timeout()), [-1]) / size
         gathered = {}
@@ -304,26 +291,8 @@ class DataAxisZero:
                 indices = all_gather(g.indices, self.group, instance=key + 1,
                                      timeout=self._timeout())
                 gathered[i] = (values / size, indices)
-        out, offset = [], 0
-        for piece in self.mine:
-            if piece.variable in dense:
-                shape = self.plan.shapes[piece.variable]
-                part_shape = [piece.stop - piece.start, *shape[1:]] if shape else []
-                out.append(tf.reshape(summed[offset:offset + piece.size], part_shape))
-                offset += piece.size
-            elif piece.variable in gathered:
-                out.append(self._own_slices(*gathered[piece.variable], piece))
-            else:
-                out.append(None)
-        return out
-
-    def _own_slices(self, values: Any, indices: Any, piece: Piece) -> tf.IndexedSlices:
-        """The row slices of ``piece``'s rows, their indices from its first row."""
-        keep = tf.logical_and(indices >= piece.start, indices < piece.stop)
-        shape = self.plan.shapes[piece.variable]
-        return tf.IndexedSlices(tf.boolean_mask(values, keep),
-                                tf.boolean_mask(indices, keep) - piece.start,
-                                tf.constant([piece.stop - piece.start, *shape[1:]]))
+        return take_pieces(self.mine, self.plan, summed, dense, gathered,
+                           range(len(gradients)))
 
     # ----------------------------------------------------------------- clipping
     def _over_tensor(self, value: Any, index: int) -> Any:
@@ -341,8 +310,9 @@ class DataAxisZero:
             local = tf.zeros([2], self.dtype)  # [replicated weights', split weights'] squares
             for piece, g in zip(self.mine, gradients, strict=True):
                 if g is not None:
+                    square = tf.reduce_sum(tf.square(gradient_values(g)))
                     local += tf.one_hot(int(piece.variable in self.split), 2,
-                                        dtype=self.dtype) * tf.reduce_sum(tf.square(_values(g)))
+                                        dtype=self.dtype) * square
             both = all_reduce(local, self.group, instance=self._key(GLOBAL_NORM),
                               timeout=self._timeout())
             total = both[0] + self._over_tensor(both[1], SPLIT_NORMS)
@@ -364,7 +334,7 @@ class DataAxisZero:
         for piece, g in zip(self.mine, gradients, strict=True):
             if g is not None:
                 local += tf.one_hot(piece.variable, count, dtype=self.dtype) * \
-                    tf.reduce_sum(tf.square(_values(g)))
+                    tf.reduce_sum(tf.square(gradient_values(g)))
         l2sums = all_reduce(local, self.group, instance=self._key(WEIGHT_NORMS),
                             timeout=self._timeout())
         if self.split:  # a split weight's norm: its squares summed over its shards too

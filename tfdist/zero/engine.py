@@ -39,6 +39,7 @@ from tfdist.parallel.mesh import ProcessGroup
 from tfdist.parallel.ops import all_gather, all_reduce, reduce_scatter
 from tfdist.zero.layerwise import units
 from tfdist.zero.partition import Piece, ZeroPartition, partition, partition_groups
+from tfdist.zero.pieces import gradient_values, owner_buffer, piece_rows, take_pieces
 
 __all__ = ["ZeroEngine", "check_partitionable"]
 
@@ -91,11 +92,6 @@ def _recording_slots(optimizer: Any) -> Iterator[list[tuple[Any, int, str]]]:
         del optimizer.add_variable_from_reference
 
 
-def _rows(value: Any, piece: Piece, shape: tuple[int, ...]) -> Any:
-    """A piece's rows of a whole weight (a scalar is its own one row)."""
-    return value if not shape else value[piece.start:piece.stop]
-
-
 class ZeroEngine:
     """The ZeRO step of one model on one process of the data axis.
 
@@ -126,7 +122,7 @@ class ZeroEngine:
         self.longest = max(sum(p.size for p in self.plan.of_owner(d))
                            for d in range(group.size))
         # a copy: a slice of a weight may share its buffer, and keep all of it resident
-        self.pieces = [keras.Variable(np.array(_rows(self.variables[p.variable].value, p,
+        self.pieces = [keras.Variable(np.array(piece_rows(self.variables[p.variable].value, p,
                                                      self.plan.shapes[p.variable]), copy=True),
                                       name=self.variables[p.variable].name, trainable=True)
                        for p in self.mine]
@@ -184,7 +180,7 @@ class ZeroEngine:
         """This process's pieces from the model's whole weights (after loading them)."""
         for piece, part in zip(self.pieces, self.mine, strict=True):
             whole = self.variables[part.variable]
-            piece.assign(np.array(_rows(whole.value, part, self.plan.shapes[part.variable]),
+            piece.assign(np.array(piece_rows(whole.value, part, self.plan.shapes[part.variable]),
                                   copy=True))
 
     def allocate_whole(self) -> None:
@@ -301,17 +297,9 @@ class ZeroEngine:
                  for i in numbers}
         dense = {i for i, g in grads.items()
                  if g is not None and not isinstance(g, tf.IndexedSlices)}
-        owned = [[p for p in self.plan.of_owner(d) if p.variable in dense] for d in range(size)]
-        longest = max(sum(p.size for p in pieces) for pieces in owned)
         summed = tf.zeros([0], self.dtype)
-        if longest:  # every process knows the same shapes: all skip, or none
-            # one buffer of D rows (each owner's pieces, padded), made in one copy
-            flat = []
-            for pieces in owned:
-                flat += [tf.reshape(_rows(grads[p.variable], p, self.plan.shapes[p.variable]),
-                                    [-1]) for p in pieces]
-                flat.append(tf.zeros([longest - sum(p.size for p in pieces)], self.dtype))
-            buffer = tf.reshape(tf.concat(flat, 0), [size, longest])
+        buffer = owner_buffer(grads, self.plan, dense, size, self.dtype)
+        if buffer is not None:
             if self.stage == 1:
                 summed = all_reduce(buffer, self.group, "sum",
                                     timeout=self._timeout())[self.group.rank]
@@ -322,20 +310,7 @@ class ZeroEngine:
         # every process gathers every sparse gradient (owner or not: the collectives match)
         gathered = {i: self._gather_slices(g) for i, g in grads.items()
                     if isinstance(g, tf.IndexedSlices)}
-        out, offset = [], 0
-        for piece in self.mine:
-            if piece.variable not in grads:
-                continue
-            if piece.variable in dense:
-                shape = self.plan.shapes[piece.variable]
-                part_shape = [piece.stop - piece.start, *shape[1:]] if shape else []
-                out.append(tf.reshape(summed[offset:offset + piece.size], part_shape))
-                offset += piece.size
-            elif piece.variable in gathered:
-                out.append(self._own_slices(*gathered[piece.variable], piece))
-            else:
-                out.append(None)
-        return out
+        return take_pieces(self.mine, self.plan, summed, dense, gathered, grads)
 
     def _gather_slices(self, gradient: tf.IndexedSlices) -> tuple[Any, Any]:
         """Every process's row slices of one weight's gradient, averaged."""
@@ -343,20 +318,13 @@ class ZeroEngine:
         indices = all_gather(gradient.indices, self.group, timeout=self._timeout())
         return values / self.group.size, indices
 
-    def _own_slices(self, values: Any, indices: Any, piece: Piece) -> tf.IndexedSlices:
-        """The slices of ``piece``'s rows (indices from its first row)."""
-        keep = tf.logical_and(indices >= piece.start, indices < piece.stop)
-        shape = self.plan.shapes[piece.variable]
-        return tf.IndexedSlices(tf.boolean_mask(values, keep),
-                                tf.boolean_mask(indices, keep) - piece.start,
-                                tf.constant([piece.stop - piece.start, *shape[1:]]))
-
     # ---------------------------------------------------------------- clipping
     def clip_pieces(self, gradients: list[Any], optimizer: Any) -> list[Any]:
         """The optimizer's norm clipping with norms over the whole weights (every owner's
         parts), as Keras 3 computes them on one process."""
         if getattr(optimizer, "global_clipnorm", None):
-            squares = [tf.reduce_sum(tf.square(_values(g))) for g in gradients if g is not None]
+            squares = [tf.reduce_sum(tf.square(gradient_values(g))) for g in gradients
+                       if g is not None]
             total = all_reduce(tf.add_n([*squares, tf.zeros([], self.dtype)]), self.group,
                                timeout=self._timeout())
             use_norm = tf.sqrt(total)
@@ -375,7 +343,7 @@ class ZeroEngine:
         for piece, g in zip(self.mine, gradients, strict=True):
             if g is not None:
                 local += tf.one_hot(piece.variable, count, dtype=self.dtype) * \
-                    tf.reduce_sum(tf.square(_values(g)))
+                    tf.reduce_sum(tf.square(gradient_values(g)))
         l2sums = all_reduce(local, self.group, timeout=self._timeout())
         clipped = []
         for piece, g in zip(self.mine, gradients, strict=True):
@@ -403,10 +371,6 @@ def _refuse_empty_parts(plan: ZeroPartition, variables: Sequence[Any]) -> None:
             expected=f"at least one row per process ({plan.parts} rows)",
             fix="use fewer processes for this model, or drop zero (it is small enough to "
                 "replicate)"))
-
-
-def _values(gradient: Any) -> Any:
-    return gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
 
 
 def _map_values(gradient: Any, fn: Any) -> Any:
