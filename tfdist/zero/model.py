@@ -77,10 +77,8 @@ def train_step(model: Any, data: Any) -> Any:
     rows = tf.shape(tf.nest.flatten(x)[0])[0]
     share = replica_share(x, group.rank, group.size)
     x, y, sample_weight = (replica_rows(v, group.rank, group.size) for v in (x, y, sample_weight))
-    if engine.units is not None and engine.stage == 3:
-        pieces, y_pred, loss = _layerwise_gradients(model, engine, x, y, sample_weight, share)
-    elif engine.units is not None:
-        pieces, y_pred, loss = _scattered_gradients(model, engine, x, y, sample_weight, share)
+    if engine.units is not None:
+        pieces, y_pred, loss = _unit_gradients(model, engine, x, y, sample_weight, share)
     else:
         pieces, y_pred, loss = _whole_gradients(model, engine, x, y, sample_weight, share)
     pieces = engine.clip_pieces(pieces, optimizer)
@@ -95,29 +93,17 @@ def train_step(model: Any, data: Any) -> Any:
     return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
 
-def _layerwise_gradients(model: Any, engine: ZeroEngine, x: Any, y: Any, sample_weight: Any,
-                         share: Any) -> tuple[list[Any], Any, Any]:
-    """Stage 3, layer by layer (`tfdist.zero.layerwise`): this process's pieces' gradients,
-    already summed onto it, the predictions and the loss."""
+def _unit_gradients(model: Any, engine: ZeroEngine, x: Any, y: Any, sample_weight: Any,
+                    share: Any) -> tuple[list[Any], Any, Any]:
+    """Stages 2 and 3 on a model whose weights all sit in units (`tfdist.zero.layerwise`):
+    this process's pieces' gradients, already summed onto it, the predictions and the loss.
+    Stage 3 gathers each unit's weights just before its forward and its backward
+    (`layerwise`); stage 2 runs the whole weights and reduce-scatters each unit's gradient as
+    soon as it is complete (`scattering`)."""
     found = engine.units or []
-    with tf.GradientTape() as tape:
-        with layerwise(engine, found):
-            y_pred = model(x, training=True)
-            loss = model._compute_loss(x=x, y=y, y_pred=y_pred,  # noqa: SLF001
-                                       sample_weight=sample_weight, training=True)
-        loss = loss * tf.cast(share, loss.dtype)
-    targets = [piece.value for piece in engine.pieces] + [unit.token for unit in found]
-    gradients = tape.gradient(loss, targets)
-    return list(gradients[:len(engine.pieces)]), y_pred, loss
-
-
-def _scattered_gradients(model: Any, engine: ZeroEngine, x: Any, y: Any, sample_weight: Any,
-                         share: Any) -> tuple[list[Any], Any, Any]:
-    """Stage 2: the model on its whole weights, each layer's gradient reduce-scattered as soon
-    as it is complete (`tfdist.zero.layerwise.scattering`)."""
-    found = engine.units or []
-    with tf.GradientTape() as tape:
-        with whole_weights(engine, scattering(engine, found)):
+    with tf.GradientTape() as tape:  # scattering's identities are recorded by the tape
+        with (layerwise(engine, found) if engine.stage == 3
+              else whole_weights(engine, scattering(engine, found))):
             y_pred = model(x, training=True)
             loss = model._compute_loss(x=x, y=y, y_pred=y_pred,  # noqa: SLF001
                                        sample_weight=sample_weight, training=True)
