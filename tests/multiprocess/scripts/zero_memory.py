@@ -20,20 +20,12 @@ import gc
 import sys
 
 import numpy as np
+from memory_phases import FEATURES, build  # the pipeline memory test's MLP
 
 from tfdist.bench.memory import PeakSampler, rss_bytes
 from tfdist.testing import report
 
-FEATURES, GLOBAL = 16, 64
-
-
-def build(keras, width, layers):
-    keras.utils.set_random_seed(0)
-    stack = [keras.Input((FEATURES,)), keras.layers.Dense(width, activation="relu", name="in")]
-    for i in range(layers):
-        stack.append(keras.layers.Dense(width, activation="relu", name=f"h{i}"))
-    stack.append(keras.layers.Dense(1, name="out"))
-    return keras.Sequential(stack, name="wide_mlp")
+GLOBAL = 64
 
 
 def main():
