@@ -57,6 +57,7 @@ MODULES = [
     "tfdist.resilience.pipeline_vote",
     "tfdist.launcher.summary",
     "tfdist.advise.script_check",
+    "tfdist.bench.advise_budget",
     "tfdist.startup_hook",
     "tfdist.launcher.local.tasks",
     "tfdist.launcher.ray.gang",

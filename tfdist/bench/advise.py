@@ -49,6 +49,7 @@ from tfdist.advise import Candidate, Cluster, ModelProfile, advise, network, pre
 from tfdist.advise.advisor import links_of
 from tfdist.advise.cores import usable_cores
 from tfdist.advise.profile import fit_curve
+from tfdist.bench.advise_budget import QUICK_BUDGET_S, QUICK_JOB_TIMEOUT_S, Budget, machine_noise
 from tfdist.bench.workers import WORKERS
 from tfdist.bench.workers.advise_worker import HELPER_CORES, RUN_QUEUE
 from tfdist.cluster import ClusterSpec
@@ -61,7 +62,8 @@ from tfdist.probe import jobs
 from tfdist.probe.common import THREADS_ENV
 
 __all__ = ["Example", "EXAMPLES", "EXAMPLE_NAMES", "NULLS", "AdviseBenchConfig", "Budget", "run",
-           "summarize", "measure_overheads", "overhead_line", "flavour_of", "machine_noise"]
+           "summarize", "measure_overheads", "overhead_line", "flavour_of", "machine_noise",
+           "QUICK_BUDGET_S", "QUICK_JOB_TIMEOUT_S"]
 
 KERAS3 = {LEGACY_KERAS_ENV: "0"}
 """The LM's jobs: the ``tensor`` strategy's split layers are Keras 3's (its traits), so every
@@ -69,14 +71,6 @@ layout of that example runs under Keras 3, the others under the benchmark's tf-k
 
 _MODULE = "tfdist.bench.workers.advise_worker"
 _SCRIPT = WORKERS / "advise_worker.py"
-
-
-QUICK_BUDGET_S = 420.0
-"""``--quick``: once this many seconds have passed, no new job starts; the table shows what
-ran and the note names what was skipped (the run before the budget took over 900 s on a quiet
-machine, and was still in its second example after 19 minutes at load 10-16)."""
-QUICK_JOB_TIMEOUT_S = 180.0
-"""``--quick``: a job that runs longer (a machine too busy) is noted as failed, not waited for."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,47 +206,6 @@ REFERENCE_STEPS = ("--steps", "20", "--repeats", "2", "--warmup-steps", "5")
 """A reference job: 20-step fits, twice, after 5 warm-up steps (15-25 s with start-up)."""
 QUICK_REFERENCE_STEPS = ("--steps", "10", "--repeats", "1", "--warmup-steps", "3")
 """The same under ``--quick``: one 10-step fit after 3 warm-up steps."""
-
-
-class Budget:
-    """The time a ``--quick`` run may take (`QUICK_BUDGET_S`), and what it skipped.
-
-    Example:
-        >>> budget = Budget(None)
-        >>> budget.allows("image: default x1"), budget.skipped
-        (True, [])
-        >>> spent = Budget(0.0)
-        >>> spent.allows("lm: tensor T=2"), spent.skipped
-        (False, ['lm: tensor T=2'])
-    """
-
-    def __init__(self, seconds: float | None) -> None:
-        self.seconds = seconds
-        self.started = time.monotonic()
-        self.skipped: list[str] = []
-        self.failed: list[str] = []
-        self.measured = 0
-
-    def allows(self, what: str, first_row: bool = False) -> bool:
-        """Whether ``what`` may start; else it is recorded as skipped. ``first_row``: a
-        candidate's run, which starts whatever the time while no row was measured, so the
-        table has one."""
-        if first_row and not self.measured:
-            return True
-        if self.seconds is None or time.monotonic() - self.started < self.seconds:
-            return True
-        self.skipped.append(what)
-        return False
-
-    def note(self) -> str:
-        """What the budget left out, for the note under the table ('' when nothing)."""
-        parts = []
-        if self.skipped:
-            parts.append(f" Time budget of {self.seconds:g} s spent: skipped "
-                         f"{', '.join(self.skipped)}.")
-        if self.failed:
-            parts.append(f" Failed or timed out (a busy machine): {'; '.join(self.failed)}.")
-        return "".join(parts)
 
 
 def _reference(ex: Example, config: AdviseBenchConfig, log: IO[str],
@@ -497,29 +450,6 @@ def run(config: AdviseBenchConfig, log: IO[str]) -> dict[str, Any]:
             "rows": rows, "constants": net.to_json(), "profiles": profiles, **summary,
             "skipped": budget.skipped, "failed": budget.failed, "seconds": round(seconds, 1),
             "note": note(summary) + noise + machine_noise(rows, seconds) + budget.note()}
-
-
-def machine_noise(rows: Sequence[Mapping[str, Any]], seconds: float) -> str:
-    """How noisy the machine was during the runs: the 1-minute load average's range and how
-    far one example's reference step moved between its runs (the same one-process job).
-
-    Example:
-        >>> text = machine_noise([{"example": "a", "load": 1.0, "reference_ms": 10.0},
-        ...                       {"example": "a", "load": 3.0, "reference_ms": 13.0}], 120.0)
-        >>> "load 1.0-3.0 during the runs" in text, "moved up to 30% within" in text
-        (True, True)
-    """
-    loads = [r["load"] for r in rows if "load" in r]
-    if not loads:
-        return (f" Machine: {seconds:.0f} s; no run measured; load {os.getloadavg()[0]:.1f} at "
-                "the end.")
-    moved = [max(refs) / min(refs) - 1 for name in {r["example"] for r in rows}
-             if len(refs := [r["reference_ms"] for r in rows
-                             if r["example"] == name and r.get("reference_ms")]) > 1]
-    spread = (f"; the reference step moved up to {max(moved):.0%} within an example"
-              if moved else "")
-    return (f" Machine: {seconds:.0f} s; load {min(loads):.1f}-{max(loads):.1f} during the "
-            f"runs{spread}.")
 
 
 def note(summary: Mapping[str, Any]) -> str:
