@@ -73,6 +73,7 @@ from tfdist.strategies.model_parallel import ModelParallelMixin
 from tfdist.strategies.pipeline_weights import StageWeightsMixin
 from tfdist.strategies.pipeline_weights import stage_model as _stage_model
 from tfdist.strategies.startup import resolve_startup_timeout
+from tfdist.strategies.zero import data_axis_stage
 
 __all__ = ["PipelineStrategy", "STAGES_ENV", "MICRO_BATCHES_ENV", "SCHEDULE_ENV",
            "LAYER_COSTS_ENV"]
@@ -215,7 +216,8 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
         self.rules = dict(rules or {})
         self.mode: PipelineMode = choose_mode(self.config, place.mesh.size, place.rank,
                                               place.size_of(TENSOR))
-        self.zero = _zero_stage(zero, self.layout.replicas, place.size_of(TENSOR))
+        self.zero = data_axis_stage(zero, self.layout.replicas, place.size_of(TENSOR),
+                                    flavour.keras_flavour(), "pipeline")
         if place.mesh.size > 1:
             _warn_if_one_inter_op_thread()
             if self.config.stages > 1 and not self.config.arithmetic_optimization:
@@ -493,16 +495,3 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
                 variable, group=group, instance=transport.instance_key(transport.WEIGHTS, 0, i),
                 timeout=self.timeout)
 
-
-def _zero_stage(zero: int | None, replicas: int, tensor: int) -> int:
-    """The ZeRO stage asked for (``zero``, else ``$TFDIST_ZERO``; 0: none), refused before any
-    process waits for another where the pipeline cannot run it (`tfdist.zero.data_axis`)."""
-    from tfdist.zero.partition import check_stage
-
-    stage = check_stage(os.environ.get(builtin.ZERO_ENV) or None, field=builtin.ZERO_ENV) \
-        if zero is None else check_stage(zero)
-    if stage:
-        from tfdist.zero.data_axis import check_zero
-
-        check_zero(stage, replicas, tensor, flavour.keras_flavour(), "pipeline")
-    return stage

@@ -45,6 +45,7 @@ from tfdist.strategies.base import TfdistStrategyMixin
 from tfdist.strategies.initial_weights import shard_initial_weights
 from tfdist.strategies.model_parallel import ModelParallelMixin
 from tfdist.strategies.startup import resolve_startup_timeout
+from tfdist.strategies.zero import data_axis_stage
 from tfdist.tensor import blocks, nested
 from tfdist.tensor import build as shards_of
 from tfdist.tensor.model import TensorModel
@@ -106,7 +107,8 @@ class TensorStrategy(StepBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
         self.first_step_timeout = max(self.timeout, float(deadline or 0.0))
         cluster, task, self.place = self._job_place(tf_config, shards, self.traits.tensor_default)
         self.rules = check_rules(rules)
-        self.zero = _zero_stage(zero, self.place.size_of(DATA), self.place.size_of(TENSOR))
+        self.zero = data_axis_stage(zero, self.place.size_of(DATA), self.place.size_of(TENSOR),
+                                    "keras3", "tensor")
         if self.mesh.size > 1:
             self._join_collectives(deadline, cluster, task, self.place.world())
         super().__init__(self._device())
@@ -357,16 +359,3 @@ class TensorStrategy(StepBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
             return whole
         return shards_of.assemble(self._abstract, weights)
 
-
-def _zero_stage(zero: int | None, replicas: int, tensor: int) -> int:
-    """The ZeRO stage asked for (``zero``, else ``$TFDIST_ZERO``; 0: none), refused before any
-    process waits for another where the tensor strategy cannot run it."""
-    from tfdist.zero.partition import check_stage
-
-    stage = check_stage(os.environ.get(builtin.ZERO_ENV) or None, field=builtin.ZERO_ENV) \
-        if zero is None else check_stage(zero)
-    if stage:
-        from tfdist.zero.data_axis import check_zero
-
-        check_zero(stage, replicas, tensor, "keras3", "tensor")
-    return stage

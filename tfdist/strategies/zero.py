@@ -45,7 +45,7 @@ from tfdist.zero.engine import ZeroEngine
 from tfdist.zero.model import attach, original_class
 from tfdist.zero.partition import check_stage
 
-__all__ = ["ZeroStrategy", "ZERO_ENV", "zero_stage"]
+__all__ = ["ZeroStrategy", "ZERO_ENV", "zero_stage", "data_axis_stage"]
 
 ZERO_ENV = builtin.ZERO_ENV
 _log = logging.getLogger("tfdist")
@@ -64,6 +64,19 @@ def zero_stage(zero: object = None, environ: Mapping[str, str] | None = None) ->
     if zero is None:
         return check_stage(environ.get(ZERO_ENV) or None, field=ZERO_ENV)
     return check_stage(zero)
+
+
+def data_axis_stage(zero: object, replicas: int, tensor: int, flavour: str,
+                    strategy: str) -> int:
+    """`zero_stage` for the data axis of ``strategy`` (``pipeline`` or ``tensor``, with
+    ``replicas`` data replicas and T = ``tensor``), refused before any process waits for
+    another where that strategy cannot run it (`tfdist.zero.data_axis.check_zero`)."""
+    stage = zero_stage(zero)
+    if stage:
+        from tfdist.zero.data_axis import check_zero
+
+        check_zero(stage, replicas, tensor, flavour, strategy)
+    return stage
 
 
 class ZeroStrategy(ModelParallelMixin, TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
