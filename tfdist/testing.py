@@ -171,6 +171,7 @@ def run_cluster(
     ``parameter_server`` (the default when ``spec`` has ps tasks) only the chief runs ``script``;
     ``ps`` and ``worker`` tasks run ``python -m tfdist.server`` and are stopped when the chief is
     done; an evaluator runs ``script`` as a sidecar. Otherwise every task runs ``script``.
+    Each task gets the variables the strategy's tasks need (``traits.env``) below ``env``.
 
     Args:
         strategy: Whose traits to follow (default: ``auto`` for the spec's role counts).
@@ -189,7 +190,7 @@ def run_cluster(
         name = str(task)
         commands[name] = traits.task_argv(task.type, (os.fspath(script), *args))
         kinds[name] = traits.task_kind(task.type)
-        task_env[name] = {**(env or {}), "TF_CONFIG": spec.tf_config_json(task.type, task.index)}
+        task_env[name] = {**traits.env, **(env or {}), "TF_CONFIG": spec.tf_config_json(task.type, task.index)}
     return run_tasks(commands, env=task_env, kinds=kinds, timeout=timeout, stream=stream)
 
 
