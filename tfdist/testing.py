@@ -190,7 +190,8 @@ def run_cluster(
         name = str(task)
         commands[name] = traits.task_argv(task.type, (os.fspath(script), *args))
         kinds[name] = traits.task_kind(task.type)
-        task_env[name] = {**traits.env, **(env or {}), "TF_CONFIG": spec.tf_config_json(task.type, task.index)}
+        task_env[name] = {**traits.env, **(env or {}),
+                          "TF_CONFIG": spec.tf_config_json(task.type, task.index)}
     return run_tasks(commands, env=task_env, kinds=kinds, timeout=timeout, stream=stream)
 
 

@@ -50,7 +50,15 @@ WIDE_MLP = ("pipeline", "1536", "24", "4", "1f1b", "adam")
 """Issue 36's MLP: 57M parameters (227 MB of float32 weights), K=2, 1F1B, M=4, Adam (the weights
 and Adam's two slots, 681 MB in one process, dominate the fixed costs)."""
 RATIO = 0.6
-"""Issue 36's bound. Measured on 2026-11-27 at load 10-18 (2 cores): oneDNN off (two runs),
+"""Issue 36's bound. Two causes of runs above it are fixed: oneDNN's pooled allocator, which held
+the last stage's high-water mark in doubling regions (CI on 2026-11-27: 594 MB against 475 for
+stage 0 and 887 for one process, 0.67; pipeline tasks now get the system allocator,
+`MODEL_PARALLEL_ENV`), and the whole-batch weight gradients computed while the step's last send
+was pending, which `finish` then held all at once (a transient 542 MB against 452 in one run of
+three; the weight pass now waits for the sends). After both, at load 8-24: stages 440-452 MB
+against one process 840 (0.53-0.54), eight runs with oneDNN on.
+
+Before: Measured on 2026-11-27 at load 10-18 (2 cores): oneDNN off (two runs),
 stages 446-447 / 454 MB against one process 842 (0.53 / 0.54); oneDNN on (its pooled allocator,
 no ``TF_ONEDNN_USE_SYSTEM_ALLOCATOR`` needed), 476 / 482 against 878 (0.54 / 0.55), and 477 / 492
 (0.54 / 0.56) in a run whose stages had the one-at-a-time change below; starting at load 1.6,
