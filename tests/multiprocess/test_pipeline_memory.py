@@ -56,7 +56,8 @@ stage 0 and 887 for one process, 0.67; pipeline tasks now get the system allocat
 `MODEL_PARALLEL_ENV`), and the whole-batch weight gradients computed while the step's last send
 was pending, which `finish` then held all at once (a transient 542 MB against 452 in one run of
 three; the weight pass now waits for the sends). After both, at load 8-24: stages 440-452 MB
-against one process 840 (0.53-0.54), eight runs with oneDNN on.
+against one process 840 (0.53-0.54), four runs with oneDNN on (three without the
+sends change also stayed at 442-452: the transient is one run in several, not every run).
 
 Before: Measured on 2026-11-27 at load 10-18 (2 cores): oneDNN off (two runs),
 stages 446-447 / 454 MB against one process 842 (0.53 / 0.54); oneDNN on (its pooled allocator,
