@@ -16,6 +16,7 @@ a single device loads with ``keras.models.load_model``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
@@ -30,7 +31,8 @@ from tfdist.pipeline.consistency import gated, step_checks
 from tfdist.pipeline.engine import LossTerms, PipelineEngine
 
 __all__ = ["stage_model_class", "local_stages_model", "resolve_metric", "mean_loss",
-           "apply_step", "build_stage_optimizer", "loss_terms"]
+           "apply_step", "build_stage_optimizer", "loss_terms", "layered_zero",
+           "checked_variables", "layer_gathers", "whole_weights"]
 
 _ACCURACY_BY_LOSS = {
     "sparse_categorical_crossentropy": "SparseCategoricalAccuracy",
@@ -126,6 +128,14 @@ def apply_step(model: Any, engine: PipelineEngine, optimizer: Any, x: Any, y: An
     """One training step of a stage model (or of all stages of a process) on its replica's rows
     ``x``, ``y`` (inside a tf.function): the schedule, the gradients averaged over replicas,
     one update. Returns the engine's ``(loss, outputs)`` (both only on the last stage)."""
+    layered = layered_zero(model)
+    if layered is not None:  # ZeRO stage 3: each layer gathered per call, the pieces' sums
+        with layered.layerwise():
+            total, grads, outs = engine.train(model.stage_calls(training=True),
+                                              layered.targets(), x, y, loss, sample_weight,
+                                              model.stage_loss_terms())
+        layered.apply(optimizer, grads)
+        return total, outs
     variables = list(model.trainable_variables)
     total, grads, outs = engine.train(model.stage_calls(training=True), model.stage_variables(),
                                       x, y, loss, sample_weight, model.stage_loss_terms())
@@ -135,6 +145,32 @@ def apply_step(model: Any, engine: PipelineEngine, optimizer: Any, x: Any, y: An
     else:
         optimizers.apply_gradients(optimizer, engine, grads, variables, combine=model.sum_tied)
     return total, outs
+
+
+def layered_zero(model: Any) -> Any | None:
+    """The model's ZeRO stage 3 (`tfdist.zero.data_axis_layers.DataAxisLayers`: its weights
+    sharded, gathered layer by layer), or None."""
+    zero = getattr(model, "_pipeline_zero", None)
+    return zero if getattr(zero, "stage", 0) == 3 else None
+
+
+def checked_variables(model: Any) -> list[Any]:
+    """The weights the replicas of a stage compare each few steps: none under ZeRO stage 3
+    (each holds its own part; the stage model's variables hold no values)."""
+    return [] if layered_zero(model) is not None else list(model.trainable_variables)
+
+
+def layer_gathers(model: Any) -> Any:
+    """Under ZeRO stage 3, each layer gathers its weights for its calls while entered."""
+    layered = layered_zero(model)
+    return contextlib.nullcontext() if layered is None else layered.layerwise()
+
+
+def whole_weights(model: Any) -> Any:
+    """Under ZeRO stage 3, the stage's weights whole while entered (a collective of the
+    stage's replicas)."""
+    layered = layered_zero(model)
+    return contextlib.nullcontext() if layered is None else layered.whole()
 
 
 def build_stage_optimizer(model: Any, optimizer: Any, strategy: Any) -> None:
@@ -373,7 +409,7 @@ class _StageModelMixin:
 
     def train_step(self, data: Any) -> dict[str, Any]:
         x, y, weight = self._unpack(data, by_replica=False)  # the global batch, checked:
-        checks = step_checks(self._engine.layout, self.trainable_variables, x, y, weight,
+        checks = step_checks(self._engine.layout, checked_variables(self), x, y, weight,
                              self.optimizer.iterations + 1, self._pipeline.timeout)
         x, y, weight = (self._engine.replica_rows(v) for v in gated(checks, x, y, weight))
         loss, outs = apply_step(self, self._engine, self.optimizer, x, y, self._pipeline_loss,
@@ -384,8 +420,9 @@ class _StageModelMixin:
     def test_step(self, data: Any) -> dict[str, Any]:
         x, y, weight = self._unpack(data, by_replica=False)
         engine = self._engine
-        outs, terms = engine.forward(self.stage_calls(training=False), x, EVALUATE,
-                                     self.stage_loss_terms())
+        with layer_gathers(self):
+            outs, terms = engine.forward(self.stage_calls(training=False), x, EVALUATE,
+                                         self.stage_loss_terms())
         if engine.layout.is_last:
             y_pred = tf.concat(outs, axis=0)
             loss = self._pipeline_loss(y, y_pred, weight)
@@ -397,7 +434,8 @@ class _StageModelMixin:
     def predict_step(self, data: Any) -> Any:
         x, _, _ = self._unpack(data, by_replica=False)
         engine = self._engine
-        outs, _ = engine.forward(self.stage_calls(training=False), x, PREDICT)
+        with layer_gathers(self):
+            outs, _ = engine.forward(self.stage_calls(training=False), x, PREDICT)
         spec = self._pipeline.spec
         out = spec.outputs[0]
         known = None not in spec.shapes[out]  # else the last stage shares the batch's shape
@@ -419,6 +457,19 @@ class _StageModelMixin:
         A collective: every process of the job must call it.
         """
         return self._pipeline.assemble(self)
+
+    def save_weights(self, *args: Any, **kwargs: Any) -> Any:
+        """Keras's (this process's backup: its stage and its optimizer); under ZeRO stage 3
+        the stage's weights gathered whole for it (every replica saves at once)."""
+        with whole_weights(self):
+            return super().save_weights(*args, **kwargs)  # type: ignore[misc]
+
+    def load_weights(self, *args: Any, **kwargs: Any) -> Any:
+        """Keras's; under ZeRO stage 3 this process's parts are then taken from the loaded
+        weights and the whole dropped (no collective)."""
+        layered = layered_zero(self)
+        with contextlib.nullcontext() if layered is None else layered.loading():
+            return super().load_weights(*args, **kwargs)  # type: ignore[misc]
 
     def save(self, filepath: Any, *args: Any, **kwargs: Any) -> None:
         """Saves the whole model (a collective: every process calls it; the chief writes)."""

@@ -62,6 +62,7 @@ from tfdist.pipeline.consistency import gated, step_checks
 from tfdist.pipeline.keras_model import (
     apply_step,
     build_stage_optimizer,
+    checked_variables,
     mean_loss,
 )
 from tfdist.pipeline.layout import PipelineLayout
@@ -218,6 +219,8 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
                                               place.size_of(TENSOR))
         self.zero = data_axis_stage(zero, self.layout.replicas, place.size_of(TENSOR),
                                     flavour.keras_flavour(), "pipeline")
+        if self.zero == 3:
+            self._check_zero3()
         if place.mesh.size > 1:
             _warn_if_one_inter_op_thread()
             if self.config.stages > 1 and not self.config.arithmetic_optimization:
@@ -367,14 +370,34 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
                   spec.names[bounds[held[-1] + 1] - 1], size / 1e6, spec.total_param_bytes / 1e6,
                   100.0 * size / max(1, spec.total_param_bytes))
         if self.zero:
-            from tfdist.zero.data_axis import SKIP_GATHER_ENV, DataAxisZero
+            self._attach_zero(model)
+        return self._mark_split(model)
 
-            with self.scope():
+    def _check_zero3(self) -> None:
+        """Refuses, before any process waits, a pipeline ZeRO stage 3 cannot run."""
+        from tfdist.zero.data_axis_layers import check_pipeline_stage3
+
+        check_pipeline_stage3(self.config.schedule, self.config.chunks,
+                              self.config.weight_gradients, self.layout.holds_all)
+
+    def _attach_zero(self, model: Any) -> None:
+        """ZeRO on the stage's data axis (`tfdist.zero.data_axis`; stage 3:
+        `tfdist.zero.data_axis_layers`, which drops the stage's whole weights)."""
+        from tfdist.zero.data_axis import SKIP_GATHER_ENV, DataAxisZero
+
+        sabotage = os.environ.get(SKIP_GATHER_ENV) or None
+        with self.scope():
+            if self.zero == 3:
+                from tfdist.zero.data_axis_layers import DataAxisLayers
+
+                self._check_zero3()
+                model._pipeline_zero = DataAxisLayers(  # noqa: SLF001
+                    model, self.layout.group(DATA), pipe=self.layout.group(PIPE),
+                    timeout=self.timeout, sabotage=sabotage)
+            else:
                 model._pipeline_zero = DataAxisZero(  # noqa: SLF001
                     model.trainable_variables, self.zero, self.layout.group(DATA),
-                    pipe=self.layout.group(PIPE), timeout=self.timeout,
-                    sabotage=os.environ.get(SKIP_GATHER_ENV) or None)
-        return self._mark_split(model)
+                    pipe=self.layout.group(PIPE), timeout=self.timeout, sabotage=sabotage)
 
     def _check_whole_batch(self, spec: stage.ModelSpec) -> None:
         """Refuses ``weight_gradients="whole_batch"`` where a second run of a stage would
@@ -426,7 +449,7 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
         @tf.function
         def step(x: Any, y: Any, sample_weight: Any = None) -> Any:
             self.check_batch(x)
-            checks = step_checks(engine.layout, model.trainable_variables, x, y, sample_weight,
+            checks = step_checks(engine.layout, checked_variables(model), x, y, sample_weight,
                                  optimizer.iterations + 1, self.timeout)
             x, y, sample_weight = gated(checks, x, y, sample_weight)
             total, _ = apply_step(model, engine, optimizer, engine.replica_rows(x),

@@ -23,10 +23,11 @@ strategy's ``tf.function``, once the process's gradients are summed):
 4. the updated pieces are all-gathered into the process's whole weights: every replica holds
    the same weights again (the strategies' consistency checks compare them).
 
-Refused before training (`check_zero`, `check_zero_optimizer`): ZeRO stage 3, tf-keras, D = 1,
+Stage 3 on the pipeline is `tfdist.zero.data_axis_layers`. Refused before training
+(`check_zero`, `check_zero_optimizer`): ZeRO stage 3 under ``tensor``, tf-keras, D = 1,
 a pipeline's tensor-split stages, ``use_ema`` and ``gradient_accumulation_steps`` (both keep
 per-variable state that Keras swaps or applies outside this step), and weights tied across
-pipeline stages under stage 2 (their gradients are summed whole across stages).
+pipeline stages under stages 2 and 3 (their gradients are summed whole across stages).
 """
 
 from __future__ import annotations
@@ -70,21 +71,26 @@ def check_zero(stage: int, replicas: int, tensor: int, flavour: str,
     Example:
         >>> check_zero(2, 2, 1, "keras3")
         >>> check_zero(3, 2, 1, "keras3")
+        >>> check_zero(3, 2, 2, "keras3", "tensor")
         Traceback (most recent call last):
         ...
         tfdist.errors.StrategyConfigError: ZeRO stage 3 (weights sharded, gathered layer by \
-layer) is not built for the pipeline strategy: its processes hold their weights whole. \
-Received: zero=3 with strategy pipeline. Expected: zero=1 or 2 with the pipeline strategy \
-(stage 3 with multi_worker). Fix: pass zero=2 (tfdist-launch --zero 2), or --strategy \
-multi_worker for stage 3
+layer) is not built for the tensor strategy: its split layers run collectives of their own \
+inside each call, which stage 3 would run again in every backward's recompute. Received: \
+zero=3 with strategy tensor. Expected: zero=1 or 2 with the tensor strategy (stage 3 with \
+multi_worker or pipeline). Fix: pass zero=2 (tfdist-launch --zero 2), or --strategy \
+multi_worker or pipeline for stage 3
     """
-    if stage == 3:
+    if stage == 3 and strategy != "pipeline":
         raise StrategyConfigError(format_error(
             "ZeRO stage 3 (weights sharded, gathered layer by layer) is not built for the "
-            f"{strategy} strategy: its processes hold their weights whole.",
+            f"{strategy} strategy: its split layers run collectives of their own inside each "
+            "call, which stage 3 would run again in every backward's recompute.",
             received=f"zero=3 with strategy {strategy}",
-            expected=f"zero=1 or 2 with the {strategy} strategy (stage 3 with multi_worker)",
-            fix="pass zero=2 (tfdist-launch --zero 2), or --strategy multi_worker for stage 3"))
+            expected=f"zero=1 or 2 with the {strategy} strategy (stage 3 with multi_worker "
+                     "or pipeline)",
+            fix="pass zero=2 (tfdist-launch --zero 2), or --strategy multi_worker or "
+                "pipeline for stage 3"))
     if flavour == "tf_keras":
         raise StrategyConfigError(format_error(
             "ZeRO builds the optimizer on parts of the weights with Keras 3's API.",
@@ -124,12 +130,12 @@ def check_zero_optimizer(optimizer: Any, stage: int, tied: bool) -> None:
                 received=f"{option}={value!r} ({type(optimizer).__name__}) with zero={stage}",
                 expected=f"an optimizer without {option}",
                 fix=f"drop {option}, or drop zero"))
-    if tied and stage == 2:
+    if tied and stage >= 2:
         raise StrategyConfigError(format_error(
-            "ZeRO stage 2 reduce-scatters each stage's gradients, and a weight tied across "
-            "stages needs its whole gradient summed over the stages that hold it.",
-            received="zero=2 with weights tied across stages",
-            expected="no tied weights with zero=2",
+            f"ZeRO stage {stage} reduce-scatters each stage's gradients, and a weight tied "
+            "across stages needs its whole gradient summed over the stages that hold it.",
+            received=f"zero={stage} with weights tied across stages",
+            expected=f"no tied weights with zero={stage}",
             fix="use zero=1 (it keeps the whole gradients), or untie the weights"))
 
 
