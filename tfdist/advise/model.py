@@ -37,7 +37,8 @@ from tfdist.pipeline.schedule import schedule_class
 
 __all__ = ["Link", "ring_allreduce_s", "halving_doubling_s", "ps_traffic_s", "bubble",
            "pipeline_step_s", "data_parallel_memory", "ps_memory", "pipeline_memory",
-           "contention", "tensor_activations_s", "tensor_weight_bytes", "zero_memory"]
+           "contention", "tensor_activations_s", "tensor_weight_bytes", "zero_memory",
+           "pipeline_zero_memory"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,6 +208,32 @@ def pipeline_memory(stage_param_bytes: float, optimizer_slots: int,
         2400000.0
     """
     return stage_param_bytes * (2 + optimizer_slots) + micro_activation_bytes * in_flight
+
+
+def pipeline_zero_memory(stage_param_bytes: float, optimizer_slots: int,
+                         micro_activation_bytes: float, in_flight: int, replicas: int,
+                         stage: int, largest_layer_bytes: float) -> float:
+    """One pipeline stage's (or tensor shard's) process's bytes under ZeRO ``stage`` on its
+    data axis of D = ``replicas`` (0: `pipeline_memory`), as tfdist runs it
+    (`tfdist.zero.data_axis`, `tfdist.zero.data_axis_layers`).
+
+    Stages 1 and 2 keep the stage's weights and the gradient sums over the micro-batches
+    whole, and 1/D of the master copy and slots; stage 3 keeps 1/D of the weights, of their
+    sums and of the slots, and gathers one layer at a time (its weights, then in its backward
+    its whole gradient before the reduce-scatter: twice ``largest_layer_bytes`` at most).
+
+    Example:
+        >>> [pipeline_zero_memory(1e6, 2, 0.0, 1, 2, s, 2e5) / 1e6 for s in range(4)]
+        [4.0, 3.5, 3.5, 2.4]
+    """
+    p, d = stage_param_bytes, replicas
+    acts = micro_activation_bytes * in_flight
+    if stage == 0:
+        return pipeline_memory(p, optimizer_slots, micro_activation_bytes, in_flight)
+    part = p * (1 + optimizer_slots) / d
+    if stage < 3:
+        return 2 * p + part + acts
+    return part + p / d + 2 * largest_layer_bytes + acts
 
 
 def contention(busy_processes: int, threads_each: int, cores: float) -> float:

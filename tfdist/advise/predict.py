@@ -232,23 +232,32 @@ def _pipeline(c: Candidate, prof: ModelProfile, links: Mapping[str, Link], clust
                                         idle_slots=plan.idle_slots())
     # What the layers alone miss, shared by the K T processes; fit's loop, each runs whole.
     rest = (rest / (k * t) + prof.loop_s) * slow
-    params = stage_costs(prof.bytes_per_shard(t), bounds)
+    shard_bytes = prof.bytes_per_shard(t)
+    params = stage_costs(shard_bytes, bounds)
     sync = model.ring_allreduce_s(d, max(params), link)
+    if c.zero == 3:  # each layer gathered twice and reduce-scattered once per micro-batch
+        sync *= 1.5 * m
     terms = [Term("compute", m * compute[worst] + rest, _compute_detail(c, micro))]
     if k > 1:
         idle = plan.idle_slots() * slowest  # its slots' transfers: in the communication term
         terms.append(Term("bubble", idle, f"{c.schedule}: {plan.bubble():.0%} of the step idle"
                           f" ({plan.idle_slots():.3g} slots of the slowest stage)"))
-    terms.append(Term("communication", transfer + sync,
-                      _communication_detail(k, m, d, boundary, max(params), link)))
+    acts = [sum(prof.activation_bytes[a:b]) * micro for a, b in zip(bounds, bounds[1:],
+                                                                     strict=False)]
+    memories = [model.pipeline_zero_memory(pb, prof.optimizer_slots, act, plan.in_flight(), d,
+                                           c.zero, max(shard_bytes[a:b], default=0))
+                for pb, act, a, b in zip(params, acts, bounds, bounds[1:], strict=False)]
+    detail = _communication_detail(k, m, d, boundary, max(params), link)
+    if c.zero:
+        detail += (f"; ZeRO stage {c.zero} on the data axis"
+                   + (f" (each layer gathered 2 x {m} times a step)" if c.zero == 3 else "")
+                   + ", per process by stage: "
+                   + ", ".join(f"{_mb(b)}" for b in memories))
+    terms.append(Term("communication", transfer + sync, detail))
     if t > 1:
         terms.append(Term("tensor", m * tensor[worst],
                           _tensor_detail(prof, t, micro, in_graph, IN_GRAPH in links)))
-    acts = [sum(prof.activation_bytes[a:b]) * micro for a, b in zip(bounds, bounds[1:],
-                                                                     strict=False)]
-    memory = max(model.pipeline_memory(pb, prof.optimizer_slots, act, plan.in_flight())
-                 for pb, act in zip(params, acts, strict=True))
-    return terms, memory
+    return terms, max(memories)
 
 
 def _layer_scale(prof: ModelProfile, batch: float) -> tuple[float, float]:
