@@ -198,3 +198,17 @@ def test_a_weightless_stage_takes_part_without_weights():
         zero.build_optimizer(optimizer, tf.distribute.get_strategy())
         zero.apply(optimizer, [], average=list)
         assert int(optimizer.iterations.numpy()) == 1  # the step counted, as on the others
+
+
+def test_a_pipeline_backup_under_stage_three_is_refused(tmp_path, monkeypatch):
+    from tfdist.strategies.pipeline import PipelineStrategy
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("TFDIST_ZERO", raising=False)
+    strategy = PipelineStrategy()
+    strategy.zero = 3  # as a D=2 job at stage 3 has it
+    with pytest.raises(StrategyConfigError, match=r"backup_callback with zero=3.*Fix: use "
+                       "zero=2"):
+        strategy.backup_callback(str(tmp_path))
+    strategy.zero = 2
+    assert strategy.backup_callback(str(tmp_path)) is not None

@@ -373,6 +373,14 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
             self._attach_zero(model)
         return self._mark_split(model)
 
+    def backup_callback(self, directory: Any, **kwargs: Any) -> Any:
+        """`SavingMixin.backup_callback`; refused under ZeRO stage 3 (`refuse_backups`)."""
+        if self.zero == 3:
+            from tfdist.zero.data_axis_layers import refuse_backups
+
+            refuse_backups("strategy.backup_callback")
+        return super().backup_callback(directory, **kwargs)
+
     def _check_zero3(self) -> None:
         """Refuses, before any process waits, a pipeline ZeRO stage 3 cannot run."""
         from tfdist.zero.data_axis_layers import check_pipeline_stage3

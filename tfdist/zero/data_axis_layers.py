@@ -23,8 +23,8 @@ largest layer (plus, in the backward, its whole gradient before the reduce-scatt
 Then `apply` clips (``clipnorm`` per whole weight, ``global_clipnorm`` over every part and every
 stage, as stages 1 and 2) and the optimizer, built on the pieces, updates them; nothing is
 gathered after the update. Evaluate and predict run under `layerwise` too (forward gathers only);
-saving, ``gather_weights`` and backups gather the stage whole for the call (`whole`) and drop it
-after.
+saving, ``gather_weights`` and ``save_weights`` gather the stage whole for the call (`whole`)
+and drop it after; the pipeline's per-process backups are refused (`refuse_backups`).
 
 Refused before training (`check_pipeline_stage3`): interleaved chunks, every stage in one
 process, the ``zb-h1`` schedule (its split backward would run each layer's backward, and its
@@ -47,7 +47,8 @@ from tfdist.parallel.mesh import ProcessGroup
 from tfdist.zero.data_axis import DataAxisZero
 from tfdist.zero.layerwise import layerwise
 
-__all__ = ["DataAxisLayers", "check_pipeline_stage3", "SPLIT_BACKWARD_SCHEDULES"]
+__all__ = ["DataAxisLayers", "check_pipeline_stage3", "refuse_backups",
+           "SPLIT_BACKWARD_SCHEDULES"]
 
 SPLIT_BACKWARD_SCHEDULES = ("zb-h1",)
 """Schedules whose backward runs as two ops (input, then weight gradients)."""
@@ -89,6 +90,19 @@ schedule 'gpipe' or '1f1b' with zero=3. Fix: pass schedule='1f1b', or zero=2
             received=f"zero=3 with weight_gradients={weight_gradients!r}",
             expected="weight_gradients='sum' with zero=3",
             fix="drop weight_gradients, or use zero=2"))
+
+
+def refuse_backups(what: str) -> None:
+    """Refuses a per-process backup of a pipeline at ZeRO stage 3: its checkpoint holds the
+    stage model's variables, which hold no values between steps (not built)."""
+    raise StrategyConfigError(format_error(
+        "A pipeline backup checkpoints the stage model's variables, and under ZeRO stage 3 "
+        "they hold no values between steps (each process keeps its part only); backups of "
+        "the parts are not built for the pipeline.",
+        received=f"{what} with zero=3 on the pipeline",
+        expected="zero=1 or 2 with backups (or stage 3 with multi_worker)",
+        fix="use zero=2, or save the whole model with strategy.save_model at the end of each "
+            "epoch"))
 
 
 def _refuse_regularizers(model: Any) -> None:
