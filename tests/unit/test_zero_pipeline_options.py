@@ -1,8 +1,8 @@
 """ZeRO on the data axis of the pipeline and tensor strategies without a cluster: ``--zero 1|2``
 reaching their tasks, and what they cannot run (D=1, the pipeline's tensor-split
 stages, options Keras keeps per variable, tied weights under stage 2) refused before anything
-starts with the field, the value and the fix (stage 3: the tensor strategy, and on the
-pipeline the options it cannot run layer by layer); a backup written with ZeRO refused by a job
+starts with the field, the value and the fix (stage 3: the pipeline options it cannot run
+layer by layer, per-process backups); a backup written with ZeRO refused by a job
 without it. The training itself is tested on 4 processes in
 ``tests/multiprocess/test_zero_pipeline.py``."""
 
@@ -37,8 +37,6 @@ def test_zero_reaches_every_task_of_a_pipeline_or_tensor_job(script, capsys, spl
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["tensor", "--zero", "3", "--tensor", "2", "--workers", "4"],
-     "--zero 3 with --strategy tensor: stage 3"),
     (["pipeline", "--zero", "1", "--stages", "2", "--workers", "2"],
      "--zero 1 with 2 process(es) and --stages 2 (D=1)"),
     (["tensor", "--zero", "1", "--workers", "2"],  # T defaults to every process
@@ -69,7 +67,7 @@ def test_the_strategy_refuses_before_joining(monkeypatch):
     with pytest.raises(StrategyConfigError, match="zero=1 with D=1 tensor replica"):
         get_strategy("tensor")
     monkeypatch.delenv("TFDIST_ZERO")
-    with pytest.raises(StrategyConfigError, match="zero=3 with strategy tensor"):
+    with pytest.raises(StrategyConfigError, match="zero=3 with D=1 tensor replica"):
         get_strategy("tensor", zero=3)
 
 
@@ -97,9 +95,10 @@ def test_optimizer_state_kept_per_variable_and_tied_weights_under_stage_two_are_
             check_zero_optimizer(keras.optimizers.Adam(), stage, tied=True)
 
 
-def test_the_zero_launch_of_stage_three_on_the_pipeline_is_accepted(script, capsys):
-    argv = ["--dry-run", "--strategy", "pipeline", "--stages", "2", "--workers", "4", "--zero",
-            "3", script]
+@pytest.mark.parametrize("split", [["--strategy", "pipeline", "--stages", "2"],
+                                   ["--strategy", "tensor", "--tensor", "2"]])
+def test_the_launch_of_stage_three_on_a_data_axis_is_accepted(script, capsys, split):
+    argv = ["--dry-run", *split, "--workers", "4", "--zero", "3", script]
     assert cli.main(argv) == 0
     tasks = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [t["env"]["TFDIST_ZERO"] for t in tasks] == ["3"] * 4
@@ -200,15 +199,17 @@ def test_a_weightless_stage_takes_part_without_weights():
         assert int(optimizer.iterations.numpy()) == 1  # the step counted, as on the others
 
 
-def test_a_pipeline_backup_under_stage_three_is_refused(tmp_path, monkeypatch):
+@pytest.mark.parametrize("name", ["pipeline", "tensor"])
+def test_a_backup_under_stage_three_is_refused(tmp_path, monkeypatch, name):
     from tfdist.strategies.pipeline import PipelineStrategy
+    from tfdist.strategies.tensor import TensorStrategy
 
     monkeypatch.delenv("TF_CONFIG", raising=False)
     monkeypatch.delenv("TFDIST_ZERO", raising=False)
-    strategy = PipelineStrategy()
+    strategy = PipelineStrategy() if name == "pipeline" else TensorStrategy()
     strategy.zero = 3  # as a D=2 job at stage 3 has it
-    with pytest.raises(StrategyConfigError, match=r"backup_callback with zero=3.*Fix: use "
-                       "zero=2"):
+    with pytest.raises(StrategyConfigError, match=rf"backup_callback with zero=3 on the {name} "
+                       "strategy.*Fix: use zero=2"):
         strategy.backup_callback(str(tmp_path))
     strategy.zero = 2
     assert strategy.backup_callback(str(tmp_path)) is not None

@@ -378,7 +378,7 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
         if self.zero == 3:
             from tfdist.zero.data_axis_layers import refuse_backups
 
-            refuse_backups("strategy.backup_callback")
+            refuse_backups("strategy.backup_callback", "pipeline")
         return super().backup_callback(directory, **kwargs)
 
     def _check_zero3(self) -> None:

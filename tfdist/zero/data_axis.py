@@ -23,8 +23,8 @@ strategy's ``tf.function``, once the process's gradients are summed):
 4. the updated pieces are all-gathered into the process's whole weights: every replica holds
    the same weights again (the strategies' consistency checks compare them).
 
-Stage 3 on the pipeline is `tfdist.zero.data_axis_layers`. Refused before training
-(`check_zero`, `check_zero_optimizer`): ZeRO stage 3 under ``tensor``, tf-keras, D = 1,
+Stage 3 is `tfdist.zero.data_axis_layers`. Refused before training (`check_zero`,
+`check_zero_optimizer`): tf-keras, D = 1,
 a pipeline's tensor-split stages, ``use_ema`` and ``gradient_accumulation_steps`` (both keep
 per-variable state that Keras swaps or applies outside this step), and weights tied across
 pipeline stages under stages 2 and 3 (their gradients are summed whole across stages).
@@ -70,27 +70,15 @@ def check_zero(stage: int, replicas: int, tensor: int, flavour: str,
 
     Example:
         >>> check_zero(2, 2, 1, "keras3")
-        >>> check_zero(3, 2, 1, "keras3")
         >>> check_zero(3, 2, 2, "keras3", "tensor")
+        >>> check_zero(3, 1, 2, "keras3", "tensor")
         Traceback (most recent call last):
         ...
-        tfdist.errors.StrategyConfigError: ZeRO stage 3 (weights sharded, gathered layer by \
-layer) is not built for the tensor strategy: its split layers run collectives of their own \
-inside each call, which stage 3 would run again in every backward's recompute. Received: \
-zero=3 with strategy tensor. Expected: zero=1 or 2 with the tensor strategy (stage 3 with \
-multi_worker or pipeline). Fix: pass zero=2 (tfdist-launch --zero 2), or --strategy \
-multi_worker or pipeline for stage 3
+        tfdist.errors.StrategyConfigError: ZeRO shards over the data-parallel replicas, and \
+this tensor job has one (D=1): there is nothing to shard. Received: zero=3 with D=1 tensor \
+replica(s). Expected: D >= 2: processes = D x K x T. Fix: launch with twice the workers \
+(tfdist-launch --workers 4 --stages 2 --zero 3, or --workers 4 --tensor 2), or drop zero
     """
-    if stage == 3 and strategy != "pipeline":
-        raise StrategyConfigError(format_error(
-            "ZeRO stage 3 (weights sharded, gathered layer by layer) is not built for the "
-            f"{strategy} strategy: its split layers run collectives of their own inside each "
-            "call, which stage 3 would run again in every backward's recompute.",
-            received=f"zero=3 with strategy {strategy}",
-            expected=f"zero=1 or 2 with the {strategy} strategy (stage 3 with multi_worker "
-                     "or pipeline)",
-            fix="pass zero=2 (tfdist-launch --zero 2), or --strategy multi_worker or "
-                "pipeline for stage 3"))
     if flavour == "tf_keras":
         raise StrategyConfigError(format_error(
             "ZeRO builds the optimizer on parts of the weights with Keras 3's API.",

@@ -1,7 +1,10 @@
-"""ZeRO stage 3 on the data axis of the pipeline: each of a stage's D replicas keeps 1/D of the
-stage's weights, and gathers each layer's weights just before that layer runs.
+"""ZeRO stage 3 on the data axis of the pipeline and tensor strategies: each of a stage's (or
+tensor shard's) D replicas keeps 1/D of its weights, and gathers each layer's weights just
+before that layer runs.
 
-`DataAxisLayers` is `tfdist.zero.data_axis.DataAxisZero` at stage 3 on one pipeline stage. Its
+`DataAxisLayers` is `tfdist.zero.data_axis.DataAxisZero` at stage 3 on one pipeline stage, or on
+one tensor shard (its layers' local shards split over D; a split layer's own collectives over
+the tensor group run inside its call, so also again in its backward's recompute). Its
 collectives are those of multi_worker's stage 3 (`tfdist.zero.engine.ZeroEngine` on the stage
 model, `tfdist.zero.layerwise`), over the stage's data group: each layer is cut into D parts of
 its own (`tfdist.zero.partition.partition_groups`), the stage model's trainable variables hold no
@@ -92,14 +95,14 @@ schedule 'gpipe' or '1f1b' with zero=3. Fix: pass schedule='1f1b', or zero=2
             fix="drop weight_gradients, or use zero=2"))
 
 
-def refuse_backups(what: str) -> None:
-    """Refuses a per-process backup of a pipeline at ZeRO stage 3: its checkpoint holds the
-    stage model's variables, which hold no values between steps (not built)."""
+def refuse_backups(what: str, strategy: str) -> None:
+    """Refuses a per-process backup of a pipeline or tensor job at ZeRO stage 3: its
+    checkpoint holds the stage's (shard's) variables, which hold no values between steps."""
     raise StrategyConfigError(format_error(
-        "A pipeline backup checkpoints the stage model's variables, and under ZeRO stage 3 "
-        "they hold no values between steps (each process keeps its part only); backups of "
-        "the parts are not built for the pipeline.",
-        received=f"{what} with zero=3 on the pipeline",
+        f"A {strategy} backup checkpoints this process's model variables, and under ZeRO "
+        "stage 3 they hold no values between steps (each process keeps its part only); "
+        f"backups of the parts are not built for the {strategy} strategy.",
+        received=f"{what} with zero=3 on the {strategy} strategy",
         expected="zero=1 or 2 with backups (or stage 3 with multi_worker)",
         fix="use zero=2, or save the whole model with strategy.save_model at the end of each "
             "epoch"))
@@ -128,12 +131,16 @@ class DataAxisLayers(DataAxisZero):
         model: The stage model (built, weights already equal on the D replicas).
         group: The stage's data group (D replicas).
         pipe: The replica's pipeline group, for ``global_clipnorm``; None: none.
+        tensor: The tensor group over which the ``split`` weights are spread (the tensor
+            strategy); None: none.
+        split: Indexes (in the model's trainable weights) of the weights split over ``tensor``.
         timeout: Seconds an eager collective waits.
         sabotage: Test-only: ``"skip_scatter"`` keeps each replica's own gradient instead of
             reduce-scattering it (parity must then fail).
     """
 
     def __init__(self, model: Any, group: ProcessGroup, pipe: ProcessGroup | None = None,
+                 tensor: ProcessGroup | None = None, split: frozenset[int] = frozenset(),
                  timeout: float = 0.0, sabotage: str | None = None) -> None:
         from tfdist.zero.engine import ZeroEngine
 
@@ -149,7 +156,8 @@ class DataAxisLayers(DataAxisZero):
                 expected="every trainable weight inside one layer of the stage",
                 fix="move the weight into a layer, or use zero=2"))
         self.variables, self.stage, self.group, self.pipe = self.engine.variables, 3, group, pipe
-        self.tensor, self.split = None, frozenset()
+        self.tensor, self.split = tensor, split if tensor is not None and tensor.size > 1 \
+            else frozenset()
         self.timeout, self.sabotage = timeout, sabotage
         self.dtype = tf.as_dtype(self.engine.dtype)
         self.plan, self.mine = self.engine.plan, self.engine.mine

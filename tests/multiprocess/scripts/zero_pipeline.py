@@ -37,7 +37,7 @@ PHASES = (("zero1", 1, "global_clipnorm"), ("zero2", 2, "global_clipnorm"),
           ("zero1_clipnorm", 1, "clipnorm"), ("sabotage", 2, "global_clipnorm"))
 STAGE3_PHASES = (("zero3", 3, "global_clipnorm"), ("zero3_clipnorm", 3, "clipnorm"),
                  ("sabotage3", 3, "global_clipnorm"))
-"""Pipeline only (the tensor strategy refuses stage 3): the same job goes on with them."""
+"""The same job goes on with them after stages 1-2."""
 SABOTAGE = {"sabotage": "skip_gather", "sabotage3": "skip_scatter"}
 
 
@@ -101,7 +101,8 @@ def run_phase(strategy, name, stage, initial, x, y, weight, folder, clip):
     result["replicated_slots"] = slot_bytes(whole_adam)
     result["stage_bytes"] = sum(int(v.numpy().nbytes) for v in shapes)
     if stage == 3:  # what the stage model and this process's parts hold between steps
-        result["held"] = model._pipeline_zero.held_bytes(model.optimizer)
+        zero = getattr(model, "_pipeline_zero", None) or model.zero  # pipeline, tensor
+        result["held"] = zero.held_bytes(model.optimizer)
         if name == "zero3":
             result["evaluated"] = model.evaluate(x, y, sample_weight=weight, batch_size=GLOBAL,
                                                  verbose=0)
@@ -129,7 +130,7 @@ def main(argv):
     x, y, weight = data(steps)
     out = {"class": type(strategy).__name__, "zero_from_env": strategy.zero,
            "layout": strategy.backup_layout(), "phases": {}}
-    for name, stage, clip in PHASES + (STAGE3_PHASES if pipeline else ()):
+    for name, stage, clip in PHASES + STAGE3_PHASES:
         out["phases"][name] = run_phase(strategy, name, stage, initial, x, y, weight, folder,
                                         clip)
     if strategy.is_chief:
