@@ -33,6 +33,11 @@ def test_zero_layouts_are_offered_under_a_memory_bound_only():
     assert {"pipeline D=2 x K=2 M=2 zero=1", "pipeline D=2 x K=2 M=2 zero=2",
             "pipeline D=2 x K=2 M=2 zero=3"} <= set(bounded)
     assert not [label for label in bounded if "K=4" in label and "zero" in label]  # D=1
+    tensor = [c.label for c in candidates(Cluster(4, device_memory=1e9), 64,
+                                          micro_batches=(2,), heads=4,
+                                          tensor_by={1: "tensor", 2: "pipeline"})]
+    assert {"tensor D=2 x T=2 zero=3"} <= set(tensor)
+    assert not [label for label in tensor if "K=2 x T=2" in label and "zero" in label]
     free = [c.label for c in candidates(Cluster(4), 64, micro_batches=(2,))]
     assert not [label for label in free if "zero=" in label and "pipeline" in label]
 

@@ -255,8 +255,8 @@ def candidates(cluster: Cluster, batch: int, micro_batches: Sequence[int] = (2, 
 
 
 def zero_variants(layouts: Sequence[Candidate]) -> list[Candidate]:
-    """Each pipeline or tensor layout of D >= 2 replicas with ZeRO on its data axis: stages 1
-    and 2, and 3 on a pipeline of whole stages (T = 1; the tensor strategy refuses it).
+    """Each pipeline (of whole stages) or tensor layout of D >= 2 replicas with ZeRO stages 1,
+    2 and 3 on its data axis (a pipeline of tensor-split stages refuses ZeRO).
 
     Example:
         >>> [c.label for c in zero_variants([Candidate("pipeline", 4, stages=2,
@@ -266,10 +266,9 @@ def zero_variants(layouts: Sequence[Candidate]) -> list[Candidate]:
     """
     out = []
     for c in layouts:
-        if c.zero or c.replicas < 2 or (c.stages == 1 and c.tensor == 1):
+        if c.zero or c.replicas < 2 or (c.stages == 1) == (c.tensor == 1):
             continue
-        stages = (1, 2, 3) if c.stages > 1 and c.tensor == 1 else (1, 2)
-        out += [dataclasses.replace(c, zero=stage) for stage in stages]
+        out += [dataclasses.replace(c, zero=stage) for stage in (1, 2, 3)]
     return out
 
 
