@@ -15,9 +15,9 @@ values between steps, and while the step is traced (`layerwise`) each layer's ``
   tape, reduce-scatters the weights' gradient to their owners (averaged over the D replicas),
   drops the weights and the whole gradient.
 
-The pipeline engine differentiates by this process's pieces and the layers' tokens
-(`targets`) instead of the stage's variables, so the sums it keeps over the micro-batches are the
-pieces' (1/D). With M micro-batches a step gathers each layer 2 M times and reduce-scatters it M
+The step (the pipeline engine, or the tensor shard's ``apply_step``) differentiates by this
+process's pieces and the layers' tokens (`targets`) instead of the model's variables, so the sums
+the pipeline keeps over the micro-batches are the pieces' (1/D). With M micro-batches a step gathers each layer 2 M times and reduce-scatters it M
 times (3 M collectives per layer, against one all-reduce per weight replicated): the weights
 move ``2 M (D-1)/D`` times their bytes per step, the gradients ``M (D-1)/D``. A gathered layer
 lives for one layer's forward or backward: peak weight memory is 1/D of the stage plus the
@@ -26,10 +26,11 @@ largest layer (plus, in the backward, its whole gradient before the reduce-scatt
 Then `apply` clips (``clipnorm`` per whole weight, ``global_clipnorm`` over every part and every
 stage, as stages 1 and 2) and the optimizer, built on the pieces, updates them; nothing is
 gathered after the update. Evaluate and predict run under `layerwise` too (forward gathers only);
-saving, ``gather_weights`` and ``save_weights`` gather the stage whole for the call (`whole`)
-and drop it after; the pipeline's per-process backups are refused (`refuse_backups`).
+saving and ``gather_weights`` (and the pipeline stage's ``save_weights``) gather the stage or
+shard whole for the call (`whole`) and drop it after; per-process backups are refused
+(`refuse_backups`).
 
-Refused before training (`check_pipeline_stage3`): interleaved chunks, every stage in one
+Refused before training (`check_pipeline_stage3` and the constructor): interleaved chunks, every stage in one
 process, the ``zb-h1`` schedule (its split backward would run each layer's backward, and its
 collectives, twice), ``weight_gradients="whole_batch"``, tied weights (`check_zero_optimizer`),
 weight regularizers (they read the whole weights outside any layer's call) and a stage whose
@@ -125,11 +126,12 @@ def _refuse_regularizers(model: Any) -> None:
 
 
 class DataAxisLayers(DataAxisZero):
-    """ZeRO stage 3 on one pipeline stage's ``model``, over its data group (see the module).
+    """ZeRO stage 3 on one pipeline stage's (or tensor shard's) ``model``, over its data group
+    (see the module).
 
     Args:
-        model: The stage model (built, weights already equal on the D replicas).
-        group: The stage's data group (D replicas).
+        model: The stage or shard model (built, weights already equal on the D replicas).
+        group: Its data group (D replicas).
         pipe: The replica's pipeline group, for ``global_clipnorm``; None: none.
         tensor: The tensor group over which the ``split`` weights are spread (the tensor
             strategy); None: none.
@@ -165,8 +167,7 @@ class DataAxisLayers(DataAxisZero):
 
     # ----------------------------------------------------------------- the step
     def targets(self) -> list[Any]:
-        """What the pipeline engine differentiates: this process's pieces, then each layer's
-        token (their gradients: the pieces', summed onto them; the tokens', zeros)."""
+        """What the step differentiates: this process's pieces, then each layer's token (their gradients: the pieces', summed onto them; the tokens', zeros)."""
         return [p.value for p in self.pieces] + [u.token for u in self.engine.units or []]
 
     def layerwise(self) -> contextlib.AbstractContextManager[None]:
