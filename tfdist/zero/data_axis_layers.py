@@ -17,8 +17,9 @@ values between steps, and while the step is traced (`layerwise`) each layer's ``
 
 The step (the pipeline engine, or the tensor shard's ``apply_step``) differentiates by this
 process's pieces and the layers' tokens (`targets`) instead of the model's variables, so the sums
-the pipeline keeps over the micro-batches are the pieces' (1/D). With M micro-batches a step gathers each layer 2 M times and reduce-scatters it M
-times (3 M collectives per layer, against one all-reduce per weight replicated): the weights
+the pipeline keeps over the micro-batches are the pieces' (1/D). With M micro-batches (1 on the
+tensor strategy) a step gathers each layer 2 M times and reduce-scatters it M times (3 M
+collectives per layer, against one all-reduce per weight replicated): the weights
 move ``2 M (D-1)/D`` times their bytes per step, the gradients ``M (D-1)/D``. A gathered layer
 lives for one layer's forward or backward: peak weight memory is 1/D of the stage plus the
 largest layer (plus, in the backward, its whole gradient before the reduce-scatter).
@@ -30,11 +31,11 @@ saving and ``gather_weights`` (and the pipeline stage's ``save_weights``) gather
 shard whole for the call (`whole`) and drop it after; per-process backups are refused
 (`refuse_backups`).
 
-Refused before training (`check_pipeline_stage3` and the constructor): interleaved chunks, every stage in one
-process, the ``zb-h1`` schedule (its split backward would run each layer's backward, and its
-collectives, twice), ``weight_gradients="whole_batch"``, tied weights (`check_zero_optimizer`),
-weight regularizers (they read the whole weights outside any layer's call) and a stage whose
-weights are not all inside its layers.
+Refused before training (`check_pipeline_stage3` and the constructor): interleaved chunks,
+every stage in one process, the ``zb-h1`` schedule (its split backward would run each layer's
+backward, and its collectives, twice), ``weight_gradients="whole_batch"``, tied weights
+(`check_zero_optimizer`), weight regularizers (they read the whole weights outside any layer's
+call) and a stage whose weights are not all inside its layers.
 """
 
 from __future__ import annotations
@@ -167,7 +168,8 @@ class DataAxisLayers(DataAxisZero):
 
     # ----------------------------------------------------------------- the step
     def targets(self) -> list[Any]:
-        """What the step differentiates: this process's pieces, then each layer's token (their gradients: the pieces', summed onto them; the tokens', zeros)."""
+        """What the step differentiates: this process's pieces, then each layer's token (their
+        gradients: the pieces', summed onto them; the tokens', zeros)."""
         return [p.value for p in self.pieces] + [u.token for u in self.engine.units or []]
 
     def layerwise(self) -> contextlib.AbstractContextManager[None]:
