@@ -29,10 +29,10 @@ from tfdist.parallel.keys import EVALUATE, METRICS, PREDICT, TRAIN
 from tfdist.pipeline import optimizers, traced
 from tfdist.pipeline.consistency import gated, step_checks
 from tfdist.pipeline.engine import LossTerms, PipelineEngine
+from tfdist.pipeline.zero_calls import checked_variables, layer_gathers, layered_zero, whole_weights
 
 __all__ = ["stage_model_class", "local_stages_model", "resolve_metric", "mean_loss",
-           "apply_step", "build_stage_optimizer", "loss_terms", "layered_zero",
-           "checked_variables", "layer_gathers", "whole_weights"]
+           "apply_step", "build_stage_optimizer", "loss_terms"]
 
 _ACCURACY_BY_LOSS = {
     "sparse_categorical_crossentropy": "SparseCategoricalAccuracy",
@@ -145,32 +145,6 @@ def apply_step(model: Any, engine: PipelineEngine, optimizer: Any, x: Any, y: An
     else:
         optimizers.apply_gradients(optimizer, engine, grads, variables, combine=model.sum_tied)
     return total, outs
-
-
-def layered_zero(model: Any) -> Any | None:
-    """The model's ZeRO stage 3 (`tfdist.zero.data_axis_layers.DataAxisLayers`: its weights
-    sharded, gathered layer by layer), or None."""
-    zero = getattr(model, "_pipeline_zero", None)
-    return zero if getattr(zero, "stage", 0) == 3 else None
-
-
-def checked_variables(model: Any) -> list[Any]:
-    """The weights the replicas of a stage compare each few steps: none under ZeRO stage 3
-    (each holds its own part; the stage model's variables hold no values)."""
-    return [] if layered_zero(model) is not None else list(model.trainable_variables)
-
-
-def layer_gathers(model: Any) -> Any:
-    """Under ZeRO stage 3, each layer gathers its weights for its calls while entered."""
-    layered = layered_zero(model)
-    return contextlib.nullcontext() if layered is None else layered.layerwise()
-
-
-def whole_weights(model: Any) -> Any:
-    """Under ZeRO stage 3, the stage's weights whole while entered (a collective of the
-    stage's replicas)."""
-    layered = layered_zero(model)
-    return contextlib.nullcontext() if layered is None else layered.whole()
 
 
 def build_stage_optimizer(model: Any, optimizer: Any, strategy: Any) -> None:

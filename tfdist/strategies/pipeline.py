@@ -62,11 +62,11 @@ from tfdist.pipeline.consistency import gated, step_checks
 from tfdist.pipeline.keras_model import (
     apply_step,
     build_stage_optimizer,
-    checked_variables,
     mean_loss,
 )
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.modes import PipelineMode, choose_mode
+from tfdist.pipeline.zero_calls import checked_variables
 from tfdist.resilience.pipeline_backup import PipelineBackupMixin
 from tfdist.strategies.base import TfdistStrategyMixin
 from tfdist.strategies.initial_weights import stages_drawn_when_made, stages_initial_weights
@@ -74,7 +74,7 @@ from tfdist.strategies.model_parallel import ModelParallelMixin
 from tfdist.strategies.pipeline_weights import StageWeightsMixin
 from tfdist.strategies.pipeline_weights import stage_model as _stage_model
 from tfdist.strategies.startup import resolve_startup_timeout
-from tfdist.strategies.zero import data_axis_stage
+from tfdist.strategies.zero import attach_data_axis, data_axis_stage
 
 __all__ = ["PipelineStrategy", "STAGES_ENV", "MICRO_BATCHES_ENV", "SCHEDULE_ENV",
            "LAYER_COSTS_ENV"]
@@ -370,7 +370,12 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
                   spec.names[bounds[held[-1] + 1] - 1], size / 1e6, spec.total_param_bytes / 1e6,
                   100.0 * size / max(1, spec.total_param_bytes))
         if self.zero:
-            self._attach_zero(model)
+            if self.zero == 3:
+                self._check_zero3()
+            with self.scope():
+                model._pipeline_zero = attach_data_axis(  # noqa: SLF001
+                    model, self.zero, self.layout.group(DATA), self.timeout,
+                    pipe=self.layout.group(PIPE))
         return self._mark_split(model)
 
     def backup_callback(self, directory: Any, **kwargs: Any) -> Any:
@@ -387,25 +392,6 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
 
         check_pipeline_stage3(self.config.schedule, self.config.chunks,
                               self.config.weight_gradients, self.layout.holds_all)
-
-    def _attach_zero(self, model: Any) -> None:
-        """ZeRO on the stage's data axis (`tfdist.zero.data_axis`; stage 3:
-        `tfdist.zero.data_axis_layers`, which drops the stage's whole weights)."""
-        from tfdist.zero.data_axis import SKIP_GATHER_ENV, DataAxisZero
-
-        sabotage = os.environ.get(SKIP_GATHER_ENV) or None
-        with self.scope():
-            if self.zero == 3:
-                from tfdist.zero.data_axis_layers import DataAxisLayers
-
-                self._check_zero3()
-                model._pipeline_zero = DataAxisLayers(  # noqa: SLF001
-                    model, self.layout.group(DATA), pipe=self.layout.group(PIPE),
-                    timeout=self.timeout, sabotage=sabotage)
-            else:
-                model._pipeline_zero = DataAxisZero(  # noqa: SLF001
-                    model.trainable_variables, self.zero, self.layout.group(DATA),
-                    pipe=self.layout.group(PIPE), timeout=self.timeout, sabotage=sabotage)
 
     def _check_whole_batch(self, spec: stage.ModelSpec) -> None:
         """Refuses ``weight_gradients="whole_batch"`` where a second run of a stage would

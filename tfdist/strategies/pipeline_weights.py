@@ -75,7 +75,7 @@ class StageWeightsMixin:
         """All stages' weights (replica 0) on the chief, in the whole model's order; None
         elsewhere. A collective of replica 0's stages (other replicas return at once; under
         ZeRO stage 3 every replica first gathers its stage whole)."""
-        from tfdist.pipeline.keras_model import whole_weights
+        from tfdist.pipeline.zero_calls import whole_weights
 
         with whole_weights(model):
             return self._gather_stages(model)

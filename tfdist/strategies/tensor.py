@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,7 +45,7 @@ from tfdist.strategies.base import TfdistStrategyMixin
 from tfdist.strategies.initial_weights import shard_initial_weights
 from tfdist.strategies.model_parallel import ModelParallelMixin
 from tfdist.strategies.startup import resolve_startup_timeout
-from tfdist.strategies.zero import data_axis_stage
+from tfdist.strategies.zero import attach_data_axis, data_axis_stage
 from tfdist.tensor import blocks, nested
 from tfdist.tensor import build as shards_of
 from tfdist.tensor.model import TensorModel
@@ -246,23 +245,11 @@ class TensorStrategy(StepBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
     def _attach_zero(self, model: Any) -> Any:
         """Under ZeRO, the step of `tfdist.zero.data_axis` on the shard's variables."""
         if self.zero:
-            from tfdist.zero.data_axis import SKIP_GATHER_ENV, DataAxisZero
-
             split = frozenset(i for i, v in enumerate(model.trainable_weights)
                               if id(v) in model._split_ids)  # noqa: SLF001
-            sabotage = os.environ.get(SKIP_GATHER_ENV) or None
             with self.scope():
-                if self.zero == 3:  # the shard's weights sharded, gathered layer by layer
-                    from tfdist.zero.data_axis_layers import DataAxisLayers
-
-                    model.zero = DataAxisLayers(model, self.data_group, tensor=self.tensor_group,
-                                                split=split, timeout=self.timeout,
-                                                sabotage=sabotage)
-                else:
-                    model.zero = DataAxisZero(
-                        model.trainable_weights, self.zero, self.data_group,
-                        tensor=self.tensor_group, split=split, timeout=self.timeout,
-                        sabotage=sabotage)
+                model.zero = attach_data_axis(model, self.zero, self.data_group, self.timeout,
+                                              tensor=self.tensor_group, split=split)
         return model
 
     def _agree_seeds(self, model: Any) -> None:
