@@ -63,3 +63,19 @@ def test_memory_per_process_by_stage_under_each_zero_stage():
     assert "ZeRO stage 3 on the data axis (each layer gathered 2 x 2 times a step), per " \
         "process by stage: 72.26 MB, 72.14 MB" in comm[3].detail
     assert comm[3].seconds > comm[0].seconds  # 2 M gathers and M reduce-scatters per layer
+
+
+def test_multi_worker_stage_three_is_predicted_layer_by_layer():
+    # 48 MB in four 12 MB layers, Adam, D=2: 1/D parts and slots 72, their sums 24, one
+    # layer's weights and gradient 24: 120 MB (the whole model gathered at once was 264)
+    link = Link(alpha=1e-4, beta=1e-9)
+    third = predict(Candidate("multi_worker", 2, zero=3), _profile(), {"tf": link},
+                    Cluster(2), 64)
+    second = predict(Candidate("multi_worker", 2, zero=2), _profile(), {"tf": link},
+                     Cluster(2), 64)
+    activations = second.memory_bytes - model.zero_memory(48 * MB, 2, 0.0, 2, 2)
+    assert third.memory_bytes - activations == pytest.approx(120 * MB)
+    comm = {p.candidate.zero: next(t for t in p.terms if t.kind == "communication")
+            for p in (second, third)}
+    assert "all-gathered twice" in comm[3].detail
+    assert comm[3].seconds > comm[2].seconds

@@ -165,25 +165,30 @@ def data_parallel_memory(param_bytes: float, optimizer_slots: int,
 
 
 def zero_memory(param_bytes: float, optimizer_slots: int, activation_bytes: float,
-                processes: int, stage: int) -> float:
+                processes: int, stage: int, largest_layer_bytes: float | None = None) -> float:
     """One process's peak bytes under ZeRO ``stage`` (0: replicated) as tfdist runs it.
 
     Between steps a process holds the weights whole (stages 0-2) or 1/D of them (stage 3), and
     for its 1/D part a master copy and the optimizer slots (stages 1-3). During a step: its own
     whole gradients, plus the summed gradients (whole at stages 0-1, 1/D at 2-3), plus at
-    stage 3 the whole weights gathered for the step (the whole model at once, not layer by
-    layer).
+    stage 3 the whole weights gathered for the step. With ``largest_layer_bytes``, stage 3 as
+    `tfdist.zero.layerwise` runs it: one layer gathered at a time (its weights, then its whole
+    gradient before the reduce-scatter) besides the 1/D parts, their sums and slots.
 
     Example:
         >>> [zero_memory(1e6, 2, 0.0, 2, s) / 1e6 for s in range(4)]   # Adam, D=2
         [4.0, 4.5, 4.0, 4.0]
         >>> [zero_memory(1e6, 2, 0.0, 8, s) / 1e6 for s in range(4)]   # Adam, D=8
         [4.0, 3.375, 2.5, 2.5]
+        >>> zero_memory(1e6, 2, 0.0, 2, 3, largest_layer_bytes=2e5) / 1e6  # layer by layer
+        2.4
     """
     p, d = param_bytes, processes
     if stage == 0:
         return data_parallel_memory(p, optimizer_slots, activation_bytes)
     part = p * (1 + optimizer_slots) / d
+    if stage == 3 and largest_layer_bytes is not None:
+        return part + p / d + 2 * largest_layer_bytes + activation_bytes
     summed = p if stage == 1 else p / d
     return 2 * p + summed + part + activation_bytes
 

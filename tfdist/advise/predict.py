@@ -166,18 +166,21 @@ def _zero(c: Candidate, prof: ModelProfile, links: Mapping[str, Link], cluster: 
           batch: int) -> tuple[list[Term], float]:
     """ZeRO stage ``c.zero`` (`tfdist.zero`): stage 1 all-reduces the dense gradients, stages 2
     and 3 reduce-scatter them (half an all-reduce's traffic); then every stage all-gathers the
-    updated weights (the other half: stage 3 gathers them at the next step's start instead)."""
+    updated weights (the other half: stage 3 gathers each layer for its forward and again for
+    its backward instead, a step holding one layer whole at a time)."""
     link, p, local = links["tf"], c.processes, batch / c.processes
     dense, whole = _dense_bytes(prof), prof.total_param_bytes
     sparse = _sparse_bytes(prof, local)
     reduce = _allreduce_s(p, dense, link, "tf") * (1.0 if c.zero == 1 else 0.5)
-    gather = 0.5 * _allreduce_s(p, whole, link, "tf")
+    gather = 0.5 * _allreduce_s(p, whole, link, "tf") * (2 if c.zero == 3 else 1)
     rows = (p - 1) * (link.alpha + sparse * link.beta) if sparse else 0.0
     detail = (f"ZeRO stage {c.zero}: dense gradients of {_mb(dense)} "
               f"{'all-reduced' if c.zero == 1 else 'reduce-scattered'}, the weights "
-              f"({_mb(whole)}) all-gathered, over {link.bandwidth_gbps:.2f} GB/s")
+              f"({_mb(whole)}) all-gathered"
+              + (" twice (each layer's forward and backward)" if c.zero == 3 else "")
+              + f", over {link.bandwidth_gbps:.2f} GB/s")
     memory = model.zero_memory(whole, prof.optimizer_slots, _activations(prof, local), p,
-                               c.zero)
+                               c.zero, largest_layer_bytes=max(prof.param_bytes, default=0))
     return [_compute(prof, local, cluster.per_host, cluster),
             Term("communication", reduce + gather + rows, detail)], memory
 
