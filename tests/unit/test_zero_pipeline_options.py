@@ -118,7 +118,7 @@ def test_what_pipeline_stage_three_cannot_run_is_refused(options, message):
     assert message in str(error.value) and "Fix:" in str(error.value)
 
 
-def test_pipeline_stage_three_refuses_weight_regularizers():
+def test_stage_three_refuses_weight_regularizers_and_weightless_stages():
     import keras
 
     from tfdist.parallel.mesh import ProcessGroup
@@ -129,6 +129,10 @@ def test_pipeline_stage_three_refuses_weight_regularizers():
     group = ProcessGroup(key=1, members=(0, 1), rank=0)
     with pytest.raises(StrategyConfigError, match=r"d.kernel_regularizer.*Fix: drop"):
         DataAxisLayers(model, group)
+    weightless = keras.Sequential([keras.Input((2, 2)), keras.layers.Flatten()], name="flat")
+    with pytest.raises(StrategyConfigError, match=r"'flat' with 0 trainable weights.*Fix: "
+                       "move the split points"):
+        DataAxisLayers(weightless, group)
 
 
 def test_a_backup_written_with_zero_is_refused_without_it(tmp_path, monkeypatch):

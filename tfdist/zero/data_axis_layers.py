@@ -148,6 +148,14 @@ class DataAxisLayers(DataAxisZero):
         from tfdist.zero.engine import ZeroEngine
 
         _refuse_regularizers(model)
+        if not model.trainable_variables:
+            raise StrategyConfigError(format_error(
+                "ZeRO stage 3 shards a stage's (shard's) weights, and this one has none to "
+                "shard (a stage of weightless layers).",
+                received=f"zero=3 on {model.name!r} with 0 trainable weights",
+                expected="trainable weights in every stage with zero=3",
+                fix="move the split points so that every stage holds a layer with weights, "
+                    "or use zero=2"))
         self.engine = ZeroEngine(model, 3, group, timeout, sabotage)
         if self.engine.units is None:
             self.engine.materialize()  # every replica, as it was: nothing was sharded yet
