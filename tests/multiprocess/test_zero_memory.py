@@ -23,7 +23,8 @@ MLP = ("1536", "3", "1")
 """width, square layers, steps after the first."""
 RATIO = 0.8
 """Stage 3's peak above the TensorFlow runtime (826 MB here) against multi_worker's, process by
-process. Measured at this size 0.58 and 0.65 (136 / 144 MB; load 14, 2026-11-27): about 100 MB
+process. Measured at this size 0.58 and 0.65 (136 / 144 MB; load 14, 2026-11-27), and 0.63 /
+0.59 (134 / 141 MB; load 6-8) once replicated trained on all its rows: about 100 MB
 that the traced step and the runtime keep weigh on both; at 50M parameters 0.45-0.46 (636 / 656
 MB against 1,407 / 1,417). The bound leaves the allocator's noise (about 30 MB)."""
 

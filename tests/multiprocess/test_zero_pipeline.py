@@ -1,11 +1,16 @@
-"""ZeRO stages 1 and 2 on the data axis of a D=2 x K=2 pipeline and of a D=2 x T=2 tensor job
+"""ZeRO stages 1, 2 and 3 on the data axis of a D=2 x K=2 pipeline and of a D=2 x T=2 tensor job
 (4 processes each, one launch each, `scripts/zero_pipeline.py`): an Embedding model (sparse
 gradients: pipeline stage 0; split by vocabulary under tensor, its dense layers split by
 columns and rows), Adam with ``global_clipnorm`` (one norm over every stage or shard and every
 part; or ``clipnorm``, each whole weight's, with weight decay and its exclusions) and sample
 weights train to the weights one process reaches with Keras's own ``fit``;
 each process holds about half its stage's (shard's) Adam slots; skipping the all-gather after
-the update breaks parity; the model saved whole reloads with the trained weights. What they
+the update breaks parity; the model saved whole reloads with the trained weights. Stage 3 (the
+same launches, after stages 1-2): each layer gathered (per micro-batch) for its forward and
+backward; parity with ``global_clipnorm`` and with ``clipnorm`` + weight decay,
+evaluate as one process, the stage's (shard's) variables empty between steps and each
+process's parts half of them, and keeping each replica's own gradient (no reduce-scatter) breaks
+parity. What they
 cannot run is refused before start (`tests/unit/test_zero_pipeline_options.py`)."""
 
 from __future__ import annotations
@@ -49,6 +54,9 @@ def zero_pipeline_job(request, tmp_path_factory):
         release_ports(spec.ports())
 
 
+STAGE3_PHASES = ["zero3", "zero3_clipnorm"]
+
+
 def _reference(chief, phase):
     return chief["reference"]["clipnorm" if "clipnorm" in phase else "global_clipnorm"]
 
@@ -81,7 +89,7 @@ def test_skipping_the_all_gather_breaks_parity(zero_pipeline_job):
         > SABOTAGE_MIN_GAP
 
 
-@pytest.mark.parametrize("phase", ["zero1", "zero2"])
+@pytest.mark.parametrize("phase", ["zero1", "zero2", "zero3"])
 def test_each_process_holds_about_half_its_stages_slots(zero_pipeline_job, phase):
     for task in TASKS:
         result = zero_pipeline_job[task]["phases"][phase]
@@ -98,3 +106,33 @@ def test_the_model_saved_whole_reloads_with_the_trained_weights(zero_pipeline_jo
     assert chief["saved"] and chief["loaded"] is not None
     assert max_gap(chief["loaded"], chief["weights"]) == 0.0
     assert zero_pipeline_job["worker:1"]["phases"]["zero2"]["saved"] is None
+
+
+@pytest.mark.parametrize("phase", STAGE3_PHASES)
+def test_stage3_on_the_data_axis_equals_one_process(zero_pipeline_job, phase):
+    test_each_stage_on_the_data_axis_equals_one_process(zero_pipeline_job, phase)
+
+
+def test_stage3_evaluates_and_saves_as_one_process(zero_pipeline_job):
+    chief = zero_pipeline_job["worker:0"]
+    result = chief["phases"]["zero3"]
+    np.testing.assert_allclose(result["evaluated"], chief["reference_evaluated"], rtol=1e-5)
+    assert result["saved"] and max_gap(result["loaded"], result["weights"]) == 0.0
+
+
+def test_stage3_without_the_reduce_scatter_breaks_parity(zero_pipeline_job):
+    chief = zero_pipeline_job["worker:0"]
+    assert max_gap(chief["phases"]["sabotage3"]["weights"], _reference(chief, "zero3")[0]) \
+        > SABOTAGE_MIN_GAP
+
+
+def test_stage3_each_process_holds_half_its_stages_weights(zero_pipeline_job):
+    job = zero_pipeline_job
+    for task in TASKS:
+        result = job[task]["phases"]["zero3"]
+        held, stage = result["held"], result["stage_bytes"]
+        print(f"{task}: stage {stage} B, between steps: weights {held['weights']} B, "
+              f"parts {held['pieces']} B, largest layer {held['largest_layer']} B")
+        assert held["weights"] == 0  # the stage model's variables hold no values
+        assert abs(held["pieces"] - stage / 2) <= 0.1 * stage, (task, held, stage)
+        assert held["largest_layer"] <= stage

@@ -71,6 +71,7 @@ MODULES = [
     "tfdist.resilience.preemption",
     "tfdist.resilience",
     "tfdist.zero.data_axis",
+    "tfdist.zero.data_axis_layers",
 ]
 
 

@@ -1,7 +1,8 @@
 """ZeRO on the data axis of the pipeline and tensor strategies without a cluster: ``--zero 1|2``
-reaching their tasks, and what they cannot run (stage 3, D=1, the pipeline's tensor-split
+reaching their tasks, and what they cannot run (D=1, the pipeline's tensor-split
 stages, options Keras keeps per variable, tied weights under stage 2) refused before anything
-starts with the field, the value and the fix; a backup written with ZeRO refused by a job
+starts with the field, the value and the fix (stage 3: the pipeline options it cannot run
+layer by layer, per-process backups); a backup written with ZeRO refused by a job
 without it. The training itself is tested on 4 processes in
 ``tests/multiprocess/test_zero_pipeline.py``."""
 
@@ -36,10 +37,6 @@ def test_zero_reaches_every_task_of_a_pipeline_or_tensor_job(script, capsys, spl
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["pipeline", "--zero", "3", "--stages", "2", "--workers", "4"],
-     "--zero 3 with --strategy pipeline: stage 3"),
-    (["tensor", "--zero", "3", "--tensor", "2", "--workers", "4"],
-     "--zero 3 with --strategy tensor: stage 3"),
     (["pipeline", "--zero", "1", "--stages", "2", "--workers", "2"],
      "--zero 1 with 2 process(es) and --stages 2 (D=1)"),
     (["tensor", "--zero", "1", "--workers", "2"],  # T defaults to every process
@@ -60,9 +57,8 @@ def test_the_strategy_refuses_before_joining(monkeypatch):
 
     monkeypatch.delenv("TF_CONFIG", raising=False)
     monkeypatch.delenv("TFDIST_ZERO", raising=False)
-    with pytest.raises(StrategyConfigError, match=r"zero=3 with strategy pipeline.*Fix: pass "
-                       "zero=2"):
-        get_strategy("pipeline", zero=3)
+    with pytest.raises(StrategyConfigError, match=r"zero=3 with D=1 pipeline replica"):
+        get_strategy("pipeline", zero=3)  # stage 3 runs on the pipeline; D=1 does not
     monkeypatch.setenv("TFDIST_ZERO", "1")  # as tfdist-launch --zero 1 writes it
     with pytest.raises(StrategyConfigError) as error:
         get_strategy("pipeline")
@@ -71,7 +67,7 @@ def test_the_strategy_refuses_before_joining(monkeypatch):
     with pytest.raises(StrategyConfigError, match="zero=1 with D=1 tensor replica"):
         get_strategy("tensor")
     monkeypatch.delenv("TFDIST_ZERO")
-    with pytest.raises(StrategyConfigError, match="zero=3 with strategy tensor"):
+    with pytest.raises(StrategyConfigError, match="zero=3 with D=1 tensor replica"):
         get_strategy("tensor", zero=3)
 
 
@@ -93,8 +89,50 @@ def test_optimizer_state_kept_per_variable_and_tied_weights_under_stage_two_are_
             check_zero_optimizer(keras.optimizers.Adam(**{option: value}), 1, tied=False)
         assert f"{option}={value!r}" in str(error.value) and "Fix: drop" in str(error.value)
     check_zero_optimizer(keras.optimizers.Adam(clipnorm=1.0), 1, tied=True)  # stage 1: whole
-    with pytest.raises(StrategyConfigError, match="zero=2 with weights tied.*Fix: use zero=1"):
-        check_zero_optimizer(keras.optimizers.Adam(), 2, tied=True)
+    for stage in (2, 3):
+        with pytest.raises(StrategyConfigError,
+                           match=f"zero={stage} with weights tied.*Fix: use zero=1"):
+            check_zero_optimizer(keras.optimizers.Adam(), stage, tied=True)
+
+
+@pytest.mark.parametrize("split", [["--strategy", "pipeline", "--stages", "2"],
+                                   ["--strategy", "tensor", "--tensor", "2"]])
+def test_the_launch_of_stage_three_on_a_data_axis_is_accepted(script, capsys, split):
+    argv = ["--dry-run", *split, "--workers", "4", "--zero", "3", script]
+    assert cli.main(argv) == 0
+    tasks = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [t["env"]["TFDIST_ZERO"] for t in tasks] == ["3"] * 4
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (("zb-h1", 1, "sum", False), "zero=3 with schedule='zb-h1'"),
+    (("interleaved", 2, "sum", False), "zero=3 with chunks=2"),
+    (("gpipe", 1, "sum", True), "every stage in one process"),
+    (("1f1b", 1, "whole_batch", False), "zero=3 with weight_gradients='whole_batch'"),
+])
+def test_what_pipeline_stage_three_cannot_run_is_refused(options, message):
+    from tfdist.zero.data_axis_layers import check_pipeline_stage3
+
+    with pytest.raises(StrategyConfigError) as error:
+        check_pipeline_stage3(*options[:3], holds_several=options[3])
+    assert message in str(error.value) and "Fix:" in str(error.value)
+
+
+def test_stage_three_refuses_weight_regularizers_and_weightless_stages():
+    import keras
+
+    from tfdist.parallel.mesh import ProcessGroup
+    from tfdist.zero.data_axis_layers import DataAxisLayers
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(
+        2, kernel_regularizer=keras.regularizers.L2(0.1), name="d")])
+    group = ProcessGroup(key=1, members=(0, 1), rank=0)
+    with pytest.raises(StrategyConfigError, match=r"d.kernel_regularizer.*Fix: drop"):
+        DataAxisLayers(model, group)
+    weightless = keras.Sequential([keras.Input((2, 2)), keras.layers.Flatten()], name="flat")
+    with pytest.raises(StrategyConfigError, match=r"'flat' with 0 trainable weights.*Fix: "
+                       "move the split points"):
+        DataAxisLayers(weightless, group)
 
 
 def test_a_backup_written_with_zero_is_refused_without_it(tmp_path, monkeypatch):
@@ -163,3 +201,19 @@ def test_a_weightless_stage_takes_part_without_weights():
         zero.build_optimizer(optimizer, tf.distribute.get_strategy())
         zero.apply(optimizer, [], average=list)
         assert int(optimizer.iterations.numpy()) == 1  # the step counted, as on the others
+
+
+@pytest.mark.parametrize("name", ["pipeline", "tensor"])
+def test_a_backup_under_stage_three_is_refused(tmp_path, monkeypatch, name):
+    from tfdist.strategies.pipeline import PipelineStrategy
+    from tfdist.strategies.tensor import TensorStrategy
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("TFDIST_ZERO", raising=False)
+    strategy = PipelineStrategy() if name == "pipeline" else TensorStrategy()
+    strategy.zero = 3  # as a D=2 job at stage 3 has it
+    with pytest.raises(StrategyConfigError, match=rf"backup_callback with zero=3 on the {name} "
+                       "strategy.*Fix: use zero=2"):
+        strategy.backup_callback(str(tmp_path))
+    strategy.zero = 2
+    assert strategy.backup_callback(str(tmp_path)) is not None

@@ -135,7 +135,8 @@ class Candidate:
         micro_batches: Pipeline micro-batches M.
         tensor: Tensor shards T of each stage's layers.
         schedule: The pipeline schedule (a name of `tfdist.pipeline.schedule.SCHEDULES`).
-        zero: The ZeRO stage of a ``multi_worker`` layout (0: replicated).
+        zero: The ZeRO stage of a ``multi_worker`` layout, or of a pipeline's or tensor
+            layout's data axis (D >= 2; 0: replicated).
 
     Example:
         >>> Candidate("tensor", 4, tensor=2).label, Candidate("pipeline", 8, 2, 2, 4, 2).label
@@ -160,13 +161,13 @@ class Candidate:
     def label(self) -> str:
         d = f"D={self.replicas} x " if self.replicas > 1 else ""
         t = f"T={self.tensor}" if self.tensor > 1 else ""
+        zero = f" zero={self.zero}" if self.zero else ""
         if self.stages > 1:
             schedule = "" if self.schedule == "gpipe" else f" {self.schedule}"
             return (f"{self.strategy} {d}K={self.stages}{' x ' + t if t else ''} "
-                    f"M={self.micro_batches}{schedule}")
+                    f"M={self.micro_batches}{schedule}{zero}")
         if t:
-            return f"{self.strategy} {d}{t}"
-        zero = f" zero={self.zero}" if self.zero else ""
+            return f"{self.strategy} {d}{t}{zero}"
         return f"{self.strategy} x{self.processes}{zero}" + (f" +{self.ps}ps" if self.ps else "")
 
     def launch_argv(self, script: str = "train.py") -> list[str]:
@@ -248,6 +249,26 @@ def candidates(cluster: Cluster, batch: int, micro_batches: Sequence[int] = (2, 
             out.append(Candidate(by[1], p, tensor=t))
         if 2 in by:
             out += _pipelines(p, batch, micro_batches, layers, tensor=t, strategy=by[2])
+    if cluster.device_memory is not None:  # a memory bound: ZeRO on the data axes too
+        out += zero_variants(out)
+    return out
+
+
+def zero_variants(layouts: Sequence[Candidate]) -> list[Candidate]:
+    """Each pipeline (of whole stages) or tensor layout of D >= 2 replicas with ZeRO stages 1,
+    2 and 3 on its data axis (a pipeline of tensor-split stages refuses ZeRO).
+
+    Example:
+        >>> [c.label for c in zero_variants([Candidate("pipeline", 4, stages=2,
+        ...                                            micro_batches=2)])]
+        ['pipeline D=2 x K=2 M=2 zero=1', 'pipeline D=2 x K=2 M=2 zero=2', \
+'pipeline D=2 x K=2 M=2 zero=3']
+    """
+    out = []
+    for c in layouts:
+        if c.zero or c.replicas < 2 or (c.stages == 1) == (c.tensor == 1):
+            continue
+        out += [dataclasses.replace(c, zero=stage) for stage in (1, 2, 3)]
     return out
 
 

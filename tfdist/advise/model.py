@@ -37,7 +37,8 @@ from tfdist.pipeline.schedule import schedule_class
 
 __all__ = ["Link", "ring_allreduce_s", "halving_doubling_s", "ps_traffic_s", "bubble",
            "pipeline_step_s", "data_parallel_memory", "ps_memory", "pipeline_memory",
-           "contention", "tensor_activations_s", "tensor_weight_bytes", "zero_memory"]
+           "contention", "tensor_activations_s", "tensor_weight_bytes", "zero_memory",
+           "pipeline_zero_memory"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,25 +165,30 @@ def data_parallel_memory(param_bytes: float, optimizer_slots: int,
 
 
 def zero_memory(param_bytes: float, optimizer_slots: int, activation_bytes: float,
-                processes: int, stage: int) -> float:
+                processes: int, stage: int, largest_layer_bytes: float | None = None) -> float:
     """One process's peak bytes under ZeRO ``stage`` (0: replicated) as tfdist runs it.
 
     Between steps a process holds the weights whole (stages 0-2) or 1/D of them (stage 3), and
     for its 1/D part a master copy and the optimizer slots (stages 1-3). During a step: its own
     whole gradients, plus the summed gradients (whole at stages 0-1, 1/D at 2-3), plus at
-    stage 3 the whole weights gathered for the step (the whole model at once, not layer by
-    layer).
+    stage 3 the whole weights gathered for the step. With ``largest_layer_bytes``, stage 3 as
+    `tfdist.zero.layerwise` runs it: one layer gathered at a time (its weights, then its whole
+    gradient before the reduce-scatter) besides the 1/D parts, their sums and slots.
 
     Example:
         >>> [zero_memory(1e6, 2, 0.0, 2, s) / 1e6 for s in range(4)]   # Adam, D=2
         [4.0, 4.5, 4.0, 4.0]
         >>> [zero_memory(1e6, 2, 0.0, 8, s) / 1e6 for s in range(4)]   # Adam, D=8
         [4.0, 3.375, 2.5, 2.5]
+        >>> zero_memory(1e6, 2, 0.0, 2, 3, largest_layer_bytes=2e5) / 1e6  # layer by layer
+        2.4
     """
     p, d = param_bytes, processes
     if stage == 0:
         return data_parallel_memory(p, optimizer_slots, activation_bytes)
     part = p * (1 + optimizer_slots) / d
+    if stage == 3 and largest_layer_bytes is not None:
+        return part + p / d + 2 * largest_layer_bytes + activation_bytes
     summed = p if stage == 1 else p / d
     return 2 * p + summed + part + activation_bytes
 
@@ -207,6 +213,32 @@ def pipeline_memory(stage_param_bytes: float, optimizer_slots: int,
         2400000.0
     """
     return stage_param_bytes * (2 + optimizer_slots) + micro_activation_bytes * in_flight
+
+
+def pipeline_zero_memory(stage_param_bytes: float, optimizer_slots: int,
+                         micro_activation_bytes: float, in_flight: int, replicas: int,
+                         stage: int, largest_layer_bytes: float) -> float:
+    """One pipeline stage's (or tensor shard's) process's bytes under ZeRO ``stage`` on its
+    data axis of D = ``replicas`` (0: `pipeline_memory`), as tfdist runs it
+    (`tfdist.zero.data_axis`, `tfdist.zero.data_axis_layers`).
+
+    Stages 1 and 2 keep the stage's weights and the gradient sums over the micro-batches
+    whole, and 1/D of the master copy and slots; stage 3 keeps 1/D of the weights, of their
+    sums and of the slots, and gathers one layer at a time (its weights, then in its backward
+    its whole gradient before the reduce-scatter: twice ``largest_layer_bytes`` at most).
+
+    Example:
+        >>> [pipeline_zero_memory(1e6, 2, 0.0, 1, 2, s, 2e5) / 1e6 for s in range(4)]
+        [4.0, 3.5, 3.5, 2.4]
+    """
+    p, d = stage_param_bytes, replicas
+    acts = micro_activation_bytes * in_flight
+    if stage == 0:
+        return pipeline_memory(p, optimizer_slots, micro_activation_bytes, in_flight)
+    part = p * (1 + optimizer_slots) / d
+    if stage < 3:
+        return 2 * p + part + acts
+    return part + p / d + 2 * largest_layer_bytes + acts
 
 
 def contention(busy_processes: int, threads_each: int, cores: float) -> float:

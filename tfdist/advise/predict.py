@@ -166,18 +166,21 @@ def _zero(c: Candidate, prof: ModelProfile, links: Mapping[str, Link], cluster: 
           batch: int) -> tuple[list[Term], float]:
     """ZeRO stage ``c.zero`` (`tfdist.zero`): stage 1 all-reduces the dense gradients, stages 2
     and 3 reduce-scatter them (half an all-reduce's traffic); then every stage all-gathers the
-    updated weights (the other half: stage 3 gathers them at the next step's start instead)."""
+    updated weights (the other half: stage 3 gathers each layer for its forward and again for
+    its backward instead, a step holding one layer whole at a time)."""
     link, p, local = links["tf"], c.processes, batch / c.processes
     dense, whole = _dense_bytes(prof), prof.total_param_bytes
     sparse = _sparse_bytes(prof, local)
     reduce = _allreduce_s(p, dense, link, "tf") * (1.0 if c.zero == 1 else 0.5)
-    gather = 0.5 * _allreduce_s(p, whole, link, "tf")
+    gather = 0.5 * _allreduce_s(p, whole, link, "tf") * (2 if c.zero == 3 else 1)
     rows = (p - 1) * (link.alpha + sparse * link.beta) if sparse else 0.0
     detail = (f"ZeRO stage {c.zero}: dense gradients of {_mb(dense)} "
               f"{'all-reduced' if c.zero == 1 else 'reduce-scattered'}, the weights "
-              f"({_mb(whole)}) all-gathered, over {link.bandwidth_gbps:.2f} GB/s")
+              f"({_mb(whole)}) all-gathered"
+              + (" twice (each layer's forward and backward)" if c.zero == 3 else "")
+              + f", over {link.bandwidth_gbps:.2f} GB/s")
     memory = model.zero_memory(whole, prof.optimizer_slots, _activations(prof, local), p,
-                               c.zero)
+                               c.zero, largest_layer_bytes=max(prof.param_bytes, default=0))
     return [_compute(prof, local, cluster.per_host, cluster),
             Term("communication", reduce + gather + rows, detail)], memory
 
@@ -232,23 +235,32 @@ def _pipeline(c: Candidate, prof: ModelProfile, links: Mapping[str, Link], clust
                                         idle_slots=plan.idle_slots())
     # What the layers alone miss, shared by the K T processes; fit's loop, each runs whole.
     rest = (rest / (k * t) + prof.loop_s) * slow
-    params = stage_costs(prof.bytes_per_shard(t), bounds)
+    shard_bytes = prof.bytes_per_shard(t)
+    params = stage_costs(shard_bytes, bounds)
     sync = model.ring_allreduce_s(d, max(params), link)
+    if c.zero == 3:  # each layer gathered twice and reduce-scattered once per micro-batch
+        sync *= 1.5 * m
     terms = [Term("compute", m * compute[worst] + rest, _compute_detail(c, micro))]
     if k > 1:
         idle = plan.idle_slots() * slowest  # its slots' transfers: in the communication term
         terms.append(Term("bubble", idle, f"{c.schedule}: {plan.bubble():.0%} of the step idle"
                           f" ({plan.idle_slots():.3g} slots of the slowest stage)"))
-    terms.append(Term("communication", transfer + sync,
-                      _communication_detail(k, m, d, boundary, max(params), link)))
+    acts = [sum(prof.activation_bytes[a:b]) * micro for a, b in zip(bounds, bounds[1:],
+                                                                     strict=False)]
+    memories = [model.pipeline_zero_memory(pb, prof.optimizer_slots, act, plan.in_flight(), d,
+                                           c.zero, max(shard_bytes[a:b], default=0))
+                for pb, act, a, b in zip(params, acts, bounds, bounds[1:], strict=False)]
+    detail = _communication_detail(k, m, d, boundary, max(params), link)
+    if c.zero:
+        detail += (f"; ZeRO stage {c.zero} on the data axis"
+                   + (f" (each layer gathered 2 x {m} times a step)" if c.zero == 3 else "")
+                   + ", per process by stage: "
+                   + ", ".join(f"{_mb(b)}" for b in memories))
+    terms.append(Term("communication", transfer + sync, detail))
     if t > 1:
         terms.append(Term("tensor", m * tensor[worst],
                           _tensor_detail(prof, t, micro, in_graph, IN_GRAPH in links)))
-    acts = [sum(prof.activation_bytes[a:b]) * micro for a, b in zip(bounds, bounds[1:],
-                                                                     strict=False)]
-    memory = max(model.pipeline_memory(pb, prof.optimizer_slots, act, plan.in_flight())
-                 for pb, act in zip(params, acts, strict=True))
-    return terms, memory
+    return terms, max(memories)
 
 
 def _layer_scale(prof: ModelProfile, batch: float) -> tuple[float, float]:

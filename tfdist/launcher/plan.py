@@ -279,7 +279,7 @@ def _strategy_options_problem(
 def _zero_problem(options: JobOptions, strategy: str, traits: StrategyTraits) -> str | None:
     """What is wrong with ``--zero`` for this job, as one line, or None: ZeRO shards over the
     D data-parallel processes (D = processes / (K x T) on a mesh), so D must be 2 or more;
-    the pipeline and tensor strategies run stages 1 and 2, the pipeline on whole stages."""
+    the pipeline (on whole stages) and the tensor strategy run stages 1 to 3."""
     zero = options.strategy_options.zero
     if zero is None:
         return None
@@ -294,10 +294,6 @@ def _zero_problem(options: JobOptions, strategy: str, traits: StrategyTraits) ->
                     "the data-parallel processes, and one has nothing to share. Fix: --workers 2 "
                     "or more, or drop --zero")
         return None
-    if zero == 3:
-        return (f"--zero 3 with --strategy {strategy}: stage 3 (weights sharded, gathered layer "
-                f"by layer) is not built for {strategy}, whose processes hold their weights "
-                "whole. Fix: --zero 1 or --zero 2, or --strategy multi_worker for stage 3")
     if mesh.tensor > 1 and "stages" in traits.launch_options:  # the pipeline's stages
         return (f"--zero {zero} with --tensor {mesh.tensor}: ZeRO on the pipeline's data axis "
                 "is not built for tensor-split stages. Fix: drop --tensor, or drop --zero")

@@ -16,6 +16,7 @@ a single device loads with ``keras.models.load_model``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
@@ -28,6 +29,7 @@ from tfdist.parallel.keys import EVALUATE, METRICS, PREDICT, TRAIN
 from tfdist.pipeline import optimizers, traced
 from tfdist.pipeline.consistency import gated, step_checks
 from tfdist.pipeline.engine import LossTerms, PipelineEngine
+from tfdist.pipeline.zero_calls import checked_variables, layer_gathers, layered_zero, whole_weights
 
 __all__ = ["stage_model_class", "local_stages_model", "resolve_metric", "mean_loss",
            "apply_step", "build_stage_optimizer", "loss_terms"]
@@ -126,6 +128,14 @@ def apply_step(model: Any, engine: PipelineEngine, optimizer: Any, x: Any, y: An
     """One training step of a stage model (or of all stages of a process) on its replica's rows
     ``x``, ``y`` (inside a tf.function): the schedule, the gradients averaged over replicas,
     one update. Returns the engine's ``(loss, outputs)`` (both only on the last stage)."""
+    layered = layered_zero(model)
+    if layered is not None:  # ZeRO stage 3: each layer gathered per call, the pieces' sums
+        with layered.layerwise():
+            total, grads, outs = engine.train(model.stage_calls(training=True),
+                                              layered.targets(), x, y, loss, sample_weight,
+                                              model.stage_loss_terms())
+        layered.apply(optimizer, grads)
+        return total, outs
     variables = list(model.trainable_variables)
     total, grads, outs = engine.train(model.stage_calls(training=True), model.stage_variables(),
                                       x, y, loss, sample_weight, model.stage_loss_terms())
@@ -373,7 +383,7 @@ class _StageModelMixin:
 
     def train_step(self, data: Any) -> dict[str, Any]:
         x, y, weight = self._unpack(data, by_replica=False)  # the global batch, checked:
-        checks = step_checks(self._engine.layout, self.trainable_variables, x, y, weight,
+        checks = step_checks(self._engine.layout, checked_variables(self), x, y, weight,
                              self.optimizer.iterations + 1, self._pipeline.timeout)
         x, y, weight = (self._engine.replica_rows(v) for v in gated(checks, x, y, weight))
         loss, outs = apply_step(self, self._engine, self.optimizer, x, y, self._pipeline_loss,
@@ -384,8 +394,9 @@ class _StageModelMixin:
     def test_step(self, data: Any) -> dict[str, Any]:
         x, y, weight = self._unpack(data, by_replica=False)
         engine = self._engine
-        outs, terms = engine.forward(self.stage_calls(training=False), x, EVALUATE,
-                                     self.stage_loss_terms())
+        with layer_gathers(self):
+            outs, terms = engine.forward(self.stage_calls(training=False), x, EVALUATE,
+                                         self.stage_loss_terms())
         if engine.layout.is_last:
             y_pred = tf.concat(outs, axis=0)
             loss = self._pipeline_loss(y, y_pred, weight)
@@ -397,7 +408,8 @@ class _StageModelMixin:
     def predict_step(self, data: Any) -> Any:
         x, _, _ = self._unpack(data, by_replica=False)
         engine = self._engine
-        outs, _ = engine.forward(self.stage_calls(training=False), x, PREDICT)
+        with layer_gathers(self):
+            outs, _ = engine.forward(self.stage_calls(training=False), x, PREDICT)
         spec = self._pipeline.spec
         out = spec.outputs[0]
         known = None not in spec.shapes[out]  # else the last stage shares the batch's shape
@@ -419,6 +431,19 @@ class _StageModelMixin:
         A collective: every process of the job must call it.
         """
         return self._pipeline.assemble(self)
+
+    def save_weights(self, *args: Any, **kwargs: Any) -> Any:
+        """Keras's (this process's backup: its stage and its optimizer); under ZeRO stage 3
+        the stage's weights gathered whole for it (every replica saves at once)."""
+        with whole_weights(self):
+            return super().save_weights(*args, **kwargs)  # type: ignore[misc]
+
+    def load_weights(self, *args: Any, **kwargs: Any) -> Any:
+        """Keras's; under ZeRO stage 3 this process's parts are then taken from the loaded
+        weights and the whole dropped (no collective)."""
+        layered = layered_zero(self)
+        with contextlib.nullcontext() if layered is None else layered.loading():
+            return super().load_weights(*args, **kwargs)  # type: ignore[misc]
 
     def save(self, filepath: Any, *args: Any, **kwargs: Any) -> None:
         """Saves the whole model (a collective: every process calls it; the chief writes)."""

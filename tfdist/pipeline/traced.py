@@ -50,13 +50,20 @@ def traced_call(model: Any, training: bool) -> Any:
     return calls[training]
 
 
+def _gathers_per_call(model: Any) -> bool:
+    """Under ZeRO stage 3 each call gathers its layers' weights on traced instance keys: one
+    traced function called M times would run M collectives on one key in a step."""
+    return getattr(getattr(model, "_pipeline_zero", None), "stage", 0) == 3
+
+
 def stage_call(model: Any, config: Any, training: bool) -> Any:
     """What the engine calls on each micro-batch's inputs (a list): with M > 1, `traced_call`;
     else, for a stage whose layers add losses in their calls, or with ``whole_batch`` weight
     gradients (whose point is memory: the traced calls kept each micro-batch's forward for its
-    gradient, a stage peaking at 278 MB against 178 MB), the model's own call
-    (``model._call_stage``). ``config`` is the strategy's `PipelineConfig`."""
+    gradient, a stage peaking at 278 MB against 178 MB), or under ZeRO stage 3 (each call
+    gathers on keys of its own), the model's own call (``model._call_stage``). ``config`` is
+    the strategy's `PipelineConfig`."""
     if config.micro_batches > 1 and config.weight_gradients != "whole_batch" \
-            and not adds_losses_in_calls(model):
+            and not adds_losses_in_calls(model) and not _gathers_per_call(model):
         return traced_call(model, training)
     return lambda inputs: model._call_stage(inputs, training)  # noqa: SLF001

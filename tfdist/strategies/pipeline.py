@@ -66,6 +66,7 @@ from tfdist.pipeline.keras_model import (
 )
 from tfdist.pipeline.layout import PipelineLayout
 from tfdist.pipeline.modes import PipelineMode, choose_mode
+from tfdist.pipeline.zero_calls import checked_variables
 from tfdist.resilience.pipeline_backup import PipelineBackupMixin
 from tfdist.strategies.base import TfdistStrategyMixin
 from tfdist.strategies.initial_weights import stages_drawn_when_made, stages_initial_weights
@@ -73,7 +74,7 @@ from tfdist.strategies.model_parallel import ModelParallelMixin
 from tfdist.strategies.pipeline_weights import StageWeightsMixin
 from tfdist.strategies.pipeline_weights import stage_model as _stage_model
 from tfdist.strategies.startup import resolve_startup_timeout
-from tfdist.strategies.zero import data_axis_stage
+from tfdist.strategies.zero import attach_data_axis, data_axis_stage
 
 __all__ = ["PipelineStrategy", "STAGES_ENV", "MICRO_BATCHES_ENV", "SCHEDULE_ENV",
            "LAYER_COSTS_ENV"]
@@ -218,6 +219,8 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
                                               place.size_of(TENSOR))
         self.zero = data_axis_stage(zero, self.layout.replicas, place.size_of(TENSOR),
                                     flavour.keras_flavour(), "pipeline")
+        if self.zero == 3:
+            self._check_zero3()
         if place.mesh.size > 1:
             _warn_if_one_inter_op_thread()
             if self.config.stages > 1 and not self.config.arithmetic_optimization:
@@ -367,14 +370,28 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
                   spec.names[bounds[held[-1] + 1] - 1], size / 1e6, spec.total_param_bytes / 1e6,
                   100.0 * size / max(1, spec.total_param_bytes))
         if self.zero:
-            from tfdist.zero.data_axis import SKIP_GATHER_ENV, DataAxisZero
-
+            if self.zero == 3:
+                self._check_zero3()
             with self.scope():
-                model._pipeline_zero = DataAxisZero(  # noqa: SLF001
-                    model.trainable_variables, self.zero, self.layout.group(DATA),
-                    pipe=self.layout.group(PIPE), timeout=self.timeout,
-                    sabotage=os.environ.get(SKIP_GATHER_ENV) or None)
+                model._pipeline_zero = attach_data_axis(  # noqa: SLF001
+                    model, self.zero, self.layout.group(DATA), self.timeout,
+                    pipe=self.layout.group(PIPE))
         return self._mark_split(model)
+
+    def backup_callback(self, directory: Any, **kwargs: Any) -> Any:
+        """`SavingMixin.backup_callback`; refused under ZeRO stage 3 (`refuse_backups`)."""
+        if self.zero == 3:
+            from tfdist.zero.data_axis_layers import refuse_backups
+
+            refuse_backups("strategy.backup_callback", "pipeline")
+        return super().backup_callback(directory, **kwargs)
+
+    def _check_zero3(self) -> None:
+        """Refuses, before any process waits, a pipeline ZeRO stage 3 cannot run."""
+        from tfdist.zero.data_axis_layers import check_pipeline_stage3
+
+        check_pipeline_stage3(self.config.schedule, self.config.chunks,
+                              self.config.weight_gradients, self.layout.holds_all)
 
     def _check_whole_batch(self, spec: stage.ModelSpec) -> None:
         """Refuses ``weight_gradients="whole_batch"`` where a second run of a stage would
@@ -426,7 +443,7 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
         @tf.function
         def step(x: Any, y: Any, sample_weight: Any = None) -> Any:
             self.check_batch(x)
-            checks = step_checks(engine.layout, model.trainable_variables, x, y, sample_weight,
+            checks = step_checks(engine.layout, checked_variables(model), x, y, sample_weight,
                                  optimizer.iterations + 1, self.timeout)
             x, y, sample_weight = gated(checks, x, y, sample_weight)
             total, _ = apply_step(model, engine, optimizer, engine.replica_rows(x),

@@ -73,7 +73,14 @@ class StageWeightsMixin:
 
     def gather_weights(self, model: Any) -> list[np.ndarray] | None:
         """All stages' weights (replica 0) on the chief, in the whole model's order; None
-        elsewhere. A collective of replica 0's stages (other replicas return at once)."""
+        elsewhere. A collective of replica 0's stages (other replicas return at once; under
+        ZeRO stage 3 every replica first gathers its stage whole)."""
+        from tfdist.pipeline.zero_calls import whole_weights
+
+        with whole_weights(model):
+            return self._gather_stages(model)
+
+    def _gather_stages(self, model: Any) -> list[np.ndarray] | None:
         layout = self.layout
         if layout.replica != 0:
             return None

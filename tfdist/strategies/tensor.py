@@ -27,8 +27,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,7 +45,7 @@ from tfdist.strategies.base import TfdistStrategyMixin
 from tfdist.strategies.initial_weights import shard_initial_weights
 from tfdist.strategies.model_parallel import ModelParallelMixin
 from tfdist.strategies.startup import resolve_startup_timeout
-from tfdist.strategies.zero import data_axis_stage
+from tfdist.strategies.zero import attach_data_axis, data_axis_stage
 from tfdist.tensor import blocks, nested
 from tfdist.tensor import build as shards_of
 from tfdist.tensor.model import TensorModel
@@ -72,11 +72,12 @@ class TensorStrategy(StepBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
         timeout_seconds: Deadline of each collective (default 300 s).
         startup_timeout_seconds: Deadline for all processes to join.
         tf_config: The TF_CONFIG to use instead of the environment's.
-        zero: ZeRO stage 1 or 2 on the data axis (None: ``$TFDIST_ZERO``, which
+        zero: ZeRO stage 1, 2 or 3 on the data axis (None: ``$TFDIST_ZERO``, which
             ``tfdist-launch --zero`` writes; else none): each shard's D replicas keep the
             optimizer slots of 1/D of its weights, update that part and all-gather it (stage 2
-            also reduce-scatters the gradients; `tfdist.zero.data_axis`). D >= 2; stage 3 is
-            refused.
+            also reduce-scatters the gradients; `tfdist.zero.data_axis`); stage 3 keeps 1/D
+            of the shard's weights, each layer gathered for its calls
+            (`tfdist.zero.data_axis_layers`). D >= 2.
 
     Raises:
         StrategyConfigError: a shard count that is not a positive int or does not divide the
@@ -232,18 +233,23 @@ class TensorStrategy(StepBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
         self._agree_seeds(shard)
         return self._mark_split(self._attach_zero(shard))
 
+    def backup_callback(self, directory: Any, **kwargs: Any) -> Any:
+        """`SavingMixin.backup_callback`; refused under ZeRO stage 3 (its checkpoint holds
+        the shard's variables, empty between steps: `refuse_backups`)."""
+        if self.zero == 3:
+            from tfdist.zero.data_axis_layers import refuse_backups
+
+            refuse_backups("strategy.backup_callback", "tensor")
+        return super().backup_callback(directory, **kwargs)
+
     def _attach_zero(self, model: Any) -> Any:
         """Under ZeRO, the step of `tfdist.zero.data_axis` on the shard's variables."""
         if self.zero:
-            from tfdist.zero.data_axis import SKIP_GATHER_ENV, DataAxisZero
-
             split = frozenset(i for i, v in enumerate(model.trainable_weights)
                               if id(v) in model._split_ids)  # noqa: SLF001
             with self.scope():
-                model.zero = DataAxisZero(
-                    model.trainable_weights, self.zero, self.data_group,
-                    tensor=self.tensor_group, split=split, timeout=self.timeout,
-                    sabotage=os.environ.get(SKIP_GATHER_ENV) or None)
+                model.zero = attach_data_axis(model, self.zero, self.data_group, self.timeout,
+                                              tensor=self.tensor_group, split=split)
         return model
 
     def _agree_seeds(self, model: Any) -> None:
@@ -332,9 +338,12 @@ class TensorStrategy(StepBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
 
     # ----------------------------------------------------------------- saving
     def gather_weights(self, model: Any) -> dict[str, list[Any]]:
-        """Every layer's whole weights (a collective of the tensor group)."""
-        return shards_of.gather_weights(model, model.tensor_plan, self.tensor_group,
-                                        self.timeout)
+        """Every layer's whole weights (a collective of the tensor group; under ZeRO stage 3
+        each shard first gathered whole from its data replicas, and dropped after)."""
+        layered = getattr(model, "layered", None)
+        with contextlib.nullcontext() if layered is None else layered.whole():
+            return shards_of.gather_weights(model, model.tensor_plan, self.tensor_group,
+                                            self.timeout)
 
     def backup_layout(self) -> dict[str, Any]:
         """What this process's backup depends on: the mesh (its shards are ``1/T`` of a layer,

@@ -45,7 +45,7 @@ from tfdist.zero.engine import ZeroEngine
 from tfdist.zero.model import attach, original_class
 from tfdist.zero.partition import check_stage
 
-__all__ = ["ZeroStrategy", "ZERO_ENV", "zero_stage", "data_axis_stage"]
+__all__ = ["ZeroStrategy", "ZERO_ENV", "zero_stage", "data_axis_stage", "attach_data_axis"]
 
 ZERO_ENV = builtin.ZERO_ENV
 _log = logging.getLogger("tfdist")
@@ -77,6 +77,25 @@ def data_axis_stage(zero: object, replicas: int, tensor: int, flavour: str,
 
         check_zero(stage, replicas, tensor, flavour, strategy)
     return stage
+
+
+def attach_data_axis(model: Any, stage: int, data: Any, timeout: float, pipe: Any = None,
+                     tensor: Any = None, split: frozenset[int] = frozenset()) -> Any:
+    """The ZeRO step of a pipeline stage's or tensor shard's ``model`` on its ``data`` group
+    (call it in the strategy's scope): `tfdist.zero.data_axis.DataAxisZero` at stages 1-2,
+    `tfdist.zero.data_axis_layers.DataAxisLayers` at stage 3 (which drops the model's whole
+    weights). ``pipe``: the replica's stages (the global norm); ``tensor``, ``split``: the
+    tensor group and the indexes of the weights split over it."""
+    from tfdist.zero.data_axis import SKIP_GATHER_ENV, DataAxisZero
+
+    sabotage = os.environ.get(SKIP_GATHER_ENV) or None
+    if stage == 3:
+        from tfdist.zero.data_axis_layers import DataAxisLayers
+
+        return DataAxisLayers(model, data, pipe=pipe, tensor=tensor, split=split,
+                              timeout=timeout, sabotage=sabotage)
+    return DataAxisZero(model.trainable_weights, stage, data, pipe=pipe, tensor=tensor,
+                        split=split, timeout=timeout, sabotage=sabotage)
 
 
 class ZeroStrategy(ModelParallelMixin, TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):

@@ -22,6 +22,7 @@ vocabulary-split logits.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import keras
@@ -112,6 +113,8 @@ class TensorModel(keras.Model):
             timeout=timeout)
 
         def weights() -> list[Any]:
+            if self.layered is not None:  # ZeRO stage 3: each process holds its own part
+                return []
             trainable = self.trainable_weights
             replicated = {v.path: v for v in trainable if id(v) not in self._split_ids}
             same = {"fix": _WEIGHTS_FIX, "describe": self.describe_rank, "timeout": timeout,
@@ -252,14 +255,17 @@ class TensorModel(keras.Model):
             x = tf.nest.map_structure(tf.identity, x)
         share = self.replica_share(x)
         x, y, sample_weight = (self.replica_rows(v) for v in (x, y, sample_weight))
-        with tf.GradientTape() as tape:
+        with tf.GradientTape() as tape, self.layer_gathers():
             y_pred = self(x, training=True)
             loss = compute_loss(x, y, y_pred, sample_weight)
             loss = loss * tf.cast(share, loss.dtype)
-        gradients = tape.gradient(loss, self.trainable_weights)
-        if self.zero is not None:  # ZeRO on the data axis: norms over every replica's part
-            self.zero.apply(optimizer, gradients, self.average_gradients)
+        if self.layered is not None:  # ZeRO stage 3: the parts' gradients, already reduced
+            self.layered.apply(optimizer, tape.gradient(loss, self.layered.targets()))
+        elif self.zero is not None:  # ZeRO on the data axis: norms over every replica's part
+            self.zero.apply(optimizer, tape.gradient(loss, self.trainable_weights),
+                            self.average_gradients)
         else:
+            gradients = tape.gradient(loss, self.trainable_weights)
             gradients = self.clip(self.average_gradients(gradients), optimizer)
             with clipping_off(optimizer):
                 optimizer.apply_gradients(zip(gradients, self.trainable_weights, strict=True))
@@ -294,9 +300,23 @@ class TensorModel(keras.Model):
                 fix="call model.predict(x) on every process: it gathers the whole logits"))
         return super().__call__(*args, **kwargs)
 
+    @property
+    def layered(self) -> Any:
+        """Under ZeRO stage 3 (`tfdist.zero.data_axis_layers`), its step; else None."""
+        return self.zero if getattr(self.zero, "stage", 0) == 3 else None
+
+    def layer_gathers(self) -> Any:
+        """Under ZeRO stage 3, each layer gathers its weights for its calls while entered."""
+        return contextlib.nullcontext() if self.layered is None else self.layered.layerwise()
+
+    def test_step(self, data: Any) -> Any:
+        with self.layer_gathers():
+            return super().test_step(data)
+
     def predict_step(self, data: Any) -> Any:
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
-        y_pred = self(x, training=False)
+        with self.layer_gathers():
+            y_pred = self(x, training=False)
         if self.tensor_plan.output_layer is None:
             return y_pred
         return gather_last_axis(y_pred, self.tensor_group, self.tensor_timeout)

@@ -23,10 +23,11 @@ strategy's ``tf.function``, once the process's gradients are summed):
 4. the updated pieces are all-gathered into the process's whole weights: every replica holds
    the same weights again (the strategies' consistency checks compare them).
 
-Refused before training (`check_zero`, `check_zero_optimizer`): ZeRO stage 3, tf-keras, D = 1,
+Stage 3 is `tfdist.zero.data_axis_layers`. Refused before training (`check_zero`,
+`check_zero_optimizer`): tf-keras, D = 1,
 a pipeline's tensor-split stages, ``use_ema`` and ``gradient_accumulation_steps`` (both keep
 per-variable state that Keras swaps or applies outside this step), and weights tied across
-pipeline stages under stage 2 (their gradients are summed whole across stages).
+pipeline stages under stages 2 and 3 (their gradients are summed whole across stages).
 """
 
 from __future__ import annotations
@@ -69,22 +70,15 @@ def check_zero(stage: int, replicas: int, tensor: int, flavour: str,
 
     Example:
         >>> check_zero(2, 2, 1, "keras3")
-        >>> check_zero(3, 2, 1, "keras3")
+        >>> check_zero(3, 2, 2, "keras3", "tensor")
+        >>> check_zero(3, 1, 2, "keras3", "tensor")
         Traceback (most recent call last):
         ...
-        tfdist.errors.StrategyConfigError: ZeRO stage 3 (weights sharded, gathered layer by \
-layer) is not built for the pipeline strategy: its processes hold their weights whole. \
-Received: zero=3 with strategy pipeline. Expected: zero=1 or 2 with the pipeline strategy \
-(stage 3 with multi_worker). Fix: pass zero=2 (tfdist-launch --zero 2), or --strategy \
-multi_worker for stage 3
+        tfdist.errors.StrategyConfigError: ZeRO shards over the data-parallel replicas, and \
+this tensor job has one (D=1): there is nothing to shard. Received: zero=3 with D=1 tensor \
+replica(s). Expected: D >= 2: processes = D x K x T. Fix: launch with twice the workers \
+(tfdist-launch --workers 4 --stages 2 --zero 3, or --workers 4 --tensor 2), or drop zero
     """
-    if stage == 3:
-        raise StrategyConfigError(format_error(
-            "ZeRO stage 3 (weights sharded, gathered layer by layer) is not built for the "
-            f"{strategy} strategy: its processes hold their weights whole.",
-            received=f"zero=3 with strategy {strategy}",
-            expected=f"zero=1 or 2 with the {strategy} strategy (stage 3 with multi_worker)",
-            fix="pass zero=2 (tfdist-launch --zero 2), or --strategy multi_worker for stage 3"))
     if flavour == "tf_keras":
         raise StrategyConfigError(format_error(
             "ZeRO builds the optimizer on parts of the weights with Keras 3's API.",
@@ -124,12 +118,12 @@ def check_zero_optimizer(optimizer: Any, stage: int, tied: bool) -> None:
                 received=f"{option}={value!r} ({type(optimizer).__name__}) with zero={stage}",
                 expected=f"an optimizer without {option}",
                 fix=f"drop {option}, or drop zero"))
-    if tied and stage == 2:
+    if tied and stage >= 2:
         raise StrategyConfigError(format_error(
-            "ZeRO stage 2 reduce-scatters each stage's gradients, and a weight tied across "
-            "stages needs its whole gradient summed over the stages that hold it.",
-            received="zero=2 with weights tied across stages",
-            expected="no tied weights with zero=2",
+            f"ZeRO stage {stage} reduce-scatters each stage's gradients, and a weight tied "
+            "across stages needs its whole gradient summed over the stages that hold it.",
+            received=f"zero={stage} with weights tied across stages",
+            expected=f"no tied weights with zero={stage}",
             fix="use zero=1 (it keeps the whole gradients), or untie the weights"))
 
 

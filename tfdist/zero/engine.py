@@ -100,7 +100,8 @@ class ZeroEngine:
         stage: 1, 2 or 3.
         group: The data axis' group (`tfdist.parallel.mesh.ProcessGroup`).
         timeout: Seconds an eager collective waits (inside a step the step's watchdog rules).
-        sabotage: Test-only: ``"skip_gather"`` leaves the updated parts ungathered.
+        sabotage: Test-only: ``"skip_gather"`` leaves the updated parts ungathered;
+            ``"skip_scatter"`` keeps this process's own gradient rows unreduced.
     """
 
     def __init__(self, model: Any, stage: int, group: ProcessGroup, timeout: float,
@@ -299,7 +300,9 @@ class ZeroEngine:
                  if g is not None and not isinstance(g, tf.IndexedSlices)}
         summed = tf.zeros([0], self.dtype)
         buffer = owner_buffer(grads, self.plan, dense, size, self.dtype)
-        if buffer is not None:
+        if buffer is not None and self.sabotage == "skip_scatter":  # test-only: local rows
+            summed = buffer[self.group.rank]
+        elif buffer is not None:
             if self.stage == 1:
                 summed = all_reduce(buffer, self.group, "sum",
                                     timeout=self._timeout())[self.group.rank]

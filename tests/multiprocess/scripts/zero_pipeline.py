@@ -35,6 +35,10 @@ from tfdist.zero.data_axis import SKIP_GATHER_ENV
 GLOBAL, SEQ, VOCAB, DIM, LR, CLIP = 16, 6, 16, 4, 0.05, 0.05
 PHASES = (("zero1", 1, "global_clipnorm"), ("zero2", 2, "global_clipnorm"),
           ("zero1_clipnorm", 1, "clipnorm"), ("sabotage", 2, "global_clipnorm"))
+STAGE3_PHASES = (("zero3", 3, "global_clipnorm"), ("zero3_clipnorm", 3, "clipnorm"),
+                 ("sabotage3", 3, "global_clipnorm"))
+"""The same job goes on with them after stages 1-2."""
+SABOTAGE = {"sabotage": "skip_gather", "sabotage3": "skip_scatter"}
 
 
 def build():
@@ -80,8 +84,8 @@ def fit_reference(initial, x, y, weight, clip):
 
 def run_phase(strategy, name, stage, initial, x, y, weight, folder, clip):
     strategy.zero = stage
-    if name == "sabotage":
-        os.environ[SKIP_GATHER_ENV] = "skip_gather"
+    if name in SABOTAGE:
+        os.environ[SKIP_GATHER_ENV] = SABOTAGE[name]
     whole = build()
     whole.set_weights(initial)
     model = strategy.build_model(whole)
@@ -92,15 +96,22 @@ def run_phase(strategy, name, stage, initial, x, y, weight, folder, clip):
     result = {"loss": loss, "cpu_seconds": time.process_time() - start,
               "slots": slot_bytes(model.optimizer)}
     whole_adam = optimizer()
-    whole_adam.build(model.trainable_variables)
+    shapes = [keras.Variable(np.zeros(v.shape, "float32")) for v in model.trainable_variables]
+    whole_adam.build(shapes)
     result["replicated_slots"] = slot_bytes(whole_adam)
-    result["stage_bytes"] = sum(int(v.numpy().nbytes) for v in model.trainable_variables)
+    result["stage_bytes"] = sum(int(v.numpy().nbytes) for v in shapes)
+    if stage == 3:  # what the stage model and this process's parts hold between steps
+        zero = getattr(model, "_pipeline_zero", None) or model.zero  # pipeline, tensor
+        result["held"] = zero.held_bytes(model.optimizer)
+        if name == "zero3":
+            result["evaluated"] = model.evaluate(x, y, sample_weight=weight, batch_size=GLOBAL,
+                                                 verbose=0)
     gathered = strategy.gather_weights(model)
     if isinstance(gathered, dict):  # tensor: each layer's whole weights, by name
         gathered = [w for layer in build().layers for w in gathered.get(layer.name, [])]
     result["weights"] = None if gathered is None else [np.asarray(w).tolist() for w in gathered]
-    if name == "zero2":
-        path = os.path.join(folder, "zero2.keras")
+    if name in ("zero2", "zero3"):
+        path = os.path.join(folder, f"{name}.keras")
         result["saved"] = strategy.save_model(model, path)
         if strategy.is_chief:
             result["loaded"] = [w.tolist() for w in keras.models.load_model(path).get_weights()]
@@ -119,13 +130,19 @@ def main(argv):
     x, y, weight = data(steps)
     out = {"class": type(strategy).__name__, "zero_from_env": strategy.zero,
            "layout": strategy.backup_layout(), "phases": {}}
-    for name, stage, clip in PHASES:
+    for name, stage, clip in PHASES + STAGE3_PHASES:
         out["phases"][name] = run_phase(strategy, name, stage, initial, x, y, weight, folder,
                                         clip)
     if strategy.is_chief:
         out["initial"] = [w.tolist() for w in initial]
         out["reference"] = {clip: fit_reference(initial, x, y, weight, clip)
                             for clip in ("global_clipnorm", "clipnorm")}
+        trained = build()
+        trained.set_weights([np.asarray(w, "float32")
+                             for w in out["reference"]["global_clipnorm"][0]])
+        trained.compile(loss="mse")
+        out["reference_evaluated"] = trained.evaluate(x, y, sample_weight=weight,
+                                                      batch_size=GLOBAL, verbose=0)
     report(out)
 
 
