@@ -4,7 +4,9 @@ Tests without a marker are treated as ``unit``. ``horovod`` tests skip (with the
 Horovod is not built; run ``bash launch/setup.sh`` to build it. Every run ends with its wall time,
 the CPU cores and load it ran on, and its `SLOWEST` slowest tests (setup, call and teardown
 together) and modules, also under ``pytest -n 2`` (pytest-xdist), where the per-phase
-``--durations`` list mixes the two workers' phases.
+``--durations`` list mixes the two workers' phases. Every test's row of the CPU its processes
+used (the summary shows the top 15): run with ``TFDIST_TEST_PROCESS_LOG=FILE`` (kept, not
+deleted), then ``python tests/census.py FILE``.
 """
 
 from __future__ import annotations
