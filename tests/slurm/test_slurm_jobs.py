@@ -144,9 +144,13 @@ def test_horovod_job_over_srun_trains_like_the_local_run(
     assert _nothing_left(slurm) == {}
 
 
+# --overlap: the job's own step, next, may start on these CPUs at once. Without it, that step
+# found them still held by this one, ended seconds before, and srun waited for slurmctld's word
+# that they were free, which does not reach it across the fake hosts' namespaces: it retried
+# after its 60-70 s step wait, twice (CI: 132 s for the test, the step 3 s).
 _PLACES = (
-    "srun --label sh -c 'echo \"@$SLURMD_NODENAME $({python} -m tfdist.launcher.slurm.task "
-    "--strategy parameter_server --ps 1 --chief --dry-run -- x)\"'"
+    "srun --overlap --label sh -c 'echo \"@$SLURMD_NODENAME $({python} -m "
+    "tfdist.launcher.slurm.task --strategy parameter_server --ps 1 --chief --dry-run -- x)\"'"
 )
 
 
