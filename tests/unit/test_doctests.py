@@ -52,6 +52,7 @@ MODULES = [
     "tfdist.launcher.containment",
     "tfdist.resilience.claim",
     "tfdist.resilience.pipeline_backup",
+    "tfdist.strategies.pipeline_checks",
     "tfdist.parallel.consistency",
     "tfdist.pipeline.consistency",
     "tfdist.resilience.pipeline_vote",

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfdist.pipeline.keras_model import mean_loss
+from tfdist.pipeline.loss_and_metrics import mean_loss
 
 pytestmark = pytest.mark.unit
 

@@ -20,7 +20,8 @@ one engine: a training step from any schedule's actions, one chunk per process o
 op handler per op kind), `split_backward` (the input-gradient and weight-gradient halves of a
 split backward), `interleave` (which chunks a process holds, how each sees the pipeline),
 `keras_model`
-(``model.fit`` on a stage), `local` (all stages in one process, one per local device, tensors
+(``model.fit`` on a stage), `loss_and_metrics` (what ``compile``'s loss and metrics become on a
+stage), `local` (all stages in one process, one per local device, tensors
 handed over in-process), `modes` (the two modes, one stage per process or all on devices,
 chosen once).
 

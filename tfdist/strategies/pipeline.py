@@ -41,16 +41,9 @@ import tensorflow as tf
 
 from tfdist.core import flavour
 from tfdist.core import traits as builtin
-from tfdist.errors import StrategyConfigError, format_error
 from tfdist.options import check_positive_number
 from tfdist.parallel.mesh import DATA, PIPE, TENSOR
-from tfdist.pipeline import (
-    batch_norm,
-    optimizers,
-    stage,
-    tied,
-    transport,
-)
+from tfdist.pipeline import batch_norm, stage, transport
 from tfdist.pipeline.config import (
     LAYER_COSTS_ENV,
     MICRO_BATCHES_ENV,
@@ -59,18 +52,16 @@ from tfdist.pipeline.config import (
     PipelineConfig,
 )
 from tfdist.pipeline.consistency import gated, step_checks
-from tfdist.pipeline.keras_model import (
-    apply_step,
-    build_stage_optimizer,
-    mean_loss,
-)
+from tfdist.pipeline.keras_model import apply_step, build_stage_optimizer
 from tfdist.pipeline.layout import PipelineLayout
+from tfdist.pipeline.loss_and_metrics import mean_loss
 from tfdist.pipeline.modes import PipelineMode, choose_mode
 from tfdist.pipeline.zero_calls import checked_variables
 from tfdist.resilience.pipeline_backup import PipelineBackupMixin
 from tfdist.strategies.base import TfdistStrategyMixin
 from tfdist.strategies.initial_weights import stages_drawn_when_made, stages_initial_weights
 from tfdist.strategies.model_parallel import ModelParallelMixin
+from tfdist.strategies.pipeline_checks import PipelineChecksMixin
 from tfdist.strategies.pipeline_weights import StageWeightsMixin
 from tfdist.strategies.pipeline_weights import stage_model as _stage_model
 from tfdist.strategies.startup import resolve_startup_timeout
@@ -108,8 +99,8 @@ def _warn_if_one_inter_op_thread() -> None:
             "or more (tf.config.threading.set_inter_op_parallelism_threads(2)).")
 
 
-class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixin,
-                       TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
+class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, PipelineChecksMixin,
+                       ModelParallelMixin, TfdistStrategyMixin, tf.distribute.OneDeviceStrategy):
     """Pipeline (and data x pipeline) parallelism over the workers of TF_CONFIG.
 
     Args:
@@ -386,30 +377,7 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
             refuse_backups("strategy.backup_callback", "pipeline")
         return super().backup_callback(directory, **kwargs)
 
-    def _check_zero3(self) -> None:
-        """Refuses, before any process waits, a pipeline ZeRO stage 3 cannot run."""
-        from tfdist.zero.data_axis_layers import check_pipeline_stage3
-
-        check_pipeline_stage3(self.config.schedule, self.config.chunks,
-                              self.config.weight_gradients, self.layout.holds_all)
-
-    def _check_whole_batch(self, spec: stage.ModelSpec) -> None:
-        """Refuses ``weight_gradients="whole_batch"`` where a second run of a stage would
-        differ from its first (a random layer) or its stages are split (T > 1)."""
-        if self.config.weight_gradients != "whole_batch":
-            return
-        from tfdist.pipeline.batch_weights import random_layers
-
-        found = random_layers([(s.name, s.class_name, s.config) for s in spec.layers])
-        if found or self.shards > 1:
-            raise StrategyConfigError(format_error(
-                "weight_gradients='whole_batch' runs each stage a second time on the whole "
-                "replica batch, which must give what its micro-batches gave.",
-                received=f"random layers {found}, tensor={self.shards}",
-                expected="no layer with a random seed (Dropout, noise), tensor=1",
-                fix="use weight_gradients='sum' (the default)"))
-
-    # ----------------------------------------------------------------- preemption
+    # ----------------------------------------------------------------- the custom loop
     def train_step(self, model: Any, loss: Any, optimizer: Any) -> Any:
         """The custom-loop path: a ``tf.function`` ``step(x, y, sample_weight=None) -> loss`` of
         one pipelined step.
@@ -456,52 +424,6 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, ModelParallelMixi
             return engine.share(value, [], tf.float32, 0, transport.CUSTOM)
 
         return step
-
-    def check_optimizer(self, optimizer: Any) -> None:
-        """Raises before training for an optimizer option the pipeline cannot apply as one
-        device would (`tfdist.pipeline.optimizers`: which options are exact, which refused)."""
-        optimizers.check_optimizer(optimizer, spans_processes=not self.layout.holds_all)
-        if self.split is not None:
-            from tfdist.tensor.stages import check_clipping
-
-            check_clipping(optimizer)
-        if self.spec is not None and self.bounds is not None:
-            tied.check_clipping(optimizer, self.spec, self.bounds)
-        if self.zero:
-            from tfdist.zero.data_axis import check_zero_optimizer
-
-            shared = self.spec is not None and self.bounds is not None and \
-                bool(tied.shared_layers(self.spec, self.bounds))
-            check_zero_optimizer(optimizer, self.zero, tied=shared)
-
-    def check_rows(self, rows: int) -> None:
-        """Raises unless a batch of ``rows`` rows divides into D replicas x M micro-batches."""
-        parts = self.layout.replicas * self.micro_batches
-        if int(rows) % parts:
-            fix = (f"use a batch size that is a multiple of {parts} (and drop_remainder=True in "
-                   "Dataset.batch, or a row count that is a multiple of the batch size)")
-            if int(rows) < parts:
-                fix = (f"use at most {max(1, int(rows) // self.layout.replicas)} micro-batches "
-                       f"(each needs a row of every replica's batch), or a batch of {parts} "
-                       "rows or more")
-            raise StrategyConfigError(format_error(
-                f"A global batch of {int(rows)} rows cannot be cut into {self.layout.replicas} "
-                f"replica(s) x {self.micro_batches} micro-batch(es).",
-                received=f"batch={int(rows)}", expected=f"a multiple of {parts}", fix=fix))
-
-    def check_batch(self, x: Any) -> None:
-        """`check_rows` for a batch tensor: at trace time if its row count is static, else a
-        runtime assertion."""
-        x = tf.nest.flatten(x)[0]
-        rows = x.shape[0]
-        if rows is not None:
-            self.check_rows(rows)
-        else:
-            parts = self.layout.replicas * self.micro_batches
-            tf.debugging.assert_equal(
-                tf.shape(x)[0] % parts, 0,
-                message=f"tfdist pipeline: every batch must be a multiple of {parts} rows "
-                "(replicas x micro_batches); batch with drop_remainder=True")
 
     # ----------------------------------------------------------------- weights
     def _broadcast_from_first_replica(self, model: Any) -> None:
