@@ -7,10 +7,12 @@ its sublayers); `units` finds them. While `layerwise` is entered (the trace of a
 each unit's ``call`` runs as a `tf.custom_gradient` function of its floating inputs, this
 process's pieces of its weights and a scalar *token*:
 
-* forward: all-gather the unit's weights (after its inputs exist, so not before they are
-  needed), run the layer on them in a ``keras.StatelessScope``, write back the non-trainable
+* forward: all-gather the unit's weights (once the inputs of the unit called before it exist:
+  the gather overlaps that unit's forward, the prefetch, and is not made before it is needed),
+  run the layer on them in a ``keras.StatelessScope``, write back the non-trainable
   variables it updated (batch statistics, seeds); the gathered weights die with the forward;
-* backward (after the output's gradient exists): all-gather them again, recompute the layer's
+* backward (once the output's gradient of the unit differentiated before it exists, the same
+  prefetch): all-gather them again, recompute the layer's
   forward from its saved inputs under a tape, with the non-trainable variables as they were
   before the forward (the same dropout mask), then reduce-scatter the weights' gradient
   (`tfdist.zero.engine.ZeroEngine.reduce_to_owners` of the unit's weights only): the gradient
@@ -21,7 +23,8 @@ every unit's backward (and its collectives), including a unit whose inputs are i
 embedding) and of which this process owns no piece.
 
 The cost against gathering the whole model once: one more forward per layer (the recompute) and
-the weights gathered twice (1.5x the replicated all-reduce's bytes, as ZeRO-3 moves).
+the weights gathered twice (1.5x the replicated all-reduce's bytes, as ZeRO-3 moves). With the
+prefetch, two units' gathered weights are resident at a time instead of one.
 """
 
 from __future__ import annotations
@@ -80,16 +83,33 @@ def units(model: Any, variables: Sequence[Any]) -> list[Unit] | None:
     return found
 
 
+@dataclasses.dataclass
+class _Prefetch:
+    """What the next unit's gathers wait for: the tensors the last unit called waited for
+    (forward), and the last unit differentiated's output gradients (backward)."""
+
+    forward: list[Any] = dataclasses.field(default_factory=list)
+    backward: list[Any] = dataclasses.field(default_factory=list)
+
+    def after(self, direction: str, own: list[Any]) -> list[Any]:
+        """What a gather waits for: the previous unit's in ``direction``, else ``own``; and
+        ``own`` is what the next one waits for."""
+        previous = getattr(self, direction)
+        setattr(self, direction, own)
+        return previous or own
+
+
 @contextlib.contextmanager
 def layerwise(engine: Any, found: Sequence[Unit]) -> Iterator[None]:
     """Each unit's ``call`` gathers its weights and scatters its gradient (see the module)."""
     originals = []
+    prefetch = _Prefetch()
     for unit in found:
         original = unit.layer.call
         originals.append((unit.layer, original if "call" in vars(unit.layer) else None))
 
         def call(*args: Any, _unit: Unit = unit, _call: Any = original, **kwargs: Any) -> Any:
-            return _run_unit(engine, _unit, _call, args, kwargs)
+            return _run_unit(engine, _unit, _call, args, kwargs, prefetch)
 
         object.__setattr__(unit.layer, "call", call)
     try:
@@ -106,7 +126,8 @@ def _floating(value: Any) -> bool:
     return tf.is_tensor(value) and value.dtype.is_floating
 
 
-def _run_unit(engine: Any, unit: Unit, call: Any, args: tuple, kwargs: dict) -> Any:
+def _run_unit(engine: Any, unit: Unit, call: Any, args: tuple, kwargs: dict,
+              prefetch: _Prefetch) -> Any:
     """``call(*args, **kwargs)`` on the unit's gathered weights (a custom gradient)."""
     flat = tf.nest.flatten((args, kwargs))
     at = [i for i, value in enumerate(flat) if _floating(value)]
@@ -133,14 +154,14 @@ def _run_unit(engine: Any, unit: Unit, call: Any, args: tuple, kwargs: dict) -> 
 
     def unit_call(*tensors: Any) -> Any:
         inputs, mine_parts = list(tensors[:len(at)]), list(tensors[len(at):-1])
-        with tf.control_dependencies(waits):
+        with tf.control_dependencies(prefetch.after("forward", waits)):
             whole = engine.gather_variables(unit.variables, mine_parts)
         outputs = run(inputs, whole, write_back=True)
 
         def grad(*upstream: Any) -> list[Any]:
             upstream = [tf.zeros_like(o) if u is None else u
                         for u, o in zip(upstream, outputs, strict=True)]
-            with tf.control_dependencies(upstream):
+            with tf.control_dependencies(prefetch.after("backward", upstream)):
                 again = engine.gather_variables(unit.variables, mine_parts)
             weights = [again[i] for i in numbers]
             with tf.GradientTape() as tape:
@@ -150,8 +171,8 @@ def _run_unit(engine: Any, unit: Unit, call: Any, args: tuple, kwargs: dict) -> 
             of_inputs, of_weights = found[:len(inputs)], found[len(inputs):]
             owned = engine.reduce_to_owners(dict(zip(numbers, of_weights, strict=True)),
                                             only=unit.variables)
-            # the layer below gathers its weights once this layer's gradient is scattered: one
-            # layer's buffers at a time (memory first; overlapping them would be the prefetch)
+            # this layer's input gradient waits for its scatter: the scatters run one unit at a
+            # time, the unit below's gather (prefetched) overlapping this one's recompute
             done = [g.values if isinstance(g, tf.IndexedSlices) else g
                     for g in owned if g is not None]
             with tf.control_dependencies(done):
