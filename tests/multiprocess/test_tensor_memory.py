@@ -13,7 +13,8 @@ from tfdist.bench.memory import MALLOC_ENV
 from tfdist.cluster import ClusterSpec
 from tfdist.core.traits import MODEL_PARALLEL_ENV
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.cold_start]  # peak RSS: not from a fork
+pytestmark = [pytest.mark.multiprocess, pytest.mark.cold_start,  # peak RSS: not from a fork
+              pytest.mark.timeout(900)]  # 334 s at load 8-17 (3 launches' worth of GPT-2 work)
 pytest.importorskip("keras_hub")
 
 PHASES = Path(__file__).parent / "scripts" / "memory_phases.py"
