@@ -2,7 +2,8 @@
 or with ``--single`` one process training the whole model (the reference).
 
 Args: ``kind width layers micro_batches schedule optimizer [--single] [--whole-batch]
-[--gpt2] [--save DIR]`` (``--whole-batch``: the pipeline's ``weight_gradients="whole_batch"``;
+[--gpt2] [--rows N] [--save DIR]`` (``--whole-batch``: the pipeline's
+``weight_gradients="whole_batch"``; ``--rows``: rows of a global batch, default `GLOBAL`;
 ``--save ""``: a temporary folder), ``kind`` ``pipeline`` or ``tensor``. The model is an MLP of
 ``layers`` square ``width`` layers, seeded (one process and the stages start from the same
 weights); with ``--gpt2``, KerasHub's GPT-2 from a config (``layers`` blocks of ``width``, heads
@@ -87,11 +88,12 @@ def main(argv):
     kind, width, layers, micro, schedule, opt = argv[0], *map(int, argv[1:4]), *argv[4:6]
     rng = np.random.default_rng(0)
     gpt2 = "--gpt2" in argv
-    x = rng.normal(size=(GLOBAL * (STEPS + 1), FEATURES)).astype("float32")
+    rows = int(argv[argv.index("--rows") + 1]) if "--rows" in argv else GLOBAL
+    x = rng.normal(size=(rows * (STEPS + 1), FEATURES)).astype("float32")
     y = x[:, :1] * 2
     loss = "mse"
     if gpt2:
-        tokens = rng.integers(0, VOCAB, size=(GLOBAL * (STEPS + 1), SEQ + 1)).astype("int32")
+        tokens = rng.integers(0, VOCAB, size=(rows * (STEPS + 1), SEQ + 1)).astype("int32")
         x = {"token_ids": tokens[:, :-1], "padding_mask": np.ones_like(tokens[:, 1:])}
         y, loss = tokens[:, 1:], keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     strategy = None
@@ -110,9 +112,9 @@ def main(argv):
         model = phases.run("build", lambda: strategy.build_model(
             lambda: build(keras, width, layers, gpt2)))
     phases.run("compile", lambda: model.compile(optimizer=_optimizer(keras, opt), loss=loss))
-    first, rest = _rows(x, 0, GLOBAL), _rows(x, GLOBAL, None)
-    phases.run("first", lambda: model.fit(first, y[:GLOBAL], batch_size=GLOBAL, verbose=0))
-    history = phases.run("steady", lambda: model.fit(rest, y[GLOBAL:], batch_size=GLOBAL,
+    first, rest = _rows(x, 0, rows), _rows(x, rows, None)
+    phases.run("first", lambda: model.fit(first, y[:rows], batch_size=rows, verbose=0))
+    history = phases.run("steady", lambda: model.fit(rest, y[rows:], batch_size=rows,
                                                      shuffle=False, verbose=0))
     if "--save" in argv:
         path = Path(argv[argv.index("--save") + 1] or tempfile.mkdtemp()) / "model.keras"

@@ -3,7 +3,8 @@ download), whose backbones leave the sequence length out of ``keras.Input``: the
 hidden state of shape ``(None, hidden)`` and the padding mask, and the stages agree on each
 batch's length with the transfer (`tfdist.pipeline.transport`).
 
-Args: ``micro_batches MODEL [MODEL ...] [--then-sabotage]``, MODEL one of `MODELS` (a model
+Args: ``micro_batches MODEL [MODEL ...] [--then-sabotage] [--then-skip-row-reduce]
+[--skip-row-reduce] [--one-length]``, MODEL one of `MODELS` (a model
 the pipeline refuses reports the refusal: KerasHub 0.32's Llama decoder cannot give its
 config, which each stage rebuilds from). For each
 model every process builds it with a fixed seed, takes its stage (`build_model`), fits a
@@ -13,7 +14,9 @@ gathered weights' gap to one process training the whole model on the same batche
 same initial weights (the chief computes it), the losses, and its predictions on a batch of
 each length (shared by the last stage with every stage) against the one-process model's.
 ``--then-sabotage`` trains the first model again with the gradient of the hidden state across
-the cut dropped (zeros sent back instead): parity must fail.
+the cut dropped (zeros sent back instead): parity must fail. ``--then-skip-row-reduce`` (K x T)
+trains it again with a block's row all-reduce skipped in each stage; ``--skip-row-reduce``
+trains only that (a D x K x T job does not train a second model: see its test).
 """
 
 from __future__ import annotations
@@ -168,7 +171,7 @@ def train_one(strategy, name):
     result = {"loss": loss, "seconds": time.monotonic() - started}
     if strategy.shards > 1:  # K x T: what this process holds, and the stages' plan
         result.update(held_bytes=strategy.stage_report()["param_bytes"],
-                      stage=strategy.layout.stage,
+                      stage=strategy.layout.stage, replica=strategy.layout.coordinates.data,
                       shard=strategy.layout.coordinates.tensor, plan=strategy.plan.as_dict(),
                       weight_bytes=int(sum(np.asarray(w).nbytes for w in model.get_weights())))
     trained = strategy.gather_weights(model)
@@ -196,6 +199,10 @@ def main(argv):
     names = [a for a in argv[1:] if a in MODELS]
     strategy = tfdist.get_strategy("auto", micro_batches=micro_batches, schedule="1f1b")
     result = {"stages": strategy.stages, "models": {}}
+    if "--skip-row-reduce" in argv:  # the sabotage alone: the job's only model
+        skip_one_row_reduce()
+        result["sabotage"] = train_one(strategy, names[0])
+        names = []
     for name in names:
         try:
             result["models"][name] = train_one(strategy, name)
