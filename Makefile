@@ -26,13 +26,8 @@ test: slurm  ## the whole test suite (what CI runs) on 2 pytest-xdist workers, S
 # tests/conftest.py sets): about 1.5 CPU-s less in each xdist worker. --dist worksteal: a worker
 # that runs out of tests takes half of the other's queue, so both end together (with the default
 # --dist load, the heavy tensor and pipeline modules, last in the order, left one worker 20 s alone).
-# TF_ENABLE_ONEDNN_OPTS=0 (unless set): the unit tests' tiny models run on TensorFlow's Eigen
-# kernels, whose per-op overhead is lower than oneDNN's; the pipeline, tensor-plan and
-# pipeline-semantics tests took 20% less CPU (42.9 -> 34-37 CPU-s at load 8-14). Their parity
-# asserts compare two computations in one process, both on the same kernels; `make test` (and
-# every multi-process test's tasks there) keeps TensorFlow's default, oneDNN on.
 test-fast: setup  ## unit tests only (2 pytest-xdist workers): no cluster, under a minute
-	TF_ENABLE_ONEDNN_OPTS="$${TF_ENABLE_ONEDNN_OPTS:-0}" PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(VENV_BIN)/python -m pytest -m unit -n 2 --dist worksteal
+	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(VENV_BIN)/python -m pytest -m unit -n 2 --dist worksteal
 
 lint: setup-minimal
 	$(VENV_BIN)/ruff check .
