@@ -1,6 +1,7 @@
 """Shared fixtures: a multi-process cluster runner, marker-based skips and the run's timing.
 
-Tests without a marker are treated as ``unit``. ``horovod`` tests skip (with the reason) when
+Tests without a marker (``multiprocess``, ``horovod``, ``slow`` or ``docs``) are treated as
+``unit``. ``horovod`` tests skip (with the reason) when
 Horovod is not built; run ``bash launch/setup.sh`` to build it. Every run ends with its wall time,
 the CPU cores and load it ran on, and its `SLOWEST` slowest tests (setup, call and teardown
 together) and modules, also under ``pytest -n 2`` (pytest-xdist), where the per-phase
@@ -95,7 +96,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip_horovod = pytest.mark.skip(reason="Horovod is not installed; run: bash launch/setup.sh")
     have_horovod = _horovod_available()
     for item in items:
-        if not any(m.name in ("multiprocess", "horovod", "slow") for m in item.iter_markers()):
+        if not any(m.name in ("multiprocess", "horovod", "slow", "docs")
+                   for m in item.iter_markers()):
             item.add_marker(pytest.mark.unit)
         if "horovod" in item.keywords and not have_horovod:
             item.add_marker(skip_horovod)

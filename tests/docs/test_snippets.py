@@ -8,11 +8,10 @@ from pathlib import Path
 import docs_snippets as ds
 import pytest
 
-pytestmark = pytest.mark.unit
-
 PAGES = ds.pages()
 
 
+@pytest.mark.docs  # out of `make test-fast` (-m unit): the pages train models, 23-32 CPU-s in all
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ds.REPO)) for p in PAGES])
 def test_page_blocks_run(page: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.delenv("TF_CONFIG", raising=False)

@@ -19,7 +19,7 @@ pytest.importorskip("keras_hub")
 
 PHASES = Path(__file__).parent / "scripts" / "memory_phases.py"
 GPT2 = ("tensor", "768", "8", "1", "gpipe", "adam", "--gpt2", "--rows", "16")
-"""GPT-2 of 4 blocks of width 768 (28.8M parameters, 115 MB of float32 weights; vocabulary 512),
+"""GPT-2 of 8 blocks of width 768 (57M parameters, 229 MB of float32 weights; vocabulary 512),
 next-token batches of 16 rows of 16 tokens, Adam."""
 RATIO = 0.6
 """Issue 36's bound. Measured on 2026-11-27 (2 cores, load 8-17), oneDNN on with the system
