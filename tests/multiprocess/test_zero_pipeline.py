@@ -136,3 +136,24 @@ def test_stage3_each_process_holds_half_its_stages_weights(zero_pipeline_job):
         assert held["weights"] == 0  # the stage model's variables hold no values
         assert abs(held["pieces"] - stage / 2) <= 0.1 * stage, (task, held, stage)
         assert held["largest_layer"] <= stage
+
+
+RESUME_ATOL = 1e-7
+"""A resumed job against the uninterrupted one (the same steps on the same processes)."""
+
+
+def test_stage3_resumes_from_its_per_process_backups(zero_pipeline_job):
+    """2 steps with a backup, then a fresh model resumed from it: each process's pieces and
+    optimizer variables restored before the step are those saved (and not the fresh model's),
+    and the last step reaches the uninterrupted run's weights (``zero3``)."""
+    for task in TASKS:
+        result = zero_pipeline_job[task]["phases"]["zero3_resume"]
+        saved, restored = result["saved"], result["restored"]
+        assert max_gap(restored["pieces"], saved["pieces"]) == 0.0, task
+        assert len(restored["slots"]) == len(saved["slots"]) > 2, task  # Adam's moments too
+        assert max_gap(restored["slots"], saved["slots"]) == 0.0, task
+        assert max_gap(result["before"], saved["pieces"]) > SABOTAGE_MIN_GAP, task
+    chief = zero_pipeline_job["worker:0"]["phases"]
+    gap = max_gap(chief["zero3_resume"]["weights"], chief["zero3"]["weights"])
+    print(f"{zero_pipeline_job['strategy']} stage 3 resumed: gap {gap:.1e} to uninterrupted")
+    assert gap <= RESUME_ATOL

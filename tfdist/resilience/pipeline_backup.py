@@ -32,7 +32,30 @@ from typing import Any
 from tfdist.core import flavour
 from tfdist.errors import StrategyConfigError, format_error
 
-__all__ = ["PipelineBackupMixin", "StepBackupMixin", "step_backup"]
+__all__ = ["PipelineBackupMixin", "StepBackupMixin", "backup_objects", "step_backup"]
+
+
+def backup_objects(model: Any) -> dict[str, Any]:
+    """What a rank's backup checkpoints: its stage (shard) ``model`` and its optimizer; under
+    ZeRO stage 3 (`tfdist.zero.data_axis_layers`), whose model's trainable variables hold no
+    values between steps, this process's pieces of them (``zero_pieces``) and the model's
+    other variables (``zero_state``) instead of the model (the optimizer is built on the
+    pieces: its slots are theirs).
+
+    Example:
+        >>> keras = flavour.get_keras()
+        >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        >>> sorted(backup_objects(model))
+        ['model', 'optimizer']
+    """
+    from tfdist.zero.data_axis_layers import DataAxisLayers
+
+    zero = getattr(model, "_pipeline_zero", None) or getattr(model, "zero", None)
+    optimizer = getattr(model, "optimizer", None)
+    if isinstance(zero, DataAxisLayers):
+        return {"zero_pieces": list(zero.pieces),
+                "zero_state": list(model.non_trainable_variables), "optimizer": optimizer}
+    return {"model": model, "optimizer": optimizer}
 
 
 def step_backup(strategy: Any, directory: str, save_freq: int | str = "epoch",
@@ -65,8 +88,7 @@ def step_backup(strategy: Any, directory: str, save_freq: int | str = "epoch",
 
             _check_one_step_per_call(self.model)
             per_epoch = _steps_per_epoch(self.params)
-            self._saver = StepCheckpoint(directory, model=self.model,
-                                         optimizer=self.model.optimizer)
+            self._saver = StepCheckpoint(directory, **backup_objects(self.model))
             self._restored = self._saver.restore()
             epoch, skip = divmod(self._restored, per_epoch)
             self._steps = epoch * per_epoch

@@ -119,6 +119,48 @@ def run_phase(strategy, name, stage, initial, x, y, weight, folder, clip):
     return result
 
 
+def held_state(model):
+    """This process's pieces and optimizer variables (stage 3), as lists."""
+    zero = getattr(model, "_pipeline_zero", None) or model.zero  # pipeline, tensor
+    return {"pieces": [np.asarray(p.numpy()).tolist() for p in zero.pieces],
+            "slots": [np.asarray(v.numpy()).tolist() for v in model.optimizer.variables]}
+
+
+def run_resume(strategy, initial, x, y, weight, folder):
+    """Stage 3: ``fit`` on the first 2 of the steps with a per-process backup kept, then a
+    fresh model resumed from it (its first ``fit`` batches only read) for the last step:
+    the state restored (before the step runs) and the weights after it."""
+    strategy.zero = 3
+    directory = os.path.join(folder, "backup3")
+    models = []
+    for steps, delete in ((2, False), (None, True)):
+        whole = build()
+        whole.set_weights(initial)
+        model = strategy.build_model(whole)
+        model.compile(optimizer=optimizer(), loss="mse")
+        models.append(model)
+        rows = slice(None) if steps is None else slice(0, steps * GLOBAL)
+        restored, before = {}, held_state(model)["pieces"]  # a fresh model's: the initial
+
+        class Record(keras.callbacks.Callback):
+            def on_train_batch_begin(self, batch, logs=None, model=model, restored=restored):
+                if batch == 2 and not restored:  # after the 2 batches the backup holds
+                    restored.update(held_state(model))
+
+        model.fit(x[rows], y[rows], sample_weight=weight[rows], batch_size=GLOBAL, epochs=1,
+                  shuffle=False, verbose=0,
+                  callbacks=[strategy.backup_callback(directory, delete_checkpoint=delete),
+                             Record()])
+        if steps is not None:
+            saved = held_state(model)
+    gathered = strategy.gather_weights(models[-1])
+    if isinstance(gathered, dict):
+        gathered = [w for layer in build().layers for w in gathered.get(layer.name, [])]
+    return {"saved": saved, "restored": restored,
+            "before": before,
+            "weights": None if gathered is None else [np.asarray(w).tolist() for w in gathered]}
+
+
 def main(argv):
     steps, folder = int(argv[0]), argv[1]
     pipeline = os.environ["TFDIST_STRATEGY"] == "pipeline"
@@ -133,6 +175,7 @@ def main(argv):
     for name, stage, clip in PHASES + STAGE3_PHASES:
         out["phases"][name] = run_phase(strategy, name, stage, initial, x, y, weight, folder,
                                         clip)
+    out["phases"]["zero3_resume"] = run_resume(strategy, initial, x, y, weight, folder)
     if strategy.is_chief:
         out["initial"] = [w.tolist() for w in initial]
         out["reference"] = {clip: fit_reference(initial, x, y, weight, clip)
