@@ -10,8 +10,9 @@ same launches, after stages 1-2): each layer gathered (per micro-batch) for its 
 backward; parity with ``global_clipnorm`` and with ``clipnorm`` + weight decay,
 evaluate as one process, the stage's (shard's) variables empty between steps and each
 process's parts half of them, and keeping each replica's own gradient (no reduce-scatter) breaks
-parity. What they
-cannot run is refused before start (`tests/unit/test_zero_pipeline_options.py`)."""
+parity; a per-process backup after 2 steps, restored into a fresh
+model, gives back each process's pieces and Adam variables and the uninterrupted weights. What
+they cannot run is refused before start (`tests/unit/test_zero_pipeline_options.py`)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,8 @@
 ``<dir>/rank-<r>``, as the stages hold different weights). What it does
 (`tfdist.resilience.pipeline_vote` for the vote and the checkpoint):
 
-* ``on_train_begin``: restores this rank's checkpoint of the model and optimizer and ``g``, the
+* ``on_train_begin``: restores this rank's checkpoint of the model and optimizer (under ZeRO
+  stage 3, of its pieces instead of the model: `backup_objects`) and ``g``, the
   steps it holds. ``fit`` then starts at epoch ``g // steps``, and the first ``g % steps`` calls
   of that epoch's train function take their batch from the input without running it (the
   weights already hold those steps): the rerun reads the same batches as an uninterrupted run.

@@ -16,7 +16,8 @@ all-gather after the update skipped (``TFDIST_ZERO_SABOTAGE=skip_gather``): pari
 fail. The chief also trains the whole model in one process with Keras's own ``fit`` on the same
 global batches: the reference. Each phase reports the gathered weights (chief), the loss per
 epoch, the bytes of the optimizer's variables this process holds and those of the same Adam
-built on the whole stage (what the replicated pipeline holds).
+built on the whole stage (what the replicated pipeline holds). Last, ``zero3_resume``
+(`run_resume`): stage 3 with a per-process backup, resumed by a fresh model.
 """
 
 from __future__ import annotations
