@@ -16,8 +16,9 @@ all-gather after the update skipped (``TFDIST_ZERO_SABOTAGE=skip_gather``): pari
 fail. The chief also trains the whole model in one process with Keras's own ``fit`` on the same
 global batches: the reference. Each phase reports the gathered weights (chief), the loss per
 epoch, the bytes of the optimizer's variables this process holds and those of the same Adam
-built on the whole stage (what the replicated pipeline holds). Last, ``zero3_resume``
-(`run_resume`): stage 3 with a per-process backup, resumed by a fresh model.
+built on the whole stage (what the replicated pipeline holds). ``zero3`` also keeps a
+per-process backup and trains on for an epoch; last, ``zero3_resume`` (`run_resume`) resumes a
+fresh model from that backup for the same epoch.
 """
 
 from __future__ import annotations
@@ -91,9 +92,11 @@ def run_phase(strategy, name, stage, initial, x, y, weight, folder, clip):
     whole.set_weights(initial)
     model = strategy.build_model(whole)
     model.compile(optimizer=optimizer(clip), loss="mse")
+    backup = [strategy.backup_callback(os.path.join(folder, "backup3"),
+                                       delete_checkpoint=False)] if name == "zero3" else []
     start = time.process_time()
     loss = model.fit(x, y, sample_weight=weight, batch_size=GLOBAL, epochs=1, shuffle=False,
-                     verbose=0).history["loss"]
+                     verbose=0, callbacks=backup).history["loss"]
     result = {"loss": loss, "cpu_seconds": time.process_time() - start,
               "slots": slot_bytes(model.optimizer)}
     whole_adam = optimizer()
@@ -107,15 +110,17 @@ def run_phase(strategy, name, stage, initial, x, y, weight, folder, clip):
         if name == "zero3":
             result["evaluated"] = model.evaluate(x, y, sample_weight=weight, batch_size=GLOBAL,
                                                  verbose=0)
-    gathered = strategy.gather_weights(model)
-    if isinstance(gathered, dict):  # tensor: each layer's whole weights, by name
-        gathered = [w for layer in build().layers for w in gathered.get(layer.name, [])]
-    result["weights"] = None if gathered is None else [np.asarray(w).tolist() for w in gathered]
+    result["weights"] = gathered_weights(strategy, model)
     if name in ("zero2", "zero3"):
         path = os.path.join(folder, f"{name}.keras")
         result["saved"] = strategy.save_model(model, path)
         if strategy.is_chief:
             result["loaded"] = [w.tolist() for w in keras.models.load_model(path).get_weights()]
+    if name == "zero3":  # its backup's state; then one more epoch, uninterrupted
+        result["backup"] = held_state(model)
+        model.fit(x, y, sample_weight=weight, batch_size=GLOBAL, epochs=1, shuffle=False,
+                  verbose=0)
+        result["trained_on"] = gathered_weights(strategy, model)
     os.environ.pop(SKIP_GATHER_ENV, None)
     return result
 
@@ -128,38 +133,31 @@ def held_state(model):
 
 
 def run_resume(strategy, initial, x, y, weight, folder):
-    """Stage 3: ``fit`` on the first 2 of the steps with a per-process backup kept, then a
-    fresh model resumed from it (its first ``fit`` batches only read) for the last step:
-    the state restored (before the step runs) and the weights after it."""
+    """Stage 3 resumed: a fresh model's ``fit`` for 2 epochs with ``zero3``'s backup (made
+    at its epoch's end) skips the first epoch and runs the second; the state it restored
+    (before any step) and its weights after it (against ``zero3``'s model trained on)."""
     strategy.zero = 3
-    directory = os.path.join(folder, "backup3")
-    models = []
-    for steps, delete in ((2, False), (None, True)):
-        whole = build()
-        whole.set_weights(initial)
-        model = strategy.build_model(whole)
-        model.compile(optimizer=optimizer(), loss="mse")
-        models.append(model)
-        rows = slice(None) if steps is None else slice(0, steps * GLOBAL)
-        restored, before = {}, held_state(model)["pieces"]  # a fresh model's: the initial
+    whole = build()
+    whole.set_weights(initial)
+    model = strategy.build_model(whole)
+    model.compile(optimizer=optimizer(), loss="mse")
+    restored, before = {}, held_state(model)["pieces"]  # a fresh model's: the initial
 
-        class Record(keras.callbacks.Callback):
-            def on_train_batch_begin(self, batch, logs=None, model=model, restored=restored):
-                if batch == 2 and not restored:  # after the 2 batches the backup holds
-                    restored.update(held_state(model))
+    class Record(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):  # after the backup's restore
+            restored.update(held_state(model))
 
-        model.fit(x[rows], y[rows], sample_weight=weight[rows], batch_size=GLOBAL, epochs=1,
-                  shuffle=False, verbose=0,
-                  callbacks=[strategy.backup_callback(directory, delete_checkpoint=delete),
-                             Record()])
-        if steps is not None:
-            saved = held_state(model)
-    gathered = strategy.gather_weights(models[-1])
-    if isinstance(gathered, dict):
+    model.fit(x, y, sample_weight=weight, batch_size=GLOBAL, epochs=2, shuffle=False,
+              verbose=0, callbacks=[strategy.backup_callback(os.path.join(folder, "backup3")),
+                                    Record()])
+    return {"restored": restored, "before": before, "weights": gathered_weights(strategy, model)}
+
+
+def gathered_weights(strategy, model):
+    gathered = strategy.gather_weights(model)
+    if isinstance(gathered, dict):  # tensor: each layer's whole weights, by name
         gathered = [w for layer in build().layers for w in gathered.get(layer.name, [])]
-    return {"saved": saved, "restored": restored,
-            "before": before,
-            "weights": None if gathered is None else [np.asarray(w).tolist() for w in gathered]}
+    return None if gathered is None else [np.asarray(w).tolist() for w in gathered]
 
 
 def main(argv):
