@@ -10,8 +10,10 @@ same launches, after stages 1-2): each layer gathered (per micro-batch) for its 
 backward; parity with ``global_clipnorm`` and with ``clipnorm`` + weight decay,
 evaluate as one process, the stage's (shard's) variables empty between steps and each
 process's parts half of them, and keeping each replica's own gradient (no reduce-scatter) breaks
-parity. What they
-cannot run is refused before start (`tests/unit/test_zero_pipeline_options.py`)."""
+parity; a per-process backup of stage 3, restored into a fresh model,
+gives back each process's pieces and Adam variables, and its next epoch the uninterrupted
+weights. What
+they cannot run is refused before start (`tests/unit/test_zero_pipeline_options.py`)."""
 
 from __future__ import annotations
 
@@ -136,3 +138,27 @@ def test_stage3_each_process_holds_half_its_stages_weights(zero_pipeline_job):
         assert held["weights"] == 0  # the stage model's variables hold no values
         assert abs(held["pieces"] - stage / 2) <= 0.1 * stage, (task, held, stage)
         assert held["largest_layer"] <= stage
+
+
+RESUME_ATOL = 1e-7
+"""A resumed job against the uninterrupted one (the same steps on the same processes)."""
+
+
+def test_stage3_resumes_from_its_per_process_backups(zero_pipeline_job):
+    """``zero3``'s per-process backup (at its epoch's end) resumed by a fresh model for a second
+    epoch: each process's pieces and optimizer variables restored before any step are those
+    saved (and not the fresh model's), and the epoch reaches the weights of ``zero3``'s model
+    trained on for it without a stop."""
+    for task in TASKS:
+        saved = zero_pipeline_job[task]["phases"]["zero3"]["backup"]
+        result = zero_pipeline_job[task]["phases"]["zero3_resume"]
+        restored = result["restored"]
+        assert max_gap(restored["pieces"], saved["pieces"]) == 0.0, task
+        assert len(restored["slots"]) == len(saved["slots"]) > 2, task  # Adam's moments too
+        assert max_gap(restored["slots"], saved["slots"]) == 0.0, task
+        assert max_gap(result["before"], saved["pieces"]) > SABOTAGE_MIN_GAP, task
+    chief = zero_pipeline_job["worker:0"]["phases"]
+    gap = max_gap(chief["zero3_resume"]["weights"], chief["zero3"]["trained_on"])
+    assert max_gap(chief["zero3"]["trained_on"], chief["zero3"]["weights"]) > SABOTAGE_MIN_GAP
+    print(f"{zero_pipeline_job['strategy']} stage 3 resumed: gap {gap:.1e} to uninterrupted")
+    assert gap <= RESUME_ATOL

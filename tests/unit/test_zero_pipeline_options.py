@@ -2,7 +2,7 @@
 reaching their tasks, and what they cannot run (D=1, the pipeline's tensor-split
 stages, options Keras keeps per variable, tied weights under stage 2) refused before anything
 starts with the field, the value and the fix (stage 3: the pipeline options it cannot run
-layer by layer, per-process backups); a backup written with ZeRO refused by a job
+layer by layer); a backup written with ZeRO refused by a job
 without it. The training itself is tested on 4 processes in
 ``tests/multiprocess/test_zero_pipeline.py``."""
 
@@ -204,7 +204,9 @@ def test_a_weightless_stage_takes_part_without_weights():
 
 
 @pytest.mark.parametrize("name", ["pipeline", "tensor"])
-def test_a_backup_under_stage_three_is_refused(tmp_path, monkeypatch, name):
+def test_a_backup_under_stage_three_is_made(tmp_path, monkeypatch, name):
+    """Stage 3's per-process backups (its pieces; what they restore is checked on 4
+    processes in ``tests/multiprocess/test_zero_pipeline.py``) are no longer refused."""
     from tfdist.strategies.pipeline import PipelineStrategy
     from tfdist.strategies.tensor import TensorStrategy
 
@@ -212,8 +214,35 @@ def test_a_backup_under_stage_three_is_refused(tmp_path, monkeypatch, name):
     monkeypatch.delenv("TFDIST_ZERO", raising=False)
     strategy = PipelineStrategy() if name == "pipeline" else TensorStrategy()
     strategy.zero = 3  # as a D=2 job at stage 3 has it
-    with pytest.raises(StrategyConfigError, match=rf"backup_callback with zero=3 on the {name} "
-                       "strategy.*Fix: use zero=2"):
-        strategy.backup_callback(str(tmp_path))
-    strategy.zero = 2
     assert strategy.backup_callback(str(tmp_path)) is not None
+
+
+def test_a_stage_three_backup_holds_the_pieces_not_the_empty_model(tmp_path):
+    """The rank's checkpoint under stage 3 (D=1 here, no collective): this process's pieces,
+    the model's other variables (a BatchNormalization's statistics) and the optimizer, not the
+    stage model (its trainable variables hold no values); a restore puts them back."""
+    import keras
+    import numpy as np
+
+    from tfdist.parallel.mesh import Mesh
+    from tfdist.resilience.pipeline_backup import backup_objects
+    from tfdist.resilience.pipeline_vote import StepCheckpoint
+    from tfdist.zero.data_axis_layers import DataAxisLayers
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3, name="a"),
+                              keras.layers.BatchNormalization(name="bn")])
+    zero = DataAxisLayers(model, Mesh().group("data", 0))
+    model._pipeline_zero = zero  # noqa: SLF001 - as the pipeline strategy attaches it
+    model.compile(optimizer="adam", loss="mse")
+    objects = backup_objects(model)
+    assert sorted(objects) == ["optimizer", "zero_pieces", "zero_state"]
+    assert objects["zero_pieces"] == zero.pieces and len(objects["zero_state"]) == 2
+    assert all(v._value is None for v in model.trainable_variables)  # noqa: SLF001
+    saved = [np.array(v.numpy()) for v in zero.pieces + model.non_trainable_variables]
+    saver = StepCheckpoint(str(tmp_path), **objects)
+    saver.save(7)
+    for variable in zero.pieces + model.non_trainable_variables:
+        variable.assign(np.full(variable.shape, 9.0, "float32"))
+    assert StepCheckpoint(str(tmp_path), **backup_objects(model)).restore() == 7
+    for variable, value in zip(zero.pieces + model.non_trainable_variables, saved, strict=True):
+        np.testing.assert_array_equal(variable.numpy(), value)

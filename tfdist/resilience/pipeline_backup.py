@@ -4,7 +4,8 @@
 ``<dir>/rank-<r>``, as the stages hold different weights). What it does
 (`tfdist.resilience.pipeline_vote` for the vote and the checkpoint):
 
-* ``on_train_begin``: restores this rank's checkpoint of the model and optimizer and ``g``, the
+* ``on_train_begin``: restores this rank's checkpoint of the model and optimizer (under ZeRO
+  stage 3, of its pieces instead of the model: `backup_objects`) and ``g``, the
   steps it holds. ``fit`` then starts at epoch ``g // steps``, and the first ``g % steps`` calls
   of that epoch's train function take their batch from the input without running it (the
   weights already hold those steps): the rerun reads the same batches as an uninterrupted run.
@@ -32,7 +33,30 @@ from typing import Any
 from tfdist.core import flavour
 from tfdist.errors import StrategyConfigError, format_error
 
-__all__ = ["PipelineBackupMixin", "StepBackupMixin", "step_backup"]
+__all__ = ["PipelineBackupMixin", "StepBackupMixin", "backup_objects", "step_backup"]
+
+
+def backup_objects(model: Any) -> dict[str, Any]:
+    """What a rank's backup checkpoints: its stage (shard) ``model`` and its optimizer; under
+    ZeRO stage 3 (`tfdist.zero.data_axis_layers`), whose model's trainable variables hold no
+    values between steps, this process's pieces of them (``zero_pieces``) and the model's
+    other variables (``zero_state``) instead of the model (the optimizer is built on the
+    pieces: its slots are theirs).
+
+    Example:
+        >>> keras = flavour.get_keras()
+        >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        >>> sorted(backup_objects(model))
+        ['model', 'optimizer']
+    """
+    from tfdist.zero.data_axis_layers import DataAxisLayers
+
+    zero = getattr(model, "_pipeline_zero", None) or getattr(model, "zero", None)
+    optimizer = getattr(model, "optimizer", None)
+    if isinstance(zero, DataAxisLayers):
+        return {"zero_pieces": list(zero.pieces),
+                "zero_state": list(model.non_trainable_variables), "optimizer": optimizer}
+    return {"model": model, "optimizer": optimizer}
 
 
 def step_backup(strategy: Any, directory: str, save_freq: int | str = "epoch",
@@ -65,8 +89,7 @@ def step_backup(strategy: Any, directory: str, save_freq: int | str = "epoch",
 
             _check_one_step_per_call(self.model)
             per_epoch = _steps_per_epoch(self.params)
-            self._saver = StepCheckpoint(directory, model=self.model,
-                                         optimizer=self.model.optimizer)
+            self._saver = StepCheckpoint(directory, **backup_objects(self.model))
             self._restored = self._saver.restore()
             epoch, skip = divmod(self._restored, per_epoch)
             self._steps = epoch * per_epoch

@@ -369,14 +369,6 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, PipelineChecksMix
                     pipe=self.layout.group(PIPE))
         return self._mark_split(model)
 
-    def backup_callback(self, directory: Any, **kwargs: Any) -> Any:
-        """`SavingMixin.backup_callback`; refused under ZeRO stage 3 (`refuse_backups`)."""
-        if self.zero == 3:
-            from tfdist.zero.data_axis_layers import refuse_backups
-
-            refuse_backups("strategy.backup_callback", "pipeline")
-        return super().backup_callback(directory, **kwargs)
-
     # ----------------------------------------------------------------- the custom loop
     def train_step(self, model: Any, loss: Any, optimizer: Any) -> Any:
         """The custom-loop path: a ``tf.function`` ``step(x, y, sample_weight=None) -> loss`` of

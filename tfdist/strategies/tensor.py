@@ -233,15 +233,6 @@ class TensorStrategy(StepBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
         self._agree_seeds(shard)
         return self._mark_split(self._attach_zero(shard))
 
-    def backup_callback(self, directory: Any, **kwargs: Any) -> Any:
-        """`SavingMixin.backup_callback`; refused under ZeRO stage 3 (its checkpoint holds
-        the shard's variables, empty between steps: `refuse_backups`)."""
-        if self.zero == 3:
-            from tfdist.zero.data_axis_layers import refuse_backups
-
-            refuse_backups("strategy.backup_callback", "tensor")
-        return super().backup_callback(directory, **kwargs)
-
     def _attach_zero(self, model: Any) -> Any:
         """Under ZeRO, the step of `tfdist.zero.data_axis` on the shard's variables."""
         if self.zero:

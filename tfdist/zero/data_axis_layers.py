@@ -28,8 +28,9 @@ Then `apply` clips (``clipnorm`` per whole weight, ``global_clipnorm`` over ever
 stage, as stages 1 and 2) and the optimizer, built on the pieces, updates them; nothing is
 gathered after the update. Evaluate and predict run under `layerwise` too (forward gathers only);
 saving and ``gather_weights`` (and the pipeline stage's ``save_weights``) gather the stage or
-shard whole for the call (`whole`) and drop it after; per-process backups are refused
-(`refuse_backups`).
+shard whole for the call (`whole`) and drop it after; a per-process backup
+(``strategy.backup_callback``) checkpoints this process's pieces, the optimizer built on them
+and the model's other variables (`tfdist.resilience.pipeline_backup.backup_objects`).
 
 Refused before training (`check_pipeline_stage3` and the constructor): interleaved chunks,
 every stage in one process, the ``zb-h1`` schedule (its split backward would run each layer's
@@ -52,8 +53,7 @@ from tfdist.parallel.mesh import ProcessGroup
 from tfdist.zero.data_axis import DataAxisZero
 from tfdist.zero.layerwise import layerwise
 
-__all__ = ["DataAxisLayers", "check_pipeline_stage3", "refuse_backups",
-           "SPLIT_BACKWARD_SCHEDULES"]
+__all__ = ["DataAxisLayers", "check_pipeline_stage3", "SPLIT_BACKWARD_SCHEDULES"]
 
 SPLIT_BACKWARD_SCHEDULES = ("zb-h1",)
 """Schedules whose backward runs as two ops (input, then weight gradients)."""
@@ -95,19 +95,6 @@ schedule 'gpipe' or '1f1b' with zero=3. Fix: pass schedule='1f1b', or zero=2
             received=f"zero=3 with weight_gradients={weight_gradients!r}",
             expected="weight_gradients='sum' with zero=3",
             fix="drop weight_gradients, or use zero=2"))
-
-
-def refuse_backups(what: str, strategy: str) -> None:
-    """Refuses a per-process backup of a pipeline or tensor job at ZeRO stage 3: its
-    checkpoint holds the stage's (shard's) variables, which hold no values between steps."""
-    raise StrategyConfigError(format_error(
-        f"A {strategy} backup checkpoints this process's model variables, and under ZeRO "
-        "stage 3 they hold no values between steps (each process keeps its part only); "
-        f"backups of the parts are not built for the {strategy} strategy.",
-        received=f"{what} with zero=3 on the {strategy} strategy",
-        expected="zero=1 or 2 with backups (or stage 3 with multi_worker)",
-        fix="use zero=2, or save the whole model with strategy.save_model at the end of each "
-            "epoch"))
 
 
 def _refuse_regularizers(model: Any) -> None:

@@ -16,7 +16,9 @@ all-gather after the update skipped (``TFDIST_ZERO_SABOTAGE=skip_gather``): pari
 fail. The chief also trains the whole model in one process with Keras's own ``fit`` on the same
 global batches: the reference. Each phase reports the gathered weights (chief), the loss per
 epoch, the bytes of the optimizer's variables this process holds and those of the same Adam
-built on the whole stage (what the replicated pipeline holds).
+built on the whole stage (what the replicated pipeline holds). ``zero3`` also keeps a
+per-process backup and trains on for an epoch; last, ``zero3_resume`` (`run_resume`) resumes a
+fresh model from that backup for the same epoch.
 """
 
 from __future__ import annotations
@@ -90,9 +92,11 @@ def run_phase(strategy, name, stage, initial, x, y, weight, folder, clip):
     whole.set_weights(initial)
     model = strategy.build_model(whole)
     model.compile(optimizer=optimizer(clip), loss="mse")
+    backup = [strategy.backup_callback(os.path.join(folder, "backup3"),
+                                       delete_checkpoint=False)] if name == "zero3" else []
     start = time.process_time()
     loss = model.fit(x, y, sample_weight=weight, batch_size=GLOBAL, epochs=1, shuffle=False,
-                     verbose=0).history["loss"]
+                     verbose=0, callbacks=backup).history["loss"]
     result = {"loss": loss, "cpu_seconds": time.process_time() - start,
               "slots": slot_bytes(model.optimizer)}
     whole_adam = optimizer()
@@ -106,17 +110,54 @@ def run_phase(strategy, name, stage, initial, x, y, weight, folder, clip):
         if name == "zero3":
             result["evaluated"] = model.evaluate(x, y, sample_weight=weight, batch_size=GLOBAL,
                                                  verbose=0)
-    gathered = strategy.gather_weights(model)
-    if isinstance(gathered, dict):  # tensor: each layer's whole weights, by name
-        gathered = [w for layer in build().layers for w in gathered.get(layer.name, [])]
-    result["weights"] = None if gathered is None else [np.asarray(w).tolist() for w in gathered]
+    result["weights"] = gathered_weights(strategy, model)
     if name in ("zero2", "zero3"):
         path = os.path.join(folder, f"{name}.keras")
         result["saved"] = strategy.save_model(model, path)
         if strategy.is_chief:
             result["loaded"] = [w.tolist() for w in keras.models.load_model(path).get_weights()]
+    if name == "zero3":  # its backup's state; then one more epoch, uninterrupted
+        result["backup"] = held_state(model)
+        model.fit(x, y, sample_weight=weight, batch_size=GLOBAL, epochs=1, shuffle=False,
+                  verbose=0)
+        result["trained_on"] = gathered_weights(strategy, model)
     os.environ.pop(SKIP_GATHER_ENV, None)
     return result
+
+
+def held_state(model):
+    """This process's pieces and optimizer variables (stage 3), as lists."""
+    zero = getattr(model, "_pipeline_zero", None) or model.zero  # pipeline, tensor
+    return {"pieces": [np.asarray(p.numpy()).tolist() for p in zero.pieces],
+            "slots": [np.asarray(v.numpy()).tolist() for v in model.optimizer.variables]}
+
+
+def run_resume(strategy, initial, x, y, weight, folder):
+    """Stage 3 resumed: a fresh model's ``fit`` for 2 epochs with ``zero3``'s backup (made
+    at its epoch's end) skips the first epoch and runs the second; the state it restored
+    (before any step) and its weights after it (against ``zero3``'s model trained on)."""
+    strategy.zero = 3
+    whole = build()
+    whole.set_weights(initial)
+    model = strategy.build_model(whole)
+    model.compile(optimizer=optimizer(), loss="mse")
+    restored, before = {}, held_state(model)["pieces"]  # a fresh model's: the initial
+
+    class Record(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):  # after the backup's restore
+            restored.update(held_state(model))
+
+    model.fit(x, y, sample_weight=weight, batch_size=GLOBAL, epochs=2, shuffle=False,
+              verbose=0, callbacks=[strategy.backup_callback(os.path.join(folder, "backup3")),
+                                    Record()])
+    return {"restored": restored, "before": before, "weights": gathered_weights(strategy, model)}
+
+
+def gathered_weights(strategy, model):
+    gathered = strategy.gather_weights(model)
+    if isinstance(gathered, dict):  # tensor: each layer's whole weights, by name
+        gathered = [w for layer in build().layers for w in gathered.get(layer.name, [])]
+    return None if gathered is None else [np.asarray(w).tolist() for w in gathered]
 
 
 def main(argv):
@@ -133,6 +174,7 @@ def main(argv):
     for name, stage, clip in PHASES + STAGE3_PHASES:
         out["phases"][name] = run_phase(strategy, name, stage, initial, x, y, weight, folder,
                                         clip)
+    out["phases"]["zero3_resume"] = run_resume(strategy, initial, x, y, weight, folder)
     if strategy.is_chief:
         out["initial"] = [w.tolist() for w in initial]
         out["reference"] = {clip: fit_reference(initial, x, y, weight, clip)
