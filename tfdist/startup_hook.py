@@ -19,6 +19,14 @@ one ``sitecustomize.py``, which Python runs at start-up. It:
 ``import tfdist`` arms the second alone (`arm` with ``hooks``), for a process that no launcher
 started.
 
+Both also register `stop_coordinator_threads` to run at exit (`guard_exit`): a parameter-server
+coordinator's worker threads are daemon threads that run TensorFlow's C++ with the GIL released;
+one that returns from C++ while the interpreter finalizes is ended by ``pthread_exit``, which
+aborts the process ("terminate called after throwing an instance of ''", "FATAL: exception
+not rethrown", exit status -6) after a job that trained to its end. Seen once in CI on
+TensorFlow's parameter-server guide under tf-keras and once in the quick benchmark. The handler
+stops each coordinator's cluster (as its ``__del__`` would) and joins those threads first.
+
 ``TFDIST_STARTUP_HOOK=off`` (in the launcher's environment) leaves the directory off the tasks'
 ``PYTHONPATH``; ``TFDIST_KERAS_SHIMS=off`` turns the shims off wherever they would be installed,
 ``TFDIST_KERAS_DISTRIBUTION=off`` leaves ``keras.distribution`` as Keras ships it.
@@ -39,15 +47,19 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import importlib.abc
 import os
 import sys
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["HOOK_DIR", "HOOK_ENV", "KERAS_HOOKS", "arm", "hook_enabled", "task_env"]
+__all__ = ["HOOK_DIR", "HOOK_ENV", "KERAS_HOOKS", "arm", "guard_exit", "hook_enabled",
+           "stop_coordinator_threads", "task_env"]
 
 HOOK_DIR = Path(__file__).resolve().parent / "_startup"
 """The directory put first on a task's PYTHONPATH (its ``sitecustomize.py`` ships in the wheel)."""
@@ -166,7 +178,8 @@ def _run(target: str) -> None:
 
 def arm(hooks: Sequence[str] = KERAS_HOOKS) -> None:
     """Runs ``hooks`` (default `KERAS_HOOKS`) now if Keras is already imported, else when it
-    is (once each)."""
+    is (once each); registers the exit guard (`guard_exit`)."""
+    guard_exit()
     for finder in sys.meta_path:
         if isinstance(finder, _KerasImportWatcher):
             finder.hooks += [h for h in hooks if h not in finder.hooks]
@@ -181,3 +194,52 @@ def arm(hooks: Sequence[str] = KERAS_HOOKS) -> None:
 def disarm() -> None:
     """Removes the import watcher (`arm`'s), if any."""
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _KerasImportWatcher)]
+
+
+COORDINATOR_THREADS = ("WorkerClosureProcessingLoop-", "WorkerPreemptionHandler")
+"""Name prefixes of the daemon threads TensorFlow's ``ClusterCoordinator`` starts."""
+
+
+def stop_coordinator_threads(timeout_s: float = 10.0) -> list[str]:
+    """Stops every ``ClusterCoordinator``'s cluster in this process and joins its threads.
+
+    A closure still running is let finish (within ``timeout_s`` in all); nothing is done in a
+    process that never imported TensorFlow's coordinator.
+
+    Returns:
+        The names of the coordinator threads still alive after ``timeout_s``.
+
+    Example:
+        >>> stop_coordinator_threads()
+        []
+    """
+    if "tensorflow.python.distribute.coordinator.cluster_coordinator" not in sys.modules:
+        return []
+    threads = [t for t in threading.enumerate() if t.name.startswith(COORDINATOR_THREADS)]
+    clusters = {}
+    for thread in threads:  # Worker._process_queue -> Worker -> its Cluster
+        worker = getattr(getattr(thread, "_target", None), "__self__", None)
+        cluster = getattr(worker, "_cluster", None)
+        if cluster is not None and hasattr(cluster, "stop"):
+            clusters[id(cluster)] = cluster
+    for cluster in clusters.values():
+        try:
+            cluster.stop()
+        except Exception as err:  # noqa: BLE001 - exiting; say it and go on
+            print(f"tfdist: stopping a parameter-server coordinator at exit: {err!r}",
+                  file=sys.stderr)
+    deadline = time.monotonic() + timeout_s
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [t.name for t in threads if t.is_alive()]
+
+
+_exit_guarded = False
+
+
+def guard_exit() -> None:
+    """Registers `stop_coordinator_threads` to run at interpreter exit (once)."""
+    global _exit_guarded
+    if not _exit_guarded:
+        _exit_guarded = True
+        atexit.register(stop_coordinator_threads)

@@ -32,10 +32,12 @@ TOTAL_STEPS = 30  # EPOCHS * STEPS_PER_EPOCH in the script
 
 def _check_training(result: dict) -> None:
     assert result["is_chief"] and result["num_workers"] == 2
-    losses = result["loss"]
-    # Asynchronous steps: how far the loss falls in 3 epochs depends on the interleaving (below
-    # 0.5x on a quiet machine, 0.71x once in a loaded CI run); an untrained model stays near 1x.
-    assert len(losses) == 3 and losses[-1] < 0.8 * losses[0], losses
+    assert len(result["loss"]) == 3
+    # An epoch's loss is the mean over the batches its steps drew, and which worker (which
+    # shard) ran more steps differs per epoch under load (0.15, 0.33, 0.30 once in CI), so
+    # training is judged on the whole data, before and after fit (measured 3.8-10.5 -> 0.22-0.30).
+    before, after = result["whole_data_loss"]
+    assert after < 0.2 * before, result["whole_data_loss"]
     seen = result["seen"]  # [worker][batch parity]
     assert sum(map(sum, seen)) == TOTAL_STEPS
     assert seen[0][1] == 0 and seen[1][0] == 0, f"a worker read the other's shard: {seen}"
