@@ -98,7 +98,7 @@ def _shard(model: Any, layout: Any, strategy: Any) -> None:
     for group in (strategy.tensor_group, strategy.data_group):
         if group.size > 1:
             for variable in model.weights:
-                broadcast_variable(variable, group=group, instance=next_key(),
+                broadcast_variable(variable, group=group, instance=next_key(group.key),
                                    timeout=strategy.timeout)
     plan, units, _ = blocks.checked_plan(model, layout.plan, layout.units, strategy._agree)
     _refuse_demoted(layout.plan, plan)

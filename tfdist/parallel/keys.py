@@ -22,9 +22,14 @@ comes from here, as a 31-bit int in one of two spaces:
   shape and a job meets at most `SIZE_CLASSES` keys per tensor (a job that builds two models
   gathers both with the same keys);
 * **traced** (bit 30 set): ``TRACED | n`` (`next_key`), the ``n``-th collective this process
-  traced. The tensor-parallel layers use these: every member of a tensor group runs the same
-  script and traces the same functions in the same order, so the ``n``-th collective traced gets
-  the same key everywhere, and a retrace (a new shape) gets new keys. A traced collective whose
+  traced *in that group* (one count per group key). The tensor-parallel layers use these: every
+  member of a group runs the same script and traces the same functions in the same order, so
+  the ``n``-th collective of the group gets the same key everywhere, and a retrace (a new shape)
+  gets new keys. The count is per group because a process may trace collectives of one of its
+  groups that the members of its other groups do not: replica 0 alone gathers the weights to
+  the chief (its tensor groups' collectives), and with one count for every group, replica 1's
+  next broadcast over the data axis then waited on a key replica 0 had passed (the second model
+  of a D x K x T job hung at its first step). A traced collective whose
   shape is not known when traced (a sequence length left open, so one trace serves several)
   takes a block of `SIZE_CLASSES` consecutive traced keys (`next_sized_key`): it travels flat,
   padded to its size class, on the block's key for that class, as the sized keys do.
@@ -66,8 +71,9 @@ SIZE_CLASSES = 128
 _FIELDS = {"index": 1 << 12, "micro_batch": 1 << 12, "kind": 1 << 3, "phase": 1 << 3}
 TRACED = 1 << 30
 """The first traced key: above every named key (the largest is ``TRACED - 1``)."""
-_next = [0]
-"""The next traced key's offset from `TRACED` (shared by `next_key` and `next_sized_key`)."""
+_next: dict[int | None, int] = {}
+"""Group key -> the next traced key's offset from `TRACED` in that group (shared by `next_key`
+and `next_sized_key`)."""
 _lock = threading.Lock()
 
 
@@ -153,39 +159,41 @@ STOP_VOTE = instance_key(EXIT, micro_batch=1)
 the same kind."""
 
 
-def next_key() -> int:
-    """A fresh traced key (the next in this process's trace order).
+def next_key(group_key: int | None = None) -> int:
+    """A fresh traced key of group ``group_key`` (the next in this process's trace order of that
+    group's collectives; ``None``: a count of its own, for keys no group shares).
 
     Example:
-        >>> a, b = next_key(), next_key()
-        >>> b == a + 1 and space(a) == "traced"
-        True
+        >>> a, b = next_key(7), next_key(7)
+        >>> b == a + 1 and space(a) == "traced", next_key(8) == TRACED
+        (True, True)
     """
-    return _take(1)
+    return _take(1, group_key)
 
 
-def next_sized_key() -> tuple[int, int]:
-    """``(key, stride)``: a block of `SIZE_CLASSES` fresh traced keys for one traced collective
-    whose shape changes from step to step; size class ``c`` (`capacity`) travels on
-    ``key + c * stride``.
+def next_sized_key(group_key: int | None = None) -> tuple[int, int]:
+    """``(key, stride)``: a block of `SIZE_CLASSES` fresh traced keys of group ``group_key``
+    for one traced collective whose shape changes from step to step; size class ``c``
+    (`capacity`) travels on ``key + c * stride``.
 
     Example:
-        >>> key, stride = next_sized_key()
-        >>> next_key() == key + SIZE_CLASSES * stride, space(key)
+        >>> key, stride = next_sized_key(9)
+        >>> next_key(9) == key + SIZE_CLASSES * stride, space(key)
         (True, 'traced')
     """
-    return _take(SIZE_CLASSES), 1
+    return _take(SIZE_CLASSES, group_key), 1
 
 
-def _take(count: int) -> int:
+def _take(count: int, group_key: int | None) -> int:
     with _lock:
-        key = TRACED + _next[0]
-        _next[0] += count
+        offset = _next.get(group_key, 0)
+        _next[group_key] = offset + count
+    key = TRACED + offset
     if key + count > SIZED:
         raise StrategyConfigError(format_error(
             "This process traced more collectives than instance keys allow.",
-            received=f"key {key + count - 1}",
-            expected=f"at most {SIZED - TRACED} traced keys",
+            received=f"key {key + count - 1} in group {group_key}",
+            expected=f"at most {SIZED - TRACED} traced keys per group",
             fix="retrace less (fixed input shapes), or restart the job"))
     return key
 

@@ -64,7 +64,7 @@ def _reduce(x: Any, group: ProcessGroup, op: str, timeout: float) -> Any:
     if not _open_shape(x, group):
         return all_reduce(x, group, op, timeout=op_timeout(timeout))
     padded, elements, cls = _flat_padded(x)
-    key, stride = next_sized_key()
+    key, stride = next_sized_key(group.key)
     total = all_reduce(padded, group, op, instance=key + cls * stride, timeout=0.0)
     out = tf.reshape(total[:elements], tf.shape(x))
     out.set_shape(x.shape)
@@ -165,7 +165,7 @@ def gather_axis(x: Any, axis: int, group: ProcessGroup,
     counts = tf.reduce_prod(shapes, axis=1)
     flat = tf.reshape(x, [-1])
     cls, cap = size_class(tf.reduce_max(counts))
-    key, stride = next_sized_key()
+    key, stride = next_sized_key(group.key)
     padded = tf.pad(flat, [[0, cap - tf.size(flat)]])
     rows = tf.reshape(all_gather(padded, group, instance=key + cls * stride, timeout=0.0),
                       [group.size, -1])

@@ -66,8 +66,8 @@ def op_timeout(timeout: float) -> float:
     return timeout if tf.executing_eagerly() else 0.0
 
 
-def _key(instance: Any | None) -> Any:
-    return next_key() if instance is None else instance
+def _key(instance: Any | None, group: ProcessGroup) -> Any:
+    return next_key(group.key) if instance is None else instance
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,10 +128,12 @@ def group_broadcast(value: Any | None, shape: Any, dtype: Any, *, group: Process
     """
     if value is not None:
         return collective_ops.broadcast_send_v2(
-            value, group_size=group.size, group_key=group.key, instance_key=_key(instance),
+            value, group_size=group.size, group_key=group.key,
+            instance_key=_key(instance, group),
             timeout=timeout)
     return collective_ops.broadcast_recv_v2(
-        shape, dtype, group_size=group.size, group_key=group.key, instance_key=_key(instance),
+        shape, dtype, group_size=group.size, group_key=group.key,
+        instance_key=_key(instance, group),
         timeout=timeout)
 
 
@@ -216,7 +218,7 @@ def all_reduce(x: Any, group: ProcessGroup, op: Reduction = "sum", *,
     if group.size == 1:
         return x
     total = collective_ops.all_reduce_v2(
-        x, group_size=group.size, group_key=group.key, instance_key=_key(instance),
+        x, group_size=group.size, group_key=group.key, instance_key=_key(instance, group),
         merge_op=_MERGE[op], final_op="Id", timeout=timeout)
     return total / group.size if op == "mean" else total
 
@@ -244,7 +246,7 @@ def all_gather(x: Any, group: ProcessGroup, axis: int = 0, *, instance: int | No
     order = [axis, *(i for i in range(len(x.shape)) if i != axis)]
     moved = tf.transpose(x, order) if axis else x
     gathered = collective_ops.all_gather_v2(
-        moved, group_size=group.size, group_key=group.key, instance_key=_key(instance),
+        moved, group_size=group.size, group_key=group.key, instance_key=_key(instance, group),
         timeout=timeout)
     inverse = [order.index(i) for i in range(len(order))]
     return tf.transpose(gathered, inverse) if axis else gathered
@@ -284,7 +286,7 @@ def reduce_scatter(x: Any, group: ProcessGroup, axis: int = 0, *,
     part_shape = tf.concat([[tf.shape(moved)[0] // group.size], tf.shape(moved)[1:]], axis=0)
     exchanged = collective_ops.all_to_all_v2(
         tf.reshape(moved, [group.size, -1]), group_size=group.size, group_key=group.key,
-        instance_key=_key(instance), timeout=timeout)
+        instance_key=_key(instance, group), timeout=timeout)
     total = exchanged[0]
     for rank in range(1, group.size):
         total = total + exchanged[rank]

@@ -217,7 +217,7 @@ class TensorStrategy(StepBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
         if not built and self.mesh.size > 1:
             for group in (self.tensor_group, self.data_group):
                 for variable in whole.weights:
-                    broadcast_variable(variable, group=group, instance=next_key(),
+                    broadcast_variable(variable, group=group, instance=next_key(group.key),
                                        timeout=self.timeout)
         plan, units = nested.plan_nested(whole, self.shards, self.rules)
         plan, units, _ = blocks.checked_plan(whole, plan, units, self._agree)
@@ -249,7 +249,8 @@ class TensorStrategy(StepBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
         each shard, and the replicated weights after it drifted apart). Data replicas keep
         their own draws, as the rows of one batch do on one process."""
         for state in keras_compat.seed_states(model):
-            broadcast_variable(state, group=self.tensor_group, instance=next_key(),
+            broadcast_variable(state, group=self.tensor_group,
+                               instance=next_key(self.tensor_group.key),
                                timeout=self.timeout)
 
     def _agree(self, values: Any) -> Any:
@@ -268,9 +269,11 @@ class TensorStrategy(StepBackupMixin, ModelParallelMixin, TfdistStrategyMixin,
                                         strict=True):
                 if weight.axis is None:
                     broadcast_variable(variable, group=self.tensor_group,
-                                       instance=next_key(), timeout=self.timeout)
+                                       instance=next_key(self.tensor_group.key),
+                                       timeout=self.timeout)
         for variable in model.weights:
-            broadcast_variable(variable, group=self.data_group, instance=next_key(),
+            broadcast_variable(variable, group=self.data_group,
+                               instance=next_key(self.data_group.key),
                                timeout=self.timeout)
 
     def weight_bytes(self, model: Any) -> int:

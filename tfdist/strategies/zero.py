@@ -171,7 +171,7 @@ class ZeroStrategy(ModelParallelMixin, TfdistStrategyMixin, tf.distribute.OneDev
             keras_compat.refuse_step_overrides(model, f"ZeRO stage {self.stage}")
             group = self.data_group
             for variable in model.weights:
-                broadcast_variable(variable, group=group, instance=next_key(),
+                broadcast_variable(variable, group=group, instance=next_key(group.key),
                                    timeout=self.timeout)
             engine = ZeroEngine(model, self.stage, group, self.timeout, self.sabotage)
         watchdog = StepWatchdog(self.timeout, f"ZeRO data group of {group.size}",

@@ -265,7 +265,7 @@ class StageSplit:
             for i, variable in enumerate(model.get_layer(name).weights):
                 if found is None or found.weights[i].axis is None:
                     broadcast_variable(variable, group=self.group,
-                                       instance=next_key(), timeout=self.timeout)
+                                       instance=next_key(self.group.key), timeout=self.timeout)
 
 
 def _where_made(model: Any) -> Any:

@@ -48,7 +48,7 @@ def open_length(group: object, rank: int) -> dict:
 def one_key_for_every_length(group: object) -> str:
     """The sabotage: the open-shape all-reduce on one key; returns TensorFlow's refusal."""
     keys_taken = mappings.next_sized_key
-    mappings.next_sized_key = lambda: (keys.next_key(), 0)
+    mappings.next_sized_key = lambda group_key: (keys.next_key(group_key), 0)
     spec = [tf.TensorSpec([None, 4], tf.float32)]
     reduce_sum = tf.function(lambda v: mappings.all_reduce_sum(v, group), input_signature=spec)
     try:
