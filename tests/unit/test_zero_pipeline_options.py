@@ -246,3 +246,31 @@ def test_a_stage_three_backup_holds_the_pieces_not_the_empty_model(tmp_path):
     assert StepCheckpoint(str(tmp_path), **backup_objects(model)).restore() == 7
     for variable, value in zip(zero.pieces + model.non_trainable_variables, saved, strict=True):
         np.testing.assert_array_equal(variable.numpy(), value)
+
+
+def test_a_custom_loop_checkpoint_of_a_stage3_model_is_refused_with_its_objects_named():
+    """The custom loop's ``preemption_handler`` at stage 3: a ``tf.train.Checkpoint`` of the
+    stage model is refused when the handler is made (it failed at the first save); the fix's
+    ``backup_objects`` gives the pieces, the optimizer and the model's other variables."""
+    import keras
+    import tensorflow as tf
+
+    from tfdist.resilience.pipeline_backup import StepBackupMixin, backup_objects
+    from tfdist.zero.data_axis_layers import DataAxisLayers
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    zero = DataAxisLayers.__new__(DataAxisLayers)  # what attach_data_axis leaves on the model
+    zero.pieces = [tf.Variable([1.0])]
+    model.zero = zero
+    optimizer = keras.optimizers.Adam()
+    with pytest.raises(StrategyConfigError) as refused:
+        StepBackupMixin.preemption_handler(None, tf.train.Checkpoint(
+            step=tf.Variable(0), model=model, optimizer=optimizer), "/nonexistent")
+    message = str(refused.value)
+    assert "model=<Sequential under zero=3>" in message
+    assert "strategy.backup_objects(model, optimizer)" in message
+    objects = backup_objects(model, optimizer)
+    assert sorted(objects) == ["optimizer", "zero_pieces", "zero_state"]
+    assert objects["zero_pieces"] == zero.pieces
+    del model.zero  # the same model without ZeRO: checkpointed whole
+    assert sorted(backup_objects(model, optimizer)) == ["model", "optimizer"]

@@ -33,30 +33,64 @@ from typing import Any
 from tfdist.core import flavour
 from tfdist.errors import StrategyConfigError, format_error
 
-__all__ = ["PipelineBackupMixin", "StepBackupMixin", "backup_objects", "step_backup"]
+__all__ = ["PipelineBackupMixin", "StepBackupMixin", "backup_objects", "refuse_stage3_models",
+           "step_backup"]
 
 
-def backup_objects(model: Any) -> dict[str, Any]:
-    """What a rank's backup checkpoints: its stage (shard) ``model`` and its optimizer; under
-    ZeRO stage 3 (`tfdist.zero.data_axis_layers`), whose model's trainable variables hold no
-    values between steps, this process's pieces of them (``zero_pieces``) and the model's
-    other variables (``zero_state``) instead of the model (the optimizer is built on the
-    pieces: its slots are theirs).
+def backup_objects(model: Any, optimizer: Any = None) -> dict[str, Any]:
+    """What a rank's backup checkpoints: its stage (shard) ``model`` and its optimizer
+    (``optimizer``, default the model's; left out where there is none); under ZeRO stage 3
+    (`tfdist.zero.data_axis_layers`), whose model's trainable variables hold no values between
+    steps, this process's pieces of them (``zero_pieces``) and the model's other variables
+    (``zero_state``) instead of the model (the optimizer is built on the pieces: its slots are
+    theirs).
 
     Example:
         >>> keras = flavour.get_keras()
         >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-        >>> sorted(backup_objects(model))
-        ['model', 'optimizer']
+        >>> sorted(backup_objects(model)), sorted(backup_objects(model, keras.optimizers.Adam()))
+        (['model'], ['model', 'optimizer'])
     """
+    optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+    found: dict[str, Any] = {"model": model}
+    if _stage3(model):
+        zero = getattr(model, "_pipeline_zero", None) or getattr(model, "zero", None)
+        found = {"zero_pieces": list(zero.pieces),
+                 "zero_state": list(model.non_trainable_variables)}
+    return found if optimizer is None else {**found, "optimizer": optimizer}
+
+
+def _stage3(model: Any) -> bool:
     from tfdist.zero.data_axis_layers import DataAxisLayers
 
     zero = getattr(model, "_pipeline_zero", None) or getattr(model, "zero", None)
-    optimizer = getattr(model, "optimizer", None)
-    if isinstance(zero, DataAxisLayers):
-        return {"zero_pieces": list(zero.pieces),
-                "zero_state": list(model.non_trainable_variables), "optimizer": optimizer}
-    return {"model": model, "optimizer": optimizer}
+    return isinstance(zero, DataAxisLayers)
+
+
+def refuse_stage3_models(checkpoint: Any) -> None:
+    """Refuses a ``tf.train.Checkpoint`` that holds a model under ZeRO stage 3 directly: its
+    trainable variables hold no values between steps, and saving it fails at the first save
+    (Keras reads an empty variable as zeros, which has no checkpoint form), long after the
+    job started.
+
+    Raises:
+        StrategyConfigError: such a model among the checkpoint's objects, named.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> refuse_stage3_models(tf.train.Checkpoint(step=tf.Variable(0)))
+    """
+    children = getattr(checkpoint, "_trackable_children", lambda: {})()
+    for name, child in children.items():
+        if _stage3(child):
+            raise StrategyConfigError(format_error(
+                "Under ZeRO stage 3 a stage's (shard's) model holds no values between steps: "
+                "a checkpoint of it cannot be saved.",
+                received=f"tf.train.Checkpoint({name}=<{type(child).__name__} under zero=3>)",
+                expected="this process's pieces of the weights, its optimizer and the model's "
+                         "other variables",
+                fix=f"tf.train.Checkpoint(step=..., **strategy.backup_objects({name}, "
+                    "optimizer)) in place of the model and optimizer"))
 
 
 def step_backup(strategy: Any, directory: str, save_freq: int | str = "epoch",
@@ -136,14 +170,27 @@ class StepBackupMixin:
         ``delete_checkpoint``."""
         return step_backup(self, directory, **kwargs)
 
+    def backup_objects(self, model: Any, optimizer: Any = None) -> dict[str, Any]:
+        """What a checkpoint of this rank's ``model`` must hold (`backup_objects`): the model
+        and ``optimizer`` (default the model's), or under ZeRO stage 3 this process's pieces,
+        the optimizer and the model's other variables. For the custom loop:
+        ``tf.train.Checkpoint(step=step, **strategy.backup_objects(model, optimizer))``."""
+        return backup_objects(model, optimizer)
+
     def preemption_handler(self, checkpoint: Any, directory: str | os.PathLike[str]) -> Any:
         """For a custom loop over `train_step`: run each step as ``handler.run(step, x, y)``;
         on SIGTERM every rank saves ``checkpoint`` in ``<directory>/rank-<r>`` at the same step
         and exits 75. Creating it restores that checkpoint; ``handler.total_run_calls`` is then
-        the steps it holds (`tfdist.resilience.pipeline_vote.PipelinePreemptionHandler`)."""
+        the steps it holds (`tfdist.resilience.pipeline_vote.PipelinePreemptionHandler`).
+
+        Raises:
+            StrategyConfigError: ``checkpoint`` holds a model under ZeRO stage 3 (build it from
+                `backup_objects` instead).
+        """
         from tfdist.resilience.claim import claim_backup
         from tfdist.resilience.pipeline_vote import PipelinePreemptionHandler
 
+        refuse_stage3_models(checkpoint)
         directory = os.fspath(directory)  # one job, the layout its backups were made for:
         claim_backup(self, os.path.join(directory, f"rank-{self.worker_index}"), directory)
         return PipelinePreemptionHandler(self, checkpoint, directory)
