@@ -33,7 +33,7 @@ import keras
 
 from tfdist.errors import STEP_DEADLINE_MARKER
 
-__all__ = ["StepDeadline", "StepWatchdog", "TENSOR_FIX"]
+__all__ = ["StepDeadline", "StepWatchdog", "TENSOR_FIX", "with_deadline"]
 
 TENSOR_FIX = "raise TensorStrategy(timeout_seconds=...) if a step is that slow."
 POLL_SECONDS = 0.5
@@ -144,3 +144,26 @@ class StepDeadline(keras.callbacks.Callback):
 
     def on_predict_batch_end(self, batch: int, logs: Any = None) -> None:
         self._disarm("predict")
+
+
+def with_deadline(args: tuple[Any, ...], kwargs: dict[str, Any], position: int,
+                  watchdog: StepWatchdog) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``(args, kwargs)`` of ``fit``/``evaluate``/``predict`` with a `StepDeadline` of
+    ``watchdog`` among the callbacks, which the caller passed by keyword or at ``position``
+    (fit: 5, evaluate: 6, predict: 4).
+
+    Example:
+        >>> args, kwargs = with_deadline((), {}, 5, StepWatchdog(30.0, "group"))
+        >>> [type(c).__name__ for c in kwargs["callbacks"]]
+        ['StepDeadline']
+    """
+    positional = len(args) > position
+    given = args[position] if positional else kwargs.get("callbacks")
+    if isinstance(given, keras.callbacks.CallbackList):  # fit's, for its validation:
+        return args, kwargs  # made from fit's callbacks, which hold the deadline
+    callbacks = list(given or [])
+    if not any(isinstance(c, StepDeadline) for c in callbacks):
+        callbacks.append(StepDeadline(watchdog))
+    if positional:
+        return (*args[:position], callbacks, *args[position + 1:]), kwargs
+    return args, {**kwargs, "callbacks": callbacks}

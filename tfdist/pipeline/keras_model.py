@@ -31,6 +31,13 @@ from tfdist.pipeline.consistency import gated, step_checks
 from tfdist.pipeline.engine import PipelineEngine
 from tfdist.pipeline.loss_and_metrics import loss_terms, mean_loss, resolve_metrics
 from tfdist.pipeline.zero_calls import checked_variables, layer_gathers, layered_zero, whole_weights
+from tfdist.watchdog import StepWatchdog, with_deadline
+
+STEP_TIMEOUT = 600.0
+"""A pipeline batch's deadline in ``fit``, ``evaluate`` and ``predict`` when the strategy sets
+none (``timeout_seconds=None``): past it the process's collectives are aborted and the step
+fails naming it. A function's first batch, which traces it, gets the start-up deadline if
+longer. Without it a stage whose peers were alive but never met it waited forever."""
 
 __all__ = ["stage_model_class", "local_stages_model", "apply_step", "build_stage_optimizer"]
 
@@ -214,20 +221,36 @@ class _StageModelMixin:
         for size in {min(batch, rows), rows % batch or min(batch, rows)}:
             self._pipeline.check_rows(size)
 
+    def _step_watchdog(self) -> StepWatchdog:
+        """This stage's batch deadline (`STEP_TIMEOUT` unless the strategy sets one)."""
+        watchdog = getattr(self, "_pipeline_watchdog", None)
+        if watchdog is None:
+            strategy = self._pipeline
+            seconds = strategy.timeout or STEP_TIMEOUT
+            watchdog = StepWatchdog(
+                seconds, f"pipeline's other stages and replicas (stage {strategy.layout.stage})",
+                first_seconds=max(seconds, getattr(strategy, "startup_timeout", 0.0) or 0.0),
+                fix="pass timeout_seconds=... to the pipeline strategy if a step is that slow.")
+            self._pipeline_watchdog = watchdog
+        return watchdog
+
     def fit(self, x: Any = None, y: Any = None, batch_size: Any = None, *args: Any,
             **kwargs: Any) -> Any:
         self._check_inputs(x, batch_size)
         build_stage_optimizer(self, self.optimizer,  # type: ignore[attr-defined]
                               self.distribute_strategy)  # type: ignore[attr-defined]
+        args, kwargs = with_deadline(args, kwargs, 2, self._step_watchdog())
         return super().fit(x, y, batch_size, *args, **kwargs)  # type: ignore[misc]
 
     def evaluate(self, x: Any = None, y: Any = None, batch_size: Any = None, *args: Any,
                  **kwargs: Any) -> Any:
         self._check_inputs(x, batch_size)
+        args, kwargs = with_deadline(args, kwargs, 3, self._step_watchdog())
         return super().evaluate(x, y, batch_size, *args, **kwargs)  # type: ignore[misc]
 
     def predict(self, x: Any, batch_size: Any = None, *args: Any, **kwargs: Any) -> Any:
         self._check_inputs(x, batch_size)
+        args, kwargs = with_deadline(args, kwargs, 2, self._step_watchdog())
         return super().predict(x, batch_size, *args, **kwargs)  # type: ignore[misc]
 
     # ------------------------------------------------------------ steps

@@ -199,6 +199,7 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, PipelineChecksMix
             weight_gradients=weight_gradients)
         deadline = check_positive_number(
             "startup_timeout_seconds", resolve_startup_timeout(startup_timeout_seconds))
+        self.startup_timeout = float(deadline or 0.0)
         self._check_keras()
         cluster, task, place = self._job_place(tf_config, tensor, self.traits.tensor_default)
         if rules:

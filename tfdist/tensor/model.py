@@ -38,7 +38,7 @@ from tfdist.tensor.clipping import clip_each, clip_global
 from tfdist.tensor.loss import VocabParallelCrossEntropy
 from tfdist.tensor.nested import entry_variables
 from tfdist.tensor.plan import TensorPlan
-from tfdist.watchdog import StepDeadline, StepWatchdog
+from tfdist.watchdog import StepWatchdog, with_deadline
 
 __all__ = ["TensorModel", "split_loss"]
 
@@ -161,18 +161,7 @@ class TensorModel(keras.Model):
     # ------------------------------------------------- the steps' deadline
     def _with_deadline(self, args: tuple[Any, ...], kwargs: dict[str, Any],
                        position: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """``(args, kwargs)`` with `StepDeadline` among the callbacks, which the caller passed
-        by keyword or at ``position``."""
-        positional = len(args) > position
-        given = args[position] if positional else kwargs.get("callbacks")
-        if isinstance(given, keras.callbacks.CallbackList):  # fit's, for its validation:
-            return args, kwargs  # made from fit's callbacks, which hold the deadline
-        callbacks = list(given or [])
-        if not any(isinstance(c, StepDeadline) for c in callbacks):
-            callbacks.append(StepDeadline(self.step_watchdog))
-        if positional:
-            return (*args[:position], callbacks, *args[position + 1:]), kwargs
-        return args, {**kwargs, "callbacks": callbacks}
+        return with_deadline(args, kwargs, position, self.step_watchdog)
 
     def fit(self, *args: Any, **kwargs: Any) -> Any:
         args, kwargs = self._with_deadline(args, kwargs, 5)

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from tfdist.compat.models import clipping_off
 from tfdist.parallel.ops import all_reduce
-from tfdist.watchdog import StepDeadline, StepWatchdog
+from tfdist.watchdog import StepWatchdog, with_deadline
 from tfdist.zero.engine import ZeroEngine
 from tfdist.zero.layerwise import layerwise, scattering
 
@@ -139,10 +139,7 @@ class ZeroModelMixin:
     def fit(self, *args: Any, **kwargs: Any) -> Any:
         """Keras's ``fit``, with the step deadline and the optimizer built on this process's
         pieces (its slots: 1/D of the model's)."""
-        kwargs["callbacks"] = _with_deadline(kwargs.get("callbacks"), self.zero_watchdog)
-        if len(args) > 5:
-            args = (*args[:5], _with_deadline(args[5], self.zero_watchdog), *args[6:])
-            kwargs.pop("callbacks")
+        args, kwargs = with_deadline(args, kwargs, 5, self.zero_watchdog)
         self.zero_engine.build_optimizer(self.optimizer)  # type: ignore[attr-defined]
         return super().fit(*args, **kwargs)  # type: ignore[misc]
 
@@ -185,15 +182,6 @@ class ZeroModelMixin:
         whole = engine.gather_whole() if engine.stage == 3 else None
         with whole_weights(engine, whole):
             return super().predict_step(data)  # type: ignore[misc]
-
-
-def _with_deadline(callbacks: Any, watchdog: StepWatchdog) -> Any:
-    if isinstance(callbacks, keras.callbacks.CallbackList):
-        return callbacks
-    callbacks = list(callbacks or [])
-    if not any(isinstance(c, StepDeadline) for c in callbacks):
-        callbacks.append(StepDeadline(watchdog))
-    return callbacks
 
 
 def attach(model: Any, engine: ZeroEngine, watchdog: StepWatchdog) -> Any:
