@@ -121,8 +121,10 @@ class PipelineStrategy(PipelineBackupMixin, StageWeightsMixin, PipelineChecksMix
             the stages by ``layer_costs``, else by parameter count.
         layer_costs: Measured seconds per layer (a list, or a JSON file such as
             ``tfdist-advise --json``'s; None: ``$TFDIST_PIPELINE_LAYER_COSTS``, else none).
-        timeout_seconds: Deadline of each transfer between stages (None: none; a dead peer
-            then ends the job through the launcher).
+        timeout_seconds: Deadline of each transfer between stages and of each batch of
+            ``fit``, ``evaluate`` and ``predict`` (None: no transfer deadline, and a batch
+            deadline of `tfdist.pipeline.keras_model.STEP_TIMEOUT`, 600 s; a function's first
+            batch gets the start-up deadline if longer).
         startup_timeout_seconds: Deadline for all processes to join (see `MultiWorkerMirrored`).
         tf_config: The TF_CONFIG to use instead of the environment's.
         devices: One local device per stage, to hold all K stages in this one process
