@@ -51,6 +51,7 @@ from tfdist.pipeline import schedule as schedules
 from tfdist.pipeline.interface import LossFn, LossTerms, PipelineEngine, StageStep
 from tfdist.pipeline.interleave import ChunkLink
 from tfdist.pipeline.layout import PipelineLayout
+from tfdist.pipeline.schedule import run_actions
 from tfdist.pipeline.split_backward import input_gradient_op, weight_gradient_op
 from tfdist.pipeline.transport import (
     ACTIVATION,
@@ -468,28 +469,6 @@ class StageEngine:
         return transport.group_broadcast(
             values if self.layout.is_last else None, shape, dtype, group=group,
             instance=instance_key(SHARE, 0, index, phase), timeout=self.timeout)
-
-
-def run_actions(engines: Sequence[StageEngine], steps: Sequence[StageStep],
-                actions: Sequence[schedules.Action]) -> None:
-    """Builds a process's ``actions`` in order, each ``(op, micro_batch, chunk)`` by its chunk's
-    engine on its chunk's step, each after the one before (whatever its chunk): the one loop of
-    every schedule, for a process holding one stage (one chunk) or several chunks.
-
-    Example:
-        >>> class Recorder:
-        ...     def run_op(self, step, op, m):
-        ...         step.chain = step.chain + [f"{op}{m}"]
-        >>> steps = [StageStep(None, [], None, None, None, None, None, []) for _ in range(2)]
-        >>> run_actions([Recorder(), Recorder()], steps, [("F", 0, 0), ("F", 0, 1), ("B", 0, 1)])
-        >>> steps[1].chain
-        ['F0', 'F0', 'B0']
-    """
-    chain: list[Any] = []
-    for op, m, c in actions:
-        steps[c].chain = chain
-        engines[c].run_op(steps[c], op, m)
-        chain = steps[c].chain
 
 
 OP_HANDLERS: dict[str, Callable[[StageEngine, StageStep, int], Any]] = {

@@ -8,7 +8,7 @@ process engine's ``chunk_engines``), seeing the pipeline as ``K v`` stages in wh
 ``c K + k`` (`ChunkLayout`): its activations go to the next piece (process ``k + 1``, or from
 process ``K - 1`` back to process 0 for the next chunk) and its gradients come back the same
 way. The process's engine runs the chunks' actions of the schedule in one loop, as it runs a
-single stage's (`tfdist.pipeline.engine.run_actions`).
+single stage's (`tfdist.pipeline.schedule.run_actions`).
 
 Two processes exchange several pieces' transfers over one pair group, so each edge of the
 pipeline gets its own instance keys (`ChunkLink`): micro-batch ``m`` across the cut after piece

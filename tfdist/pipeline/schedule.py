@@ -55,7 +55,7 @@ from tfdist.pipeline.simulator import (
 __all__ = [
     "FORWARD", "BACKWARD", "BACKWARD_INPUT", "BACKWARD_WEIGHT", "Action", "Schedule",
     "PipelineSchedule", "GPipe", "OneFOneB", "Interleaved", "ZeroBubbleH1", "SCHEDULES",
-    "register_schedule", "schedule_class", "gpipe", "one_f_one_b", "get_schedule",
+    "run_actions", "register_schedule", "schedule_class", "gpipe", "one_f_one_b", "get_schedule",
     "bubble_fraction", "max_in_flight", "simulate", "interleaved",
     "interleaved_bubble_fraction", "check_interleaved", "step_time", "MAX_TRANSFERS",
 ]
@@ -435,3 +435,28 @@ of 2. Fix: use micro_batches=2 or 4
             "interleaving asks for.", received=f"stages={stages}, chunks={chunks}, "
             f"layers={layers}", expected=f"stages x chunks <= {layers}",
             fix=f"use chunks={max(1, layers // stages)} or fewer, or a deeper model"))
+
+
+def run_actions(engines: Sequence[Any], steps: Sequence[Any],
+                actions: Sequence[Action]) -> None:
+    """Builds a process's ``actions`` in order, each ``(op, micro_batch, chunk)`` by its chunk's
+    engine (`tfdist.pipeline.engine.StageEngine`) on its chunk's step, each after the one
+    before (whatever its chunk): the one loop of every schedule, for a process holding one
+    stage (one chunk) or several chunks.
+
+    Example:
+        >>> class Recorder:
+        ...     def run_op(self, step, op, m):
+        ...         step.chain = step.chain + [f"{op}{m}"]
+        >>> class Step:
+        ...     chain = []
+        >>> steps = [Step(), Step()]
+        >>> run_actions([Recorder(), Recorder()], steps, [("F", 0, 0), ("F", 0, 1), ("B", 0, 1)])
+        >>> steps[1].chain
+        ['F0', 'F0', 'B0']
+    """
+    chain: list[Any] = []
+    for op, m, c in actions:
+        steps[c].chain = chain
+        engines[c].run_op(steps[c], op, m)
+        chain = steps[c].chain
