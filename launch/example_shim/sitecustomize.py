@@ -199,6 +199,12 @@ def _run_shadowed_sitecustomize() -> None:
             module = importlib.util.module_from_spec(spec)
             sys.modules[spec.name] = module
             spec.loader.exec_module(module)
+            # `from sitecustomize import X` keeps working for the names the hidden one defines
+            # (as tfdist's start-up hook does for the one it hides: this one)
+            mine = globals()
+            for name, value in vars(module).items():
+                if not name.startswith("__"):
+                    mine.setdefault(name, value)
         return
 
 
