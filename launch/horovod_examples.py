@@ -136,10 +136,12 @@ def launch_command(script: Path, example: Example, controller: str) -> list[str]
             "2", *mpi, "--verbose", "--timeout", str(TIMEOUT_S), str(script), *example.args]
 
 
-def run_env(run_dir: Path, flavour: str) -> dict[str, str]:
-    """The launcher's environment: the shim first on PYTHONPATH, a private HOME, the flavour."""
+def run_env(run_dir: Path, flavour: str, home: Path | None = None) -> dict[str, str]:
+    """The launcher's environment: the shim first on PYTHONPATH, a private HOME (``home``, else
+    the run's folder), the flavour."""
     path = os.pathsep.join(p for p in (str(SHIM), str(REPO), os.environ.get("PYTHONPATH")) if p)
-    return dict(os.environ, PYTHONPATH=path, HOME=str(run_dir), KERAS_HOME=str(run_dir / ".keras"),
+    home = home or run_dir
+    return dict(os.environ, PYTHONPATH=path, HOME=str(home), KERAS_HOME=str(home / ".keras"),
                 TF_USE_LEGACY_KERAS=FLAVOURS[flavour], TF_CPP_MIN_LOG_LEVEL="2",
                 TFDIST_EXAMPLE_OUT=str(run_dir),
                 TFDIST_EXAMPLE_MNIST=str(write_mnist(run_dir / "mnist.npz")))
@@ -228,8 +230,12 @@ def launch(command: list[str], run_dir: Path, env: dict[str, str]) -> tuple[str,
     return output, process.returncode
 
 
-def run_one(script: Path, example: Example, flavour: str, controller: str) -> Result:
+def run_one(script: Path, example: Example, flavour: str, controller: str,
+            home: Path | None = None) -> Result:
     """Runs ``script`` once through tfdist-launch, in a fresh directory; checks its ranks' weights.
+
+    ``home``: the private HOME (and KERAS_HOME under it) of the run; None: the run's directory.
+    Runs that share one (the tests) can share the test suite's warm server, which HOME picks.
 
     Example:
         >>> run_one(Path("train.py"), Example(), "tf-keras", "gloo")  # doctest: +SKIP
@@ -239,7 +245,7 @@ def run_one(script: Path, example: Example, flavour: str, controller: str) -> Re
         run_dir = Path(tmp)
         started = time.monotonic()
         output, code = launch(launch_command(script, example, controller), run_dir,
-                              run_env(run_dir, flavour))
+                              run_env(run_dir, flavour, home))
         result = Result(script.name, flavour, controller, "fail", time.monotonic() - started)
         if code != 0:
             result.status, result.detail = failure(script.name, flavour, code, output)

@@ -30,6 +30,10 @@ CHIEF_TASKS = ("chief:0", "worker:0", "rank:0")
 WARM_PREIMPORT = "sklearn.datasets,sklearn.metrics"
 """What the examples import besides TensorFlow: their tasks' warm server imports it once
 (tests/warm_start.py)."""
+HOROVOD_IDLE = {"HOROVOD_CYCLE_TIME": "10"}
+"""Horovod's background loop every 10 ms instead of every 1 (as in tests/bench/test_bench_smoke.py):
+an idle rank then spends 0.02 CPU-s a second instead of 0.15-0.23, and a rank is idle most of a
+job's life on a loaded machine. The code that runs and the sums (2 ranks) are the same."""
 
 # Launcher arguments and expected num_replicas_in_sync of each topology (CPU: one replica per
 # worker; ParameterServer steps run on one worker at a time: 1).
@@ -60,7 +64,7 @@ def launch(tmp_path: Path, script: str, topology: str, *script_args: str,
     results.mkdir(exist_ok=True)
     child_env = {**os.environ, "PYTHONPATH": str(REPO), "TFDIST_RESULT_DIR": str(results),
                  "TF_CPP_MIN_LOG_LEVEL": "3", "TFDIST_TEST_WARM_PREIMPORT": WARM_PREIMPORT,
-                 **(env or {})}
+                 **HOROVOD_IDLE, **(env or {})}
     child_env.pop("TF_USE_LEGACY_KERAS", None)
     if topology.endswith(TF_KERAS):
         child_env["TF_USE_LEGACY_KERAS"] = "1"

@@ -39,15 +39,23 @@ def _harness() -> ModuleType:
 harness = _harness()
 
 
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One private HOME for the module's runs: HOME picks the warm server (tests/warm_start.py),
+    so runs of one Keras share one instead of starting one each (about 5 CPU-s)."""
+    return tmp_path_factory.mktemp("home")
+
+
 @pytest.mark.parametrize("flavour", ["keras3", "tf-keras"])
-def test_a_horovod_style_script_trains_ranks_in_sync(flavour: str) -> None:
-    result = harness.run_one(SCRIPT, harness.Example(), flavour, "gloo")
+def test_a_horovod_style_script_trains_ranks_in_sync(flavour: str, home: Path) -> None:
+    result = harness.run_one(SCRIPT, harness.Example(), flavour, "gloo", home)
     assert result.status == "pass", result.detail
     assert result.identical and result.change > 1e-3
 
 
-def test_the_check_fails_without_horovods_optimizer_and_tape() -> None:
-    result = harness.run_one(SCRIPT, harness.Example(args=("--sabotage",)), "keras3", "gloo")
+def test_the_check_fails_without_horovods_optimizer_and_tape(home: Path) -> None:
+    result = harness.run_one(SCRIPT, harness.Example(args=("--sabotage",)), "keras3", "gloo",
+                             home)
     assert result.status == "fail" and result.identical is False, result.detail
 
 
@@ -55,13 +63,14 @@ def test_the_check_fails_without_horovods_optimizer_and_tape() -> None:
     ("tensorflow2_keras_mnist.py", "tf-keras", "pass"),
     ("tensorflow2_mnist.py", "tf-keras", "pass"),
 ])
-def test_horovods_own_examples_run_unchanged(script: str, flavour: str, status: str) -> None:
+def test_horovods_own_examples_run_unchanged(script: str, flavour: str, status: str,
+                                             home: Path) -> None:
     source = os.environ.get("HOROVOD_SRC")
     if not source:
         pytest.skip("set HOROVOD_SRC to a checkout of horovod/horovod at tag v0.28.1 "
                     "(its examples/tensorflow2 are not shipped with the sdist)")
     path = Path(source) / "examples" / "tensorflow2" / script
-    result = harness.run_one(path, harness.RUNS[script], flavour, "gloo")
+    result = harness.run_one(path, harness.RUNS[script], flavour, "gloo", home)
     assert result.status == status, result.detail
     if status == "pass":
         assert result.identical and result.change > 1e-3
