@@ -13,6 +13,7 @@ deleted), then ``python tests/census.py FILE``.
 from __future__ import annotations
 
 import functools
+import gc
 import importlib.util
 import os
 import re
@@ -112,6 +113,15 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
             or not collection_path.name.startswith("test_")):
         return None
     return True if has_no_unit_test(collection_path.read_text(encoding="utf-8")) else None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Moves what importing and collecting made (TensorFlow's and Keras's modules, millions of
+    objects) out of the garbage collector's sight: each full collection that the tests' models
+    set off walked all of it again. tensor_plan + pipeline_model (-n 0, thread CPU inside the
+    collector's callbacks): 2.58 s without, 1.74 s with (of 37 CPU-s)."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
