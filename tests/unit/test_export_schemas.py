@@ -13,7 +13,9 @@ client-side validation) or a value outside an enum fails, naming the path.
 
 from __future__ import annotations
 
+import functools
 import re
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -24,9 +26,18 @@ from tfdist.launcher.plan import JobOptions, plan_job
 
 pytestmark = pytest.mark.unit
 
-training = pytest.importorskip("kubeflow.training.models",
-                               reason="kubeflow-training (pip) ships the TFJob models")
-kube = pytest.importorskip("kubernetes.client.models", reason="kubernetes (pip) ships pod models")
+
+
+@functools.cache
+def _schemas() -> tuple[ModuleType, ModuleType]:
+    """The TFJob and pod models, imported by the first test that reads them: about 1 CPU-s that
+    a pytest-xdist worker running none of these tests no longer pays while collecting."""
+    training = pytest.importorskip("kubeflow.training.models",
+                                   reason="kubeflow-training (pip) ships the TFJob models")
+    kube = pytest.importorskip("kubernetes.client.models",
+                               reason="kubernetes (pip) ships pod models")
+    return training, kube
+
 
 _PRIMITIVES: dict[str, tuple[type, ...]] = {
     "str": (str,), "int": (int,), "bool": (bool,), "float": (int, float), "object": (object,),
@@ -47,7 +58,7 @@ CLEAN_POD_POLICIES = {"All", "Running", "None"}
 
 
 def _model(name: str) -> type:
-    for module in (training, kube):
+    for module in _schemas():
         if hasattr(module, name):
             return getattr(module, name)
     raise AssertionError(f"no model named {name}")

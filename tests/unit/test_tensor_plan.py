@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+from functools import partial
 
 import keras
 import numpy as np
@@ -72,20 +73,23 @@ def test_user_rules_override_the_automatic_ones():
     assert plan.layer("head").reason == "rule 'head'"
 
 
+# Models made by the test that reads them, not while collecting (in each pytest-xdist worker);
+# partial, not lambda, keeps the test ids (model0, model1, ...).
 @pytest.mark.parametrize("model, rules, shards, words", [
-    (tiny_lm(), {"nothing.*": "replicated"}, 2, ["matches no layer", "nothing.*"]),
-    (tiny_lm(), {"up": "diagonal"}, 2, ["unknown split", "'diagonal'"]),
-    (tiny_lm(), {"ln": "heads"}, 2, ["cannot be split as 'heads'", "MultiHeadAttention"]),
-    (tiny_lm(), {"down": "replicated"}, 2, ["not row-split", "'replicated'"]),
-    (tiny_lm(heads=3), None, 2, ["num_heads 3", "T=2", "'replicated'"]),
-    (tiny_lm(vocab=15), None, 2, ["input_dim (vocabulary) 15", "'replicated'"]),
-    (tiny_lm(hidden=30), None, 4, ["units 30", "T=4"]),
-    (tiny_lm(regularize=True), {"up": "column"}, 2, ["regularizer", "replicate it"]),
+    (partial(tiny_lm), {"nothing.*": "replicated"}, 2, ["matches no layer", "nothing.*"]),
+    (partial(tiny_lm), {"up": "diagonal"}, 2, ["unknown split", "'diagonal'"]),
+    (partial(tiny_lm), {"ln": "heads"}, 2, ["cannot be split as 'heads'", "MultiHeadAttention"]),
+    (partial(tiny_lm), {"down": "replicated"}, 2, ["not row-split", "'replicated'"]),
+    (partial(tiny_lm, heads=3), None, 2, ["num_heads 3", "T=2", "'replicated'"]),
+    (partial(tiny_lm, vocab=15), None, 2, ["input_dim (vocabulary) 15", "'replicated'"]),
+    (partial(tiny_lm, hidden=30), None, 4, ["units 30", "T=4"]),
+    (partial(tiny_lm, regularize=True), {"up": "column"}, 2, ["regularizer",
+                                                              "replicate it"]),
 ])
 def test_bad_splits_are_refused_with_the_field_the_value_and_the_fix(model, rules, shards,
                                                                      words):
     with pytest.raises(StrategyConfigError) as error:
-        plan_model(model, shards, rules)
+        plan_model(model(), shards, rules)
     for word in words:
         assert word in str(error.value)
     assert "Fix:" in str(error.value) or "fix" in str(error.value).lower()

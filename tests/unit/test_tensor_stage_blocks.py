@@ -15,18 +15,19 @@ from __future__ import annotations
 
 import pytest
 
-keras_hub = pytest.importorskip("keras_hub")
-
-from tfdist.compat import models as keras_compat  # noqa: E402
-from tfdist.pipeline import stage  # noqa: E402
-from tfdist.tensor.blocks import checked_plan  # noqa: E402
-from tfdist.tensor.check import TOLERANCE  # noqa: E402
-from tfdist.tensor.stages import StageSplit, plan_stage_units, plan_stages  # noqa: E402
+from tfdist.compat import models as keras_compat
+from tfdist.pipeline import stage
+from tfdist.tensor.blocks import checked_plan
+from tfdist.tensor.check import TOLERANCE
+from tfdist.tensor.stages import StageSplit, plan_stage_units, plan_stages
 
 
 def gpt2():
     import keras
 
+    # imported here, not while collecting: 1.5 CPU-s a pytest-xdist worker running none of
+    # these tests no longer pays
+    keras_hub = pytest.importorskip("keras_hub")
     keras.utils.set_random_seed(1)
     backbone = keras_hub.models.GPT2Backbone(
         vocabulary_size=64, num_layers=2, hidden_dim=32, num_heads=2, intermediate_dim=64,

@@ -7,6 +7,8 @@ tests/multiprocess/test_tensor.py."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import keras
 import numpy as np
 import pytest
@@ -96,30 +98,33 @@ def test_a_tied_embedding_is_split_once_by_vocabulary_rows_and_gives_the_logits(
     assert staged.kind == "tied" and "gathered whole" in staged.reason
 
 
+# Models made by the test that reads them, not while collecting (in each pytest-xdist worker);
+# partial, not lambda, keeps the test ids (model0, model1, ...).
 @pytest.mark.parametrize("model, reason", [
-    (tied_lm(tie_weights=False), "tie_weights=False"),
-    (tied_lm(reverse_output=False), "not the model's only output"),
-    (tied_lm(embeddings_regularizer="l2"), "regularizer"),
+    (partial(tied_lm, tie_weights=False), "tie_weights=False"),
+    (partial(tied_lm, reverse_output=False), "not the model's only output"),
+    (partial(tied_lm, embeddings_regularizer="l2"), "regularizer"),
 ])
 def test_a_tied_embedding_the_split_cannot_do_is_replicated_with_the_reason(model, reason):
-    layer = plan_model(model, 2).layer("emb")
+    layer = plan_model(model(), 2).layer("emb")
     assert layer.kind == "replicated" and reason in layer.reason
 
 
 @pytest.mark.parametrize("model, rules, shards, words", [
-    (tied_lm(), {"emb": "vocab"}, 2, ["ties its embedding", "Received: emb: vocab",
-                                      "Fix: rules={'emb': 'tied'}"]),
-    (tied_lm(tie_weights=False), {"emb": "tied"}, 2, ["tie_weights=False", "Received: emb: tied",
-                                                      "Fix: replicate it"]),
-    (tied_lm(vocab=15), None, 2, ["input_dim (vocabulary) 15", "T=2", "'replicated'"]),
-    (shared_lm(), None, 2, ["share the weight 'emb/embeddings'", "Received: emb/embeddings in emb",
-                            "Fix: tie the embedding with keras_hub.layers.ReversibleEmbedding"]),
-    (shared_lm(), None, 1, ["share the weight"]),
+    (partial(tied_lm), {"emb": "vocab"}, 2, ["ties its embedding", "Received: emb: vocab",
+                                             "Fix: rules={'emb': 'tied'}"]),
+    (partial(tied_lm, tie_weights=False), {"emb": "tied"}, 2, [
+        "tie_weights=False", "Received: emb: tied", "Fix: replicate it"]),
+    (partial(tied_lm, vocab=15), None, 2, ["input_dim (vocabulary) 15", "T=2", "'replicated'"]),
+    (partial(shared_lm), None, 2, [
+        "share the weight 'emb/embeddings'", "Received: emb/embeddings in emb",
+        "Fix: tie the embedding with keras_hub.layers.ReversibleEmbedding"]),
+    (partial(shared_lm), None, 1, ["share the weight"]),
 ])
 def test_a_tie_that_would_be_mis_split_is_refused_with_the_field_the_value_and_the_fix(
         model, rules, shards, words):
     with pytest.raises(StrategyConfigError) as error:
-        plan_model(model, shards, rules)
+        plan_model(model(), shards, rules)
     for word in words:
         assert word in str(error.value)
 
