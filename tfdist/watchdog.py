@@ -33,7 +33,7 @@ import keras
 
 from tfdist.errors import STEP_DEADLINE_MARKER
 
-__all__ = ["StepDeadline", "StepWatchdog", "TENSOR_FIX", "with_deadline"]
+__all__ = ["StepDeadline", "StepWatchdog", "TENSOR_FIX", "deadline_class", "with_deadline"]
 
 TENSOR_FIX = "raise TensorStrategy(timeout_seconds=...) if a step is that slow."
 POLL_SECONDS = 0.5
@@ -112,8 +112,8 @@ class StepWatchdog:
         context.context().abort_collective_ops(errors.DEADLINE_EXCEEDED, message)
 
 
-class StepDeadline(keras.callbacks.Callback):
-    """Arms ``watchdog`` around every train, test and predict batch."""
+class _DeadlineHooks:
+    """`StepDeadline`'s hooks, for either Keras's ``Callback``."""
 
     def __init__(self, watchdog: StepWatchdog) -> None:
         super().__init__()
@@ -146,11 +146,35 @@ class StepDeadline(keras.callbacks.Callback):
         self._disarm("predict")
 
 
+class StepDeadline(_DeadlineHooks, keras.callbacks.Callback):
+    """Arms ``watchdog`` around every train, test and predict batch (Keras 3; `deadline_class`
+    gives tf-keras's)."""
+
+
+_CLASSES: dict[str, type] = {"keras": StepDeadline}
+
+
+def deadline_class(keras_module: Any = keras) -> type:
+    """`StepDeadline` for ``keras_module`` (Keras 3, or tf-keras, whose ``fit`` takes only its
+    own callbacks).
+
+    Example:
+        >>> deadline_class() is StepDeadline
+        True
+    """
+    name = keras_module.__name__
+    if name not in _CLASSES:
+        _CLASSES[name] = type("StepDeadline", (_DeadlineHooks, keras_module.callbacks.Callback),
+                              {"__doc__": StepDeadline.__doc__})
+    return _CLASSES[name]
+
+
 def with_deadline(args: tuple[Any, ...], kwargs: dict[str, Any], position: int,
-                  watchdog: StepWatchdog) -> tuple[tuple[Any, ...], dict[str, Any]]:
+                  watchdog: StepWatchdog, keras_module: Any = keras
+                  ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``(args, kwargs)`` of ``fit``/``evaluate``/``predict`` with a `StepDeadline` of
-    ``watchdog`` among the callbacks, which the caller passed by keyword or at ``position``
-    (fit: 5, evaluate: 6, predict: 4).
+    ``watchdog`` (for ``keras_module``: `deadline_class`) among the callbacks, which the caller
+    passed by keyword or at ``position`` (fit: 5, evaluate: 6, predict: 4).
 
     Example:
         >>> args, kwargs = with_deadline((), {}, 5, StepWatchdog(30.0, "group"))
@@ -159,11 +183,12 @@ def with_deadline(args: tuple[Any, ...], kwargs: dict[str, Any], position: int,
     """
     positional = len(args) > position
     given = args[position] if positional else kwargs.get("callbacks")
-    if isinstance(given, keras.callbacks.CallbackList):  # fit's, for its validation:
+    if isinstance(given, keras_module.callbacks.CallbackList):  # fit's, for its validation:
         return args, kwargs  # made from fit's callbacks, which hold the deadline
+    deadline = deadline_class(keras_module)
     callbacks = list(given or [])
-    if not any(isinstance(c, StepDeadline) for c in callbacks):
-        callbacks.append(StepDeadline(watchdog))
+    if not any(isinstance(c, deadline) for c in callbacks):
+        callbacks.append(deadline(watchdog))
     if positional:
         return (*args[:position], callbacks, *args[position + 1:]), kwargs
     return args, {**kwargs, "callbacks": callbacks}

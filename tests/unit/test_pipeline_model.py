@@ -37,7 +37,7 @@ def chain(widths=(6, 6, 4), features=3, batch_norm=False, regularize=False):
 
 @pytest.mark.parametrize("name", ["tfdist.pipeline.stage", "tfdist.pipeline.keras_model",
                                   "tfdist.pipeline.loss_and_metrics",
-                                  "tfdist.pipeline.local", "tfdist.pipeline.engine",
+                                  "tfdist.pipeline.local", "tfdist.pipeline.schedule",
                                   "tfdist.pipeline.modes", "tfdist.strategies.pipeline"])
 def test_docstring_examples_run(name):
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)

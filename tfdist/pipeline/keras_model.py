@@ -239,18 +239,21 @@ class _StageModelMixin:
         self._check_inputs(x, batch_size)
         build_stage_optimizer(self, self.optimizer,  # type: ignore[attr-defined]
                               self.distribute_strategy)  # type: ignore[attr-defined]
-        args, kwargs = with_deadline(args, kwargs, 2, self._step_watchdog())
+        args, kwargs = with_deadline(args, kwargs, 2, self._step_watchdog(),
+                                     get_keras(flavour_of(self)))
         return super().fit(x, y, batch_size, *args, **kwargs)  # type: ignore[misc]
 
     def evaluate(self, x: Any = None, y: Any = None, batch_size: Any = None, *args: Any,
                  **kwargs: Any) -> Any:
         self._check_inputs(x, batch_size)
-        args, kwargs = with_deadline(args, kwargs, 3, self._step_watchdog())
+        args, kwargs = with_deadline(args, kwargs, 3, self._step_watchdog(),
+                                     get_keras(flavour_of(self)))
         return super().evaluate(x, y, batch_size, *args, **kwargs)  # type: ignore[misc]
 
     def predict(self, x: Any, batch_size: Any = None, *args: Any, **kwargs: Any) -> Any:
         self._check_inputs(x, batch_size)
-        args, kwargs = with_deadline(args, kwargs, 2, self._step_watchdog())
+        args, kwargs = with_deadline(args, kwargs, 2, self._step_watchdog(),
+                                     get_keras(flavour_of(self)))
         return super().predict(x, batch_size, *args, **kwargs)  # type: ignore[misc]
 
     # ------------------------------------------------------------ steps
