@@ -92,7 +92,7 @@ def test_hybrid_two_replicas_of_two_stages_match_one_process(cluster_runner):
     # weights and one more step must fail on every process, naming replica 1's ranks.
     results = run_pipeline(cluster_runner, processes=4, stages=2,
                            args=["3", "2", "gpipe", "--sample-weight", "--regularize",
-                                 "--then-diverge"],
+                                 "--then-diverge", "--no-evaluate"],
                            env={"TFDIST_CHECK_WEIGHTS_EVERY": "1"}, timeout=240)
     chief = results["worker:0"]
     assert chief["replicas"] == 2
@@ -123,7 +123,7 @@ def launched_custom_loop(tmp_path_factory):
                "--workers", "2", "--stages", "2", "--micro-batches", "2",
                "--log-dir", str(log_dir), "--timeout", "240",
                str(SCRIPTS / "pipeline_parity.py"), "3", "2", "1f1b", "--custom-loop",
-               "--regularize"]
+               "--regularize", "--no-evaluate"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "TFDIST_RESULT_DIR": str(tmp_path)}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     reports = {p.stem.replace("_", ":"): json.loads(p.read_text())
@@ -146,7 +146,8 @@ def test_zeroed_gradient_transfers_break_parity(cluster_runner):
     # The same checks as above must fail when the mechanisms are broken: the gradients sent
     # back are zeroed, and stage 1 draws its initial weights from a fresh stream.
     results = run_pipeline(cluster_runner, processes=2, stages=2,
-                           args=["3", "2", "gpipe", "--sabotage"], env=FRESH_STREAM)
+                           args=["3", "2", "gpipe", "--sabotage", "--no-evaluate"],
+                           env=FRESH_STREAM)
     chief = results["worker:0"]
     assert max_gap(chief["trained"], chief["reference"]) > CONTROL_MIN_GAP
     print(f"initial gap {chief['initial_gap']:.2e}")
