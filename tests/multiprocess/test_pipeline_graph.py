@@ -93,11 +93,28 @@ def test_keras_applications_split_build_and_train_like_one_process(tmp_path):
     assert "is a BatchNormalization: with micro_batches=4" in resnet["refused_m4"]
 
 
-@pytest.mark.parametrize("case", ["transformer:2:4:1f1b", "residual:2:1:gpipe"])
-def test_graphs_train_like_one_process_with_a_process_per_stage(cluster_runner, case):
-    env = {"TFDIST_STRATEGY": "pipeline", "TFDIST_PIPELINE_STAGES": "2"}
-    results = cluster_runner(ClusterSpec.local(workers=2), SCRIPTS / "pipeline_graph.py", case,
-                             env=env, strategy="pipeline", timeout=240)
+PROCESS_CASES = ["transformer:2:4:1f1b", "residual:2:1:gpipe"]
+
+
+@pytest.fixture(scope="module")
+def process_per_stage():
+    """Both cases in one 2-process job (the chief trains the references after both): one
+    launch instead of two."""
+    from tfdist.cluster import release_ports
+    from tfdist.testing import run_cluster
+
+    spec = ClusterSpec.local(workers=2)
+    env = {"PYTHONPATH": str(REPO), "TFDIST_STRATEGY": "pipeline", "TFDIST_PIPELINE_STAGES": "2"}
+    try:
+        return run_cluster(spec, SCRIPTS / "pipeline_graph.py", PROCESS_CASES, env=env,
+                           strategy="pipeline", timeout=300)
+    finally:
+        release_ports(spec.ports())
+
+
+@pytest.mark.parametrize("case", PROCESS_CASES)
+def test_graphs_train_like_one_process_with_a_process_per_stage(process_per_stage, case):
+    results = process_per_stage
     chief = results["worker:0"][case]
     assert_parity(chief)
     other = results["worker:1"][case]

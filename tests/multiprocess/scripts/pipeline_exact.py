@@ -83,6 +83,9 @@ def fit_reference(keras, initial, x, y, case, densify=False):
         optimizer.apply_gradients = lambda pairs, *a, **k: apply(
             [(tf.convert_to_tensor(g), v) for g, v in pairs], *a, **k)
     model.compile(optimizer=optimizer, loss="mse")
+    # the optimizer's variables made now, not in the first traced step, which tf.function would
+    # then trace twice (0.3-1 CPU-s a fit): the same numbers, measured gap 0
+    model.optimizer.build(model.trainable_variables)
     history = model.fit(x, y, batch_size=GLOBAL, epochs=1, shuffle=False, verbose=0)
     return [w.tolist() for w in model.get_weights()], history.history["loss"]
 

@@ -161,7 +161,9 @@ def ordered(model):
                                                                      list)()]
 
 
-def train_one(strategy, name):
+def train_one(strategy, name, predict=True):
+    """Trains model ``name`` under ``strategy``; its report. ``predict=False`` (a sabotage,
+    checked on its weights alone) leaves out the predictions and their traced functions."""
     started = time.monotonic()
     keras.utils.set_random_seed(1)
     whole = build(name)
@@ -176,16 +178,17 @@ def train_one(strategy, name):
                       weight_bytes=int(sum(np.asarray(w).nbytes for w in model.get_weights())))
     trained = strategy.gather_weights(model)
     samples = [x for x, _, _ in batches(name)[:len(LENGTHS)]]  # one batch of each length
-    predicted = [model.predict(x, batch_size=GLOBAL, verbose=0) for x in samples]
-    result["predicted_shapes"] = [list(p.shape) for p in predicted]
-    result["predicted_sum"] = [float(np.sum(p)) for p in predicted]
+    if predict:
+        predicted = [model.predict(x, batch_size=GLOBAL, verbose=0) for x in samples]
+        result["predicted_shapes"] = [list(p.shape) for p in predicted]
+        result["predicted_sum"] = [float(np.sum(p)) for p in predicted]
     if strategy.is_chief:
         result["moved"] = gap(trained, initial)
         if name not in REFERENCES:
             result["reference_loss"] = fit(whole, name, eagerly=True)
             REFERENCES[name] = ordered(whole)
         result["gap"] = gap(trained, REFERENCES[name])
-        if "reference_loss" in result:  # the whole model now holds the reference's weights
+        if predict and "reference_loss" in result:  # the whole model holds the reference's
             result["predict_gap"] = gap(predicted, [whole.predict(x, batch_size=GLOBAL,
                                                                   verbose=0) for x in samples])
     return result
@@ -201,7 +204,7 @@ def main(argv):
     result = {"stages": strategy.stages, "models": {}}
     if "--skip-row-reduce" in argv:  # the sabotage alone: the job's only model
         skip_one_row_reduce()
-        result["sabotage"] = train_one(strategy, names[0])
+        result["sabotage"] = train_one(strategy, names[0], predict=False)
         names = []
     for name in names:
         try:
@@ -210,10 +213,10 @@ def main(argv):
             result["models"][name] = {"refused": str(err)}
     if "--then-sabotage" in argv:
         drop_cut_gradients()
-        result["sabotage"] = train_one(strategy, names[0])
+        result["sabotage"] = train_one(strategy, names[0], predict=False)
     if "--then-skip-row-reduce" in argv:
         skip_one_row_reduce()
-        result["sabotage"] = train_one(strategy, names[0])
+        result["sabotage"] = train_one(strategy, names[0], predict=False)
     report(result)
 
 

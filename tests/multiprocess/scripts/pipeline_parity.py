@@ -2,7 +2,7 @@
 ``model.fit`` and reports the reassembled weights, and the single-process reference.
 
 Args: ``steps micro_batches schedule [--sabotage] [--save DIR] [--custom-loop]
-[--sample-weight] [--regularize] [--adam] [--then-diverge]``. Every process
+[--sample-weight] [--regularize] [--adam] [--then-diverge] [--no-evaluate]``. Every process
 builds the whole model once with a fixed seed (so the stages start from the reference's weights),
 takes its stage with ``strategy.build_model(model)``, and fits ``steps`` global batches of
 ``GLOBAL`` rows (or runs ``strategy.train_step`` on them: ``--custom-loop``). The chief then
@@ -13,6 +13,8 @@ between stages: the parity check must then fail. ``--sample-weight`` fits ``(x, 
 sample_weight)`` (the reference and the control too). ``--regularize`` gives the layers L2
 kernel regularizers (every layer), an L1 bias regularizer and L2 activity regularizers (early
 and last layer), in the reference too. ``--adam`` trains with Adam instead of SGD (everywhere).
+``--no-evaluate``: no ``evaluate`` and ``predict`` (nor the reference's), for tests that do not
+check them: their traced functions are most of a short job's CPU.
 
 First of all, every process builds its stage from a build function that seeds
 (``keras.utils.set_random_seed(INITIAL_SEED)`` inside it, a Dropout before the last layer moving
@@ -115,6 +117,9 @@ def fitted(keras, initial, x, y, batch, weight=None, regularize=False, adam=Fals
     model = build(keras, regularize)
     model.set_weights(initial)
     model.compile(optimizer=optimizer(keras, adam), loss="mse")
+    # the optimizer's variables made now, not in the first traced step, which tf.function would
+    # then trace twice (0.3-1 CPU-s a fit): the same numbers, measured gap 0
+    model.optimizer.build(model.trainable_variables)
     history = model.fit(x, y, sample_weight=weight, batch_size=batch, epochs=1, shuffle=False,
                         verbose=0)
     return model, history
@@ -165,9 +170,11 @@ def main(argv):
         "strategy": strategy.name, "stage": strategy.stage_report(), "initial_gap": first_gap,
         "loss": loss, "flavour": flavour.flavour_of(model),
         "replicas": strategy.num_replicas, "own_weights": len(model.get_weights()),
-        "evaluate": model.evaluate(x, y, batch_size=GLOBAL, verbose=0),
-        "predict": model.predict(x[:GLOBAL], batch_size=GLOBAL, verbose=0).tolist(),
     }
+    evaluate = "--no-evaluate" not in argv
+    if evaluate:
+        result.update(evaluate=model.evaluate(x, y, batch_size=GLOBAL, verbose=0),
+                      predict=model.predict(x[:GLOBAL], batch_size=GLOBAL, verbose=0).tolist())
     save_dir = argv[argv.index("--save") + 1] if "--save" in argv else None
     if save_dir:
         result["saved"] = strategy.save_model(model, os.path.join(save_dir, "model.keras"))
@@ -184,10 +191,12 @@ def main(argv):
             trained=[w.tolist() for w in trained], initial=[w.tolist() for w in initial],
             reference=[w.tolist() for w in reference.get_weights()],
             control=[w.tolist() for w in control.get_weights()],
-            reference_loss=ref_history.history["loss"],
-            reference_evaluate=reference.evaluate(x, y, batch_size=GLOBAL, verbose=0),
-            reference_predict=reference.predict(x[:GLOBAL], batch_size=GLOBAL,
-                                                verbose=0).tolist())
+            reference_loss=ref_history.history["loss"])
+        if evaluate:
+            result.update(
+                reference_evaluate=reference.evaluate(x, y, batch_size=GLOBAL, verbose=0),
+                reference_predict=reference.predict(x[:GLOBAL], batch_size=GLOBAL,
+                                                    verbose=0).tolist())
         if save_dir:
             loaded = keras.models.load_model(os.path.join(save_dir, "model.keras"))
             result["reloaded"] = [w.tolist() for w in loaded.get_weights()]
