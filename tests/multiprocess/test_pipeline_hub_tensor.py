@@ -7,11 +7,12 @@ batches of two sequence lengths (6 and 10: the stage's one trace serves both, it
 inside the blocks on sized keys; the tied embedding's row-sliced gradient, whose row count
 follows the length, meets its replica on a key per size class) with a padding mask and sample
 weights, ends within 1e-5 of one process on the same global batches and logs its losses;
-predictions of both lengths; each process holds exactly its plan's bytes. Skipping one
-row-split layer's all-reduce inside a block breaks parity (K=2 x T=2, 4 processes: a D=2 x K=2
-x T=2 job hangs at its second model's first step, whatever the model; see
-`test_skipping_a_row_all_reduce_inside_a_block_breaks_parity`). The 8-process launch replaced
-the D=2 x K=2 one of `test_pipeline_hub.py` and the parity half of a K=2 x T=2 one."""
+predictions of both lengths; each process holds exactly its plan's bytes. Then the same job
+trains a second model, GPT-2 with one row-split layer's all-reduce skipped inside a block in
+each stage: parity breaks, and the second model trains at all (at D x K x T it once hung at its
+first step: `tfdist.parallel.keys` counts the traced keys per group since). One launch; it
+replaced the D=2 x K=2 one of `test_pipeline_hub.py`, the parity half of a K=2 x T=2 one, and
+the K=2 x T=2 launch that trained the sabotage alone."""
 
 from __future__ import annotations
 
@@ -43,8 +44,8 @@ def gpt2_kxt():
            "TFDIST_PIPELINE_STAGES": "2", "TFDIST_TENSOR_SHARDS": "2",
            "TFDIST_MESH": "data=2,pipe=2,tensor=2"}
     try:
-        return run_cluster(spec, SCRIPT, ["2", "gpt2"], env=env, strategy="pipeline",
-                           timeout=540)
+        return run_cluster(spec, SCRIPT, ["2", "gpt2", "--then-skip-row-reduce"], env=env,
+                           strategy="pipeline", timeout=540)
     finally:
         release_ports(spec.ports())
 
@@ -87,21 +88,7 @@ def test_each_process_holds_its_shard_of_its_stages_blocks(gpt2_kxt):
             assert held == plan["bytes_per_process"] + TIED_SLICE_BYTES
 
 
-def test_skipping_a_row_all_reduce_inside_a_block_breaks_parity():
-    """K=2 x T=2 (4 processes), the sabotaged model the job's only one: in the D=2 x K=2 x T=2
-    job a second model (sabotaged or not: ``gpt2 gpt2`` too) timed out at its first step's
-    transfers, measured 2026-11-27 (the pipeline's timeout set to 60 s; none by default)."""
-    from tfdist.cluster import release_ports
-    from tfdist.testing import run_cluster
-
-    spec = ClusterSpec.local(workers=4)
-    env = {"PYTHONPATH": str(SCRIPT.parents[3]), "TFDIST_STRATEGY": "pipeline",
-           "TFDIST_PIPELINE_STAGES": "2", "TFDIST_TENSOR_SHARDS": "2",
-           "TFDIST_MESH": "data=1,pipe=2,tensor=2"}
-    try:
-        results = run_cluster(spec, SCRIPT, ["2", "gpt2", "--skip-row-reduce"], env=env,
-                              strategy="pipeline", timeout=540)
-    finally:
-        release_ports(spec.ports())
-    sabotage = results["worker:0"]["sabotage"]
+def test_skipping_a_row_all_reduce_inside_a_block_breaks_parity(gpt2_kxt):
+    """The job's second model (which at D x K x T once timed out at its first step)."""
+    sabotage = gpt2_kxt["worker:0"]["sabotage"]
     assert sabotage["moved"] > 1e-2 and sabotage["gap"] > 1e-2, sabotage

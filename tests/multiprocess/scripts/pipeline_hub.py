@@ -16,7 +16,7 @@ each length (shared by the last stage with every stage) against the one-process 
 ``--then-sabotage`` trains the first model again with the gradient of the hidden state across
 the cut dropped (zeros sent back instead): parity must fail. ``--then-skip-row-reduce`` (K x T)
 trains it again with a block's row all-reduce skipped in each stage; ``--skip-row-reduce``
-trains only that (a D x K x T job does not train a second model: see its test).
+trains only that (the job's only model).
 """
 
 from __future__ import annotations
