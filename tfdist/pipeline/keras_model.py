@@ -234,26 +234,30 @@ class _StageModelMixin:
             self._pipeline_watchdog = watchdog
         return watchdog
 
+    def _with_deadline(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+                       position: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``fit``/``evaluate``/``predict``'s arguments with the batch deadline among the
+        callbacks (``position``: of the callbacks after ``batch_size``)."""
+        return with_deadline(args, kwargs, position, self._step_watchdog(),
+                             get_keras(flavour_of(self)))
+
     def fit(self, x: Any = None, y: Any = None, batch_size: Any = None, *args: Any,
             **kwargs: Any) -> Any:
         self._check_inputs(x, batch_size)
         build_stage_optimizer(self, self.optimizer,  # type: ignore[attr-defined]
                               self.distribute_strategy)  # type: ignore[attr-defined]
-        args, kwargs = with_deadline(args, kwargs, 2, self._step_watchdog(),
-                                     get_keras(flavour_of(self)))
+        args, kwargs = self._with_deadline(args, kwargs, 2)
         return super().fit(x, y, batch_size, *args, **kwargs)  # type: ignore[misc]
 
     def evaluate(self, x: Any = None, y: Any = None, batch_size: Any = None, *args: Any,
                  **kwargs: Any) -> Any:
         self._check_inputs(x, batch_size)
-        args, kwargs = with_deadline(args, kwargs, 3, self._step_watchdog(),
-                                     get_keras(flavour_of(self)))
+        args, kwargs = self._with_deadline(args, kwargs, 3)
         return super().evaluate(x, y, batch_size, *args, **kwargs)  # type: ignore[misc]
 
     def predict(self, x: Any, batch_size: Any = None, *args: Any, **kwargs: Any) -> Any:
         self._check_inputs(x, batch_size)
-        args, kwargs = with_deadline(args, kwargs, 2, self._step_watchdog(),
-                                     get_keras(flavour_of(self)))
+        args, kwargs = self._with_deadline(args, kwargs, 2)
         return super().predict(x, batch_size, *args, **kwargs)  # type: ignore[misc]
 
     # ------------------------------------------------------------ steps

@@ -53,18 +53,19 @@ def backup_objects(model: Any, optimizer: Any = None) -> dict[str, Any]:
     """
     optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
     found: dict[str, Any] = {"model": model}
-    if _stage3(model):
-        zero = getattr(model, "_pipeline_zero", None) or getattr(model, "zero", None)
+    zero = _stage3(model)
+    if zero is not None:
         found = {"zero_pieces": list(zero.pieces),
                  "zero_state": list(model.non_trainable_variables)}
     return found if optimizer is None else {**found, "optimizer": optimizer}
 
 
-def _stage3(model: Any) -> bool:
+def _stage3(model: Any) -> Any:
+    """``model``'s ZeRO stage 3 (`DataAxisLayers`), or None."""
     from tfdist.zero.data_axis_layers import DataAxisLayers
 
     zero = getattr(model, "_pipeline_zero", None) or getattr(model, "zero", None)
-    return isinstance(zero, DataAxisLayers)
+    return zero if isinstance(zero, DataAxisLayers) else None
 
 
 def refuse_stage3_models(checkpoint: Any) -> None:
@@ -82,7 +83,7 @@ def refuse_stage3_models(checkpoint: Any) -> None:
     """
     children = getattr(checkpoint, "_trackable_children", lambda: {})()
     for name, child in children.items():
-        if _stage3(child):
+        if _stage3(child) is not None:
             raise StrategyConfigError(format_error(
                 "Under ZeRO stage 3 a stage's (shard's) model holds no values between steps: "
                 "a checkpoint of it cannot be saved.",
