@@ -2,11 +2,13 @@
 
 It names itself from TF_CONFIG, records each start as ``MARKER_DIR/<task>.start.<pid>``, and:
 
-* ``fail_worker1``: worker:1 prints "worker 1 gives up" and exits 3; the rest sleep.
+* ``fail_worker1``: worker:1, once every task of TF_CONFIG has started, prints "worker 1 gives
+  up" and exits 3; the rest sleep.
 * ``fail_evaluator``: the evaluator exits 4 at once; the others exit 0 after 2 s.
 * ``restart_worker1``: worker:1's first run exits 9, its later runs serve (sleep); the chief
-  exits 0 after 4 s; the other servers sleep.
-* ``kill_ps``: ps:0 exits 9 after 1 s; the rest sleep.
+  exits 0 once worker:1 has started twice (the launcher announced the restart before it started
+  the new run); the other servers sleep.
+* ``kill_ps``: ps:0 exits 9 once every task of TF_CONFIG has started; the rest sleep.
 * ``fail_once``: worker:1's first run exits 5 once worker:0 has started; every later run of
   every task exits 0.
 * ``sleep``: every task sleeps.
@@ -26,11 +28,23 @@ from markers import wait_for_marker
 from tfdist.resilience.preemption import PREEMPTED_EXIT_STATUS, marker_line
 
 mode, marker_dir = sys.argv[1], sys.argv[2]
-spec = json.loads(os.environ["TF_CONFIG"])["task"]
+tf_config = json.loads(os.environ["TF_CONFIG"])
+spec = tf_config["task"]
 task = f"{spec['type']}:{spec['index']}"
 runs = len([f for f in os.listdir(marker_dir) if f.startswith(f"{task}.start.")])
 open(os.path.join(marker_dir, f"{task}.start.{os.getpid()}"), "w").close()
 print(f"{task} started ({mode})", flush=True)
+
+
+def wait_for_every_task():
+    """Until every task of TF_CONFIG's cluster has left its start marker (at most 30 s): the
+    failure then finds the whole job running (a fixed 1 s sleep before)."""
+    tasks = sum(len(addresses) for addresses in tf_config["cluster"].values())
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if sum(".start." in name for name in os.listdir(marker_dir)) >= tasks:
+            return
+        time.sleep(0.05)
 
 
 def save_and_exit(signum, frame):
@@ -39,7 +53,7 @@ def save_and_exit(signum, frame):
 
 
 if mode == "fail_worker1" and task == "worker:1":
-    time.sleep(1)
+    wait_for_every_task()
     print("worker 1 gives up", flush=True)
     sys.exit(3)
 if mode == "fail_evaluator":
@@ -53,10 +67,10 @@ if mode == "restart_worker1":
         print("worker 1 dies", flush=True)
         sys.exit(9)
     if task == "chief:0":
-        time.sleep(4)
+        wait_for_marker(marker_dir, "worker:1.start.", count=2)
         sys.exit(0)
 if mode == "kill_ps" and task == "ps:0":
-    time.sleep(1)
+    wait_for_every_task()
     print("ps 0 dies", flush=True)
     sys.exit(9)
 if mode == "fail_once":
