@@ -3,15 +3,16 @@ tests: each step sees different data (an endless stream), so resuming at the wro
 position changes the final weights.
 
 Argument: the checkpoint directory. ``PAUSE_AT_STEP=k``: after step k every worker prints
-``paused after step k`` and waits 5 s. Reports the steps it ran and the final weights.
+``paused after step k`` and waits until its SIGTERM came, at most 5 s
+(`pause.pause_until_sigterm`). Reports the steps it ran and the final weights.
 """
 
 import os
 import sys
-import time
 
 import numpy as np
 import tensorflow as tf
+from pause import pause_until_sigterm
 
 import tfdist
 import tfdist.testing
@@ -63,5 +64,5 @@ while step.numpy() < TOTAL_STEPS:
     ran.append(int(step.numpy()))
     if ran[-1] == pause_at:
         print(f"paused after step {pause_at}", flush=True)
-        time.sleep(5)
+        pause_until_sigterm()
 tfdist.testing.report({"ran": ran, "weights": [w.tolist() for w in model.get_weights()]})

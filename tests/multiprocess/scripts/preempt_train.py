@@ -4,7 +4,8 @@ the wrong step, or with its input at the wrong place, ends with different weight
 Argument: the backup directory. Environment:
 
 * ``PAUSE_AT_STEP=k``: after global step k (1-based) every worker prints ``paused after step k``
-  and waits 5 s (the test sends SIGTERM meanwhile). Off when unset.
+  and waits 5 s (the test sends SIGTERM meanwhile), or, where it saves on SIGTERM, until its
+  SIGTERM came (`pause.pause_until_sigterm`). Off when unset.
 * ``SAVE_BEFORE_PREEMPTION=0``: the backup callback does not save on SIGTERM (sabotage).
 * ``NO_INPUT_RESUME=1``: a resumed run starts its input at the first batch (sabotage).
 * ``STEPS_PER_EXECUTION=n``: compile with it (default 1).
@@ -17,6 +18,7 @@ import sys
 import time
 
 import numpy as np
+from pause import pause_until_sigterm
 
 import tfdist
 import tfdist.testing
@@ -58,7 +60,10 @@ class Steps(keras.callbacks.Callback):
         pause_at = int(os.environ.get("PAUSE_AT_STEP", "0"))
         if self.epoch * STEPS + batch + 1 == pause_at:
             print(f"paused after step {pause_at}", flush=True)
-            time.sleep(5)
+            if save:
+                pause_until_sigterm()
+            else:  # TF's runtime goes on after SIGTERM: the test needs the grace to run out
+                time.sleep(5)
 
 
 with strategy.scope():
