@@ -97,7 +97,7 @@ def _fused(flats: list[tf.Tensor]) -> tf.Tensor:
         ends = tf.cumsum(sizes)
         before = ends - sizes - 1  # a tensor's start, less the 1 added to each index
         over = tf.cast(sizes, tf.float64) + 1.0
-        total = ends[-1]
+        total = tf.reduce_sum(sizes)
     else:  # constants: fewer nodes
         ends_np = np.cumsum(np.array(static, np.int64))
         ends = tf.constant(ends_np)
@@ -106,8 +106,9 @@ def _fused(flats: list[tf.Tensor]) -> tf.Tensor:
         total = int(ends_np[-1])
     index = tf.range(total, dtype=tf.int64)
     # each element's tensor: how many ends are at or before it (an empty tensor holds none)
-    segment = tf.reshape(tf.raw_ops.UpperBound(sorted_inputs=ends[tf.newaxis],
-                                               values=index[tf.newaxis], out_type=tf.int64),
+    segment = tf.reshape(tf.raw_ops.UpperBound(sorted_inputs=tf.expand_dims(ends, 0),
+                                               values=tf.expand_dims(index, 0),
+                                               out_type=tf.int64),
                          [-1])
     position = tf.cast(index - tf.gather(before, segment), tf.float64) / tf.gather(over, segment)
     flat = tf.concat(flats, axis=0)
@@ -191,7 +192,7 @@ def assert_agree(values: Mapping[str, Any], group: ProcessGroup, step: Any, *, s
     gathered = all_gather(fingerprint(list(numeric.values()))[tf.newaxis], group,
                           instance=instance, timeout=timeout)
     apart = disagreeing(gathered, tolerance)
-    differing = tf.boolean_mask(_labels(names, group, describe), apart)
+    differing = tf.gather_nd(_labels(names, group, describe), tf.where(apart))  # a mask's
     me = describe(group.members[group.rank])
     return [tf.debugging.Assert(tf.logical_not(tf.reduce_any(apart)), [
         f"The processes {list(group.members)} of this model-parallel job do not hold the same "
