@@ -28,6 +28,27 @@ def test_a_reordered_shifted_or_rescaled_batch_differs_the_same_one_does_not():
     assert _apart(batch, changed)
 
 
+def test_tensors_fingerprinted_together_give_each_tensor_its_own_numbers(monkeypatch):
+    # one segment sum over several tensors (static and unknown sizes, empty ones, an int) must
+    # give what each tensor alone gives: the chunks split where FUSE_ELEMENTS says
+    monkeypatch.setattr(consistency, "FUSE_ELEMENTS", 40)
+    rng = np.random.default_rng(3)
+    tensors = [rng.normal(size=shape).astype("float32")
+               for shape in [(3, 4), (0,), (5,), (0, 2), (50,), (7,)]] + [np.arange(6)]
+    alone = np.concatenate([consistency.fingerprint(t).numpy() for t in tensors])
+    together = consistency.fingerprint(tensors).numpy()
+    np.testing.assert_allclose(together, alone, rtol=1e-13, atol=1e-15)  # summed in another order
+    assert together.shape == (consistency.PARTS * len(tensors),)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4]), tf.TensorSpec([None])] * 2)
+    def unknown(*values):
+        return consistency.fingerprint(list(values))
+
+    got = unknown(tensors[0], tensors[1], tensors[0], tensors[2]).numpy()
+    np.testing.assert_allclose(got, np.concatenate([alone[:8], alone[:4], alone[8:12]]),
+                               rtol=1e-13, atol=1e-15)
+
+
 def test_the_weight_tolerance_forgives_a_last_bit_and_not_a_dropout_step():
     weights = np.random.default_rng(1).normal(size=(256, 64)).astype("float32")
     last_bit = np.nextafter(weights, np.float32(np.inf))  # every element one ulp up

@@ -36,6 +36,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from tfdist.errors import StrategyConfigError, format_error
@@ -43,7 +44,8 @@ from tfdist.parallel.mesh import ProcessGroup
 from tfdist.parallel.ops import all_gather
 
 __all__ = ["PARTS", "TOLERANCE", "WEIGHT_TOLERANCE", "CHECK_EVERY_ENV", "DEFAULT_CHECK_EVERY",
-           "BATCH_FIX", "fingerprint", "disagreeing", "assert_agree", "check_every", "when_due"]
+           "BATCH_FIX", "FUSE_ELEMENTS", "fingerprint", "disagreeing", "assert_agree",
+           "check_every", "when_due"]
 
 PARTS = 4
 """Numbers per tensor in a fingerprint: sum, sum of squares, position-weighted sum, sum of
@@ -65,20 +67,74 @@ BATCH_FIX = ("Every process of a model-parallel job must read the same global ba
              "data")
 
 
+FUSE_ELEMENTS = 1 << 18
+"""Tensors are fingerprinted together (one concatenation, one segment sum: a few graph nodes
+for all of them, not a chain of ~20 per tensor) up to this many elements at a time (2 MB of
+float64); a larger tensor alone, as before."""
+
+
+def _numeric(value: Any) -> list[tf.Tensor]:
+    tensors = [tf.convert_to_tensor(t) for t in tf.nest.flatten(value)]
+    return [t for t in tensors if t.dtype.is_floating or t.dtype.is_integer or t.dtype.is_bool]
+
+
+def _one(flat: tf.Tensor) -> tf.Tensor:
+    size = tf.cast(tf.size(flat), tf.float64)
+    position = (tf.range(size, dtype=tf.float64) + 1.0) / (size + 1.0)
+    return tf.stack([tf.reduce_sum(flat), tf.reduce_sum(flat * flat),
+                     tf.reduce_sum(flat * position), tf.reduce_sum(tf.abs(flat))])
+
+
+def _fused(flats: list[tf.Tensor]) -> tf.Tensor:
+    """`_one` of each of ``flats`` (float64 vectors) with graph nodes for all at once: the
+    same numbers (each element's position its index in its own tensor, in the same float64
+    arithmetic), summed by segment."""
+    if len(flats) == 1:
+        return _one(flats[0])
+    static = [f.shape[0] for f in flats]
+    if None in static:
+        sizes = tf.stack([tf.size(f, out_type=tf.int64) for f in flats])
+        ends = tf.cumsum(sizes)
+        before = ends - sizes - 1  # a tensor's start, less the 1 added to each index
+        over = tf.cast(sizes, tf.float64) + 1.0
+        total = tf.reduce_sum(sizes)
+    else:  # constants: fewer nodes
+        ends_np = np.cumsum(np.array(static, np.int64))
+        ends = tf.constant(ends_np)
+        before = tf.constant(ends_np - np.array(static, np.int64) - 1)
+        over = tf.constant(np.array(static, np.float64) + 1.0)
+        total = int(ends_np[-1])
+    index = tf.range(total, dtype=tf.int64)
+    # each element's tensor: how many ends are at or before it (an empty tensor holds none)
+    segment = tf.reshape(tf.raw_ops.UpperBound(sorted_inputs=tf.expand_dims(ends, 0),
+                                               values=tf.expand_dims(index, 0),
+                                               out_type=tf.int64),
+                         [-1])
+    position = tf.cast(index - tf.gather(before, segment), tf.float64) / tf.gather(over, segment)
+    flat = tf.concat(flats, axis=0)
+    parts = tf.stack([flat, flat * flat, flat * position, tf.abs(flat)], axis=1)
+    return tf.reshape(tf.math.unsorted_segment_sum(parts, segment, len(flats)), [-1])
+
+
 def fingerprint(value: Any) -> tf.Tensor:
-    """`PARTS` float64 numbers per numeric tensor of ``value`` (a tensor or a structure);
-    other tensors (strings) are left out."""
-    parts = []
-    for tensor in tf.nest.flatten(value):
-        tensor = tf.convert_to_tensor(tensor)
-        if not (tensor.dtype.is_floating or tensor.dtype.is_integer or tensor.dtype.is_bool):
-            continue
-        flat = tf.reshape(tf.cast(tensor, tf.float64), [-1])
-        size = tf.cast(tf.size(flat), tf.float64)
-        position = (tf.range(size, dtype=tf.float64) + 1.0) / (size + 1.0)
-        parts.append(tf.stack([tf.reduce_sum(flat), tf.reduce_sum(flat * flat),
-                               tf.reduce_sum(flat * position), tf.reduce_sum(tf.abs(flat))]))
-    return tf.concat(parts, axis=0) if parts else tf.zeros([0], tf.float64)
+    """`PARTS` float64 numbers per numeric tensor of ``value`` (a tensor or a structure), in
+    its flattened order; other tensors (strings) are left out."""
+    flats = [tf.reshape(tf.cast(t, tf.float64), [-1]) for t in _numeric(value)]
+    chunks: list[list[tf.Tensor]] = []
+    held = FUSE_ELEMENTS  # elements of the last chunk; a full one starts the next
+    for flat in flats:
+        size = flat.shape[0]
+        if size is not None and (size > FUSE_ELEMENTS or held + size > FUSE_ELEMENTS):
+            chunks.append([])
+            held = 0
+        elif not chunks:
+            chunks.append([])
+        chunks[-1].append(flat)
+        held += size or 0
+    if not chunks:
+        return tf.zeros([0], tf.float64)
+    prints = [_fused(chunk) for chunk in chunks]
+    return prints[0] if len(prints) == 1 else tf.concat(prints, axis=0)
 
 
 def disagreeing(prints: tf.Tensor, tolerance: float = TOLERANCE) -> tf.Tensor:
@@ -127,17 +183,16 @@ def assert_agree(values: Mapping[str, Any], group: ProcessGroup, step: Any, *, s
     named = {name: value for name, value in values.items() if value is not None}
     if group.size == 1 or not named:
         return []
-    prints = [fingerprint(value) for value in named.values()]
-    names = [name for name, p in zip(named, prints, strict=True)
-             for _ in range(int(p.shape[0] or 0) // PARTS)]
+    numeric = {name: _numeric(value) for name, value in named.items()}
+    names = [name for name, tensors in numeric.items() for _ in tensors]
     if not names:
         return []
     if instance is not None:
         instance += len(names)
-    gathered = all_gather(tf.concat(prints, axis=0)[tf.newaxis], group, instance=instance,
-                          timeout=timeout)
+    gathered = all_gather(fingerprint(list(numeric.values()))[tf.newaxis], group,
+                          instance=instance, timeout=timeout)
     apart = disagreeing(gathered, tolerance)
-    differing = tf.boolean_mask(_labels(names, group, describe), apart)
+    differing = tf.gather_nd(_labels(names, group, describe), tf.where(apart))  # a mask's
     me = describe(group.members[group.rank])
     return [tf.debugging.Assert(tf.logical_not(tf.reduce_any(apart)), [
         f"The processes {list(group.members)} of this model-parallel job do not hold the same "
