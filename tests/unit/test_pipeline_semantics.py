@@ -239,7 +239,8 @@ def test_whole_batch_weight_gradients_train_as_one_device(schedule):
                            "weight_gradients": "whole_batch"}):
         model = _embedding_model() if options is None else \
             PipelineStrategy(**options).build_model(_embedding_model)
-        model.compile(optimizer=keras.optimizers.Adam(0.05, clipnorm=0.5), loss="mse")
+        model.compile(optimizer=keras.optimizers.Adam(0.05, clipnorm=0.5), loss="mse",
+                      run_eagerly=options is None)  # the reference: no trace
         model.fit(x, y, sample_weight=weights, batch_size=8, epochs=1, shuffle=False, verbose=0)
         trained.append(model.get_weights())
     assert max(np.max(np.abs(a - b)) for a, b in zip(*trained, strict=True)) < 1e-6
