@@ -6,7 +6,9 @@ regularizers too."""
 from __future__ import annotations
 
 import doctest
+import hashlib
 import importlib
+import pickle
 
 import numpy as np
 import pytest
@@ -256,6 +258,21 @@ def _fit(model, x, y, weight, optimizer="sgd", plain=False):
                      verbose=0).history
 
 
+_references: dict[bytes, tuple[keras.Model, dict[str, list[float]]]] = {}
+
+
+def _reference(initial, x, y, weight, optimizer="sgd", regularize=False):
+    """The plain model made from ``initial`` and fit on the data, and its history: each once a
+    process (the unweighted SGD fit is three tests' reference, 0.4 CPU-s each). Tests only read
+    the model (evaluate, get_weights)."""
+    key = hashlib.sha256(pickle.dumps((initial, x, y, weight, optimizer, regularize))).digest()
+    if key not in _references:
+        plain = chain(regularize=regularize)
+        plain.set_weights(initial)
+        _references[key] = plain, _fit(plain, x, y, weight, optimizer, plain=True)
+    return _references[key]
+
+
 @pytest.mark.parametrize("weighted, regularize, optimizer", [
     (False, False, "sgd"), (True, False, "sgd"), (False, True, "sgd"), (False, False, "adam")])
 def test_one_process_pipeline_with_micro_batches_trains_like_the_plain_model(
@@ -274,9 +291,7 @@ def test_one_process_pipeline_with_micro_batches_trains_like_the_plain_model(
     strategy = PipelineStrategy(micro_batches=4)
     model = strategy.build_model(whole)
     history = _fit(model, x, y, weight, optimizer)
-    plain = chain(regularize=regularize)
-    plain.set_weights(initial)
-    reference = _fit(plain, x, y, weight, optimizer, plain=True)
+    plain, reference = _reference(initial, x, y, weight, optimizer, regularize)
     gap = max(float(np.max(np.abs(a - b)))
               for a, b in zip(model.get_weights(), plain.get_weights(), strict=True))
     assert gap < 1e-5
@@ -291,15 +306,11 @@ def test_one_process_pipeline_with_micro_batches_trains_like_the_plain_model(
         assert sorted(got) == sorted(expected)
         for name, value in expected.items():
             assert got[name] == pytest.approx(value, rel=1e-5), name
-        unregularized = chain()
-        unregularized.set_weights(initial)
-        _fit(unregularized, x, y, None, plain=True)
+        unregularized, _ = _reference(initial, x, y, None)
         assert max(float(np.max(np.abs(a - b))) for a, b in zip(
             model.get_weights(), unregularized.get_weights(), strict=True)) > 1e-3
     if weighted:  # the weights changed training: the unweighted model ends elsewhere
-        unweighted = chain()
-        unweighted.set_weights(initial)
-        _fit(unweighted, x, y, None, plain=True)
+        unweighted, _ = _reference(initial, x, y, None)
         assert max(float(np.max(np.abs(a - b))) for a, b in zip(
             model.get_weights(), unweighted.get_weights(), strict=True)) > 1e-3
 
