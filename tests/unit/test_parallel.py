@@ -178,9 +178,11 @@ def test_sized_keys_hold_one_shape_each_and_meet_no_named_key():
     assert [c for c, _ in classes] == sorted(c for c, _ in classes)  # one class, one capacity
     assert len({cap for _, cap in classes}) == len({c for c, _ in classes})
     assert max(c for c, _ in classes) < keys.SIZE_CLASSES
-    traced = tf.function(lambda n: tf.stack(size_class(n)))
-    for n, expected in zip(sizes, classes, strict=True):
-        assert tuple(int(v) for v in traced(tf.constant(n))) == expected, n
+    # Every size in one call of one graph (a call per size: 1 CPU-s of call overhead)
+    traced = tf.function(lambda ns: tf.map_fn(lambda n: tf.stack(size_class(n)), ns))
+    in_graph = traced(tf.constant(sizes)).numpy()
+    for n, expected, got in zip(sizes, classes, in_graph, strict=True):
+        assert tuple(int(v) for v in got) == expected, n
     named = {keys.instance_key(kind, m, i, phase)
              for kind in range(8) for phase in range(8) for m in (0, 1, 4095) for i in (0, 31)}
     sized = set()

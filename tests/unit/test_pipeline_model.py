@@ -6,7 +6,9 @@ regularizers too."""
 from __future__ import annotations
 
 import doctest
+import hashlib
 import importlib
+import pickle
 
 import numpy as np
 import pytest
@@ -248,19 +250,27 @@ def _fit(model, x, y, weight, optimizer="sgd", plain=False):
     # Both optimizers are made here, outside any strategy.scope(): with Keras 3, Adam's
     # moments were then created under the wrong strategy and fit failed before the first step.
     made = keras.optimizers.Adam(0.01) if optimizer == "adam" else keras.optimizers.SGD(0.1)
-    model.compile(optimizer=made, loss="mse", metrics=["mae"], weighted_metrics=["mae"])
-    if plain:  # the references: traced once, the same numbers
-        _build_before_fit(model, x, y, weight)
+    # The references run eagerly: no trace (about 1 CPU-s a reference fit), the same numbers
+    # within float rounding
+    model.compile(optimizer=made, loss="mse", metrics=["mae"], weighted_metrics=["mae"],
+                  run_eagerly=plain)
     return model.fit(x, y, sample_weight=weight, batch_size=16, epochs=2, shuffle=False,
                      verbose=0).history
 
 
-def _build_before_fit(model, x, y, weight):
-    """Makes a plain model's optimizer and metric variables now: outside a strategy, Keras 3
-    makes them in the first trace of the train step, which tf.function then traces twice (0.3
-    to 0.7 of a reference fit's 0.6 to 1.3 CPU-s). Fit resets the metrics before each epoch."""
-    model.optimizer.build(model.trainable_variables)
-    model.compute_metrics(x, y, model(x), sample_weight=weight)
+_references: dict[bytes, tuple[keras.Model, dict[str, list[float]]]] = {}
+
+
+def _reference(initial, x, y, weight, optimizer="sgd", regularize=False):
+    """The plain model made from ``initial`` and fit on the data, and its history: each once a
+    process (the unweighted SGD fit is three tests' reference, 0.4 CPU-s each). Tests only read
+    the model (evaluate, get_weights)."""
+    key = hashlib.sha256(pickle.dumps((initial, x, y, weight, optimizer, regularize))).digest()
+    if key not in _references:
+        plain = chain(regularize=regularize)
+        plain.set_weights(initial)
+        _references[key] = plain, _fit(plain, x, y, weight, optimizer, plain=True)
+    return _references[key]
 
 
 @pytest.mark.parametrize("weighted, regularize, optimizer", [
@@ -281,9 +291,7 @@ def test_one_process_pipeline_with_micro_batches_trains_like_the_plain_model(
     strategy = PipelineStrategy(micro_batches=4)
     model = strategy.build_model(whole)
     history = _fit(model, x, y, weight, optimizer)
-    plain = chain(regularize=regularize)
-    plain.set_weights(initial)
-    reference = _fit(plain, x, y, weight, optimizer, plain=True)
+    plain, reference = _reference(initial, x, y, weight, optimizer, regularize)
     gap = max(float(np.max(np.abs(a - b)))
               for a, b in zip(model.get_weights(), plain.get_weights(), strict=True))
     assert gap < 1e-5
@@ -298,15 +306,11 @@ def test_one_process_pipeline_with_micro_batches_trains_like_the_plain_model(
         assert sorted(got) == sorted(expected)
         for name, value in expected.items():
             assert got[name] == pytest.approx(value, rel=1e-5), name
-        unregularized = chain()
-        unregularized.set_weights(initial)
-        _fit(unregularized, x, y, None, plain=True)
+        unregularized, _ = _reference(initial, x, y, None)
         assert max(float(np.max(np.abs(a - b))) for a, b in zip(
             model.get_weights(), unregularized.get_weights(), strict=True)) > 1e-3
     if weighted:  # the weights changed training: the unweighted model ends elsewhere
-        unweighted = chain()
-        unweighted.set_weights(initial)
-        _fit(unweighted, x, y, None, plain=True)
+        unweighted, _ = _reference(initial, x, y, None)
         assert max(float(np.max(np.abs(a - b))) for a, b in zip(
             model.get_weights(), unweighted.get_weights(), strict=True)) > 1e-3
 
@@ -331,7 +335,7 @@ def test_the_custom_loop_step_takes_sample_weights_like_fit(monkeypatch):
     losses = [float(step(x[i:i + 16], y[i:i + 16], weight[i:i + 16])) for i in (0, 16)]
     plain = chain()
     plain.set_weights(initial)
-    plain.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    plain.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", run_eagerly=True)
     history = plain.fit(x, y, sample_weight=weight, batch_size=16, shuffle=False, verbose=0)
     assert max(float(np.max(np.abs(a - b)))
                for a, b in zip(model.get_weights(), plain.get_weights(), strict=True)) < 1e-5

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+from types import SimpleNamespace
 
 import keras
 import numpy as np
@@ -180,11 +181,27 @@ def test_a_block_that_mixes_its_heads_is_kept_whole_not_trained_wrong():
     assert {u.block for u in units} == {"plain"}
 
 
-def test_skipping_a_sum_inside_a_block_is_caught_by_the_check(monkeypatch):
+@pytest.fixture(scope="module")
+def checked_blocks() -> SimpleNamespace:
+    """`blocks_model` without mixing (seed 3), its T=2 plan and one check's gaps, with what the
+    model held and answered just before and just after that check: made once for the three tests
+    that read them (0.6 CPU-s a model, 0.4 a check)."""
     keras.utils.set_random_seed(3)
     model = blocks_model(mix_heads=False)
+    before = [w.copy() for w in model.get_weights()]
+    x = np.random.default_rng(0).standard_normal((2, 6, 16)).astype("float32")
+    out = np.asarray(model(x))
     plan, units = plan_nested(model, 2)
-    assert max(check_blocks(model, plan, units).values()) < TOLERANCE
+    gaps = check_blocks(model, plan, units)
+    return SimpleNamespace(
+        model=model, plan=plan, units=units, gaps=gaps, before=before, out=out,
+        after=[w.copy() for w in model.get_weights()], out_after=np.asarray(model(x)),
+        call_left="call" in vars(model.get_layer("plain")))
+
+
+def test_skipping_a_sum_inside_a_block_is_caught_by_the_check(monkeypatch, checked_blocks):
+    model, plan, units = checked_blocks.model, checked_blocks.plan, checked_blocks.units
+    assert max(checked_blocks.gaps.values()) < TOLERANCE
 
     def row_without_sum(layer, group, timeout):
         layer.call = lambda inputs, training=None: keras.ops.einsum(
@@ -197,21 +214,15 @@ def test_skipping_a_sum_inside_a_block_is_caught_by_the_check(monkeypatch):
     assert min(gaps.values()) > 1e-2, gaps
 
 
-def test_whole_sample_and_the_model_are_left_as_they_were_by_the_check():
-    keras.utils.set_random_seed(3)
-    model = blocks_model(mix_heads=False)
-    before = [w.copy() for w in model.get_weights()]
-    x = np.random.default_rng(0).standard_normal((2, 6, 16)).astype("float32")
-    out = np.asarray(model(x))
-    plan, units = plan_nested(model, 2)
-    check_blocks(model, plan, units)
-    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True))
-    np.testing.assert_array_equal(np.asarray(model(x)), out)
-    assert "call" not in vars(model.get_layer("plain"))
+def test_whole_sample_and_the_model_are_left_as_they_were_by_the_check(checked_blocks):
+    blocks = checked_blocks  # as the check left them, read before any other test used the model
+    assert all(np.array_equal(a, b) for a, b in zip(blocks.before, blocks.after, strict=True))
+    np.testing.assert_array_equal(blocks.out_after, blocks.out)
+    assert not blocks.call_left
 
 
-def test_rules_inside_blocks_keep_units_whole_or_are_refused_with_the_fix():
-    model = blocks_model(mix_heads=False)
+def test_rules_inside_blocks_keep_units_whole_or_are_refused_with_the_fix(checked_blocks):
+    model = checked_blocks.model  # planning reads the model, changes nothing
     plan, units = plan_nested(model, 2, rules={"plain/up": "replicated"})
     assert plan.layer("plain/down").kind == "replicated"  # the pair is kept whole together
     assert plan.layer("plain/down").reason == "rule 'plain/up' (with its feed-forward)"
