@@ -48,7 +48,7 @@ from typing import Literal
 
 from tfdist.errors import StrategyConfigError, format_error
 
-__all__ = ["SIZED", "SIZE_CLASSES", "SIZED_INDEXES", "capacity", "sized_key",
+__all__ = ["SIZED", "SIZE_CLASSES", "SIZED_INDEXES", "capacity", "class_capacity", "sized_key",
            "TIED", "ACTIVATION", "GRADIENT", "WEIGHTS", "REDUCE", "SHARE", "METRICS", "EXIT",
            "TRAIN", "EVALUATE", "PREDICT", "CUSTOM", "CHECK", "TRACED", "STOP_VOTE",
            "instance_key",
@@ -115,6 +115,21 @@ def capacity(elements: int) -> tuple[int, int]:
         mantissa, shift = 4, shift + 1
     return 8 + 4 * (shift - 1) + mantissa - 4, mantissa << shift
 
+
+
+def class_capacity(size_class: int) -> int:
+    """The capacity of ``size_class`` (`capacity`'s inverse: the most elements it holds).
+
+    Example:
+        >>> [class_capacity(c) for c in (0, 7, 8, 9, 13, 33)]
+        [0, 7, 8, 10, 20, 640]
+        >>> all(capacity(class_capacity(c)) == (c, class_capacity(c)) for c in range(SIZE_CLASSES))
+        True
+    """
+    if size_class < 8:
+        return size_class
+    mantissa, shift = (size_class - 8) % 4 + 4, (size_class - 8) // 4 + 1
+    return mantissa << shift
 
 def sized_key(kind: int, micro_batch: int = 0, index: int = 0,
               phase: int = TRAIN) -> tuple[int, int]:

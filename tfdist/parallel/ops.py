@@ -38,6 +38,7 @@ from tfdist.parallel.keys import (
     REDUCE,
     SIZE_CLASSES,
     TRAIN,
+    class_capacity,
     instance_key,
     next_key,
     sized_key,
@@ -138,10 +139,8 @@ def group_broadcast(value: Any | None, shape: Any, dtype: Any, *, group: Process
         timeout=timeout)
 
 
-def _capacities() -> tf.Tensor:
-    """Each size class's capacity (`tfdist.parallel.keys.capacity`), increasing with the class."""
-    caps = [c if c < 8 else ((c - 8) % 4 + 4) << ((c - 8) // 4 + 1) for c in range(SIZE_CLASSES)]
-    return tf.constant(caps, tf.int64)
+_CAPACITIES = tuple(class_capacity(c) for c in range(SIZE_CLASSES))
+"""Each size class's capacity, increasing with the class."""
 
 
 def size_class(elements: Any) -> tuple[tf.Tensor, tf.Tensor]:
@@ -153,7 +152,7 @@ def size_class(elements: Any) -> tuple[tf.Tensor, tf.Tensor]:
         >>> [tuple(int(v) for v in size_class(n)) for n in (7, 9, 640)]
         [(7, 7), (9, 10), (33, 640)]
     """
-    caps = _capacities()
+    caps = tf.constant(_CAPACITIES, tf.int64)
     n = tf.reshape(tf.cast(elements, tf.int64), [1, 1])
     cls = tf.reshape(tf.raw_ops.LowerBound(sorted_inputs=tf.expand_dims(caps, 0), values=n,
                                            out_type=tf.int32), [])
