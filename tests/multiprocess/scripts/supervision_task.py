@@ -37,14 +37,12 @@ print(f"{task} started ({mode})", flush=True)
 
 
 def wait_for_every_task():
-    """Until every task of TF_CONFIG's cluster has left its start marker (at most 30 s): the
-    failure then finds the whole job running (a fixed 1 s sleep before)."""
-    tasks = sum(len(addresses) for addresses in tf_config["cluster"].values())
+    """Until every task of TF_CONFIG's cluster has left its start marker (at most 30 s in all):
+    the failure then finds the whole job running (a fixed 1 s sleep before)."""
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if sum(".start." in name for name in os.listdir(marker_dir)) >= tasks:
-            return
-        time.sleep(0.05)
+    for kind, addresses in tf_config["cluster"].items():
+        for index in range(len(addresses)):
+            wait_for_marker(marker_dir, f"{kind}:{index}.start.", deadline - time.monotonic())
 
 
 def save_and_exit(signum, frame):
