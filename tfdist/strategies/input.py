@@ -7,13 +7,13 @@ it by overriding `_distribute_dataset_fn` (default: ``distribute_datasets_from_f
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import tensorflow as tf
 
 from tfdist.errors import StrategyConfigError, format_error
 
-__all__ = ["DatasetFn", "InputMixin", "shard_for"]
+__all__ = ["HOST_INPUT", "DatasetFn", "InputMixin", "feeds_its_host_device", "shard_for"]
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 """``dataset_fn(input_context) -> tf.data.Dataset``, the input contract of every strategy."""
@@ -34,6 +34,39 @@ def shard_for(dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> 
     if context.num_input_pipelines <= 1:
         return dataset
     return dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+
+
+HOST_INPUT = tf.distribute.InputOptions(
+    experimental_fetch_to_device=False,
+    experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA)
+"""How a distributed dataset is iterated where a process has one replica on its host CPU: a plain
+iterator on that device. TensorFlow's default builds a ``MultiDeviceIterator`` for every iterator
+(every epoch of ``fit``, every ``evaluate`` and ``predict``), tracing its six functions each time
+to prefetch onto the one device the data is already on. Measured (2 cores, a 20-32-10 MLP, 8
+steps an epoch): a worker of a 2-worker multi_worker job took 3.32 CPU-s for 10 epochs with it,
+1.66 without; one process under ``default`` 2.08 and 0.56 (as Keras without a strategy: 0.55)."""
+
+
+def feeds_its_host_device(strategy: tf.distribute.Strategy) -> bool:
+    """True when ``strategy`` runs one replica in this process, on a CPU (`HOST_INPUT` applies).
+
+    Example:
+        >>> import tfdist.strategies
+        >>> feeds_its_host_device(tfdist.strategies.get_strategy("default"))
+        True
+    """
+    devices = strategy.extended.worker_devices
+    return len(devices) == 1 and tf.DeviceSpec.from_string(devices[0]).device_type == "CPU"
+
+
+def _iterated_on_host(strategy: tf.distribute.Strategy, distributed: Any, options: Any) -> Any:
+    """``distributed``, iterated with `HOST_INPUT` where it applies and the caller chose no
+    options. The dataset was built with TensorFlow's defaults (the same shards, rebatching and
+    element spec); only how each new iterator reads it changes, so the batches are the same."""
+    if options is None and getattr(distributed, "_options", "absent") is None and \
+            feeds_its_host_device(strategy):
+        distributed._options = HOST_INPUT  # noqa: SLF001 - read by each __iter__; no public setter
+    return distributed
 
 
 def _sharded(dataset_fn: DatasetFn) -> DatasetFn:
@@ -64,7 +97,36 @@ def _resumable(dataset_fn: DatasetFn, skip: tf.Variable) -> DatasetFn:
 
 class InputMixin:
     """`input_context` and `distribute_dataset`, for `TfdistStrategyMixin` (which supplies
-    ``num_workers``, ``worker_index``, ``num_replicas`` and ``preemption_saves``)."""
+    ``num_workers``, ``worker_index``, ``num_replicas`` and ``preemption_saves``); TensorFlow's
+    two ways of distributing a dataset, iterated with `HOST_INPUT` where it applies."""
+
+    _iterates_on_host: ClassVar[bool] = True
+    """False for a strategy whose datasets are not iterated by this process (ParameterServer's
+    are made on its workers)."""
+
+    def experimental_distribute_dataset(self, dataset: tf.data.Dataset,
+                                        options: Any = None) -> Any:
+        """TensorFlow's, iterated with `HOST_INPUT` where it applies (what ``fit`` calls).
+
+        Example:
+            >>> import tfdist.strategies
+            >>> strategy = tfdist.strategies.get_strategy("default")
+            >>> dataset = tf.data.Dataset.range(4).batch(2)
+            >>> [b.numpy().tolist() for b in strategy.experimental_distribute_dataset(dataset)]
+            [[0, 1], [2, 3]]
+        """
+        distributed = super().experimental_distribute_dataset(dataset, options)  # type: ignore[misc]
+        if not self._iterates_on_host:
+            return distributed
+        return _iterated_on_host(self, distributed, options)  # type: ignore[arg-type]
+
+    def distribute_datasets_from_function(self, dataset_fn: DatasetFn, options: Any = None) -> Any:
+        """TensorFlow's, iterated with `HOST_INPUT` where it applies."""
+        distributed = super().distribute_datasets_from_function(  # type: ignore[misc]
+            dataset_fn, options)
+        if not self._iterates_on_host:
+            return distributed
+        return _iterated_on_host(self, distributed, options)  # type: ignore[arg-type]
 
     def input_context(self) -> tf.distribute.InputContext:
         """The `tf.distribute.InputContext` of this process's input pipeline.

@@ -119,6 +119,7 @@ class ParameterServerStrategy(
 
     name = "parameter_server"
     traits = builtin.PARAMETER_SERVER
+    _iterates_on_host = False
 
     def __init__(
         self,
