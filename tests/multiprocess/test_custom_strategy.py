@@ -84,11 +84,16 @@ def test_a_class_without_traits_is_refused_with_the_fix(on_path):
 
 
 @pytest.mark.unit
-def test_cli_dry_run_with_a_module_class_strategy():
-    out = _launch("--dry-run", "--strategy", FLAGGED, "--workers", "2",
-                  str(HERE / "train.py"), timeout=120)
-    assert out.returncode == 0, out.stderr
-    lines = [json.loads(line) for line in out.stdout.splitlines()]
+def test_cli_dry_run_with_a_module_class_strategy(on_path, capsys):
+    """``tfdist-launch``'s own entry point, in this process (a subprocess would import
+    TensorFlow again, 4 CPU-s, to resolve the class)."""
+    from tfdist.launcher import cli
+
+    status = cli.main(["--dry-run", "--strategy", FLAGGED, "--workers", "2",
+                       str(HERE / "train.py")])
+    out = capsys.readouterr()
+    assert status == 0, out.err
+    lines = [json.loads(line) for line in out.out.splitlines()]
     assert [line["task"]["type"] for line in lines] == ["worker", "worker"]
     assert all(line["env"]["MYSTRATEGIES_FLAG"] == "on" for line in lines)
 
