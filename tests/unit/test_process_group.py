@@ -245,11 +245,18 @@ def test_task_name_reads_tf_config_then_horovod_rank():
 
 
 def _fail_first_run(marker: Path) -> list[str]:
-    """A service that exits 9 on its first run and serves (sleeps) on later runs."""
+    """A service that exits 9 on its first run and serves (sleeps) on later runs, after writing
+    ``<marker>.serving``."""
     code = (f"import os, sys, time; m = {str(marker)!r}\n"
             "if not os.path.exists(m): open(m, 'w').close(); print('dying'); sys.exit(9)\n"
-            "print('serving', flush=True); time.sleep(120)")
+            "print('serving', flush=True); open(m + '.serving', 'w').close(); time.sleep(120)")
     return [PY, "-c", code]
+
+
+def _until_exists(path: Path, seconds: float = 60.0) -> list[str]:
+    """A main task that ends once ``path`` exists (or after ``seconds``)."""
+    return [PY, "-c", f"import os, time; end = time.monotonic() + {seconds}\n"
+            f"while not os.path.exists({str(path)!r}) and time.monotonic() < end: time.sleep(0.05)"]
 
 
 def test_a_restartable_task_is_restarted_alone_and_the_job_goes_on(tmp_path):
@@ -259,7 +266,7 @@ def test_a_restartable_task_is_restarted_alone_and_the_job_goes_on(tmp_path):
         flaky = group.start("worker:1", _fail_first_run(tmp_path / "m"), kind="service",
                             max_restarts=2)
         first_pid = flaky.pid
-        group.start("chief:0", [PY, "-c", "import time; time.sleep(3)"])
+        group.start("chief:0", _until_exists(tmp_path / "m.serving"))  # the restart served
         group.wait(timeout=60)
     assert flaky.restarts == 1 and flaky.pid != first_pid
     assert other.restarts == 0
@@ -299,10 +306,13 @@ def test_a_stopped_task_is_named_as_the_one_that_made_no_progress():
     from tfdist.launcher.supervisor import Supervisor
 
     out = io.StringIO()
-    group = ProcessGroup(stream=out, grace_period=2)
-    group.start("worker:1", [PY, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSTOP)"])
-    group.start("worker:0", [PY, "-c", "import time; time.sleep(1.5); "
-                             "print('no answer from worker:1'); raise SystemExit(1)"])
+    group = ProcessGroup(stream=out, grace_period=0.5)
+    stopped = group.start("worker:1", [PY, "-c",
+                                       "import os, signal; os.kill(os.getpid(), signal.SIGSTOP)"])
+    deadline = time.monotonic() + 30
+    while _state(stopped.pid) != "T" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    group.start("worker:0", [PY, "-c", "print('no answer from worker:1'); raise SystemExit(1)"])
     with pytest.raises(TaskFailedError) as err:
         group.wait(timeout=60)
     assert (err.value.task, err.value.returncode, err.value.stopped) == ("worker:0", 1,
@@ -312,3 +322,11 @@ def test_a_stopped_task_is_named_as_the_one_that_made_no_progress():
     assert "task worker:0 failed waiting for it (exit status 1)" in message
     assert message.endswith("Last lines of worker:0:\nno answer from worker:1")
     assert wait_gone([task.pid for task in group.tasks.values()]) == []  # stopped ones too
+
+
+def _state(pid: int) -> str:
+    """The process's state letter in ``/proc/PID/stat`` (``T``: stopped), or '' once gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
