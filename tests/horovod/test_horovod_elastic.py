@@ -31,7 +31,7 @@ import numpy as np
 import psutil
 import pytest
 
-from tests.horovod.conftest import REPO_ROOT, SCRIPTS
+from tests.horovod.conftest import HOROVOD_IDLE, REPO_ROOT, SCRIPTS
 from tests.horovod.scripts.elastic_data import COMMIT_EVERY, LR, MOMENTUM, STEPS, rows
 from tfdist.launcher.horovodrun.elastic import write_hosts
 
@@ -120,7 +120,8 @@ def _run_elastic_job(out: Path, *script_args: str, edit_hosts: bool = True) -> t
     argv = [sys.executable, "-m", "tfdist.launcher.cli", "--strategy", "horovod", "--workers", "2",
             "--min-workers", "1", "--max-workers", "2", "--timeout", str(LAUNCH_TIMEOUT),
             str(SCRIPTS / "elastic_train.py"), str(out), *script_args]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TF_USE_LEGACY_KERAS": "0"}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TF_USE_LEGACY_KERAS": "0",
+           **HOROVOD_IDLE}
     launcher = subprocess.Popen(argv, env=env, cwd=REPO_ROOT, start_new_session=True)
     try:
         events = _wait_for(launcher, out, lambda ev: any(

@@ -15,10 +15,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.horovod.conftest import HOROVOD_IDLE
 
 pytestmark = [pytest.mark.horovod, pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -37,6 +40,16 @@ def _harness() -> ModuleType:
 
 
 harness = _harness()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _horovod_idle() -> Iterator[None]:
+    """`HOROVOD_IDLE` in the environment the harness gives its launcher (``run_env`` copies this
+    process's), for this module's runs only."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in HOROVOD_IDLE.items():
+            patch.setenv(name, value)
+        yield
 
 
 @pytest.fixture(scope="module")
