@@ -132,6 +132,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.unit)
         if "horovod" in item.keywords and not have_horovod:
             item.add_marker(skip_horovod)
+    if config.getoption("markexpr", "").strip() == "unit":
+        # ``slow`` wins over a module's ``pytestmark = pytest.mark.unit``: a unit module's few
+        # slow tests (seconds of training, a TF process or waiting) run in make test only.
+        slow = [item for item in items if item.get_closest_marker("slow") is not None]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if item not in slow]
     items[:] = _longest_first(items)
 
 

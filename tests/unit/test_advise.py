@@ -271,6 +271,7 @@ def test_docstring_examples_run(name, monkeypatch):
     assert result.failed == 0 and result.attempted > 0
 
 
+@pytest.mark.slow  # seconds of training, a TF process or waiting: make test, not test-fast
 def test_profile_finds_the_heavy_layer_and_the_split_isolates_it():
     from tfdist.advise.profile import profile_model
     from tfdist.core import flavour

@@ -137,6 +137,7 @@ def test_tensor_parts_of_a_transformer_block():
         (out, 8 * 16 * 4),) + ((out, 8 * 4),) * 3 and heads == 4
 
 
+@pytest.mark.slow  # seconds of training, a TF process or waiting: make test, not test-fast
 def test_profile_times_attention_with_the_arguments_of_its_call():
     from tfdist.advise.profile import profile_model
     from tfdist.core import flavour

@@ -143,6 +143,7 @@ def read_until_ready(process: subprocess.Popen[str], timeout_s: float) -> list[s
     return seen
 
 
+@pytest.mark.slow  # seconds of training, a TF process or waiting: make test, not test-fast
 def test_tensorflow_server_binds_and_serves_a_held_port(ports: list[int]) -> None:
     ports += reserve_ports(1)
     listening = socket.create_server(("127.0.0.1", 0))

@@ -172,7 +172,7 @@ def test_a_loss_scale_optimizer_is_refused_and_per_variable_options_accepted():
         optimizers.check_optimizer(keras.optimizers.Adam(**kwargs), spans_processes=True)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", [pytest.param("gpipe", marks=pytest.mark.slow), "1f1b"])
 def test_recomputation_trains_as_keeping_the_activations(schedule):
     rng = np.random.default_rng(1)
     x = rng.normal(size=(8, 3)).astype("float32")
@@ -248,7 +248,7 @@ def _one_device_weights() -> tuple[np.ndarray, ...]:
     return tuple(_fit_embedding_model(_embedding_model(), eagerly=True))
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", [pytest.param("gpipe", marks=pytest.mark.slow), "1f1b"])
 def test_whole_batch_weight_gradients_train_as_one_device(schedule):
     """Adam with clipnorm, an Embedding (its gradient's rows in batch order), an activity
     regularizer and sample weights: 3 steps at M=4 equal one device within 1e-6."""

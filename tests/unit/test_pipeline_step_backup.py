@@ -72,6 +72,7 @@ def sigterm_restored():
     signal.signal(signal.SIGTERM, before)
 
 
+@pytest.mark.slow  # seconds of training, a TF process or waiting: make test, not test-fast
 def test_a_fit_resumed_mid_epoch_ends_like_an_uninterrupted_one(tmp_path, monkeypatch,
                                                                 sigterm_restored):
     from tfdist.resilience import pipeline_backup

@@ -128,6 +128,7 @@ def test_check_reports_versions_keras_resolution_and_horovod(capsys):
     assert "gloo: True" in report
 
 
+@pytest.mark.slow  # seconds of training, a TF process or waiting: make test, not test-fast
 def test_a_long_step_reports_its_progress_and_keeps_its_exit_status(tmp_path):
     # A stand-in for the Horovod build: CMake-style progress lines, 3 s, then exit 7.
     build = "for p in 10 55; do echo \"[ $p%] Building CXX object x.o\"; sleep 1.2; done; exit 7"
@@ -247,7 +248,7 @@ def _patched_sdist(tmp_path: Path, patches: list[Path]) -> Path:
     return src
 
 
-@pytest.mark.parametrize("with_patch_03", [False, True])
+@pytest.mark.parametrize("with_patch_03", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_the_header_check_finds_what_gcc13_broke_and_patch_03_fixes_it(tmp_path, with_patch_03):
     if shutil.which("include-what-you-use") is None:
         pytest.skip("include-what-you-use is not installed (apt-get install iwyu; "

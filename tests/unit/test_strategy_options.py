@@ -97,6 +97,7 @@ def test_startup_deadline_defaults_to_600_s_and_env_can_change_or_disable_it(mon
         resolve_startup_timeout(None)
 
 
+@pytest.mark.slow  # seconds of training, a TF process or waiting: make test, not test-fast
 def test_a_startup_hang_prints_who_joined_then_stops_naming_the_missing_peer(tmp_path):
     """Before: ten silent minutes. Now: progress every few seconds, then a clear stop."""
     import socket
