@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tfdist.errors import LaunchError, TaskFailedError, TaskTimeoutError
-from tfdist.launcher.process import ProcessGroup
+from tfdist.launcher.process import ProcessGroup, _is_stopped
 from tfdist.testing import alive, report, run_tasks, task_name, wait_gone
 
 PY = sys.executable
@@ -310,7 +310,7 @@ def test_a_stopped_task_is_named_as_the_one_that_made_no_progress():
     stopped = group.start("worker:1", [PY, "-c",
                                        "import os, signal; os.kill(os.getpid(), signal.SIGSTOP)"])
     deadline = time.monotonic() + 30
-    while _state(stopped.pid) != "T" and time.monotonic() < deadline:
+    while not _is_stopped(stopped.pid) and time.monotonic() < deadline:
         time.sleep(0.02)
     group.start("worker:0", [PY, "-c", "print('no answer from worker:1'); raise SystemExit(1)"])
     with pytest.raises(TaskFailedError) as err:
@@ -322,11 +322,3 @@ def test_a_stopped_task_is_named_as_the_one_that_made_no_progress():
     assert "task worker:0 failed waiting for it (exit status 1)" in message
     assert message.endswith("Last lines of worker:0:\nno answer from worker:1")
     assert wait_gone([task.pid for task in group.tasks.values()]) == []  # stopped ones too
-
-
-def _state(pid: int) -> str:
-    """The process's state letter in ``/proc/PID/stat`` (``T``: stopped), or '' once gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return ""
