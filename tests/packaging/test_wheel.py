@@ -93,6 +93,7 @@ def test_every_package_directory_has_an_init_py():
         "wheel leaves these out). Fix: add an __init__.py with a docstring.")
 
 
+@pytest.mark.slow  # builds the wheel (2 CPU-s): make test, not test-fast
 def test_the_wheel_holds_every_module_of_the_checkout_and_nothing_else(wheel):
     in_repo = {p.relative_to(REPO).as_posix() for p in (REPO / "tfdist").rglob("*.py")
                if "__pycache__" not in p.parts}
@@ -107,6 +108,7 @@ def test_the_wheel_holds_every_module_of_the_checkout_and_nothing_else(wheel):
     assert "tfdist/_startup/sitecustomize.py" in in_wheel  # package data: the start-up hook
 
 
+@pytest.mark.slow  # the wheel's build, as above
 def test_the_wheel_declares_version_scripts_and_dependency_ranges(wheel):
     with zipfile.ZipFile(wheel) as whl:
         meta = email.parser.Parser().parsestr(_dist_info(whl, "METADATA"))

@@ -93,7 +93,7 @@ def test_sidecars_get_a_bounded_grace_period_after_the_main_tasks():
     out = io.StringIO()
     with ProcessGroup(stream=out, sidecar_grace=30) as group:
         group.start("chief:0", [PY, "-c", "pass"])
-        group.start("evaluator:0", [PY, "-c", "import time; time.sleep(1.0); print('done')"],
+        group.start("evaluator:0", [PY, "-c", "import time; time.sleep(0.5); print('done')"],
                     kind="sidecar")
         codes = group.wait(timeout=60)
     assert codes["evaluator:0"] == 0 and "[evaluator:0] done" in out.getvalue()
@@ -114,7 +114,7 @@ def test_sidecars_get_a_bounded_grace_period_after_the_main_tasks():
 def test_service_exiting_early_fails_the_job_but_sidecar_failure_does_not():
     out = io.StringIO()
     with ProcessGroup(stream=out) as group:
-        group.start("chief:0", [PY, "-c", "import time; time.sleep(1.5)"])
+        group.start("chief:0", [PY, "-c", "import time; time.sleep(0.8)"])  # outlives the sidecar
         group.start("evaluator:0", [PY, "-c", "raise SystemExit(3)"], kind="sidecar")
         codes = group.wait(timeout=30)
     assert codes["chief:0"] == 0 and group.sidecar_failures == {"evaluator:0": 3}

@@ -248,7 +248,8 @@ def _patched_sdist(tmp_path: Path, patches: list[Path]) -> Path:
     return src
 
 
-@pytest.mark.parametrize("with_patch_03", [pytest.param(False, marks=pytest.mark.slow), True])
+@pytest.mark.slow  # a GCC compile each: make test, not test-fast
+@pytest.mark.parametrize("with_patch_03", [False, True])
 def test_the_header_check_finds_what_gcc13_broke_and_patch_03_fixes_it(tmp_path, with_patch_03):
     if shutil.which("include-what-you-use") is None:
         pytest.skip("include-what-you-use is not installed (apt-get install iwyu; "

@@ -202,6 +202,7 @@ def _fit_traces(install: bool) -> tuple[int, list[float], list[str]]:
             [v.path for v in model.optimizer.variables])
 
 
+@pytest.mark.slow  # two fits (2 CPU-s): make test, not test-fast
 def test_a_fit_without_strategy_traces_its_step_once_with_the_same_numbers(keras3):
     """Keras 3 builds the optimizer inside the first trace when no strategy is set, and a
     tf.function whose first trace creates variables traces twice; the shim builds it first."""

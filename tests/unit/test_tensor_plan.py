@@ -120,9 +120,9 @@ def test_a_loss_or_metrics_the_shards_cannot_compute_are_refused():
 
 
 @pytest.mark.parametrize("optimizer, clip", [
-    # make test-fast keeps per-variable clipping and Adam's global clipping; make test all three
+    # make test-fast keeps Adam's global clipping; make test all three
     pytest.param("SGD", {"global_clipnorm": 0.05}, marks=pytest.mark.slow),
-    ("SGD", {"clipnorm": 0.02}),
+    pytest.param("SGD", {"clipnorm": 0.02}, marks=pytest.mark.slow),
     ("Adam", {"global_clipnorm": 0.05}),  # Adam tells row-slice from dense gradients apart
 ])
 def test_norm_clipping_clips_as_keras_does(optimizer, clip):

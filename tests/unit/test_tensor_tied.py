@@ -148,6 +148,7 @@ def test_the_split_layer_with_a_group_of_one_is_the_whole_layer(cap):
     np.testing.assert_allclose(gradients[1], gradients[0], atol=1e-5)
 
 
+@pytest.mark.slow  # two fits (2 CPU-s): make test, not test-fast
 def test_one_shard_of_a_tied_model_trains_and_predicts_like_keras():
     from tfdist.strategies.tensor import TensorStrategy
 
