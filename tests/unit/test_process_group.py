@@ -322,3 +322,36 @@ def test_a_stopped_task_is_named_as_the_one_that_made_no_progress():
     assert "task worker:0 failed waiting for it (exit status 1)" in message
     assert message.endswith("Last lines of worker:0:\nno answer from worker:1")
     assert wait_gone([task.pid for task in group.tasks.values()]) == []  # stopped ones too
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_launcher_mid_poll_waits_for_the_poll_to_end(capsys, sig):
+    """SIGTERM (preemption) and SIGINT (Ctrl-C) reach the watch loop between polls, not inside
+    one: an exception raised inside ``Popen.poll()`` can leave its wait lock held, and the stop
+    that follows then waits forever (a CI run once saw a preempted launcher silent for 120 s).
+    The group here signals its own process halfway through a poll; the poll must end, and the job
+    then stops as that signal says."""
+    from tfdist.launcher.supervisor import SIGTERM_STATUS, Supervisor
+
+    class SignalledMidPoll(ProcessGroup):
+        polls, finished = 0, 0
+
+        def poll(self):
+            self.polls += 1
+            if self.polls == 2:
+                signal.raise_signal(sig)  # the handler runs at once, in this thread
+            codes = super().poll()
+            self.finished += 1
+            return codes
+
+    group = SignalledMidPoll(stream=io.StringIO(), grace_period=5)
+    group.start("worker:0", SLEEP)
+    status = Supervisor(timeout=60, preemption_grace=5).run(group)
+    assert group.finished == group.polls >= 2  # no poll was cut short
+    err = capsys.readouterr().err
+    if sig == signal.SIGTERM:
+        assert status == SIGTERM_STATUS, err
+        assert "received SIGTERM: forwarding it to every task" in err
+    else:
+        assert "Ctrl-C: stopping every task" in err
+    assert wait_gone([task.pid for task in group.tasks.values()]) == []

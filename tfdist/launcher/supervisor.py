@@ -168,6 +168,48 @@ def _raise_preempted(signum: int, frame: FrameType | None) -> None:
     raise _Preempted
 
 
+_pending_signals: list[int] = []
+"""SIGTERM / SIGINT received while `_signals_between_polls` held them, oldest first."""
+
+
+def _note_signal(signum: int, frame: FrameType | None) -> None:
+    _pending_signals.append(signum)
+
+
+def _raise_pending_signal() -> None:
+    """Raises what the first signal held by `_signals_between_polls` means, if one came."""
+    if _pending_signals:
+        signum = _pending_signals[0]
+        _pending_signals.clear()
+        raise _Preempted if signum == signal.SIGTERM else KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _signals_between_polls() -> Iterator[None]:
+    """Inside, SIGTERM and SIGINT are only noted, and `_raise_pending_signal` raises them where
+    the watch loop calls it, between polls; on the way out, one noted and not raised yet is.
+
+    An exception raised by a signal handler can land anywhere, such as inside
+    ``Popen.poll()`` between taking its wait lock and the ``try`` that releases it; the stop
+    that follows then waits for that lock forever (a CI run of 2026-11-28: a preempted
+    launcher silent for 120 s after its tasks had saved). Applies where `_sigterm_is_preemption`
+    installed its handlers (the main thread, `Supervisor.run`); elsewhere it changes nothing.
+    """
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not _raise_preempted):
+        yield
+        return
+    _pending_signals.clear()
+    previous = {signum: signal.signal(signum, _note_signal)
+                for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    _raise_pending_signal()
+
+
 @contextlib.contextmanager
 def _ignoring(signum: int) -> Iterator[None]:
     """Ignores ``signum`` inside (in the main thread; elsewhere signals cannot be handled)."""
@@ -285,27 +327,34 @@ class Supervisor:
             raise LaunchError("A job needs at least one main task to wait for.")
         deadline = time.monotonic() + (math.inf if self.timeout is None else self.timeout)
         try:
-            while True:
-                codes = dict(group.poll())
-                failed = self._first_failure(group, members, codes)
-                if failed in main and codes[failed] == PREEMPTED_EXIT_STATUS:
-                    raise _TaskPreempted(failed)
-                if failed is not None:
-                    task, code, tail = group.failed_within(failed) or (
-                        failed, codes[failed] or 0, group.tail(failed))
-                    running = [n for n in main if codes.get(n) is None and n != failed]
-                    raise TaskFailedError(task, code, tail, stopped=tuple(group.stopped()),
-                                          waited_for=summary.waited_for(tail, running))
-                if all(codes.get(name) == 0 for name in main):
-                    break
-                if time.monotonic() > deadline:
-                    raise TaskTimeoutError(self._timeout_message(main, codes))
-                time.sleep(group.poll_interval)
-            self._wait_for_sidecars(group, members, max(0.0, deadline - time.monotonic()))
+            with _signals_between_polls():
+                self._watch_main_tasks(group, members, main, deadline)
+                self._wait_for_sidecars(group, members, max(0.0, deadline - time.monotonic()))
         except LaunchError:
             group.stop()
             raise
         return dict(group.stop())
+
+    def _watch_main_tasks(self, group: TaskGroup, members: list[Member], main: list[str],
+                          deadline: float) -> None:
+        """Polls until every main task has succeeded (the policy above)."""
+        while True:
+            _raise_pending_signal()
+            codes = dict(group.poll())
+            failed = self._first_failure(group, members, codes)
+            if failed in main and codes[failed] == PREEMPTED_EXIT_STATUS:
+                raise _TaskPreempted(failed)
+            if failed is not None:
+                task, code, tail = group.failed_within(failed) or (
+                    failed, codes[failed] or 0, group.tail(failed))
+                running = [n for n in main if codes.get(n) is None and n != failed]
+                raise TaskFailedError(task, code, tail, stopped=tuple(group.stopped()),
+                                      waited_for=summary.waited_for(tail, running))
+            if all(codes.get(name) == 0 for name in main):
+                return
+            if time.monotonic() > deadline:
+                raise TaskTimeoutError(self._timeout_message(main, codes))
+            time.sleep(group.poll_interval)
 
     def _first_failure(self, group: TaskGroup, members: list[Member],
                        codes: dict[str, int | None]) -> str | None:
@@ -349,6 +398,7 @@ class Supervisor:
             deadline = time.monotonic() + grace
             while any(codes.get(n) is None for n in running) and time.monotonic() < deadline:
                 time.sleep(group.poll_interval)
+                _raise_pending_signal()
                 codes = dict(group.poll())
             self._first_failure(group, members, codes)  # reports a sidecar that failed meanwhile
             late = [name for name in running if codes.get(name) is None]
