@@ -84,15 +84,17 @@ class PeakSampler:
             self.peak = max(self.peak, rss_bytes())
             time.sleep(0.001)
 
-    def _fold(self, peak: int) -> None:
+    @staticmethod
+    def _fold(peak: int) -> None:
         for sampler in PeakSampler._active:
             sampler.peak = max(sampler.peak, peak)
 
     def __exit__(self, *exc: Any) -> None:
-        if self._thread is not None:
+        if self._thread is None:
+            self.peak = max(self.peak, _high_water_mark())
+        else:
             self._done.set()
             self._thread.join()
-        peak = max(rss_bytes(), self.peak if self._thread is not None else _high_water_mark())
+        self.peak = max(self.peak, rss_bytes())
         PeakSampler._active.remove(self)
-        self.peak = max(self.peak, peak)
         self._fold(self.peak)
