@@ -48,16 +48,21 @@ import importlib
 import math
 import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from types import FrameType
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from tfdist.core.traits import TaskKind
 from tfdist.errors import LaunchError, TaskFailedError, TaskTimeoutError
 from tfdist.launcher import summary
 from tfdist.launcher.runners import runner_named
+from tfdist.launcher.signals import (
+    Preempted,
+    ignoring,
+    raise_pending_signal,
+    signals_between_polls,
+    sigterm_is_preemption,
+)
 from tfdist.resilience.preemption import PREEMPTED_EXIT_STATUS, PREEMPTED_MARKER
 
 if TYPE_CHECKING:
@@ -156,88 +161,8 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-class _Preempted(Exception):
-    """The launcher received SIGTERM."""
-
-
 class _TaskPreempted(Exception):
     """A training task (its args) exited 75 on its own: SIGTERM reached it, not the launcher."""
-
-
-def _raise_preempted(signum: int, frame: FrameType | None) -> None:
-    raise _Preempted
-
-
-_pending_signals: list[int] = []
-"""SIGTERM / SIGINT received while `_signals_between_polls` held them, oldest first."""
-
-
-def _note_signal(signum: int, frame: FrameType | None) -> None:
-    _pending_signals.append(signum)
-
-
-def _raise_pending_signal() -> None:
-    """Raises what the first signal held by `_signals_between_polls` means, if one came."""
-    if _pending_signals:
-        signum = _pending_signals[0]
-        _pending_signals.clear()
-        raise _Preempted if signum == signal.SIGTERM else KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def _signals_between_polls() -> Iterator[None]:
-    """Inside, SIGTERM and SIGINT are only noted, and `_raise_pending_signal` raises them where
-    the watch loop calls it, between polls; on the way out, one noted and not raised yet is.
-
-    An exception raised by a signal handler can land anywhere, such as inside
-    ``Popen.poll()`` between taking its wait lock and the ``try`` that releases it; the stop
-    that follows then waits for that lock forever (a CI run of 2026-11-28: a preempted
-    launcher silent for 120 s after its tasks had saved). Applies where `_sigterm_is_preemption`
-    installed its handlers (the main thread, `Supervisor.run`); elsewhere it changes nothing.
-    """
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGTERM) is not _raise_preempted):
-        yield
-        return
-    _pending_signals.clear()
-    previous = {signum: signal.signal(signum, _note_signal)
-                for signum in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    _raise_pending_signal()
-
-
-@contextlib.contextmanager
-def _ignoring(signum: int) -> Iterator[None]:
-    """Ignores ``signum`` inside (in the main thread; elsewhere signals cannot be handled)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signum, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signum, previous)
-
-
-@contextlib.contextmanager
-def _sigterm_is_preemption() -> Iterator[None]:
-    """SIGTERM raises `_Preempted` in the main thread (elsewhere signals cannot be handled);
-    SIGINT raises ``KeyboardInterrupt`` even where the launcher was started with it ignored (a
-    script's background job inherits SIG_IGN): a SIGINT sent to the launcher stops the job."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _raise_preempted)
-    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGINT, previous_int)
 
 
 @dataclasses.dataclass
@@ -279,7 +204,7 @@ class Supervisor:
             LaunchError: The runner could not start the job (nothing of it is left running).
         """
         started = time.monotonic()
-        with group, _sigterm_is_preemption():
+        with group, sigterm_is_preemption():
             try:
                 group.launch()
                 self.watch(group)
@@ -292,7 +217,7 @@ class Supervisor:
             except TaskTimeoutError as err:
                 log(str(err) + self._hidden_tails(group) + _ended(group, started))
                 return TIMEOUT_STATUS
-            except _Preempted:
+            except Preempted:
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut it short
                 log(f"received SIGTERM: forwarding it to every task; {self.preemption_grace:g} s "
                     "to save and exit")
@@ -327,7 +252,7 @@ class Supervisor:
             raise LaunchError("A job needs at least one main task to wait for.")
         deadline = time.monotonic() + (math.inf if self.timeout is None else self.timeout)
         try:
-            with _signals_between_polls():
+            with signals_between_polls():
                 self._watch_main_tasks(group, members, main, deadline)
                 self._wait_for_sidecars(group, members, max(0.0, deadline - time.monotonic()))
         except LaunchError:
@@ -339,7 +264,7 @@ class Supervisor:
                           deadline: float) -> None:
         """Polls until every main task has succeeded (the policy above)."""
         while True:
-            _raise_pending_signal()
+            raise_pending_signal()
             codes = dict(group.poll())
             failed = self._first_failure(group, members, codes)
             if failed in main and codes[failed] == PREEMPTED_EXIT_STATUS:
@@ -398,7 +323,7 @@ class Supervisor:
             deadline = time.monotonic() + grace
             while any(codes.get(n) is None for n in running) and time.monotonic() < deadline:
                 time.sleep(group.poll_interval)
-                _raise_pending_signal()
+                raise_pending_signal()
                 codes = dict(group.poll())
             self._first_failure(group, members, codes)  # reports a sidecar that failed meanwhile
             late = [name for name in running if codes.get(name) is None]
@@ -414,7 +339,7 @@ class Supervisor:
         does, within the group's grace), then the line says what was stopped and saved."""
         group.mute()
         log("Ctrl-C: stopping every task (their output is no longer shown)")
-        with _ignoring(signal.SIGINT):  # a second Ctrl-C must not cut the (bounded) stop short
+        with ignoring(signal.SIGINT):  # a second Ctrl-C must not cut the (bounded) stop short
             codes = group.stop()
         main = [m.name for m in group.members() if m.kind == "main"]
         log(summary.interrupted_line(codes, time.monotonic() - started, group.written(),
