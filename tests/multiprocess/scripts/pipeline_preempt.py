@@ -3,7 +3,7 @@
 batch, ends with different weights.
 
 Argument: the backup directory. ``PAUSE_AT_STEP=k``: after global step k (1-based) the last
-stage prints ``paused after step k`` and waits 4 s (the test sends SIGTERM meanwhile) before
+stage prints ``paused after step k`` and waits until its SIGTERM comes (at most 4 s) before
 its backup callback runs: the other stage is then already past step k, waiting in the vote
 (or, were there no vote, in step k + 1). Reports the (epoch, batch) of every step fit called,
 the optimizer's step count, the threads added after step 2 and the whole model's weights
@@ -12,9 +12,9 @@ the optimizer's step count, the threads added after step 2 and the whole model's
 
 import os
 import sys
-import time
 
 import numpy as np
+from pause import pause_until_sigterm
 
 import tfdist
 import tfdist.testing
@@ -47,7 +47,7 @@ class Steps(keras.callbacks.Callback):
         last_stage = strategy.layout.stage == strategy.stages - 1
         if last_stage and self.epoch * STEPS + batch + 1 == pause_at:
             print(f"paused after step {pause_at}", flush=True)
-            time.sleep(4)
+            pause_until_sigterm(4)
 
 
 def build():

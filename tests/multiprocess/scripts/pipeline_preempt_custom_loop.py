@@ -1,14 +1,14 @@
 """A 2-stage pipeline custom loop (``strategy.train_step``) with the pipeline's preemption
 handler. Argument: the checkpoint directory. ``PAUSE_AT_STEP=k``: after step k the last stage
-prints ``paused after step k`` and waits 4 s before the handler's vote. Reports the steps it
-ran and the whole model's weights (chief)."""
+prints ``paused after step k`` and waits until its SIGTERM comes (at most 4 s) before the
+handler's vote. Reports the steps it ran and the whole model's weights (chief)."""
 
 import os
 import sys
-import time
 
 import numpy as np
 import tensorflow as tf
+from pause import pause_until_sigterm
 
 import tfdist
 import tfdist.testing
@@ -38,7 +38,7 @@ def paused_step(xb, yb):
     loss = step(xb, yb)
     if last_stage and handler.total_run_calls + 1 == pause_at:
         print(f"paused after step {pause_at}", flush=True)
-        time.sleep(4)
+        pause_until_sigterm(4)
     return loss
 
 

@@ -3,7 +3,7 @@ different batch (the same each epoch), so a rerun resumed at the wrong step, or 
 at the wrong batch, ends with different weights.
 
 Argument: the backup directory. ``PAUSE_AT_STEP=k``: after global step k (1-based) rank 1
-prints ``paused after step k`` and waits 4 s (the test sends SIGTERM meanwhile) before its
+prints ``paused after step k`` and waits until its SIGTERM comes (at most 4 s) before its
 backup callback runs: rank 0 is then already past step k, waiting in the vote. Reports the
 (epoch, batch) of every step fit called, the optimizer's step count and the whole model's
 weights; with ``REFERENCE=1`` the chief also trains the model in one process, uninterrupted,
@@ -12,10 +12,10 @@ and reports its weights.
 
 import os
 import sys
-import time
 
 import keras
 import numpy as np
+from pause import pause_until_sigterm
 
 import tfdist
 import tfdist.testing
@@ -43,7 +43,7 @@ class Steps(keras.callbacks.Callback):
         pause_at = int(os.environ.get("PAUSE_AT_STEP", "0"))
         if strategy.worker_index == 1 and self.epoch * STEPS + batch + 1 == pause_at:
             print(f"paused after step {pause_at}", flush=True)
-            time.sleep(4)
+            pause_until_sigterm(4)
 
 
 def build():
