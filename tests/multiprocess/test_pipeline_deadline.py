@@ -1,7 +1,10 @@
 """A pipeline set no ``timeout_seconds`` no longer waits forever: a stage whose peer is alive but
 never meets it fails the batch at its deadline (`tfdist.pipeline.keras_model.STEP_TIMEOUT`,
-lowered to 15 s here), naming the deadline and the fix, instead of hanging (a D x K x T job's
-second model once waited forever). One launch of 2 processes (about 40 s)."""
+lowered to 5 s here: it covers the batch before the stall, 5 ms, not the first, which traces and
+gets the start-up deadline), naming the deadline and the fix, instead of hanging (a D x K x T
+job's second model once waited forever). One launch of 2 processes: 9 s alone (2.3 s of it
+starting a warm server); 23 s with a 15 s deadline and the stuck stage outliving the launcher's
+SIGTERM by its 5 s grace."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from tfdist.errors import STEP_DEADLINE_MARKER, TaskFailedError
 pytestmark = pytest.mark.multiprocess
 
 SCRIPT = Path(__file__).parent / "scripts" / "pipeline_stall.py"
-DEADLINE_SECONDS = 15
+DEADLINE_SECONDS = 5
 
 
 def test_a_stalled_stage_fails_its_peer_at_the_batch_deadline(cluster_runner):

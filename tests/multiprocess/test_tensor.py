@@ -230,13 +230,15 @@ def test_skipping_the_row_all_reduce_breaks_parity(two_shards):
 def test_a_stuck_shard_fails_its_peer_at_the_step_deadline(cluster_runner):
     # worker:1 gets stuck in Python as its second batch starts (alive: TensorFlow's coordination
     # service, which catches a dead or SIGSTOPped peer, still gets its heartbeats); worker:0
-    # waits in the step's collectives until the 10 s step deadline aborts them. Without the
-    # watchdog it waits for the job's timeout (TaskTimeoutError) instead.
+    # waits in the step's collectives until the 6 s step deadline aborts them. Without the
+    # watchdog it waits for the job's timeout (TaskTimeoutError) instead. The first batch,
+    # which traces (1.3 s), gets the start-up deadline; the 6 s also bound each eager
+    # collective of build_model, which waits for the slower process to reach it.
     started = time.monotonic()
     with pytest.raises(TaskFailedError) as failed:
         run_tensor(cluster_runner, processes=2, shards=2,
-                   args=["3", "--stall", "1", "--deadline", "10"], timeout=200)
+                   args=["3", "--stall", "1", "--deadline", "6"], timeout=200)
     assert failed.value.task == "worker:0"
     tail = failed.value.output_tail
-    assert "ran past its deadline of 10 s waiting for its tensor group of 2" in tail, tail
+    assert "ran past its deadline of 6 s waiting for its tensor group of 2" in tail, tail
     assert time.monotonic() - started < 180

@@ -46,6 +46,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -112,9 +113,25 @@ class PipelineConfig:
 
 
 def run(config: PipelineConfig, log: IO[str]) -> dict[str, Any]:
-    """Runs every job; returns ``{"rows": [...]}`` (one row per job)."""
+    """Runs every job; returns ``{"rows": [...]}`` (one row per job) and the ``memory`` rows.
+
+    With ``quick``, the memory jobs run beside the timing jobs (a smoke run, not a measurement:
+    the quick section took 13.6 s instead of 18.3, back to back on 2 cores); otherwise after
+    them, so that neither measures under the other's load.
+    """
     env = {"TFDIST_BENCH_THREADS": "2,1", **config.env}
     timeout = 600.0
+    with ThreadPoolExecutor(max_workers=1) as beside:
+        memory = beside.submit(_memory_rows, config, env, log, timeout) if config.quick else None
+        result = _timing_rows(config, env, log, timeout)
+        result["memory"] = (memory.result() if memory is not None
+                            else _memory_rows(config, env, log, timeout))
+    return result
+
+
+def _timing_rows(config: PipelineConfig, env: Mapping[str, str], log: IO[str],
+                 timeout: float) -> dict[str, Any]:
+    """The ``default``, pipeline and ``multi_worker`` jobs' rows, and the model."""
     single = jobs.first_report(jobs.run_local(_MODULE, config.args("default"), env=env,
                                               log=log, timeout=timeout))
     rows = [{"mode": "default", "processes": 1, "micro_batches": "-",
@@ -134,8 +151,7 @@ def run(config: PipelineConfig, log: IO[str]) -> dict[str, Any]:
                  "fit_step_s": data_parallel["step_s"], "fit_call_s": data_parallel["fit_call_s"],
                  "speedup_vs_default": single["step_s"] / data_parallel["step_s"]})
     return {"rows": rows, "model": {"width": config.width, "depth": config.depth,
-                                    "batch": config.batch},
-            "memory": _memory_rows(config, env, log, timeout)}
+                                    "batch": config.batch}}
 
 
 def _memory_rows(config: PipelineConfig, env: Mapping[str, str], log: IO[str],

@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from tfdist.bench.memory import PeakSampler, rss_bytes
+from tfdist.bench.workers import exit_after
 from tfdist.probe.common import apply_threads
-from tfdist.testing import exit_after_report, report
+from tfdist.testing import report
 
 FEATURES = 16
 
@@ -33,7 +34,8 @@ def build(keras: Any, width: int, depth: int) -> Any:
     return keras.Sequential(layers, name="activation_heavy_mlp")
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> str:
+    """Measures and reports; returns ``--mode``."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", choices=("pipeline", "default"), default="pipeline")
     parser.add_argument("--micro-batches", type=int, default=4)
@@ -69,8 +71,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         model.fit(x, y, batch_size=args.rows, epochs=1, shuffle=False, verbose=0)
     report({"stage": stage, "growth_bytes": sampler.peak - before,
             "weight_bytes": sum(int(np.prod(w.shape)) * 4 for w in model.weights)})
+    return args.mode
 
 
 if __name__ == "__main__":
-    main()
-    exit_after_report()
+    exit_after(main())

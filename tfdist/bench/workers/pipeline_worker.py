@@ -28,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from tfdist.bench.workers import exit_after
 from tfdist.probe.common import apply_threads, median, time_call
-from tfdist.testing import exit_after_report, report
+from tfdist.testing import report
 
 FEATURES = 256
 
@@ -160,7 +161,8 @@ def fit_seconds(model: Any, keras: Any, x: Any, y: Any, batch: int) -> dict[str,
             "fit_whole_step_s": whole / len(steps)}
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> str:
+    """Measures and reports; returns ``--mode``."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", choices=("pipeline", "multi_worker", "default"),
                         required=True)
@@ -209,8 +211,8 @@ def main(argv: Sequence[str] | None = None) -> None:
               shuffle=False)  # warm-up; a shuffle gives stages other batches (refused)
     result.update(fit_seconds(model, keras, x, y, batch))
     report(result)
+    return args.mode
 
 
 if __name__ == "__main__":
-    main()
-    exit_after_report()
+    exit_after(main())

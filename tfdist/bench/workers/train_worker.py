@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tfdist.bench.workers import exit_after
 from tfdist.probe.common import apply_threads, time_call
-from tfdist.testing import exit_after_report, report
+from tfdist.testing import report
 
 FEATURES, CLASSES, HIDDEN, SAMPLES = 128, 10, 256, 4096
 
@@ -149,4 +150,4 @@ if __name__ == "__main__":
     arguments = parse_args()
     apply_threads()
     report(measure(arguments))
-    exit_after_report()
+    exit_after(arguments.mode)
