@@ -74,8 +74,8 @@ SCENARIOS = {
          "restarting the whole job (1/1) after exit status 5", ": 2 tasks succeeded"),
         starts={"worker:0": 2, "worker:1": 2}),
     "the_job_times_out": Scenario(
-        "sleep", {"workers": 2, "timeout": 3}, 124,
-        ("The job did not finish within 3 s; still running: worker:0, worker:1. Every task "
+        "sleep", {"workers": 2, "timeout": 2}, 124,
+        ("The job did not finish within 2 s; still running: worker:0, worker:1. Every task "
          "was stopped.", "Last lines of worker:1:\nworker:1 started (sleep)")),
     "sigterm_with_every_task_saved_is_a_preemption": Scenario(
         "save_on_sigterm", {"workers": 2}, 75,

@@ -4,13 +4,14 @@ It names itself from TF_CONFIG, records each start as ``MARKER_DIR/<task>.start.
 
 * ``fail_worker1``: worker:1, once every task of TF_CONFIG has started, prints "worker 1 gives
   up" and exits 3; the rest sleep.
-* ``fail_evaluator``: the evaluator exits 4 at once; the others exit 0 after 2 s.
+* ``fail_evaluator``: the evaluator exits 4 at once; the others exit 0 1 s after it started
+  (the launcher, polling every 0.2 s at most, finds it failed while they run).
 * ``restart_worker1``: worker:1's first run exits 9, its later runs serve (sleep); the chief
   exits 0 once worker:1 has started twice (the launcher announced the restart before it started
   the new run); the other servers sleep.
 * ``kill_ps``: ps:0 exits 9 once every task of TF_CONFIG has started; the rest sleep.
-* ``fail_once``: worker:1's first run exits 5 once worker:0 has started; every later run of
-  every task exits 0.
+* ``fail_once``: worker:1's first run exits 5 once worker:0 has started (whose first run is
+  still in its 1 s then); every later run of every task exits 0 at once.
 * ``sleep``: every task sleeps.
 * ``save_on_sigterm``, ``worker1_ignores_sigterm``: every task writes ``<task>.ready`` and sleeps;
   on SIGTERM it prints tfdist's preemption line and exits 75 (worker:1 of the second mode
@@ -58,7 +59,8 @@ if mode == "fail_evaluator":
     if task == "evaluator:0":
         print("evaluator gives up", flush=True)
         sys.exit(4)
-    time.sleep(2)
+    wait_for_marker(marker_dir, "evaluator:0.start.")
+    time.sleep(1)
     sys.exit(0)
 if mode == "restart_worker1":
     if task == "worker:1" and runs == 0:
@@ -75,9 +77,9 @@ if mode == "fail_once":
     if task == "worker:1" and runs == 0:
         wait_for_marker(marker_dir, "worker:0.start.")  # the test counts its starts
         sys.exit(5)
-    if runs > 0 or task != "worker:1":
+    if runs == 0:
         time.sleep(1)
-        sys.exit(0)
+    sys.exit(0)
 if mode in ("save_on_sigterm", "worker1_ignores_sigterm"):
     ignore = mode == "worker1_ignores_sigterm" and task == "worker:1"
     signal.signal(signal.SIGTERM, signal.SIG_IGN if ignore else save_and_exit)
