@@ -3,7 +3,8 @@
 Modes: ``ok`` (print the task and exit 0), ``fail_worker1`` (worker:1 exits 3, the rest sleep),
 ``sleep`` (everyone sleeps), ``fail_once`` (the first attempt of worker:1 fails once worker:0 has
 started, later ones pass; attempts are counted in the MARKER_DIR directory), ``fail_evaluator`` (the
-evaluator exits 4 at once, the others finish after 2 s), ``save_on_sigterm`` (everyone sleeps; on
+evaluator exits 4 at once, the others finish 1 s after it started: at least 5 of the
+launcher's polls, so the failure is seen while they run), ``save_on_sigterm`` (everyone sleeps; on
 SIGTERM a task prints tfdist's preemption line and exits 75, as a training task that saved would),
 ``worker1_ignores_sigterm`` (as ``save_on_sigterm``, but worker:1 ignores SIGTERM),
 ``finish_on_sigterm`` (on SIGTERM a task finishes its work and exits 0).
@@ -41,7 +42,8 @@ if mode == "fail_evaluator":
     if task == "evaluator:0":
         print("evaluator gives up", flush=True)
         sys.exit(4)
-    time.sleep(2)
+    wait_for_marker(marker_dir, "evaluator:0.pid.")
+    time.sleep(1)
     print(f"{task} trained", flush=True)
 if mode in ("save_on_sigterm", "worker1_ignores_sigterm", "finish_on_sigterm"):
     def save_and_exit(signum, frame):
