@@ -1,4 +1,5 @@
-"""The preemption scripts' pause: the test SIGTERMs the launcher while every worker waits here."""
+"""The preemption scripts' pause (the test SIGTERMs the launcher while every worker waits here)
+and the deadline scripts' stall."""
 
 from __future__ import annotations
 
@@ -36,3 +37,11 @@ def pause_until_sigterm(seconds: float = PAUSE_SECONDS) -> bool:
         if signal.getsignal(signal.SIGTERM) is note:
             signal.signal(signal.SIGTERM, before)
     return bool(got)
+
+
+def stall(seconds: float) -> None:
+    """Sleeps ``seconds`` as a stuck task, but dies at SIGTERM: TensorFlow's preemption notifier
+    holds SIGTERM in a training process, so a stuck one outlived the launcher's stop by its 5 s
+    grace, until SIGKILL."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    time.sleep(seconds)

@@ -5,11 +5,10 @@ lowered to ``argv[1]`` seconds so the test need not wait the default's 10 minute
 
 from __future__ import annotations
 
-import signal
 import sys
-import time
 
 import numpy as np
+from pause import stall
 
 import tfdist
 import tfdist.pipeline.keras_model as pipeline_model
@@ -33,10 +32,7 @@ def main(deadline: float) -> None:
         def on_train_batch_begin(self, batch, logs=None):
             if strategy.layout.stage == 1 and batch == 2:
                 print("STAGE 1 STALLS", flush=True)
-                # TensorFlow's preemption notifier holds SIGTERM: stuck, this stage outlived
-                # the launcher's stop by its 5 s grace, until SIGKILL
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                time.sleep(STALL_SECONDS)
+                stall(STALL_SECONDS)
 
     model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[Stall()])
     print("TRAINED THROUGH THE STALL", flush=True)

@@ -30,12 +30,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import signal
 import sys
-import time
 
 import keras
 import numpy as np
+from pause import stall
 
 import tfdist
 from tfdist.testing import exit_after_report, report
@@ -212,15 +211,9 @@ def stall_callbacks(argv, strategy):
     (TensorFlow's coordination service still gets its heartbeats) but never joining the step."""
     if "--stall" not in argv or strategy.rank != int(argv[argv.index("--stall") + 1]):
         return []
-
-    def stick(batch, logs):
-        if batch == 1:
-            # TensorFlow's preemption notifier holds SIGTERM: stuck, this process outlived the
-            # launcher's stop by its 5 s grace, until SIGKILL
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            time.sleep(3600)
-
-    return [keras.callbacks.LambdaCallback(on_train_batch_begin=stick)]
+    stuck = keras.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: batch == 1 and
+                                           stall(3600))
+    return [stuck]
 
 
 def train(strategy, model, x, y, argv, custom_loop, evaluate=True):
