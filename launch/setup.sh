@@ -102,6 +102,55 @@ apt_install_missing() {
   fi
 }
 
+# The "command:package" pairs of every system package a full set-up (not --minimal) installs.
+system_package_pairs() {
+  local with_slurm="$1"
+  if [[ "${TFDIST_SKIP_HOROVOD:-0}" != "1" ]]; then
+    echo cmake:cmake g++:g++ make:make patch:patch mpicxx:libopenmpi-dev mpirun:openmpi-bin
+  fi
+  echo ssh:openssh-client ssh-keygen:openssh-client /usr/sbin/sshd:openssh-server ip:iproute2 \
+    include-what-you-use:iwyu
+  if [[ "$with_slurm" == "1" ]]; then
+    echo /usr/sbin/munged:munge /usr/sbin/slurmctld:slurmctld /usr/sbin/slurmd:slurmd \
+      sbatch:slurm-client
+  fi
+}
+
+# On a fresh machine apt-get installs the system packages (Slurm, OpenMPI, IWYU, ...) in the
+# background while pip installs TensorFlow: one `apt-get update` and one install instead of one
+# of each per group, after pip. wait_for_system_packages joins it before anything needs them;
+# the ensure_* steps after it then find their commands, or (if this one install failed, e.g. on a
+# package the distribution lacks) try their own group as before and say what is missing.
+SYSTEM_PACKAGES_PID=""
+SYSTEM_PACKAGES_LOG=""
+start_system_packages() {
+  local missing=() pair
+  # shellcheck disable=SC2046  # one word per pair
+  for pair in $(system_package_pairs "$1"); do
+    command -v "${pair%%:*}" >/dev/null 2>&1 || [[ -x "${pair%%:*}" ]] || missing+=("${pair##*:}")
+  done
+  [[ ${#missing[@]} -eq 0 ]] && return 0
+  [[ "$(id -u)" == "0" ]] && command -v apt-get >/dev/null 2>&1 || return 0
+  SYSTEM_PACKAGES_LOG="$(mktemp)"
+  log "installing system packages in the background: $(printf '%s\n' "${missing[@]}" | sort -u | tr '\n' ' ')"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends "${missing[@]}"; } >"$SYSTEM_PACKAGES_LOG" 2>&1 &
+  SYSTEM_PACKAGES_PID=$!
+  # Set-up stopped early (a pip failure, Ctrl-C) still waits for apt-get: stopped mid-install,
+  # dpkg would be left half-configured.
+  trap wait_for_system_packages EXIT
+}
+
+wait_for_system_packages() {
+  [[ -n "$SYSTEM_PACKAGES_PID" ]] || return 0
+  if ! wait "$SYSTEM_PACKAGES_PID"; then
+    log "installing the system packages together failed; each group is tried alone next. apt-get said:"
+    tail -5 "$SYSTEM_PACKAGES_LOG" >&2
+  fi
+  rm -f "$SYSTEM_PACKAGES_LOG"
+  SYSTEM_PACKAGES_PID=""
+}
+
 # System tools Horovod's build needs. Installed with apt-get when we are root, else named.
 ensure_system_tools() {
   local missing
@@ -301,6 +350,7 @@ main() {
     esac
     shift
   done
+  [[ "$minimal" == "1" ]] || start_system_packages "$with_slurm"
   create_venv
   install_python_deps
   if [[ "$minimal" == "1" ]]; then
@@ -308,6 +358,7 @@ main() {
       || log "--minimal: Horovod not installed; make horovod (bash launch/setup.sh) adds it"
   else
     install_keras_hub
+    wait_for_system_packages
     install_horovod
     ensure_test_tools
   fi

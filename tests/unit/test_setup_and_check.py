@@ -142,6 +142,58 @@ def test_a_long_step_reports_its_progress_and_keeps_its_exit_status(tmp_path):
     assert "Building CXX object" in (tmp_path / "build.log").read_text()
 
 
+def _fake_apt(tmp_path: Path, install: str) -> tuple[Path, Path]:
+    """A bin folder whose apt-get records its argv (install runs INSTALL first) and id says root."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    (bin_dir / "id").write_text("#!/bin/sh\necho 0\n")
+    (bin_dir / "apt-get").write_text(
+        f'#!/bin/sh\n[ "$1" = install ] && {{ {install}; }}\necho "apt-get $*" >> {calls}\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    return bin_dir, calls
+
+
+# What start_system_packages looks for: two commands missing (one package named twice), one there.
+PAIRS = ("system_package_pairs() { echo no-such-a:pkg-a true:pkg-true no-such-b:pkg-b "
+         "no-such-c:pkg-a; }")
+
+
+def test_system_packages_install_in_one_apt_call_beside_pip_and_are_waited_for(tmp_path):
+    bin_dir, calls = _fake_apt(tmp_path, "sleep 1")
+    result = _bash(f"PATH={bin_dir}:/usr/bin:/bin; source {SETUP} && {PAIRS}; "
+                   f"start_system_packages 1 && echo pip >> {calls} && "
+                   f"wait_for_system_packages && echo horovod >> {calls}")
+    assert result.returncode == 0, result.stderr
+    lines = calls.read_text().splitlines()
+    install = "apt-get install -y -qq --no-install-recommends pkg-a pkg-b pkg-a"
+    assert sorted(lines) == sorted(["apt-get update -qq", "pip", install, "horovod"])
+    assert lines.index("pip") < lines.index(install) < lines.index("horovod"), lines
+    assert "installing system packages in the background: pkg-a pkg-b" in result.stderr
+
+
+def test_a_failed_system_package_install_is_reported_and_set_up_goes_on(tmp_path):
+    bin_dir, calls = _fake_apt(tmp_path, "echo 'E: Unable to locate package pkg-b'; exit 100")
+    result = _bash(f"PATH={bin_dir}:/usr/bin:/bin; source {SETUP} && {PAIRS}; "
+                   f"start_system_packages 1 && wait_for_system_packages && echo next")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "next\n"
+    assert "installing the system packages together failed; each group is tried alone" in (
+        result.stderr)
+    assert "E: Unable to locate package pkg-b" in result.stderr
+
+
+def test_set_up_stopped_early_still_waits_for_apt(tmp_path):
+    # Killing apt-get mid-install would leave dpkg half-configured: a failing pip step must not.
+    bin_dir, calls = _fake_apt(tmp_path, "sleep 1")
+    result = _bash(f"PATH={bin_dir}:/usr/bin:/bin; source {SETUP} && {PAIRS}; "
+                   f"start_system_packages 1 && die 'pip failed'")
+    assert result.returncode == 1
+    assert "error: pip failed" in result.stderr
+    assert "apt-get install -y -qq --no-install-recommends pkg-a pkg-b pkg-a" in (
+        calls.read_text().splitlines())
+
+
 def test_setup_refuses_an_unknown_option_before_doing_anything(tmp_path):
     (tmp_path / "launch").mkdir()
     shutil.copy(SETUP, tmp_path / "launch" / "setup.sh")
