@@ -30,19 +30,32 @@ def test_setup_script_parses_and_sourcing_it_runs_nothing(tmp_path):
     assert "[setup]" not in result.stderr
 
 
+def _stand_in_venv(tmp_path: Path, uv_exit: int | None = 0) -> Path:
+    """A venv whose python (and uv, unless UV_EXIT is None) record their argv; uv exits UV_EXIT."""
+    calls = tmp_path / "calls"
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").write_text(f'#!/bin/sh\necho "python $@" >> {calls}\n')
+    if uv_exit is not None:
+        (bin_dir / "uv").write_text(f'#!/bin/sh\necho "uv $@" >> {calls}\n'
+                                    f'echo "error: no index answered"\nexit {uv_exit}\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    return calls
+
+
+PINS = "tensorflow==2.21.0 tf-keras==2.21.0 tensorboard==2.21.0"
+
+
 def test_setup_pins_tensorflow_and_reinstalls_only_when_pyproject_changes(tmp_path):
     (tmp_path / "launch").mkdir()
     shutil.copy(SETUP, tmp_path / "launch" / "setup.sh")
     pyproject = tmp_path / "pyproject.toml"
     pyproject.write_text("[project]\nname = 'tfdist'\n")
-    calls = tmp_path / "pip-calls"
-    python = tmp_path / ".venv" / "bin" / "python"  # stands in for the venv's: records its argv
-    python.parent.mkdir(parents=True)
-    python.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
-    python.chmod(0o755)
+    calls = _stand_in_venv(tmp_path)
     install = f"source {tmp_path}/launch/setup.sh && install_python_deps"
-    want = (f"-m pip install -q -e {tmp_path}[test,ray,docs] tensorflow==2.21.0 tf-keras==2.21.0 "
-            "tensorboard==2.21.0")
+    want = (f"uv pip install --python {tmp_path}/.venv/bin/python --compile-bytecode "
+            f"-q -e {tmp_path}[test,ray,docs] {PINS}")
 
     assert _bash(install).returncode == 0
     assert calls.read_text().splitlines() == [want]
@@ -51,6 +64,26 @@ def test_setup_pins_tensorflow_and_reinstalls_only_when_pyproject_changes(tmp_pa
     pyproject.write_text(pyproject.read_text() + "dependencies = ['numpy']\n")
     assert _bash(install).returncode == 0
     assert calls.read_text().splitlines() == [want, want]
+
+
+@pytest.mark.parametrize("how", ["uv_fails", "pip_asked_for"])
+def test_pip_installs_where_uv_fails_or_is_not_wanted(tmp_path, how):
+    # uv reads no pip.conf: an index only pip knows of (or no PyPI) makes it fail, and pip does it.
+    (tmp_path / "launch").mkdir()
+    shutil.copy(SETUP, tmp_path / "launch" / "setup.sh")
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'tfdist'\n")
+    calls = _stand_in_venv(tmp_path, uv_exit=2)
+    env = "export TFDIST_INSTALLER=pip; " if how == "pip_asked_for" else ""
+    result = _bash(f"{env}source {tmp_path}/launch/setup.sh && install_python_deps")
+    assert result.returncode == 0, result.stderr
+    pip = f"python -m pip install -q -e {tmp_path}[test,ray,docs] {PINS}"
+    if how == "pip_asked_for":
+        assert calls.read_text().splitlines() == [pip]
+        return
+    assert calls.read_text().splitlines()[1:] == [pip]
+    assert calls.read_text().startswith("uv pip install")
+    assert ("uv could not install them (error: no index answered); pip will "
+            "(TFDIST_INSTALLER=pip skips uv)") in result.stderr
 
 
 PATCHES = REPO / "launch" / "horovod-patches"
@@ -333,12 +366,14 @@ def test_minimal_set_up_leaves_horovod_out_and_says_how_to_add_it(tmp_path):
     python = tmp_path / ".venv" / "bin" / "python"
     python.parent.mkdir(parents=True)
     python.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n[ "$1" = -c ] && exit 1\nexit 0\n')
-    python.chmod(0o755)
+    (python.parent / "uv").write_text(f'#!/bin/sh\necho "uv $@" >> {calls}\n')
+    for tool in python.parent.iterdir():
+        tool.chmod(0o755)
     env = f"TFDIST_CACHE_DIR={tmp_path}/cache PATH=/usr/bin:/bin"
     result = _bash(f"{env} bash {tmp_path}/launch/setup.sh --minimal")
     assert result.returncode == 0, result.stderr
     recorded = calls.read_text()
-    assert "-m pip install -q -e" in recorded and "tensorflow==2.21.0" in recorded
+    assert "uv pip install" in recorded and "-q -e" in recorded and "tensorflow==2.21.0" in recorded
     assert "pip wheel" not in recorded and ".whl" not in recorded  # no Horovod build or install
     assert "--minimal: Horovod not installed; make horovod (bash launch/setup.sh) adds it" in (
         result.stderr)
