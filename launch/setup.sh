@@ -54,12 +54,14 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 # Installs Python packages into the venv (pip install's arguments) with uv, which unpacks and
 # compiles them in parallel and links them from its cache: TensorFlow and the extras in 15-19 s
 # on 2 cores, against pip's 42 s (most of a set-up's time when Horovod's wheel is cached). uv reads
-# no pip configuration, so where it fails (an index only pip.conf names, PyPI out of reach) pip
-# does the same install over.
+# no pip configuration: it is given the index pip uses instead of PyPI, if any (a mirror), and
+# where it fails all the same (an extra index only pip knows of) pip does the same install over.
 venv_install() {
   if use_uv; then
-    local log; log="$(mktemp)"
-    if "$VENV/bin/uv" pip install --python "$VENV/bin/python" --compile-bytecode "$@" >"$log" 2>&1; then
+    local log index; log="$(mktemp)"
+    index="${PIP_INDEX_URL:-$("$VENV/bin/python" -m pip config get global.index-url 2>/dev/null || true)}"
+    if "$VENV/bin/uv" pip install --python "$VENV/bin/python" --compile-bytecode \
+         ${index:+--index-url "$index"} "$@" >"$log" 2>&1; then
       rm -f "$log"
       return
     fi

@@ -31,11 +31,15 @@ def test_setup_script_parses_and_sourcing_it_runs_nothing(tmp_path):
 
 
 def _stand_in_venv(tmp_path: Path, uv_exit: int | None = 0) -> Path:
-    """A venv whose python (and uv, unless UV_EXIT is None) record their argv; uv exits UV_EXIT."""
+    """A venv whose python (and uv, unless UV_EXIT is None) record their argv; uv exits UV_EXIT.
+    Its pip's configuration names the index in ``$STAND_IN_PIP_INDEX``, if set (else none)."""
     calls = tmp_path / "calls"
     bin_dir = tmp_path / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
-    (bin_dir / "python").write_text(f'#!/bin/sh\necho "python $@" >> {calls}\n')
+    (bin_dir / "python").write_text(
+        '#!/bin/sh\nif [ "$3" = config ]; then\n'
+        '  [ -n "$STAND_IN_PIP_INDEX" ] && echo "$STAND_IN_PIP_INDEX" && exit 0; exit 1\nfi\n'
+        f'echo "python $@" >> {calls}\n')
     if uv_exit is not None:
         (bin_dir / "uv").write_text(f'#!/bin/sh\necho "uv $@" >> {calls}\n'
                                     f'echo "error: no index answered"\nexit {uv_exit}\n')
@@ -64,6 +68,23 @@ def test_setup_pins_tensorflow_and_reinstalls_only_when_pyproject_changes(tmp_pa
     pyproject.write_text(pyproject.read_text() + "dependencies = ['numpy']\n")
     assert _bash(install).returncode == 0
     assert calls.read_text().splitlines() == [want, want]
+
+
+@pytest.mark.parametrize("where", ["PIP_INDEX_URL", "pip.conf"])
+def test_uv_is_given_the_index_pip_uses_instead_of_pypi(tmp_path, where):
+    # A mirror-only machine: uv would try PyPI and fail after its timeouts, then pip installs.
+    (tmp_path / "launch").mkdir()
+    shutil.copy(SETUP, tmp_path / "launch" / "setup.sh")
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'tfdist'\n")
+    calls = _stand_in_venv(tmp_path)
+    mirror = "https://mirror.internal/pypi/simple"
+    env = "PIP_INDEX_URL" if where == "PIP_INDEX_URL" else "STAND_IN_PIP_INDEX"
+    result = _bash(f"export {env}={mirror}; source {tmp_path}/launch/setup.sh && "
+                   "install_python_deps")
+    assert result.returncode == 0, result.stderr
+    assert calls.read_text().splitlines() == [
+        f"uv pip install --python {tmp_path}/.venv/bin/python --compile-bytecode "
+        f"--index-url {mirror} -q -e {tmp_path}[test,ray,docs] {PINS}"]
 
 
 @pytest.mark.parametrize("how", ["uv_fails", "pip_asked_for"])
