@@ -4,7 +4,7 @@ MAIN_JOB := keras_examples/image_classifier.py
 
 .PHONY: setup setup-minimal horovod slurm main test test-fast check lint docs wheel horovod-conformance horovod-examples
 
-setup:  ## everything but Slurm: TensorFlow, tfdist, Horovod (the cached wheel, else a 3-5 min build), test tools
+setup:  ## everything but Slurm: TensorFlow, tfdist, Horovod (the cached wheel, else a 2-5 min build), test tools
 	bash launch/setup.sh
 
 horovod: setup  ## what a --strategy horovod job needs, added to a `make main` set-up (same as setup)

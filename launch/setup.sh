@@ -320,7 +320,7 @@ build_horovod_wheel() {
   local out_dir="$1" work build_log="$CACHE_DIR/logs/horovod-build.log"
   work="$(mktemp -d)"
   mkdir -p "$(dirname "$build_log")"
-  log "building Horovod $HOROVOD_VERSION from source (about 5 minutes on 2 cores); log: $build_log"
+  log "building Horovod $HOROVOD_VERSION from source (2-5 minutes on 2 cores); log: $build_log"
   local sdist="$CACHE_DIR/sdist/horovod-$HOROVOD_VERSION.tar.gz"
   [[ -f "$sdist" ]] || pip_quiet download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$(dirname "$sdist")"
   tar -xzf "$sdist" -C "$work"
