@@ -118,12 +118,28 @@ pick_python() {
   die "no python3 found. Install Python 3.11 (apt-get install python3 python3-venv) or set TFDIST_PYTHON."
 }
 
+# The system packages each step needs, as "command:package" pairs (a package is missing when
+# its command is neither on PATH nor an executable path).
+BUILD_PACKAGES=(cmake:cmake g++:g++ make:make)
+PATCH_PACKAGES=(patch:patch)
+MPI_PACKAGES=(mpicxx:libopenmpi-dev mpirun:openmpi-bin)
+TEST_TOOL_PACKAGES=(ssh:openssh-client ssh-keygen:openssh-client /usr/sbin/sshd:openssh-server
+                    ip:iproute2 include-what-you-use:iwyu)
+SLURM_PACKAGES=(/usr/sbin/munged:munge /usr/sbin/slurmctld:slurmctld /usr/sbin/slurmd:slurmd
+                sbatch:slurm-client)
+
+# Prints the package of each "command:package" pair whose command is missing, one a line.
+missing_packages() {
+  local pair
+  for pair in "$@"; do
+    command -v "${pair%%:*}" >/dev/null 2>&1 || [[ -x "${pair%%:*}" ]] || echo "${pair##*:}"
+  done
+}
+
 # Installs the Debian packages named "command:package" whose command is missing (needs root).
 apt_install_missing() {
-  local missing=() pair
-  for pair in "$@"; do
-    command -v "${pair%%:*}" >/dev/null 2>&1 || [[ -x "${pair%%:*}" ]] || missing+=("${pair##*:}")
-  done
+  local missing=()
+  mapfile -t missing < <(missing_packages "$@")
   [[ ${#missing[@]} -eq 0 ]] && return 0
   if [[ "$(id -u)" != "0" ]] || ! command -v apt-get >/dev/null 2>&1; then
     printf '%s\n' "${missing[@]}"
@@ -141,14 +157,10 @@ apt_install_missing() {
 system_package_pairs() {
   local with_slurm="$1"
   if [[ "${TFDIST_SKIP_HOROVOD:-0}" != "1" ]]; then
-    echo cmake:cmake g++:g++ make:make patch:patch mpicxx:libopenmpi-dev mpirun:openmpi-bin
+    echo "${BUILD_PACKAGES[@]}" "${PATCH_PACKAGES[@]}" "${MPI_PACKAGES[@]}"
   fi
-  echo ssh:openssh-client ssh-keygen:openssh-client /usr/sbin/sshd:openssh-server ip:iproute2 \
-    include-what-you-use:iwyu
-  if [[ "$with_slurm" == "1" ]]; then
-    echo /usr/sbin/munged:munge /usr/sbin/slurmctld:slurmctld /usr/sbin/slurmd:slurmd \
-      sbatch:slurm-client
-  fi
+  echo "${TEST_TOOL_PACKAGES[@]}"
+  if [[ "$with_slurm" == "1" ]]; then echo "${SLURM_PACKAGES[@]}"; fi
 }
 
 # On a fresh machine apt-get installs the system packages (Slurm, OpenMPI, IWYU, ...) in the
@@ -159,11 +171,9 @@ system_package_pairs() {
 SYSTEM_PACKAGES_PID=""
 SYSTEM_PACKAGES_LOG=""
 start_system_packages() {
-  local missing=() pair
+  local missing=()
   # shellcheck disable=SC2046  # one word per pair
-  for pair in $(system_package_pairs "$1"); do
-    command -v "${pair%%:*}" >/dev/null 2>&1 || [[ -x "${pair%%:*}" ]] || missing+=("${pair##*:}")
-  done
+  mapfile -t missing < <(missing_packages $(system_package_pairs "$1"))
   [[ ${#missing[@]} -eq 0 ]] && return 0
   [[ "$(id -u)" == "0" ]] && command -v apt-get >/dev/null 2>&1 || return 0
   SYSTEM_PACKAGES_LOG="$(mktemp)"
@@ -189,7 +199,7 @@ wait_for_system_packages() {
 # System tools Horovod's build needs. Installed with apt-get when we are root, else named.
 ensure_system_tools() {
   local missing
-  if ! missing="$(apt_install_missing cmake:cmake g++:g++ make:make)"; then
+  if ! missing="$(apt_install_missing "${BUILD_PACKAGES[@]}")"; then
     die "missing system tools: ${missing//$'\n'/ }. Install them (apt-get install ${missing//$'\n'/ }) or set TFDIST_SKIP_HOROVOD=1."
   fi
 }
@@ -198,7 +208,7 @@ ensure_system_tools() {
 # built with Gloo alone and the MPI tests skip.
 ensure_mpi() {
   local missing
-  if ! missing="$(apt_install_missing mpicxx:libopenmpi-dev mpirun:openmpi-bin)"; then
+  if ! missing="$(apt_install_missing "${MPI_PACKAGES[@]}")"; then
     log "could not install ${missing//$'\n'/ } (needs root and apt-get): Horovod is built without MPI"
   fi
 }
@@ -213,7 +223,7 @@ horovod_controllers() {
 # (not root) those tests skip and say why.
 ensure_test_tools() {
   local missing
-  if ! missing="$(apt_install_missing ssh:openssh-client ssh-keygen:openssh-client /usr/sbin/sshd:openssh-server ip:iproute2 include-what-you-use:iwyu)"; then
+  if ! missing="$(apt_install_missing "${TEST_TOOL_PACKAGES[@]}")"; then
     log "could not install ${missing//$'\n'/ } (needs root and apt-get): the multi-host and header-check tests will skip"
   fi
 }
@@ -221,8 +231,7 @@ ensure_test_tools() {
 # Slurm and munge, for tests/slurm (optional: without them, or without root, those tests skip).
 ensure_slurm_tools() {
   local missing
-  if ! missing="$(apt_install_missing /usr/sbin/munged:munge /usr/sbin/slurmctld:slurmctld \
-                    /usr/sbin/slurmd:slurmd sbatch:slurm-client)"; then
+  if ! missing="$(apt_install_missing "${SLURM_PACKAGES[@]}")"; then
     log "could not install ${missing//$'\n'/ } (needs root and apt-get): the Slurm tests will skip"
   fi
 }
@@ -289,7 +298,7 @@ PY
 # Applies launch/horovod-patches/*.patch (each says what it fixes) to the unpacked sdist.
 patch_horovod_source() {
   local src="$1" patch_file
-  command -v patch >/dev/null 2>&1 || apt_install_missing patch:patch >/dev/null \
+  apt_install_missing "${PATCH_PACKAGES[@]}" >/dev/null \
     || die "the 'patch' tool is missing. Install it (apt-get install patch) or set TFDIST_SKIP_HOROVOD=1."
   for patch_file in "$HOROVOD_PATCHES"/*.patch; do
     patch -d "$src" -p1 --forward --quiet < "$patch_file" >/dev/null \

@@ -55,6 +55,11 @@ LOSS_ATOL = 1e-6
 rounding (measured gap: 0)."""
 
 
+def _require_ray() -> None:
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("ray is not installed: pip install 'tfdist[ray]' (launch/setup.sh does)")
+
+
 @dataclass
 class LocalRay:
     """A running one-node Ray cluster: its head's address, the namespace it lives in, and the
@@ -121,8 +126,7 @@ def _stop_nodes(*nodes: subprocess.Popen[Any]) -> None:
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[LocalRay]:
-    if importlib.util.find_spec("ray") is None:
-        pytest.skip("ray is not installed: pip install 'tfdist[ray]' (launch/setup.sh does)")
+    _require_ray()
     try:
         network = PrivateNetwork().start()
     except NetworkIsolationError as err:
@@ -184,8 +188,7 @@ def local_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[],
     """The parity script's results under the local launcher (2 workers, this machine), as a
     call: the run starts when the fixture is set up and is waited for at the first call, so it
     trains while a Ray cluster starts (a test names this fixture before its cluster's)."""
-    if importlib.util.find_spec("ray") is None:
-        pytest.skip("ray is not installed: pip install 'tfdist[ray]' (launch/setup.sh does)")
+    _require_ray()
     results = tmp_path_factory.mktemp("local_run")
     log = results / "launcher.log"
     env = {**os.environ, "PYTHONPATH": str(REPO), RESULT_DIR_ENV: str(results)}
